@@ -1,0 +1,42 @@
+# trainwise: `make demo` and `make test` work from a fresh clone (they build .venv first).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: venv demo test test-fast lint bench clean
+
+venv: $(STAMP)
+
+# torch is pinned and installed first, so a CPU machine takes the local CPU wheel and never
+# resolves a CUDA build; every other pin comes from the checked-in requirements.lock.
+$(STAMP): requirements.lock pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -r requirements.lock
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+demo: venv
+	$(VENV)/bin/trainwise compare --out runs/demo
+
+test: venv
+	$(PY) -m pytest -q
+
+test-fast: venv
+	$(PY) -m pytest -q -m "not slow"
+
+lint: venv
+	$(VENV)/bin/ruff check trainwise tests benchmarks
+	$(VENV)/bin/ruff format --check trainwise tests benchmarks
+	$(VENV)/bin/mypy trainwise
+
+bench: venv
+	$(PY) benchmarks/overhead.py
+	$(PY) benchmarks/demo_study.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

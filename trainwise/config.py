@@ -1,0 +1,144 @@
+"""Typed, validated configuration. All bad input is rejected here, before any model is built.
+
+`StudyConfig` is what the user asked for (one `compare` command). `TrialSettings` is the resolved,
+serialisable part every trial of a study shares, and `TrialSpec` is one trial: a strategy row, a
+repeat index, the plan the strategies produced, and the shared settings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from trainwise.errors import ConfigError
+from trainwise.plan import TrialPlan
+
+TASKS = ("classification", "seq2seq")
+DEVICES = ("auto", "cpu", "cuda")
+Task = Literal["classification", "seq2seq"]
+
+
+@dataclass
+class StudyConfig:
+    """One `trainwise compare` invocation. Defaults are the built-in offline demo study."""
+
+    out: str
+    strategies: list[str]
+    task: str = "classification"
+    model: str | None = None
+    model_preset: str | None = None
+    dataset: str | None = None
+    train_file: str | None = None
+    eval_file: str | None = None
+    text_column: str | None = None
+    target_column: str | None = None
+    batch_size: int = 16
+    accum_steps: int = 4
+    max_length: int = 128
+    max_target_length: int = 48
+    max_steps: int = 30
+    warmup_steps: int = 5
+    repeat: int = 1
+    lr: float = 5e-5
+    seed: int = 0
+    device: str = "auto"
+    trial_timeout: float = 900.0
+    eval_samples: int = 256
+    max_train_samples: int | None = None
+    retry_failed: bool = False
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ConfigError(f"--task must be one of {', '.join(TASKS)}, not {self.task!r}")
+        if self.device not in DEVICES:
+            raise ConfigError(f"--device must be one of {', '.join(DEVICES)}, not {self.device!r}")
+        for name in ("batch_size", "max_steps", "max_length", "max_target_length", "repeat", "accum_steps"):
+            value = getattr(self, name)
+            if value <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+        if self.eval_samples < 0:
+            raise ConfigError(f"--eval-samples must be >= 0, got {self.eval_samples}")
+        if self.max_train_samples is not None and self.max_train_samples <= 0:
+            raise ConfigError(f"--max-train-samples must be > 0, got {self.max_train_samples}")
+        if self.warmup_steps < 0 or self.warmup_steps >= self.max_steps:
+            raise ConfigError(
+                f"--warmup-steps must be >= 0 and < --max-steps ({self.max_steps}) so that some steps "
+                f"are timed, got {self.warmup_steps}"
+            )
+        if self.lr <= 0:
+            raise ConfigError(f"--lr must be > 0, got {self.lr}")
+        if self.trial_timeout <= 0:
+            raise ConfigError(f"--trial-timeout must be > 0 seconds, got {self.trial_timeout}")
+        if self.model and self.model_preset:
+            raise ConfigError("give either --model or --model-preset, not both")
+        if self.dataset and self.train_file:
+            raise ConfigError("give either --dataset or --train-file, not both")
+        if self.eval_file and not self.train_file:
+            raise ConfigError("--eval-file needs --train-file")
+        if any("grad_accum" in s or s == "all" for s in self.strategies) and (
+            self.accum_steps < 2 or self.batch_size % self.accum_steps
+        ):
+            raise ConfigError(
+                f"grad_accum splits --batch-size {self.batch_size} into --accum-steps {self.accum_steps} "
+                "micro-batches: batch size must be a multiple of accum steps, and accum steps >= 2"
+            )
+
+
+@dataclass(frozen=True)
+class TrialSettings:
+    """Resolved settings shared by every trial of a study (JSON-serialisable)."""
+
+    task: str
+    model_kind: str  # "dir" | "hub" | "preset"
+    model_ref: str  # a directory, a hub id or a preset name
+    tokenizer_dir: str | None  # set when the tokenizer was trained on the data (presets)
+    data_dir: str  # holds train.jsonl / eval.jsonl / labels.json written by the study
+    num_labels: int
+    batch_size: int
+    accum_steps: int
+    max_length: int
+    max_target_length: int
+    max_steps: int
+    warmup_steps: int
+    lr: float
+    seed: int
+    device: str  # "cpu" | "cuda" (resolved)
+    eval_samples: int
+    n_train: int  # training samples in the prepared data (for epoch-time projection)
+    max_grad_norm: float = 1.0
+    num_workers: int = 0
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    strategy: str
+    repeat: int
+    plan: TrialPlan
+    settings: TrialSettings
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "strategy": self.strategy,
+            "repeat": self.repeat,
+            "plan": self.plan.to_dict(),
+            "settings": asdict(self.settings),
+            "extra": dict(self.extra),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrialSpec:
+        return cls(
+            strategy=d["strategy"],
+            repeat=int(d["repeat"]),
+            plan=TrialPlan.from_dict(d["plan"]),
+            settings=TrialSettings(**d["settings"]),
+            extra=dict(d.get("extra", {})),
+        )
+
+    def key(self) -> str:
+        """Stable identity of a trial: same command -> same keys, so a re-run resumes."""
+        blob = json.dumps(self.to_dict(), sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]

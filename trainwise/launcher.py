@@ -1,0 +1,83 @@
+"""Run every trial in a fresh process; whatever happens to it becomes a TrialResult.
+
+A fresh process per trial makes measurements independent (allocator state, peak RSS, compiled
+kernels, accelerate's global state) and contains crashes: an exception or OOM is reported by the
+worker; a hang past the timeout is killed (`timeout`); a process that dies without a result
+(SIGKILL from the OS OOM killer, a segfault) is `crashed`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from trainwise.config import TrialSpec
+from trainwise.results import TrialResult
+
+
+def _tail(path: Path, lines: int = 1) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(text[-lines:])
+
+
+def launch(spec: TrialSpec, trial_dir: Path, timeout_s: float, on_event: Callable[[dict], None]) -> TrialResult:
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    spec_path, result_path, log_path = (trial_dir / n for n in ("spec.json", "result.json", "stderr.log"))
+    result_path.unlink(missing_ok=True)
+    spec_path.write_text(json.dumps(spec.to_dict(), indent=1))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    start = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainwise.worker", str(spec_path), str(result_path)],
+            stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True,
+        )
+        reader = threading.Thread(target=_read_events, args=(proc, on_event), daemon=True)
+        reader.start()
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        reader.join(timeout=5)
+    wall = time.perf_counter() - start
+
+    base = {"strategy": spec.strategy, "repeat": spec.repeat, "plan": spec.plan.to_dict(), "wall_s": wall}
+    if timed_out:
+        return TrialResult(status="timeout", message=f"no result within --trial-timeout {timeout_s:g}s; killed",
+                           **base)
+    if result_path.exists():
+        result = TrialResult.from_dict(json.loads(result_path.read_text()))
+        result.wall_s = wall
+        return result
+    code = proc.returncode
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name
+        why = " (the OS out-of-memory killer sends this)" if -code == signal.SIGKILL else ""
+        message = f"trial process killed by {name}{why}"
+    else:
+        message = f"trial process exited with code {code} and no result: {_tail(log_path)[:300]}"
+    return TrialResult(status="crashed", message=message, **base)
+
+
+def _read_events(proc: subprocess.Popen, on_event: Callable[[dict], None]) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # stray prints from libraries
+        if isinstance(event, dict):
+            on_event(event)

@@ -1,0 +1,1 @@
+"""Measurements: step timing, memory, environment."""

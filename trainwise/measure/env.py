@@ -1,0 +1,68 @@
+"""The environment stored beside every figure: device, library versions, commit."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@cache
+def git_commit() -> str | None:
+    repo = Path(__file__).resolve().parents[2]
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True, text=True, timeout=5, check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, timeout=5, check=False).stdout.strip()
+    return out.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def environment(device: str) -> dict[str, object]:
+    import torch
+
+    if device == "cuda":
+        name = torch.cuda.get_device_name()
+        cuda = torch.version.cuda
+    else:
+        name, cuda = cpu_name(), None
+    return {
+        "device": device,
+        "device_name": name,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": cuda,
+        "transformers": _version("transformers"),
+        "accelerate": _version("accelerate"),
+        "trainwise": _version("trainwise"),
+        "commit": git_commit(),
+        "platform": platform.platform(),
+    }

@@ -1,0 +1,71 @@
+"""Per-step timing split into data wait, forward+backward, and optimizer time.
+
+Every boundary calls `sync()` (CUDA synchronize on GPU, a no-op on CPU) so a phase's time is the
+device's time, not the launch time. Throughput is samples / total timed seconds, never a mean of
+per-step rates.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (q in [0, 100]) of a non-empty list."""
+    assert values, "percentile of nothing"
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100
+    lo, hi = int(pos), min(int(pos) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+@dataclass
+class StepTimes:
+    data_s: float = 0.0
+    compute_s: float = 0.0
+    optim_s: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        return self.data_s + self.compute_s + self.optim_s
+
+
+@dataclass
+class StepTimer:
+    """Accumulate phase times within a step: `with timer.phase("data"): ...`."""
+
+    sync: Callable[[], None]
+    steps: list[StepTimes] = field(default_factory=list)
+    _current: StepTimes = field(default_factory=StepTimes)
+    _t0: float = 0.0
+    _name: str = ""
+
+    def start(self, name: str) -> None:
+        self.sync()
+        self._name, self._t0 = name, time.perf_counter()
+
+    def stop(self) -> None:
+        self.sync()
+        elapsed = time.perf_counter() - self._t0
+        attr = f"{self._name}_s"
+        setattr(self._current, attr, getattr(self._current, attr) + elapsed)
+
+    def end_step(self) -> StepTimes:
+        done, self._current = self._current, StepTimes()
+        self.steps.append(done)
+        return done
+
+
+def summarize_steps(steps: list[StepTimes]) -> dict[str, float]:
+    totals = [s.total_s for s in steps]
+    return {
+        "step_time_s": statistics.median(totals),
+        "step_time_p90_s": percentile(totals, 90),
+        "data_wait_s": statistics.median([s.data_s for s in steps]),
+        "compute_s": statistics.median([s.compute_s for s in steps]),
+        "optimizer_s": statistics.median([s.optim_s for s in steps]),
+        "timed_s": sum(totals),
+    }

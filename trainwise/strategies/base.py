@@ -1,0 +1,28 @@
+"""Strategy: a named, documented edit of a TrialPlan.
+
+A strategy is data, not a subclass: its name, a one-line effect/cost summary, the strategies it
+cannot be combined with, the device capabilities it needs, and a pure function plan -> plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from trainwise.plan import TrialPlan
+
+# Capabilities a device may offer; `requires` names a subset of these.
+CAPABILITIES = ("cuda", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    summary: str  # "effect; cost" in one line, shown by --help and `trainwise compare --list`
+    apply: Callable[[TrialPlan, int], TrialPlan]  # (plan, accum_steps) -> plan
+    conflicts: frozenset[str] = frozenset()
+    requires: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        unknown = self.requires - set(CAPABILITIES)
+        assert not unknown, f"{self.name}: unknown capabilities {unknown}"

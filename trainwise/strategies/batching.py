@@ -1,0 +1,18 @@
+"""How samples are grouped and padded into batches (the baseline pads every batch to max length)."""
+
+from trainwise.strategies.base import Strategy
+
+STRATEGIES = [
+    Strategy(
+        "dynamic_pad",
+        "pad each batch to its longest sample instead of max length; less padding compute, "
+        "batch shapes vary",
+        lambda plan, _n: plan.with_(padding="longest"),
+    ),
+    Strategy(
+        "smart_batch",
+        "length-grouped batches (shuffled mega-batches sorted by length) + dynamic padding; "
+        "least padding, batches less random",
+        lambda plan, _n: plan.with_(padding="longest", sampler="length_grouped"),
+    ),
+]

@@ -1,0 +1,283 @@
+"""run_trial: one explicit training loop on Accelerate, measured.
+
+Reads top to bottom: load data -> build model -> apply the plan -> train max_steps optimizer steps
+(the first warmup_steps untimed) -> evaluate. Strategies never appear here by name; the loop only
+reads the TrialPlan, and "off" is always a no-op (fp32 autocast disabled, accum_steps=1, ...).
+
+The loss is computed here, not taken from the model: summed over the items of every micro-batch
+and divided by the item count of the whole accumulation window, so the reported loss and the
+gradients are the true mean over the effective batch (the HF Trainer 5.x reports loss x N under
+accumulation for T5/BERT; this loop does not).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from trainwise.config import TrialSpec
+from trainwise.data.metrics import accuracy, text_metrics
+from trainwise.data.samplers import make_batches
+from trainwise.data.tasks import Batch, Collator, EncodedDataset, Encoded, encode
+from trainwise.measure import memory
+from trainwise.measure.env import environment
+from trainwise.measure.timing import StepTimer, summarize_steps
+from trainwise.models import ModelSource, build_model, load_tokenizer
+from trainwise.plan import TrialPlan
+from trainwise.results import TrialResult
+
+Progress = Callable[[dict], None]
+
+
+def read_prepared(data_dir: str) -> tuple[list[dict], list[dict], list[str]]:
+    root = Path(data_dir)
+    rows = [
+        [json.loads(x) for x in (root / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()]
+        for split in ("train", "eval")
+    ]
+    labels = json.loads((root / "labels.json").read_text(encoding="utf-8"))
+    return rows[0], rows[1], labels
+
+
+def apply_model_plan(model: torch.nn.Module, plan: TrialPlan) -> None:
+    """The plan's edits to the model itself: activation checkpointing and frozen modules."""
+    if plan.grad_ckpt:
+        if not getattr(model, "supports_gradient_checkpointing", False):
+            raise ValueError(f"{type(model).__name__} does not support gradient checkpointing")
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    for part in plan.freeze:
+        for p in frozen_parameters(model, part):
+            p.requires_grad_(False)
+
+
+def frozen_parameters(model, part: str) -> list[torch.nn.Parameter]:
+    """Parameters of a named part. Tied weights (T5's shared embedding / LM head) go together."""
+    if part == "embeddings":
+        params = list(model.get_input_embeddings().parameters())
+        params += [p for n, p in model.named_parameters() if "embed" in n]
+    elif part == "encoder":
+        if getattr(model.config, "is_encoder_decoder", False):
+            encoder = model.get_encoder()
+        else:
+            encoder = getattr(model.base_model, "encoder", None)
+        if encoder is None:
+            raise ValueError(f"{type(model).__name__} has no encoder module to freeze")
+        params = list(encoder.parameters())
+    else:
+        raise ValueError(f"unknown part to freeze: {part}")
+    return params
+
+
+def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    if not params:
+        raise ValueError("every parameter is frozen: nothing to train")
+    if name == "adafactor":
+        from transformers.optimization import Adafactor
+
+        # the settings HF TrainingArguments(optim="adafactor") uses: a fixed, external learning rate
+        return Adafactor(params, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+
+
+def loss_sum(model, batch: Batch, task: str, decoder_inputs: Callable | None) -> torch.Tensor:
+    """Summed (not averaged) cross-entropy of one micro-batch, in fp32."""
+    if task == "classification":
+        logits = model(**batch.inputs).logits
+        return F.cross_entropy(logits.float(), batch.labels, reduction="sum")
+    assert decoder_inputs is not None
+    logits = model(**batch.inputs, decoder_input_ids=decoder_inputs(labels=batch.labels)).logits
+    return F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), batch.labels.reshape(-1), ignore_index=-100, reduction="sum"
+    )
+
+
+def accumulate_step(model, micro_batches: list[Batch], backward, task: str, decoder_inputs=None) -> torch.Tensor:
+    """Forward+backward over one effective batch; grads hold the mean over all its loss items.
+
+    Returns the (detached) true mean loss of the effective batch.
+    """
+    total_items = sum(b.loss_items for b in micro_batches)
+    assert total_items > 0, "a batch with nothing to learn from"
+    mean_loss = torch.zeros((), device=micro_batches[0].labels.device)
+    for batch in micro_batches:
+        loss = loss_sum(model, batch, task, decoder_inputs) / total_items
+        backward(loss)
+        mean_loss += loss.detach()
+    return mean_loss
+
+
+def _micro_batches(loader, sampler) -> Iterator[Batch]:
+    epoch = 0
+    while True:
+        sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+def _new_accelerator(precision: str, device: str):
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)  # one trial per process, but tests reuse one
+    mixed = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[precision]
+    return Accelerator(mixed_precision=mixed, cpu=device == "cpu")
+
+
+@torch.no_grad()
+def evaluate(model, accelerator, enc: Encoded, gold: list[str], spec: TrialSpec, tokenizer, labels) -> dict:
+    s = spec.settings
+    model.eval()
+    collate = Collator(s.task, tokenizer.pad_token_id, "longest", s.max_length, s.max_target_length)
+    ds = EncodedDataset(enc)
+    preds: list = []
+    for start in range(0, len(ds), s.batch_size):
+        batch = collate([ds[i] for i in range(start, min(start + s.batch_size, len(ds)))]).to(accelerator.device)
+        with accelerator.autocast():
+            if s.task == "classification":
+                preds += model(**batch.inputs).logits.argmax(-1).tolist()
+            else:
+                out = accelerator.unwrap_model(model).generate(
+                    **batch.inputs, max_new_tokens=s.max_target_length, num_beams=1, do_sample=False
+                )
+                preds += tokenizer.batch_decode(out, skip_special_tokens=True)
+    model.train()
+    if s.task == "classification":
+        return {"accuracy": 100 * accuracy(preds, [labels.index(g) for g in gold])}
+    return text_metrics([p.strip() for p in preds], gold)
+
+
+def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
+    emit = progress or (lambda _event: None)
+    s, plan = spec.settings, spec.plan
+    torch.manual_seed(s.seed)
+    emit({"event": "phase", "phase": "data"})
+
+    # ---- data: tokenized once, unpadded; the plan chooses padding and grouping ------------------
+    source = ModelSource(s.model_kind, s.model_ref)
+    tokenizer = load_tokenizer(source, s.tokenizer_dir)
+    train_rows, eval_rows, labels = read_prepared(s.data_dir)
+    label2id = {label: i for i, label in enumerate(labels)}
+    train = encode(train_rows, tokenizer, s.task, s.max_length, s.max_target_length, label2id)
+    eval_rows = eval_rows[: s.eval_samples]
+    evals = encode(eval_rows, tokenizer, s.task, s.max_length, s.max_target_length, label2id)
+    micro_bs = plan.micro_batch_size(s.batch_size)
+    sampler = make_batches(plan.sampler, train.lengths(), micro_bs, s.seed)
+    collate = Collator(s.task, tokenizer.pad_token_id, plan.padding, s.max_length, s.max_target_length)
+    loader = torch.utils.data.DataLoader(
+        EncodedDataset(train), batch_sampler=sampler, collate_fn=collate, num_workers=s.num_workers,
+        pin_memory=s.device == "cuda",
+    )
+
+    # ---- model, plan, optimizer ------------------------------------------------------------------
+    emit({"event": "phase", "phase": "model"})
+    accelerator = _new_accelerator(plan.precision, s.device)
+    if s.device == "cuda":
+        torch.cuda.empty_cache()
+        memory.cuda_reset_peak()
+    rss_before = memory.rss_bytes()
+    model = build_model(source, s.task, len(labels) or 2, s.seed)
+    apply_model_plan(model, plan)
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    n_params = sum(p.numel() for p in model.parameters())
+    optimizer = make_optimizer(plan.optimizer, trainable, s.lr)
+    from transformers import get_linear_schedule_with_warmup
+
+    scheduler = get_linear_schedule_with_warmup(optimizer, 0, s.max_steps)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    decoder_inputs = None
+    if s.task == "seq2seq":
+        decoder_inputs = accelerator.unwrap_model(model).prepare_decoder_input_ids_from_labels
+    sync = torch.cuda.synchronize if s.device == "cuda" else (lambda: None)
+
+    # ---- train -----------------------------------------------------------------------------------
+    emit({"event": "phase", "phase": "train"})
+    timer = StepTimer(sync)
+    batches = _micro_batches(loader, sampler)
+    samples = real_tokens = padded_tokens = 0
+    losses: list[float] = []
+    for step in range(s.max_steps):
+        timer.start("data")
+        micro = [next(batches).to(accelerator.device) for _ in range(plan.accum_steps)]
+        timer.stop()
+
+        timer.start("compute")
+        loss = accumulate_step(model, micro, accelerator.backward, s.task, decoder_inputs)
+        timer.stop()
+
+        timer.start("optim")
+        if s.max_grad_norm:
+            accelerator.clip_grad_norm_(trainable, s.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        timer.stop()
+        times = timer.end_step()
+
+        losses.append(float(loss))
+        if not math.isfinite(losses[-1]):
+            raise FloatingPointError(f"loss became {losses[-1]} at step {step + 1}")
+        if step >= s.warmup_steps:
+            samples += sum(b.n_samples for b in micro)
+            real_tokens += sum(b.real_tokens for b in micro)
+            padded_tokens += sum(b.padded_tokens for b in micro)
+        emit({"event": "step", "step": step + 1, "total": s.max_steps, "loss": losses[-1], "step_s": times.total_s})
+
+    if s.device == "cuda":
+        peak, reserved = memory.cuda_peaks()
+        mem_kind, peak_rss = "cuda_allocated", None
+    else:
+        peak_rss = memory.peak_rss_bytes()
+        peak, reserved, mem_kind = peak_rss - rss_before, None, "cpu_rss_delta"
+
+    # ---- evaluate --------------------------------------------------------------------------------
+    metrics: dict[str, float] = {}
+    eval_s = None
+    if len(evals):
+        emit({"event": "phase", "phase": "eval"})
+        t0 = time.perf_counter()
+        metrics = evaluate(model, accelerator, evals, [r["target"] for r in eval_rows], spec, tokenizer, labels)
+        eval_s = time.perf_counter() - t0
+    metric_name = "accuracy" if s.task == "classification" else "rougeL"
+
+    timed = timer.steps[s.warmup_steps :]
+    summary = summarize_steps(timed)
+    samples_per_s = samples / summary["timed_s"]
+    return TrialResult(
+        strategy=spec.strategy,
+        status="ok",
+        repeat=spec.repeat,
+        plan=plan.to_dict(),
+        step_time_s=summary["step_time_s"],
+        step_time_p90_s=summary["step_time_p90_s"],
+        data_wait_s=summary["data_wait_s"],
+        compute_s=summary["compute_s"],
+        optimizer_s=summary["optimizer_s"],
+        warmup_s=sum(t.total_s for t in timer.steps[: s.warmup_steps]),
+        timed_steps=len(timed),
+        samples_per_s=samples_per_s,
+        tokens_per_s=real_tokens / summary["timed_s"],
+        padding_waste=1 - real_tokens / padded_tokens,
+        epoch_time_s=s.n_train / samples_per_s,
+        peak_mem_bytes=int(peak),
+        mem_kind=mem_kind,
+        peak_reserved_bytes=reserved,
+        peak_rss_bytes=peak_rss,
+        rss_before_model_bytes=rss_before,
+        train_loss=sum(losses[-5:]) / len(losses[-5:]),
+        final_loss=losses[-1],
+        metric_name=metric_name,
+        metric=metrics.get(metric_name),
+        metrics=metrics,
+        eval_s=eval_s,
+        n_params=n_params,
+        n_trainable=sum(p.numel() for p in trainable),
+        env=environment(s.device),
+    )

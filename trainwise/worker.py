@@ -1,0 +1,84 @@
+"""Entry point of a trial's own process: `python -m trainwise.worker SPEC.json RESULT.json`.
+
+Progress goes to stdout as JSON lines; the result is written atomically to RESULT.json. An
+exception becomes an `error` row and an out-of-memory an `oom` row. A process that dies without
+writing a result (killed, segfault) is classified by the launcher.
+
+Test seam: TRAINWISE_FAULT="STRATEGY:KIND@STEP" injects a fault into the trial whose strategy
+matches, at that optimizer step; KIND is raise | oom | kill | hang.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
+
+
+def is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in OOM_MARKERS)
+
+
+def _fault_for(strategy: str) -> tuple[str, int] | None:
+    spec = os.environ.get("TRAINWISE_FAULT", "")
+    target, _, rest = spec.partition(":")
+    if not rest or target != strategy:
+        return None
+    kind, _, step = rest.partition("@")
+    return kind, int(step or 1)
+
+
+def _emitter(strategy: str):
+    fault = _fault_for(strategy)
+
+    def emit(event: dict) -> None:
+        print(json.dumps(event), flush=True)
+        if fault and event.get("event") == "step" and event["step"] == fault[1]:
+            kind = fault[0]
+            if kind == "raise":
+                raise RuntimeError(f"injected fault at step {fault[1]}")
+            if kind == "oom":
+                raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+            if kind == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if kind == "hang":
+                time.sleep(10**6)
+
+    return emit
+
+
+def main(argv: list[str]) -> int:
+    spec_path, result_path = Path(argv[0]), Path(argv[1])
+    from trainwise.config import TrialSpec
+    from trainwise.results import TrialResult
+
+    spec = TrialSpec.from_dict(json.loads(spec_path.read_text()))
+    try:
+        from trainwise.trial import run_trial
+
+        result = run_trial(spec, progress=_emitter(spec.strategy))
+    except BaseException as exc:  # every failure is a row, never a lost study
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        status = "oom" if is_oom(exc) else "error"
+        message = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
+        result = TrialResult(strategy=spec.strategy, status=status, repeat=spec.repeat, message=message[:500],
+                             plan=spec.plan.to_dict())
+    tmp = result_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result.to_dict()))
+    tmp.replace(result_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
