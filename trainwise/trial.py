@@ -50,7 +50,11 @@ def apply_model_plan(model: torch.nn.Module, plan: TrialPlan) -> None:
     if plan.grad_ckpt:
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise ValueError(f"{type(model).__name__} does not support gradient checkpointing")
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5 name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         model.config.use_cache = False
     for part in plan.freeze:
         for p in frozen_parameters(model, part):

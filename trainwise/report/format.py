@@ -31,10 +31,9 @@ def quality(e: dict) -> str:
 
 def cells(e: dict) -> list[str]:
     ok = e["status"] == "ok"
-    status = e["status"] if ok else f"{e['status']}: {e['message']}"[:70]
     return [
         e["strategy"],
-        status,
+        e["status"] if ok else f"{e['status']} [{e['note']}]" if e.get("note") else e["status"],
         f"{e['step_time_s']:.3f}" if ok else "-",
         f"{e['samples_per_s']:.1f}" if ok else "-",
         _pct(e["rel_time"]),
@@ -46,9 +45,19 @@ def cells(e: dict) -> list[str]:
     ]
 
 
+def number_failures(table: list[dict]) -> list[str]:
+    """Give every failed row a footnote number (stored as e["note"]); return the footnotes."""
+    lines = []
+    for e in table:
+        if e["status"] != "ok":
+            e["note"] = len(lines) + 1
+            lines.append(f"[{e['note']}] {e['strategy']}: {e['status']}: {e['message']}")
+    return lines
+
+
 def notes(table: list[dict]) -> list[str]:
     base = next((e for e in table if e["strategy"] == "baseline"), None)
-    lines = []
+    lines = number_failures(table)
     if base is None or base["status"] != "ok":
         lines.append("No successful baseline row: time % and mem % are not available.")
     kinds = {e["mem_kind"] for e in table if e.get("mem_kind")}
