@@ -12,7 +12,14 @@ from typing import Annotated
 import click
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from trainwise import strategies
@@ -35,27 +42,50 @@ def _strategy_help() -> str:
 
 @app.command()
 def compare(
-    model: Annotated[str | None, typer.Option(help="Local HF model dir or hub id (offline: a dir, or "
-                                              "'all-MiniLM-L6-v2' from the bundled package). Default: "
-                                              "all-MiniLM-L6-v2 for classification, preset t5-small for seq2seq.")] = None,
-    model_preset: Annotated[str | None, typer.Option(help="Build an architecture from its config with random "
-                                                     "weights: t5-tiny, t5-small, t5-base, bart-tiny, bart-base, "
-                                                     "bert-tiny, minilm-l6, bert-base.")] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="Local HF model dir or hub id (offline: a dir, or "
+            "'all-MiniLM-L6-v2' from the bundled package). Default: "
+            "all-MiniLM-L6-v2 for classification, preset t5-small for seq2seq."
+        ),
+    ] = None,
+    model_preset: Annotated[
+        str | None,
+        typer.Option(
+            help="Build an architecture from its config with random "
+            "weights: t5-tiny, t5-small, t5-base, bart-tiny, bart-base, "
+            "bert-tiny, minilm-l6, bert-base."
+        ),
+    ] = None,
     task: Annotated[str, typer.Option(help="classification or seq2seq.")] = "classification",
-    dataset: Annotated[str | None, typer.Option(help="Built-in offline dataset (stdlib-topic for classification, "
-                                                "stdlib-summarize for seq2seq: the default) or a HF dataset name.")] = None,
+    dataset: Annotated[
+        str | None,
+        typer.Option(
+            help="Built-in offline dataset (stdlib-topic for classification, "
+            "stdlib-summarize for seq2seq: the default) or a HF dataset name."
+        ),
+    ] = None,
     train_file: Annotated[str | None, typer.Option(help="Training data: .csv, .json or .jsonl.")] = None,
-    eval_file: Annotated[str | None, typer.Option(help="Evaluation data (default: a deterministic 10% of "
-                                                  "--train-file).")] = None,
+    eval_file: Annotated[
+        str | None, typer.Option(help="Evaluation data (default: a deterministic 10% of --train-file).")
+    ] = None,
     text_column: Annotated[str | None, typer.Option(help="Input text column of the files [default: text].")] = None,
-    target_column: Annotated[str | None, typer.Option(help="Label (classification) or target text (seq2seq) "
-                                                      "column [default: target].")] = None,
-    strategies_: Annotated[str, typer.Option("--strategies", help="Comma list of rows; a row combines strategies "
-                                             "with '+', e.g. bf16+grad_ckpt. 'all' = "
-                                             f"{strategies.ALIASES['all']}. See `trainwise strategies`.")]
-    = strategies.DEFAULT_STRATEGIES,
-    batch_size: Annotated[int, typer.Option(help="Effective batch size (samples per optimizer step) of every "
-                                            "row.")] = 16,
+    target_column: Annotated[
+        str | None, typer.Option(help="Label (classification) or target text (seq2seq) column [default: target].")
+    ] = None,
+    strategies_: Annotated[
+        str,
+        typer.Option(
+            "--strategies",
+            help="Comma list of rows; a row combines strategies "
+            "with '+', e.g. bf16+grad_ckpt. 'all' = "
+            f"{strategies.ALIASES['all']}. See `trainwise strategies`.",
+        ),
+    ] = strategies.DEFAULT_STRATEGIES,
+    batch_size: Annotated[
+        int, typer.Option(help="Effective batch size (samples per optimizer step) of every row.")
+    ] = 16,
     accum_steps: Annotated[int, typer.Option(help="grad_accum: micro-batches per step (each batch/N).")] = 4,
     max_length: Annotated[int, typer.Option(help="Max input tokens; the baseline pads to it.")] = 128,
     max_target_length: Annotated[int, typer.Option(help="Max target tokens (seq2seq).")] = 48,
@@ -64,17 +94,26 @@ def compare(
     repeat: Annotated[int, typer.Option(help="Trials per row; the table shows medians.")] = 1,
     lr: Annotated[float, typer.Option(help="Peak learning rate (linear decay to 0).")] = 5e-5,
     seed: Annotated[int, typer.Option(help="Seed for weights, batches and data order.")] = 0,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda. With auto, rows the device cannot run are "
-                                        "recorded 'unsupported'; with an explicit device they are an error.")]
-    = "auto",
-    out: Annotated[str, typer.Option(help="Study directory: SQLite store, results.json/.csv, report.md, "
-                                     "chart.png. Re-running the same command resumes.")] = "runs/compare",
-    trial_timeout: Annotated[float, typer.Option(help="Seconds before a trial is killed and recorded "
-                                                 "'timeout'.")] = 900.0,
+    device: Annotated[
+        str,
+        typer.Option(
+            help="auto, cpu or cuda. With auto, rows the device cannot run are "
+            "recorded 'unsupported'; with an explicit device they are an error."
+        ),
+    ] = "auto",
+    out: Annotated[
+        str,
+        typer.Option(
+            help="Study directory: SQLite store, results.json/.csv, report.md, "
+            "chart.png. Re-running the same command resumes."
+        ),
+    ] = "runs/compare",
+    trial_timeout: Annotated[
+        float, typer.Option(help="Seconds before a trial is killed and recorded 'timeout'.")
+    ] = 900.0,
     eval_samples: Annotated[int, typer.Option(help="Evaluation samples per trial (0: no evaluation).")] = 200,
     max_train_samples: Annotated[int | None, typer.Option(help="Use only the first N training rows.")] = None,
-    retry_failed: Annotated[bool, typer.Option(help="On resume, run again the rows that did not end 'ok'.")]
-    = False,
+    retry_failed: Annotated[bool, typer.Option(help="On resume, run again the rows that did not end 'ok'.")] = False,
 ) -> None:
     """Run one trial per strategy row on the same model and data; print the comparison table."""
     from trainwise.launcher import launch
@@ -83,12 +122,30 @@ def compare(
     from trainwise.study import aggregate, prepare_study, run_study
 
     cfg = StudyConfig(
-        out=out, strategies=[s for s in strategies_.split(",")], task=task, model=model, model_preset=model_preset,
-        dataset=dataset, train_file=train_file, eval_file=eval_file, text_column=text_column,
-        target_column=target_column, batch_size=batch_size, accum_steps=accum_steps, max_length=max_length,
-        max_target_length=max_target_length, max_steps=max_steps, warmup_steps=warmup_steps, repeat=repeat, lr=lr,
-        seed=seed, device=device, trial_timeout=trial_timeout, eval_samples=eval_samples,
-        max_train_samples=max_train_samples, retry_failed=retry_failed,
+        out=out,
+        strategies=[s for s in strategies_.split(",")],
+        task=task,
+        model=model,
+        model_preset=model_preset,
+        dataset=dataset,
+        train_file=train_file,
+        eval_file=eval_file,
+        text_column=text_column,
+        target_column=target_column,
+        batch_size=batch_size,
+        accum_steps=accum_steps,
+        max_length=max_length,
+        max_target_length=max_target_length,
+        max_steps=max_steps,
+        warmup_steps=warmup_steps,
+        repeat=repeat,
+        lr=lr,
+        seed=seed,
+        device=device,
+        trial_timeout=trial_timeout,
+        eval_samples=eval_samples,
+        max_train_samples=max_train_samples,
+        retry_failed=retry_failed,
     )
     err_console.print(f"[bold]trainwise compare[/]: preparing data and model ({task})...")
     prepared = prepare_study(cfg)
@@ -98,27 +155,42 @@ def compare(
         f"device {s.device}  train rows {s.n_train}  batch {s.batch_size}  steps {s.max_steps} "
         f"({s.warmup_steps} untimed)  trials {len(prepared.specs)}  out {prepared.out}"
     )
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err_console) as progress:
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+    ) as progress:
         study_bar = progress.add_task("study", total=len(prepared.specs))
         trial_bar = progress.add_task("", total=s.max_steps, visible=False)
 
         def on_event(spec, e: dict) -> None:
             name = f"{spec.strategy} #{spec.repeat + 1}"
             if e.get("event") == "phase":
-                progress.update(trial_bar, description=f"{name}: {e['phase']}", visible=True,
-                                completed=0 if e["phase"] in ("data", "model") else None)
+                progress.update(
+                    trial_bar,
+                    description=f"{name}: {e['phase']}",
+                    visible=True,
+                    completed=0 if e["phase"] in ("data", "model") else None,
+                )
             elif e.get("event") == "step":
-                progress.update(trial_bar, completed=e["step"],
-                                description=f"{name}: loss {e['loss']:.3f}, {e['step_s']:.2f} s/step")
+                progress.update(
+                    trial_bar,
+                    completed=e["step"],
+                    description=f"{name}: loss {e['loss']:.3f}, {e['step_s']:.2f} s/step",
+                )
 
         def on_done(spec, r, cached: bool) -> None:
             progress.update(trial_bar, visible=False)
             progress.advance(study_bar)
-            what = (f"{r.step_time_s:.3f} s/step, {r.samples_per_s:.1f} samples/s" if r.status == "ok"
-                    else r.message)
-            progress.console.print(f"  {'(stored) ' if cached else ''}{spec.strategy} #{spec.repeat + 1}: "
-                                   f"{r.status}  {what}", markup=False, highlight=False)
+            what = f"{r.step_time_s:.3f} s/step, {r.samples_per_s:.1f} samples/s" if r.status == "ok" else r.message
+            progress.console.print(
+                f"  {'(stored) ' if cached else ''}{spec.strategy} #{spec.repeat + 1}: {r.status}  {what}",
+                markup=False,
+                highlight=False,
+            )
 
         results = run_study(prepared, launch, on_event, on_done)
     table = aggregate(prepared.rows, results)

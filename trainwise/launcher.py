@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 from trainwise.config import TrialSpec
@@ -40,7 +41,11 @@ def launch(spec: TrialSpec, trial_dir: Path, timeout_s: float, on_event: Callabl
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "trainwise.worker", str(spec_path), str(result_path)],
-            stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=env,
+            start_new_session=True,
         )
         reader = threading.Thread(target=_read_events, args=(proc, on_event), daemon=True)
         reader.start()
@@ -54,10 +59,9 @@ def launch(spec: TrialSpec, trial_dir: Path, timeout_s: float, on_event: Callabl
         reader.join(timeout=5)
     wall = time.perf_counter() - start
 
-    base = {"strategy": spec.strategy, "repeat": spec.repeat, "plan": spec.plan.to_dict(), "wall_s": wall}
+    base: dict[str, Any] = {"strategy": spec.strategy, "repeat": spec.repeat, "plan": spec.plan.to_dict(), "wall_s": wall}
     if timed_out:
-        return TrialResult(status="timeout", message=f"no result within --trial-timeout {timeout_s:g}s; killed",
-                           **base)
+        return TrialResult(status="timeout", message=f"no result within --trial-timeout {timeout_s:g}s; killed", **base)
     if result_path.exists():
         result = TrialResult.from_dict(json.loads(result_path.read_text()))
         result.wall_s = wall

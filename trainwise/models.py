@@ -25,13 +25,31 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "t5-base": ("t5", dict(vocab_size=32128, d_model=768, d_ff=3072, num_layers=12, num_heads=12, d_kv=64)),
     "bart-tiny": (
         "bart",
-        dict(vocab_size=1024, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
-             decoder_attention_heads=2, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=1024),
+        dict(
+            vocab_size=1024,
+            d_model=64,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=128,
+            decoder_ffn_dim=128,
+            max_position_embeddings=1024,
+        ),
     ),
     "bart-base": (
         "bart",
-        dict(vocab_size=50265, d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12,
-             decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072, max_position_embeddings=1024),
+        dict(
+            vocab_size=50265,
+            d_model=768,
+            encoder_layers=6,
+            decoder_layers=6,
+            encoder_attention_heads=12,
+            decoder_attention_heads=12,
+            encoder_ffn_dim=3072,
+            decoder_ffn_dim=3072,
+            max_position_embeddings=1024,
+        ),
     ),
     "bert-tiny": (
         "bert",
@@ -147,23 +165,30 @@ def train_tokenizer(texts: list[str], preset: str, out_dir: Path) -> None:
         single=single, special_tokens=[(BOS, SPECIALS.index(BOS)), (EOS, SPECIALS.index(EOS))]
     )
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK, mask_token=MASK,
-        cls_token=BOS, sep_token=EOS,
+        tokenizer_object=tok,
+        pad_token=PAD,
+        bos_token=BOS,
+        eos_token=EOS,
+        unk_token=UNK,
+        mask_token=MASK,
+        cls_token=BOS,
+        sep_token=EOS,
     )
     fast.save_pretrained(str(out_dir))
 
 
-def _preset_config(preset: str, task: str, num_labels: int):
-    from transformers import BartConfig, BertConfig, T5Config
+def _preset_config(preset: str, num_labels: int):
+    from transformers import AutoConfig
 
     family, kwargs = PRESETS[preset]
-    ids = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    ids: dict[str, Any] = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}  # the trained tokenizer's
     if family == "t5":
-        return T5Config(**kwargs, **ids, decoder_start_token_id=0, num_labels=num_labels)
-    if family == "bart":
-        return BartConfig(**kwargs, **ids, decoder_start_token_id=2, forced_bos_token_id=None,
-                          forced_eos_token_id=2, num_labels=num_labels)
-    return BertConfig(**kwargs, pad_token_id=0, num_labels=num_labels)
+        ids["decoder_start_token_id"] = 0
+    elif family == "bart":
+        ids.update(decoder_start_token_id=2, forced_eos_token_id=2)
+    config = AutoConfig.for_model(family, **kwargs, **ids)
+    config.num_labels = num_labels
+    return config
 
 
 def load_tokenizer(source: ModelSource, tokenizer_dir: str | None):
@@ -183,7 +208,7 @@ def build_model(source: ModelSource, task: str, num_labels: int, seed: int, conf
     auto = AutoModelForSeq2SeqLM if task == "seq2seq" else AutoModelForSequenceClassification
     overrides = dict(config_overrides or {})
     if source.kind == "preset":
-        config = _preset_config(source.ref, task, num_labels)
+        config = _preset_config(source.ref, num_labels)
         for k, v in overrides.items():
             setattr(config, k, v)
         return auto.from_config(config)

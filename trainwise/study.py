@@ -130,11 +130,24 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
         tokenizer_dir = str(tok_path.resolve())
 
     settings = TrialSettings(
-        task=cfg.task, model_kind=source.kind, model_ref=source.ref, model_label=source.display(), tokenizer_dir=tokenizer_dir,
-        data_dir=str(data_dir.resolve()), num_labels=len(labels), batch_size=cfg.batch_size,
-        accum_steps=cfg.accum_steps, max_length=cfg.max_length, max_target_length=cfg.max_target_length,
-        max_steps=cfg.max_steps, warmup_steps=cfg.warmup_steps, lr=cfg.lr, seed=cfg.seed, device=device,
-        eval_samples=cfg.eval_samples, n_train=len(train),
+        task=cfg.task,
+        model_kind=source.kind,
+        model_ref=source.ref,
+        model_label=source.display(),
+        tokenizer_dir=tokenizer_dir,
+        data_dir=str(data_dir.resolve()),
+        num_labels=len(labels),
+        batch_size=cfg.batch_size,
+        accum_steps=cfg.accum_steps,
+        max_length=cfg.max_length,
+        max_target_length=cfg.max_target_length,
+        max_steps=cfg.max_steps,
+        warmup_steps=cfg.warmup_steps,
+        lr=cfg.lr,
+        seed=cfg.seed,
+        device=device,
+        eval_samples=cfg.eval_samples,
+        n_train=len(train),
     )
     specs = [
         TrialSpec(row, rep, strategies.build_plan(row, cfg.accum_steps), settings, {"data": fingerprint})
@@ -162,8 +175,15 @@ class Store:
     def put(self, spec: TrialSpec, result: TrialResult) -> None:
         self.db.execute(
             "INSERT OR REPLACE INTO trials VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (spec.key(), spec.strategy, spec.repeat, result.status, json.dumps(spec.to_dict()),
-             json.dumps(result.to_dict()), time.time()),
+            (
+                spec.key(),
+                spec.strategy,
+                spec.repeat,
+                result.status,
+                json.dumps(spec.to_dict()),
+                json.dumps(result.to_dict()),
+                time.time(),
+            ),
         )
         self.db.commit()
 
@@ -188,11 +208,12 @@ def run_study(prepared: PreparedStudy, launch: Launch, on_event: Events, on_done
                 results.append(done)
                 continue
             if spec.strategy in prepared.unsupported:
-                result = TrialResult(spec.strategy, "unsupported", spec.repeat,
-                                     prepared.unsupported[spec.strategy], spec.plan.to_dict())
+                result = TrialResult(
+                    spec.strategy, "unsupported", spec.repeat, prepared.unsupported[spec.strategy], spec.plan.to_dict()
+                )
             else:
                 trial_dir = out / "trials" / f"{spec.key()}"
-                result = launch(spec, trial_dir, cfg.trial_timeout, lambda e, s=spec: on_event(s, e))
+                result = launch(spec, trial_dir, cfg.trial_timeout, _bind(on_event, spec))
             store.put(spec, result)
             on_done(spec, result, False)
             results.append(result)
@@ -201,10 +222,29 @@ def run_study(prepared: PreparedStudy, launch: Launch, on_event: Events, on_done
     return results
 
 
+def _bind(on_event: Events, spec: TrialSpec) -> Callable[[dict], None]:
+    return lambda event: on_event(spec, event)
+
+
 NUMERIC = (
-    "step_time_s", "step_time_p90_s", "data_wait_s", "compute_s", "optimizer_s", "warmup_s", "samples_per_s",
-    "tokens_per_s", "padding_waste", "epoch_time_s", "peak_mem_bytes", "peak_reserved_bytes", "peak_rss_bytes",
-    "train_loss", "final_loss", "metric", "eval_s", "wall_s",
+    "step_time_s",
+    "step_time_p90_s",
+    "data_wait_s",
+    "compute_s",
+    "optimizer_s",
+    "warmup_s",
+    "samples_per_s",
+    "tokens_per_s",
+    "padding_waste",
+    "epoch_time_s",
+    "peak_mem_bytes",
+    "peak_reserved_bytes",
+    "peak_rss_bytes",
+    "train_loss",
+    "final_loss",
+    "metric",
+    "eval_s",
+    "wall_s",
 )
 
 
@@ -215,15 +255,23 @@ def aggregate(rows: list[str], results: list[TrialResult]) -> list[dict]:
         trials = [r for r in results if r.strategy == row]
         ok = [r for r in trials if r.status == "ok"]
         first = (ok or trials)[-1]
-        entry: dict = {"strategy": row, "status": first.status, "message": "" if ok else first.message,
-                       "repeats": len(ok), "mem_kind": first.mem_kind, "metric_name": first.metric_name,
-                       "plan": first.plan, "env": first.env}
+        entry: dict = {
+            "strategy": row,
+            "status": first.status,
+            "message": "" if ok else first.message,
+            "repeats": len(ok),
+            "mem_kind": first.mem_kind,
+            "metric_name": first.metric_name,
+            "plan": first.plan,
+            "env": first.env,
+        }
         for name in NUMERIC:
             values = [getattr(r, name) for r in ok if getattr(r, name) is not None]
             entry[name] = statistics.median(values) if values else None
         if ok:
-            entry["metrics"] = {k: statistics.median([r.metrics[k] for r in ok if k in r.metrics])
-                                for k in ok[0].metrics}
+            entry["metrics"] = {
+                k: statistics.median([r.metrics[k] for r in ok if k in r.metrics]) for k in ok[0].metrics
+            }
             entry["step_time_s_all"] = [r.step_time_s for r in ok]
         table.append(entry)
     base = next((e for e in table if e["strategy"] == "baseline" and e["status"] == "ok"), None)
@@ -234,5 +282,3 @@ def aggregate(rows: list[str], results: list[TrialResult]) -> list[dict]:
             if base["peak_mem_bytes"] and e["peak_mem_bytes"] is not None:
                 e["rel_mem"] = e["peak_mem_bytes"] / base["peak_mem_bytes"]
     return table
-
-

@@ -17,6 +17,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 from trainwise.config import TrialSpec
 from trainwise.data.metrics import accuracy, text_metrics
 from trainwise.data.samplers import make_batches
-from trainwise.data.tasks import Batch, Collator, EncodedDataset, Encoded, encode
+from trainwise.data.tasks import Batch, Collator, Encoded, EncodedDataset, encode
 from trainwise.measure import memory
 from trainwise.measure.env import environment
 from trainwise.measure.timing import StepTimer, summarize_steps
@@ -45,7 +46,7 @@ def read_prepared(data_dir: str) -> tuple[list[dict], list[dict], list[str]]:
     return rows[0], rows[1], labels
 
 
-def apply_model_plan(model: torch.nn.Module, plan: TrialPlan) -> None:
+def apply_model_plan(model: Any, plan: TrialPlan) -> None:
     """The plan's edits to the model itself: activation checkpointing and frozen modules."""
     if plan.grad_ckpt:
         if not getattr(model, "supports_gradient_checkpointing", False):
@@ -175,7 +176,10 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
     sampler = make_batches(plan.sampler, train.lengths(), micro_bs, s.seed)
     collate = Collator(s.task, tokenizer.pad_token_id, plan.padding, s.max_length, s.max_target_length)
     loader = torch.utils.data.DataLoader(
-        EncodedDataset(train), batch_sampler=sampler, collate_fn=collate, num_workers=s.num_workers,
+        EncodedDataset(train),
+        batch_sampler=sampler,
+        collate_fn=collate,
+        num_workers=s.num_workers,
         pin_memory=s.device == "cuda",
     )
 

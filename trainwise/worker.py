@@ -72,8 +72,9 @@ def main(argv: list[str]) -> int:
         import traceback
 
         traceback.print_exc(file=sys.stderr)
-        result = TrialResult(strategy=spec.strategy, status=status, repeat=spec.repeat, message=message[:500],
-                             plan=spec.plan.to_dict())
+        result = TrialResult(
+            strategy=spec.strategy, status=status, repeat=spec.repeat, message=message[:500], plan=spec.plan.to_dict()
+        )
     tmp = result_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result.to_dict()))
     tmp.replace(result_path)

@@ -63,9 +63,7 @@ def _columns(records: list[dict], path: Path, text_col: str, target_col: str) ->
     available = sorted({k for r in records for k in r}) if records else []
     for flag, col in (("--text-column", text_col), ("--target-column", target_col)):
         if records and col not in available:
-            raise ConfigError(
-                f"{path}: no column {col!r} ({flag}); columns are: {', '.join(map(str, available))}"
-            )
+            raise ConfigError(f"{path}: no column {col!r} ({flag}); columns are: {', '.join(map(str, available))}")
     rows = [
         {"text": str(r[text_col]), "target": str(r[target_col])}
         for r in records

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-HEADERS = ["strategy", "status", "step (s)", "samples/s", "time %", "peak mem", "mem %", "pad waste",
-           "loss", "quality"]
+HEADERS = ["strategy", "status", "step (s)", "samples/s", "time %", "peak mem", "mem %", "pad waste", "loss", "quality"]
 
 
 def human_bytes(n: float | None) -> str:
@@ -47,7 +46,7 @@ def cells(e: dict) -> list[str]:
 
 def number_failures(table: list[dict]) -> list[str]:
     """Give every failed row a footnote number (stored as e["note"]); return the footnotes."""
-    lines = []
+    lines: list[str] = []
     for e in table:
         if e["status"] != "ok":
             e["note"] = len(lines) + 1
@@ -65,6 +64,8 @@ def notes(table: list[dict]) -> list[str]:
         lines.append("peak mem (CPU): the trial process's peak RSS minus its RSS just before the model was built.")
     if "cuda_allocated" in kinds:
         lines.append("peak mem (CUDA): torch.cuda.max_memory_allocated over the training steps.")
-    lines.append("time %: baseline samples/s / row samples/s (same effective batch); loss: true mean over the "
-                 "last 5 optimizer steps.")
+    lines.append(
+        "time %: baseline samples/s / row samples/s (same effective batch); loss: true mean over the "
+        "last 5 optimizer steps."
+    )
     return lines

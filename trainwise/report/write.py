@@ -8,9 +8,29 @@ from pathlib import Path
 
 from trainwise.report.format import HEADERS, cells, notes, quality
 
-CSV_FIELDS = ["strategy", "status", "message", "repeats", "step_time_s", "step_time_p90_s", "data_wait_s",
-              "compute_s", "optimizer_s", "samples_per_s", "tokens_per_s", "padding_waste", "epoch_time_s",
-              "peak_mem_bytes", "mem_kind", "train_loss", "metric_name", "metric", "wall_s", "rel_time", "rel_mem"]
+CSV_FIELDS = [
+    "strategy",
+    "status",
+    "message",
+    "repeats",
+    "step_time_s",
+    "step_time_p90_s",
+    "data_wait_s",
+    "compute_s",
+    "optimizer_s",
+    "samples_per_s",
+    "tokens_per_s",
+    "padding_waste",
+    "epoch_time_s",
+    "peak_mem_bytes",
+    "mem_kind",
+    "train_loss",
+    "metric_name",
+    "metric",
+    "wall_s",
+    "rel_time",
+    "rel_mem",
+]
 
 
 def _atomic(path: Path, text: str) -> None:
@@ -34,7 +54,7 @@ def write_reports(out: Path, table: list[dict], title: str) -> list[Path]:
 def markdown(table: list[dict], title: str) -> str:
     lines = [f"# {title}", "", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     lines += ["| " + " | ".join(c.replace("|", "/") for c in cells(e)) + " |" for e in table]
-    env = next((e["env"] for e in table if e.get("env")), {})
+    env: dict = next((e["env"] for e in table if e.get("env")), {})
     lines += ["", *[f"- {n}" for n in notes(table)]]
     if env:
         keys = ("device_name", "torch", "transformers", "accelerate", "commit")

@@ -25,9 +25,7 @@ REGISTRY: dict[str, Strategy] = {
 # trained (freezing is left out because it changes the model being fine-tuned).
 ALIASES: dict[str, str] = {"all": "bf16+grad_accum+grad_ckpt+adafactor+dynamic_pad+smart_batch"}
 
-DEFAULT_STRATEGIES = (
-    "baseline,bf16,fp16,grad_accum,grad_ckpt,adafactor,dynamic_pad,smart_batch,freeze_embeddings,all"
-)
+DEFAULT_STRATEGIES = "baseline,bf16,fp16,grad_accum,grad_ckpt,adafactor,dynamic_pad,smart_batch,freeze_embeddings,all"
 
 
 def valid_names() -> str:

@@ -5,8 +5,7 @@ from trainwise.strategies.base import Strategy
 STRATEGIES = [
     Strategy(
         "dynamic_pad",
-        "pad each batch to its longest sample instead of max length; less padding compute, "
-        "batch shapes vary",
+        "pad each batch to its longest sample instead of max length; less padding compute, batch shapes vary",
         lambda plan, _n: plan.with_(padding="longest"),
     ),
     Strategy(

@@ -1,0 +1,117 @@
+"""Shared fixtures: small data files and prepared tiny studies (bert-tiny / t5-tiny presets)."""
+
+from __future__ import annotations
+
+import csv
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+    "nu",
+    "xi",
+    "omicron",
+    "pi",
+    "rho",
+    "sigma",
+    "tau",
+    "upsilon",
+    "phi",
+    "chi",
+    "psi",
+    "omega",
+]
+
+
+def make_rows(n: int, task: str, seed: int = 0) -> list[dict[str, str]]:
+    """Rows of varied length; the label/target is a function of the text, so it can be learned."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        words = [rng.choice(WORDS) for _ in range(rng.choice([3, 5, 8, 12, 20, 40]))]
+        target = words[0] if task == "classification" and words[0] in WORDS[:3] else "other"
+        if task == "seq2seq":
+            target = " ".join(reversed(words[:3]))
+        rows.append({"text": " ".join(words), "target": target, "id": str(i)})
+    return rows
+
+
+def write_csv(path: Path, rows: list[dict[str, str]]) -> Path:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cache(tmp_path_factory):
+    """Keep the built-in dataset cache inside the test session unless the caller chose one."""
+    if "TRAINWISE_CACHE" not in os.environ:
+        os.environ["TRAINWISE_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="session")
+def cls_csv(tmp_path_factory) -> Path:
+    return write_csv(tmp_path_factory.mktemp("data") / "cls.csv", make_rows(96, "classification"))
+
+
+@pytest.fixture(scope="session")
+def s2s_csv(tmp_path_factory) -> Path:
+    return write_csv(tmp_path_factory.mktemp("data") / "s2s.csv", make_rows(96, "seq2seq"))
+
+
+def tiny_study(out: Path, data: Path, task: str, strategies: list[str], **kw):
+    from trainwise.config import StudyConfig
+    from trainwise.study import prepare_study
+
+    preset = "bert-tiny" if task == "classification" else "t5-tiny"
+    cfg = StudyConfig(
+        out=str(out),
+        strategies=strategies,
+        task=task,
+        model_preset=preset,
+        train_file=str(data),
+        batch_size=kw.pop("batch_size", 8),
+        max_length=kw.pop("max_length", 32),
+        max_target_length=8,
+        max_steps=kw.pop("max_steps", 3),
+        warmup_steps=kw.pop("warmup_steps", 1),
+        eval_samples=kw.pop("eval_samples", 8),
+        device="cpu",
+        accum_steps=kw.pop("accum_steps", 4),
+        **kw,
+    )
+    return prepare_study(cfg)
+
+
+@pytest.fixture(scope="session")
+def cls_study(tmp_path_factory, cls_csv):
+    from trainwise import strategies
+
+    rows = [r for r in strategies.REGISTRY if r != "fp16"] + list(strategies.ALIASES)
+    return tiny_study(tmp_path_factory.mktemp("cls"), cls_csv, "classification", rows, max_steps=2, warmup_steps=1)
+
+
+@pytest.fixture(scope="session")
+def s2s_study(tmp_path_factory, s2s_csv):
+    return tiny_study(
+        tmp_path_factory.mktemp("s2s"), s2s_csv, "seq2seq", ["baseline", "all"], max_steps=2, warmup_steps=1
+    )

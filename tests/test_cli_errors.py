@@ -1,0 +1,95 @@
+"""Bad input: one line on stderr, exit code 2, no traceback, nothing written to --out."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainwise.cli import main
+
+from .conftest import make_rows, write_csv
+
+
+@pytest.fixture
+def data(tmp_path):
+    write_csv(tmp_path / "ok.csv", make_rows(40, "classification"))
+    (tmp_path / "latin1.csv").write_bytes(b"text,target\ncaf\xe9 au lait,a\n")
+    (tmp_path / "empty.csv").write_text("text,target\n")
+    (tmp_path / "nodir").mkdir()
+    (tmp_path / "nodir" / "weights.bin").write_text("x")
+    (tmp_path / "afile").write_text("x")
+    return tmp_path
+
+
+TINY = ["--model-preset", "bert-tiny", "--max-steps", "2", "--warmup-steps", "1"]
+
+CASES = {
+    "unknown strategy": (["--strategies", "baseline,turbo"], "unknown strategy 'turbo'"),
+    "conflicting strategies": (["--strategies", "bf16+fp16"], "conflict"),
+    "cuda-only on cpu": (["--strategies", "baseline,fp16", "--device", "cpu"], "'fp16' needs cuda"),
+    "missing data file": (["--train-file", "{d}/missing.csv"], "data file not found"),
+    "unreadable data file": (["--train-file", "{d}/nodir"], "not a regular file"),
+    "missing column": (
+        ["--train-file", "{d}/ok.csv", "--text-column", "body"],
+        "no column 'body' .--text-column.; columns are: id, target, text",
+    ),
+    "empty dataset": (["--train-file", "{d}/empty.csv"], "no usable rows"),
+    "non-utf8": (["--train-file", "{d}/latin1.csv"], "not UTF-8"),
+    "batch size 0": (["--batch-size", "0"], "--batch-size must be > 0"),
+    "negative steps": (["--max-steps", "-3"], "--max-steps must be > 0"),
+    "warmup >= steps": (["--warmup-steps", "2"], "--warmup-steps must be"),
+    "out not writable": (["--out", "{d}/afile/sub"], "not a writable directory"),
+    "unknown preset": (["--model-preset", "gpt-17"], "unknown model preset 'gpt-17'"),
+    "model dir without config": (["--model", "{d}/nodir"], "has no config.json"),
+    "hub id offline": (["--model", "org/not-cached-model"], "cannot load model 'org/not-cached-model'"),
+    "bad accum": (["--strategies", "grad_accum", "--batch-size", "6", "--accum-steps", "4"], "multiple of"),
+    "not an int": (["--batch-size", "many"], "'many' is not a valid integer"),
+    "unknown option": (["--turbo"], "No such option"),
+    "bad device": (["--device", "tpu"], "--device must be one of"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_one_line_exit_2(case, data, tmp_path, capsys):
+    args, expected = CASES[case]
+    out = tmp_path / "study"
+    argv = ["compare", *TINY, "--out", str(out)]
+    if "--model-preset" in args or "--model" in args:
+        argv = ["compare", "--max-steps", "2", "--warmup-steps", "1", "--out", str(out)]
+    argv += [a.format(d=data) for a in args]
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("trainwise: error: ")
+    import re
+
+    assert re.search(expected, lines[0]), lines[0]
+    assert "Traceback" not in err
+    assert not out.exists(), "nothing half-written"
+
+
+def test_help_documents_every_flag_with_defaults(capsys):
+    assert main(["compare", "--help"]) == 0
+    text = capsys.readouterr().out
+    for flag in (
+        "--model",
+        "--model-preset",
+        "--task",
+        "--dataset",
+        "--train-file",
+        "--eval-file",
+        "--text-column",
+        "--target-column",
+        "--strategies",
+        "--batch-size",
+        "--max-length",
+        "--max-steps",
+        "--warmup-steps",
+        "--repeat",
+        "--device",
+        "--out",
+        "--trial-timeout",
+    ):
+        assert flag in text
+    assert "[default: 16]" in text and "runs/compare" in text

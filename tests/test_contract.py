@@ -1,0 +1,81 @@
+"""Contract: every registered strategy trains two steps on a tiny model and its effect is visible."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trainwise import strategies
+from trainwise.models import ModelSource, build_model
+from trainwise.plan import TrialPlan
+from trainwise.trial import apply_model_plan, frozen_parameters, make_optimizer, run_trial
+
+ROWS = list(strategies.REGISTRY) + list(strategies.ALIASES)
+
+
+def _spec(study, row):
+    return next(s for s in study.specs if s.strategy == row)
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_every_strategy_trains_two_steps(cls_study, row):
+    if "fp16" in row and not torch.cuda.is_available():
+        pytest.skip("fp16 needs CUDA (on CPU a study records it as 'unsupported')")
+    spec = _spec(cls_study, row)
+    r = run_trial(spec)
+    assert r.status == "ok"
+    assert r.plan == strategies.build_plan(row, 4).to_dict()
+    assert r.timed_steps == 1 and r.step_time_s > 0 and r.samples_per_s > 0
+    assert math.isfinite(r.train_loss) and 0 < r.train_loss < 10
+    assert r.peak_mem_bytes > 0 and r.mem_kind == "cpu_rss_delta"
+    assert 0 <= r.padding_waste < 1
+    assert r.metric_name == "accuracy" and 0 <= r.metric <= 100
+    assert r.env["torch"] == torch.__version__ and r.env["device"] == "cpu"
+    trainable_share = r.n_trainable / r.n_params
+    assert trainable_share < 1 if "freeze" in row else trainable_share == 1
+
+
+@pytest.mark.parametrize("row", ["baseline", "all"])
+def test_seq2seq_trains_and_reports_rouge_and_bleu(s2s_study, row):
+    r = run_trial(_spec(s2s_study, row))
+    assert r.status == "ok" and r.metric_name == "rougeL"
+    assert set(r.metrics) == {"rouge1", "rouge2", "rougeL", "bleu"}
+    assert math.isfinite(r.train_loss)
+
+
+def _tiny_model(task="classification"):
+    preset = "bert-tiny" if task == "classification" else "t5-tiny"
+    return build_model(ModelSource("preset", preset), task, 2, seed=0)
+
+
+def test_grad_ckpt_turns_on_checkpointing():
+    model = _tiny_model()
+    apply_model_plan(model, TrialPlan(grad_ckpt=True))
+    assert model.is_gradient_checkpointing
+
+
+@pytest.mark.parametrize("task", ["classification", "seq2seq"])
+def test_freezing_freezes_exactly_the_named_part(task):
+    model = _tiny_model(task)
+    apply_model_plan(model, TrialPlan(freeze=("embeddings",)))
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen and all("embed" in n or "shared" in n for n in frozen)
+    model = _tiny_model(task)
+    apply_model_plan(model, TrialPlan(freeze=("encoder",)))
+    encoder_ids = {id(p) for p in frozen_parameters(model, "encoder")}
+    assert all(not p.requires_grad for p in model.parameters() if id(p) in encoder_ids)
+    assert any(p.requires_grad for p in model.parameters()), "the head still trains"
+
+
+def test_adafactor_keeps_less_optimizer_state_than_adamw():
+    def state_numel(name):
+        model = _tiny_model()
+        opt = make_optimizer(name, list(model.parameters()), 1e-3)
+        out = model(input_ids=torch.ones(2, 4, dtype=torch.long)).logits.sum()
+        out.backward()
+        opt.step()
+        return sum(t.numel() for s in opt.state.values() for t in s.values() if torch.is_tensor(t))
+
+    assert state_numel("adafactor") < 0.6 * state_numel("adamw")

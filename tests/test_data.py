@@ -1,0 +1,105 @@
+"""Data sources, collation and samplers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from trainwise.data.builtin import load_builtin
+from trainwise.data.samplers import LengthGroupedBatches, RandomBatches
+from trainwise.data.sources import load_rows
+from trainwise.data.tasks import IGNORE_INDEX, Collator
+from trainwise.errors import ConfigError
+
+from .conftest import make_rows, write_csv
+
+
+def test_csv_json_jsonl_give_the_same_rows(tmp_path):
+    rows = make_rows(40, "classification")
+    write_csv(tmp_path / "d.csv", rows)
+    (tmp_path / "d.json").write_text(json.dumps({"data": rows}))
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    loaded = [load_rows(None, str(tmp_path / f"d.{ext}"), None, "text", "target") for ext in ("csv", "json", "jsonl")]
+    assert loaded[0] == loaded[1] == loaded[2]
+    train, evals = loaded[0]
+    assert len(train) + len(evals) == 40 and evals
+    assert not {r["text"] for r in train} & {r["text"] for r in evals}, "hold-out is disjoint"
+
+
+def test_column_mapping_and_explicit_eval_file(tmp_path):
+    rows = [{"dialogue": r["text"], "summary": r["target"]} for r in make_rows(20, "seq2seq")]
+    write_csv(tmp_path / "t.csv", rows)
+    write_csv(tmp_path / "e.csv", rows[:5])
+    train, evals = load_rows(None, str(tmp_path / "t.csv"), str(tmp_path / "e.csv"), "dialogue", "summary")
+    assert len(train) == 20 and len(evals) == 5
+    assert train[0] == {"text": rows[0]["dialogue"], "target": rows[0]["summary"]}
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (b"text,label\nhello,1\n", "no column 'target'.*columns are: label, text"),
+        (b"text,target\n", "no usable rows"),
+        (b"", "no usable rows"),
+        (b"text,target\ncaf\xe9,1\n", "not UTF-8 text .byte 0xe9 at offset 16"),
+    ],
+)
+def test_bad_files_say_what_is_wrong(tmp_path, content, match):
+    path = tmp_path / "bad.csv"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=match):
+        load_rows(None, str(path), None, None, None)
+
+
+def test_missing_and_unsupported_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_rows(None, str(tmp_path / "nope.csv"), None, None, None)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_rows(None, str(tmp_path), None, None, None)
+    (tmp_path / "x.parquet").write_text("x")
+    with pytest.raises(ConfigError, match="unsupported file type"):
+        load_rows(None, str(tmp_path / "x.parquet"), None, None, None)
+
+
+def test_builtin_datasets_are_real_stdlib_text_with_stable_splits():
+    train, evals = load_builtin("stdlib-summarize")
+    assert 5000 < len(train) + len(evals) < 9000
+    assert 0.05 < len(evals) / (len(train) + len(evals)) < 0.15
+    assert all(r["target"] and r["target"] not in r["text"] for r in train[:200]), "docstring removed from source"
+    assert any(r["text"].startswith("def ") for r in train)
+    again = load_builtin("stdlib-summarize")  # from the cache now
+    assert again == (train, evals)
+    topic_train, _ = load_builtin("stdlib-topic")
+    assert len({r["target"] for r in topic_train}) == 10
+
+
+def test_collator_padding_modes_and_counts():
+    items = [([5, 6, 7], [9, 9]), ([5], [9])]
+    long = Collator("seq2seq", 0, "longest", 16, 4)(items)
+    assert long.inputs["input_ids"].shape == (2, 3)
+    assert long.inputs["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert long.labels.tolist() == [[9, 9], [9, IGNORE_INDEX]]
+    assert (long.real_tokens, long.padded_tokens, long.loss_items) == (4 + 3, 6 + 4, 3)
+    fixed = Collator("seq2seq", 0, "max_length", 16, 4)(items)
+    assert fixed.inputs["input_ids"].shape == (2, 16) and fixed.labels.shape == (2, 4)
+    assert fixed.padded_tokens == 2 * 16 + 2 * 4 and fixed.real_tokens == long.real_tokens
+    cls = Collator("classification", 0, "longest", 16, 4)([([1, 2], 1), ([3], 0)])
+    assert cls.labels.tolist() == [1, 0] and cls.loss_items == 2
+
+
+def test_length_grouped_batches_cut_padding_and_keep_the_samples():
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 200, (1000,), generator=g).tolist()
+    rnd, smart = RandomBatches(lengths, 16, seed=3), LengthGroupedBatches(lengths, 16, seed=3)
+    assert len(rnd) == len(smart) == 62
+
+    def padded(batches):
+        return sum(len(b) * max(lengths[i] for i in b) for b in batches)
+
+    r, s = list(rnd), list(smart)
+    assert sorted(i for b in r for i in b) == sorted(i for b in s for i in b), "same samples per epoch"
+    assert padded(s) < 0.7 * padded(r)
+    smart.set_epoch(1)
+    assert list(smart) != s, "a new order each epoch"

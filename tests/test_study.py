@@ -1,0 +1,131 @@
+"""Isolation and the study store: faults become rows, the study goes on, a re-run resumes."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sqlite3
+
+import pytest
+
+from trainwise.cli import main
+from trainwise.launcher import launch
+from trainwise.study import aggregate, run_study
+
+from .conftest import tiny_study
+
+pytestmark = pytest.mark.slow
+
+
+def _run(study, monkeypatch=None):
+    done = []
+    results = run_study(
+        study, launch, lambda spec, e: None, lambda spec, r, cached: done.append((spec.strategy, cached))
+    )
+    return results, done
+
+
+@pytest.mark.parametrize(
+    "fault, status, message",
+    [
+        ("raise@1", "error", "RuntimeError: injected fault at step 1"),
+        ("oom@2", "oom", "out of memory"),
+        ("kill@1", "crashed", "killed by SIGKILL"),
+        ("hang@1", "timeout", "no result within --trial-timeout 20s"),
+    ],
+)
+def test_a_failing_trial_is_a_row_and_the_study_goes_on(tmp_path, cls_csv, monkeypatch, fault, status, message):
+    monkeypatch.setenv("TRAINWISE_FAULT", f"grad_ckpt:{fault}")
+    study = tiny_study(tmp_path, cls_csv, "classification", ["grad_ckpt", "baseline"], eval_samples=0, trial_timeout=20)
+    results, _ = _run(study)
+    assert [r.strategy for r in results] == ["grad_ckpt", "baseline"]
+    assert results[0].status == status and message in results[0].message
+    assert results[1].status == "ok", "the study went on after the fault"
+    table = aggregate(study.rows, results)
+    assert table[0]["rel_time"] is None and table[1]["rel_time"] == pytest.approx(1.0)
+
+
+def test_compare_writes_every_report_and_resumes(tmp_path, cls_csv, capsys, monkeypatch):
+    out = tmp_path / "study"
+    argv = [
+        "compare",
+        "--model-preset",
+        "bert-tiny",
+        "--train-file",
+        str(cls_csv),
+        "--strategies",
+        "baseline,grad_ckpt,fp16",
+        "--batch-size",
+        "8",
+        "--max-length",
+        "32",
+        "--max-steps",
+        "3",
+        "--warmup-steps",
+        "1",
+        "--eval-samples",
+        "8",
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0
+    first = capsys.readouterr()
+    assert "fp16" in first.out and "unsupported" in first.out
+    rows = json.loads((out / "results.json").read_text())
+    assert [r["strategy"] for r in rows] == ["baseline", "grad_ckpt", "fp16"]
+    required = {
+        "strategy",
+        "status",
+        "step_time_s",
+        "samples_per_s",
+        "tokens_per_s",
+        "padding_waste",
+        "peak_mem_bytes",
+        "mem_kind",
+        "train_loss",
+        "metric_name",
+        "metric",
+        "wall_s",
+        "rel_time",
+        "rel_mem",
+        "env",
+    }
+    assert required <= set(rows[0])
+    assert rows[0]["rel_time"] == 1.0 and rows[0]["env"]["device"] == "cpu"
+    assert rows[2]["status"] == "unsupported" and "needs cuda" in rows[2]["message"]
+    with open(out / "results.csv") as f:
+        assert [r["strategy"] for r in csv.DictReader(f)] == ["baseline", "grad_ckpt", "fp16"]
+    assert "| baseline | ok |" in (out / "report.md").read_text()
+    assert (out / "chart.png").read_bytes()[:4] == b"\x89PNG"
+    with sqlite3.connect(out / "study.sqlite") as db:
+        assert db.execute("SELECT COUNT(*) FROM trials").fetchone()[0] == 3
+
+    # the same command again: every trial comes from the store, nothing is re-run
+    monkeypatch.setenv("TRAINWISE_FAULT", "baseline:raise@1")  # would fail if baseline ran again
+    assert main(argv) == 0
+    second = capsys.readouterr()
+    assert second.err.count("(stored)") == 3
+    assert json.loads((out / "results.json").read_text())[0]["status"] == "ok"
+
+
+def test_resume_runs_only_what_is_missing(tmp_path, cls_csv):
+    study = tiny_study(tmp_path, cls_csv, "classification", ["baseline"], eval_samples=0)
+    _, done = _run(study)
+    assert done == [("baseline", False)]
+    bigger = tiny_study(tmp_path, cls_csv, "classification", ["baseline", "dynamic_pad"], eval_samples=0)
+    _, done = _run(bigger)
+    assert done == [("baseline", True), ("dynamic_pad", False)]
+
+
+def test_repeats_are_interleaved_and_reported_as_medians(tmp_path, cls_csv):
+    study = tiny_study(tmp_path, cls_csv, "classification", ["baseline", "dynamic_pad"], eval_samples=0, repeat=2)
+    assert [(s.strategy, s.repeat) for s in study.specs] == [
+        ("baseline", 0),
+        ("dynamic_pad", 0),
+        ("baseline", 1),
+        ("dynamic_pad", 1),
+    ]
+    results, _ = _run(study)
+    table = aggregate(study.rows, results)
+    assert table[0]["repeats"] == 2 and len(table[0]["step_time_s_all"]) == 2
+    assert min(table[0]["step_time_s_all"]) <= table[0]["step_time_s"] <= max(table[0]["step_time_s_all"])

