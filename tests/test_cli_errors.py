@@ -42,7 +42,7 @@ CASES = {
     "model dir without config": (["--model", "{d}/nodir"], "has no config.json"),
     "hub id offline": (["--model", "org/not-cached-model"], "cannot load model 'org/not-cached-model'"),
     "bad accum": (["--strategies", "grad_accum", "--batch-size", "6", "--accum-steps", "4"], "multiple of"),
-    "not an int": (["--batch-size", "many"], "'many' is not a valid integer"),
+    "not an int": (["--batch-size", "many"], "Invalid value for '--batch-size'"),
     "unknown option": (["--turbo"], "No such option"),
     "bad device": (["--device", "tpu"], "--device must be one of"),
 }

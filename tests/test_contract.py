@@ -29,7 +29,8 @@ def test_every_strategy_trains_two_steps(cls_study, row):
     assert r.plan == strategies.build_plan(row, 4).to_dict()
     assert r.timed_steps == 1 and r.step_time_s > 0 and r.samples_per_s > 0
     assert math.isfinite(r.train_loss) and 0 < r.train_loss < 10
-    assert r.peak_mem_bytes > 0 and r.mem_kind == "cpu_rss_delta"
+    # in-process, freed allocator memory is reused, so growth can be 0; test_study checks a fresh process
+    assert r.peak_mem_bytes >= 0 and r.mem_kind == "cpu_rss_delta"
     assert 0 <= r.padding_waste < 1
     assert r.metric_name == "accuracy" and 0 <= r.metric <= 100
     assert r.env["torch"] == torch.__version__ and r.env["device"] == "cpu"

@@ -43,7 +43,7 @@ def test_column_mapping_and_explicit_eval_file(tmp_path):
         (b"text,label\nhello,1\n", "no column 'target'.*columns are: label, text"),
         (b"text,target\n", "no usable rows"),
         (b"", "no usable rows"),
-        (b"text,target\ncaf\xe9,1\n", "not UTF-8 text .byte 0xe9 at offset 16"),
+        (b"text,target\ncaf\xe9,1\n", "not UTF-8 text .byte 0xe9 at offset 15"),
     ],
 )
 def test_bad_files_say_what_is_wrong(tmp_path, content, match):

@@ -92,6 +92,7 @@ def test_compare_writes_every_report_and_resumes(tmp_path, cls_csv, capsys, monk
     }
     assert required <= set(rows[0])
     assert rows[0]["rel_time"] == 1.0 and rows[0]["env"]["device"] == "cpu"
+    assert rows[0]["peak_mem_bytes"] > 0 and rows[1]["peak_mem_bytes"] > 0, "a fresh process grows when training"
     assert rows[2]["status"] == "unsupported" and "needs cuda" in rows[2]["message"]
     with open(out / "results.csv") as f:
         assert [r["strategy"] for r in csv.DictReader(f)] == ["baseline", "grad_ckpt", "fp16"]

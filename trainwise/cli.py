@@ -9,7 +9,6 @@ import json
 import sys
 from typing import Annotated
 
-import click
 import typer
 from rich.console import Console
 from rich.progress import (
@@ -26,6 +25,12 @@ from trainwise import strategies
 from trainwise.config import StudyConfig
 from trainwise.errors import ConfigError
 
+# typer >= 0.2x vendors click; its usage errors derive from TyperException.
+try:
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError
+except ImportError:  # older typer on real click
+    from click.exceptions import ClickException, NoArgsIsHelpError  # type: ignore[no-redef]
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -36,8 +41,9 @@ out_console = Console() if sys.stdout.isatty() else Console(width=150)
 err_console = Console(stderr=True)
 
 
-def _strategy_help() -> str:
-    return "; ".join(f"{s.name}: {s.summary}" for s in strategies.REGISTRY.values())
+def _default(name: str):
+    """CLI defaults come from StudyConfig, so the two cannot drift apart."""
+    return StudyConfig.__dataclass_fields__[name].default
 
 
 @app.command()
@@ -58,7 +64,7 @@ def compare(
             "bert-tiny, minilm-l6, bert-base."
         ),
     ] = None,
-    task: Annotated[str, typer.Option(help="classification or seq2seq.")] = "classification",
+    task: Annotated[str, typer.Option(help="classification or seq2seq.")] = _default("task"),
     dataset: Annotated[
         str | None,
         typer.Option(
@@ -86,14 +92,22 @@ def compare(
     batch_size: Annotated[
         int, typer.Option(help="Effective batch size (samples per optimizer step) of every row.")
     ] = 16,
-    accum_steps: Annotated[int, typer.Option(help="grad_accum: micro-batches per step (each batch/N).")] = 4,
-    max_length: Annotated[int, typer.Option(help="Max input tokens; the baseline pads to it.")] = 128,
-    max_target_length: Annotated[int, typer.Option(help="Max target tokens (seq2seq).")] = 48,
-    max_steps: Annotated[int, typer.Option(help="Optimizer steps per trial, warm-up included.")] = 20,
-    warmup_steps: Annotated[int, typer.Option(help="First steps excluded from timing.")] = 4,
-    repeat: Annotated[int, typer.Option(help="Trials per row; the table shows medians.")] = 1,
-    lr: Annotated[float, typer.Option(help="Peak learning rate (linear decay to 0).")] = 5e-5,
-    seed: Annotated[int, typer.Option(help="Seed for weights, batches and data order.")] = 0,
+    accum_steps: Annotated[int, typer.Option(help="grad_accum: micro-batches per step (each batch/N).")] = _default(
+        "accum_steps"
+    ),
+    max_length: Annotated[int, typer.Option(help="Max input tokens; the baseline pads to it.")] = _default(
+        "max_length"
+    ),
+    max_target_length: Annotated[int, typer.Option(help="Max target tokens (seq2seq).")] = _default(
+        "max_target_length"
+    ),
+    max_steps: Annotated[int, typer.Option(help="Optimizer steps per trial, warm-up included.")] = _default(
+        "max_steps"
+    ),
+    warmup_steps: Annotated[int, typer.Option(help="First steps excluded from timing.")] = _default("warmup_steps"),
+    repeat: Annotated[int, typer.Option(help="Trials per row; the table shows medians.")] = _default("repeat"),
+    lr: Annotated[float, typer.Option(help="Peak learning rate (linear decay to 0).")] = _default("lr"),
+    seed: Annotated[int, typer.Option(help="Seed for weights, batches and data order.")] = _default("seed"),
     device: Annotated[
         str,
         typer.Option(
@@ -111,9 +125,13 @@ def compare(
     trial_timeout: Annotated[
         float, typer.Option(help="Seconds before a trial is killed and recorded 'timeout'.")
     ] = 900.0,
-    eval_samples: Annotated[int, typer.Option(help="Evaluation samples per trial (0: no evaluation).")] = 200,
+    eval_samples: Annotated[int, typer.Option(help="Evaluation samples per trial (0: no evaluation).")] = _default(
+        "eval_samples"
+    ),
     max_train_samples: Annotated[int | None, typer.Option(help="Use only the first N training rows.")] = None,
-    retry_failed: Annotated[bool, typer.Option(help="On resume, run again the rows that did not end 'ok'.")] = False,
+    retry_failed: Annotated[bool, typer.Option(help="On resume, run again the rows that did not end 'ok'.")] = _default(
+        "retry_failed"
+    ),
 ) -> None:
     """Run one trial per strategy row on the same model and data; print the comparison table."""
     from trainwise.launcher import launch
@@ -147,8 +165,8 @@ def compare(
         max_train_samples=max_train_samples,
         retry_failed=retry_failed,
     )
-    err_console.print(f"[bold]trainwise compare[/]: preparing data and model ({task})...")
-    prepared = prepare_study(cfg)
+    with err_console.status(f"trainwise compare: validating input, preparing data and model ({task})..."):
+        prepared = prepare_study(cfg)
     s = prepared.specs[0].settings
     err_console.print(
         f"model {s.model_label} ({s.model_kind})  "
@@ -241,15 +259,17 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"trainwise: error: {_one_line(str(e))}", file=sys.stderr)
         return 2
-    except click.exceptions.NoArgsIsHelpError as e:
-        print(e.format_message(), file=sys.stderr)  # help text, on purpose several lines
+    except NoArgsIsHelpError as e:
+        print(e.format_message(), file=sys.stderr)  # the help text, several lines on purpose
         return 2
-    except click.ClickException as e:
+    except ClickException as e:
         print(f"trainwise: error: {_one_line(e.format_message())}", file=sys.stderr)
         return 2
-    except click.exceptions.Abort:
+    except (typer.Abort, KeyboardInterrupt):
         print("trainwise: interrupted", file=sys.stderr)
         return 130
+    except typer.Exit as e:
+        return int(e.exit_code)
     return code if isinstance(code, int) else 0
 
 

@@ -38,14 +38,14 @@ class StudyConfig:
     accum_steps: int = 4
     max_length: int = 128
     max_target_length: int = 48
-    max_steps: int = 20
-    warmup_steps: int = 4
+    max_steps: int = 16
+    warmup_steps: int = 3
     repeat: int = 1
     lr: float = 5e-5
     seed: int = 0
     device: str = "auto"
     trial_timeout: float = 900.0
-    eval_samples: int = 200
+    eval_samples: int = 160
     max_train_samples: int | None = None
     retry_failed: bool = False
 

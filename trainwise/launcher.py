@@ -16,8 +16,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from trainwise.config import TrialSpec
 from trainwise.results import TrialResult
@@ -59,7 +59,12 @@ def launch(spec: TrialSpec, trial_dir: Path, timeout_s: float, on_event: Callabl
         reader.join(timeout=5)
     wall = time.perf_counter() - start
 
-    base: dict[str, Any] = {"strategy": spec.strategy, "repeat": spec.repeat, "plan": spec.plan.to_dict(), "wall_s": wall}
+    base: dict[str, Any] = {
+        "strategy": spec.strategy,
+        "repeat": spec.repeat,
+        "plan": spec.plan.to_dict(),
+        "wall_s": wall,
+    }
     if timed_out:
         return TrialResult(status="timeout", message=f"no result within --trial-timeout {timeout_s:g}s; killed", **base)
     if result_path.exists():

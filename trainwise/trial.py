@@ -189,6 +189,7 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
     if s.device == "cuda":
         torch.cuda.empty_cache()
         memory.cuda_reset_peak()
+    memory.reset_peak_rss()
     rss_before = memory.rss_bytes()
     model = build_model(source, s.task, len(labels) or 2, s.seed)
     apply_model_plan(model, plan)

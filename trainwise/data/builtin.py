@@ -5,8 +5,8 @@ the interpreter running trainwise, and cached as JSONL after the first build.
 
 - `stdlib-summarize` (seq2seq): a function's source, its docstring removed -> the docstring's first
   line. ~6k pairs; source length median ~45 words, p90 ~180 (close to SAMSum's shape).
-- `stdlib-topic` (classification): a function/class docstring -> the top-level stdlib module it
-  belongs to, over the most common modules.
+- `stdlib-topic` (classification): the first paragraph of a function/class docstring -> the
+  top-level stdlib module it belongs to, over the 10 most common modules.
 """
 
 from __future__ import annotations
@@ -90,8 +90,9 @@ def _topic_pairs() -> list[dict[str, str]]:
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 doc = ast.get_docstring(node)
-                if doc and len(doc.split()) >= 4:
-                    rows.append({"text": " ".join(doc.split()), "target": module.lstrip("_")})
+                paragraph = doc.strip().split("\n\n")[0] if doc else ""
+                if len(paragraph.split()) >= 4:
+                    rows.append({"text": " ".join(paragraph.split()), "target": module.lstrip("_")})
     counts = collections.Counter(r["target"] for r in rows)
     keep = {m for m, _ in counts.most_common(TOPIC_CLASSES)}
     return [r for r in rows if r["target"] in keep]
@@ -106,7 +107,7 @@ def load_builtin(name: str) -> tuple[list[dict[str, str]], list[dict[str, str]]]
     """Return (train, eval) rows for a built-in dataset, building and caching it on first use."""
     assert name in BUILTIN_DATASETS, name
     version = f"py{sys.version_info.major}{sys.version_info.minor}"
-    path = cache_dir() / "datasets" / f"{name}-{version}-v1.jsonl"
+    path = cache_dir() / "datasets" / f"{name}-{version}-v2.jsonl"
     if not path.exists():
         rows = _summarize_pairs() if name == "stdlib-summarize" else _topic_pairs()
         seen: set[str] = set()

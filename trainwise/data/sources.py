@@ -18,10 +18,6 @@ FILE_SUFFIXES = (".csv", ".json", ".jsonl")
 
 
 def _read_text(path: Path) -> str:
-    if not path.exists():
-        raise ConfigError(f"data file not found: {path}")
-    if not path.is_file():
-        raise ConfigError(f"data file is not a regular file: {path}")
     try:
         raw = path.read_bytes()
     except OSError as e:
@@ -35,6 +31,10 @@ def _read_text(path: Path) -> str:
 
 
 def _records(path: Path) -> list[dict]:
+    if not path.exists():
+        raise ConfigError(f"data file not found: {path}")
+    if not path.is_file():
+        raise ConfigError(f"data file is not a regular file: {path}")
     suffix = path.suffix.lower()
     if suffix not in FILE_SUFFIXES:
         raise ConfigError(f"{path}: unsupported file type {suffix!r}; use one of {', '.join(FILE_SUFFIXES)}")

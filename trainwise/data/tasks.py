@@ -26,6 +26,8 @@ class Encoded:
 
 
 def encode(rows, tokenizer, task: str, max_length: int, max_target_length: int, label2id=None) -> Encoded:
+    if not rows:
+        return Encoded([], [])
     texts = [r["text"] for r in rows]
     ids = tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
     if task == "classification":

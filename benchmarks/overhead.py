@@ -1,0 +1,104 @@
+"""Harness overhead: trainwise's baseline step time vs a plain PyTorch loop, side by side.
+
+Same model (bundled all-MiniLM-L6-v2 by default), same data (stdlib-topic), same batch, padding,
+optimizer (AdamW, clip 1.0, linear decay) and number of steps. The plain loop takes the model's own
+loss and has no measurement machinery. The two alternate in one process, `--rounds` times each, and
+the medians are compared. Usage:
+
+    .venv/bin/python benchmarks/overhead.py [--rounds 3] [--steps 20] [--warmup 4] [--model-preset NAME]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import torch
+
+
+def plain_loop(spec, steps: int, warmup: int) -> float:
+    """Median step time of a textbook loop over the same batches the harness would see."""
+    from transformers import get_linear_schedule_with_warmup
+
+    from trainwise.data.samplers import make_batches
+    from trainwise.data.tasks import Collator, EncodedDataset, encode
+    from trainwise.models import ModelSource, build_model, load_tokenizer
+    from trainwise.trial import read_prepared
+
+    s = spec.settings
+    source = ModelSource(s.model_kind, s.model_ref)
+    tok = load_tokenizer(source, s.tokenizer_dir)
+    train_rows, _, labels = read_prepared(s.data_dir)
+    enc = encode(train_rows, tok, s.task, s.max_length, s.max_target_length, {x: i for i, x in enumerate(labels)})
+    sampler = make_batches("random", enc.lengths(), s.batch_size, s.seed)
+    loader = torch.utils.data.DataLoader(
+        EncodedDataset(enc),
+        batch_sampler=sampler,
+        collate_fn=Collator(s.task, tok.pad_token_id, "max_length", s.max_length, s.max_target_length),
+    )
+    model = build_model(source, s.task, len(labels), s.seed)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=0.0)
+    sched = get_linear_schedule_with_warmup(opt, 0, steps)
+    times = []
+    it = iter(loader)
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        batch = next(it)
+        loss = model(**batch.inputs, labels=batch.labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[warmup:])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--model-preset", default=None)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--max-length", type=int, default=128)
+    args = ap.parse_args()
+
+    from trainwise.config import StudyConfig
+    from trainwise.measure.env import environment
+    from trainwise.study import prepare_study
+    from trainwise.trial import run_trial
+
+    out = tempfile.mkdtemp(prefix="trainwise-overhead-")
+    cfg = StudyConfig(
+        out=out,
+        strategies=["baseline"],
+        model_preset=args.model_preset,
+        max_steps=args.steps,
+        warmup_steps=args.warmup,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        eval_samples=0,
+        device="cpu",
+    )
+    spec = prepare_study(cfg).specs[0]
+    plain, harness = [], []
+    for r in range(args.rounds):
+        plain.append(plain_loop(spec, args.steps, args.warmup))
+        harness.append(run_trial(spec).step_time_s)
+        print(f"round {r + 1}: plain {plain[-1]:.4f} s/step  trainwise {harness[-1]:.4f} s/step", flush=True)
+    p, h = statistics.median(plain), statistics.median(harness)
+    env = environment("cpu")
+    print(
+        f"model {spec.settings.model_label}, batch {args.batch_size}, max_length {args.max_length}, "
+        f"{args.steps} steps ({args.warmup} untimed), {args.rounds} rounds; {env['device_name']}, "
+        f"torch {env['torch']}, commit {env['commit']}"
+    )
+    print(f"median step: plain {p:.4f} s, trainwise {h:.4f} s, overhead {100 * (h / p - 1):+.1f}%")
+
+
+if __name__ == "__main__":
+    main()
