@@ -2,8 +2,9 @@
 
 Same model (bundled all-MiniLM-L6-v2 by default), same data (stdlib-topic), same batch, padding,
 optimizer (AdamW, clip 1.0, linear decay) and number of steps. The plain loop takes the model's own
-loss and has no measurement machinery. The two alternate in one process, `--rounds` times each, and
-the medians are compared. Usage:
+loss and has no measurement machinery. Each measurement runs in a fresh process (as trials do, and
+so that neither inherits the other's allocator state); the two alternate, `--rounds` times each,
+and the medians are compared. Usage:
 
     .venv/bin/python benchmarks/overhead.py [--rounds 3] [--steps 20] [--warmup 4] [--model-preset NAME]
 """
@@ -57,7 +58,37 @@ def plain_loop(spec, steps: int, warmup: int) -> float:
     return statistics.median(times[warmup:])
 
 
+def child(kind: str, spec_path: str) -> None:
+    import json
+
+    from trainwise.config import TrialSpec
+    from trainwise.trial import run_trial
+
+    with open(spec_path) as f:
+        spec = TrialSpec.from_dict(json.load(f))
+    s = spec.settings
+    step = plain_loop(spec, s.max_steps, s.warmup_steps) if kind == "plain" else run_trial(spec).step_time_s
+    print(f"STEP {step}")
+
+
+def measure(kind: str, spec_path: str) -> float:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, __file__, "--child", kind, spec_path], capture_output=True, text=True)
+    lines = [x for x in out.stdout.splitlines() if x.startswith("STEP ")]
+    if out.returncode or not lines:
+        raise SystemExit(f"{kind} run failed: {out.stderr.strip().splitlines()[-1:]}")
+    return float(lines[-1].split()[1])
+
+
 def main() -> None:
+    import json
+    import os
+    import sys
+
+    if len(sys.argv) == 4 and sys.argv[1] == "--child":
+        return child(sys.argv[2], sys.argv[3])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20)
@@ -70,7 +101,6 @@ def main() -> None:
     from trainwise.config import StudyConfig
     from trainwise.measure.env import environment
     from trainwise.study import prepare_study
-    from trainwise.trial import run_trial
 
     out = tempfile.mkdtemp(prefix="trainwise-overhead-")
     cfg = StudyConfig(
@@ -85,17 +115,20 @@ def main() -> None:
         device="cpu",
     )
     spec = prepare_study(cfg).specs[0]
+    spec_path = os.path.join(out, "spec.json")
+    with open(spec_path, "w") as f:
+        json.dump(spec.to_dict(), f)
     plain, harness = [], []
     for r in range(args.rounds):
-        plain.append(plain_loop(spec, args.steps, args.warmup))
-        harness.append(run_trial(spec).step_time_s)
+        plain.append(measure("plain", spec_path))
+        harness.append(measure("trainwise", spec_path))
         print(f"round {r + 1}: plain {plain[-1]:.4f} s/step  trainwise {harness[-1]:.4f} s/step", flush=True)
     p, h = statistics.median(plain), statistics.median(harness)
     env = environment("cpu")
     print(
         f"model {spec.settings.model_label}, batch {args.batch_size}, max_length {args.max_length}, "
-        f"{args.steps} steps ({args.warmup} untimed), {args.rounds} rounds; {env['device_name']}, "
-        f"torch {env['torch']}, commit {env['commit']}"
+        f"{args.steps} steps ({args.warmup} untimed), {args.rounds} rounds, fresh process each; "
+        f"{env['device_name']}, torch {env['torch']}, commit {env['commit']}"
     )
     print(f"median step: plain {p:.4f} s, trainwise {h:.4f} s, overhead {100 * (h / p - 1):+.1f}%")
 

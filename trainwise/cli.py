@@ -21,15 +21,12 @@ from rich.progress import (
 )
 from rich.table import Table
 
+# typer (pinned in requirements.lock) vendors click; its usage errors are these classes.
+from typer._click.exceptions import ClickException, NoArgsIsHelpError
+
 from trainwise import strategies
 from trainwise.config import StudyConfig
 from trainwise.errors import ConfigError
-
-# typer >= 0.2x vendors click; its usage errors derive from TyperException.
-try:
-    from typer._click.exceptions import ClickException, NoArgsIsHelpError
-except ImportError:  # older typer on real click
-    from click.exceptions import ClickException, NoArgsIsHelpError  # type: ignore[no-redef]
 
 app = typer.Typer(
     add_completion=False,

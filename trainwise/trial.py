@@ -163,6 +163,9 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
     s, plan = spec.settings, spec.plan
     torch.manual_seed(s.seed)
     emit({"event": "phase", "phase": "data"})
+    # CPU memory is measured over the warm-up steps with an allocator whose RSS tracks live memory
+    # (needs >= 2 warm-up steps: optimizer state exists from step 2); otherwise whole-run RSS.
+    exact_mem = s.device == "cpu" and s.warmup_steps >= 2 and memory.exact_cpu_allocator(True)
 
     # ---- data: tokenized once, unpadded; the plan chooses padding and grouping ------------------
     source = ModelSource(s.model_kind, s.model_ref)
@@ -212,7 +215,12 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
     batches = _micro_batches(loader, sampler)
     samples = real_tokens = padded_tokens = 0
     losses: list[float] = []
+    peak_exact = 0
     for step in range(s.max_steps):
+        if exact_mem and step == s.warmup_steps:  # warm-up over: record, then time with fast malloc
+            peak_exact = memory.peak_rss_bytes() - rss_before
+            memory.exact_cpu_allocator(False)
+            memory.reset_peak_rss()
         timer.start("data")
         micro = [next(batches).to(accelerator.device) for _ in range(plan.accum_steps)]
         timer.stop()
@@ -242,6 +250,9 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
     if s.device == "cuda":
         peak, reserved = memory.cuda_peaks()
         mem_kind, peak_rss = "cuda_allocated", None
+    elif exact_mem:
+        peak_rss = memory.peak_rss_bytes()  # timed steps, default allocator: what the OS sees
+        peak, reserved, mem_kind = peak_exact, None, "cpu_live"
     else:
         peak_rss = memory.peak_rss_bytes()
         peak, reserved, mem_kind = peak_rss - rss_before, None, "cpu_rss_delta"

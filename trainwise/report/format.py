@@ -60,6 +60,11 @@ def notes(table: list[dict]) -> list[str]:
     if base is None or base["status"] != "ok":
         lines.append("No successful baseline row: time % and mem % are not available.")
     kinds = {e["mem_kind"] for e in table if e.get("mem_kind")}
+    if "cpu_live" in kinds:
+        lines.append(
+            "peak mem (CPU): peak RSS over the untimed warm-up steps, minus the RSS before the model was built, "
+            "with glibc returning freed blocks to the OS so RSS tracks live memory (timed steps use its fast mode)."
+        )
     if "cpu_rss_delta" in kinds:
         lines.append("peak mem (CPU): the trial process's peak RSS minus its RSS just before the model was built.")
     if "cuda_allocated" in kinds:
