@@ -35,8 +35,7 @@ lint: venv
 	$(VENV)/bin/mypy trainwise
 
 bench: venv
-	$(PY) benchmarks/overhead.py
-	$(PY) benchmarks/demo_study.py
+	bash benchmarks/run_all.sh
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

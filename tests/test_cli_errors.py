@@ -93,3 +93,14 @@ def test_help_documents_every_flag_with_defaults(capsys):
     ):
         assert flag in text
     assert "[default: 16]" in text and "runs/compare" in text
+
+
+def test_a_hub_dataset_offline_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    out = tmp_path / "study"
+    code = main(["compare", *TINY, "--dataset", "someone/not-a-local-dataset", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "cannot load dataset 'someone/not-a-local-dataset'" in err[0] and "stdlib-topic" in err[0]
+    assert not out.exists()

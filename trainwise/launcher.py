@@ -8,6 +8,7 @@ worker; a hang past the timeout is killed (`timeout`); a process that dies witho
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -54,8 +55,10 @@ def launch(spec: TrialSpec, trial_dir: Path, timeout_s: float, on_event: Callabl
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             timed_out = True
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            _kill_group(proc)
+        except BaseException:  # Ctrl-C: the child has its own session and would not see the signal
+            _kill_group(proc)
+            raise
         reader.join(timeout=5)
     wall = time.perf_counter() - start
 
@@ -79,6 +82,13 @@ def launch(spec: TrialSpec, trial_dir: Path, timeout_s: float, on_event: Callabl
     else:
         message = f"trial process exited with code {code} and no result: {_tail(log_path)[:300]}"
     return TrialResult(status="crashed", message=message, **base)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the trial and anything it started (dataloader workers); it runs in its own session."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _read_events(proc: subprocess.Popen, on_event: Callable[[dict], None]) -> None:

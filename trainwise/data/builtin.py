@@ -18,7 +18,9 @@ import json
 import os
 import sys
 import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 BUILTIN_DATASETS = {
     "stdlib-summarize": "seq2seq",
@@ -54,45 +56,41 @@ def _parse(path: Path) -> tuple[list[str], ast.Module] | None:
         return None
 
 
-def _summarize_pairs() -> list[dict[str, str]]:
-    rows = []
-    for _module, path in _stdlib_files():
+def _documented(kinds: tuple[type, ...]) -> Iterator[tuple[str, list[str], Any, str]]:
+    """(top-level module, source lines, node, docstring) for every documented node of `kinds`."""
+    for module, path in _stdlib_files():
         parsed = _parse(path)
         if parsed is None:
             continue
         lines, tree = parsed
         for node in ast.walk(tree):
-            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                continue
-            doc = ast.get_docstring(node)
-            if not doc or len(node.body) < 2:
-                continue
-            summary = doc.strip().splitlines()[0].strip()
-            if len(summary.split()) < 3:
-                continue
-            first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
-            doc_node = node.body[0]
-            assert doc_node.end_lineno is not None and node.end_lineno is not None
-            kept = lines[first - 1 : doc_node.lineno - 1] + lines[doc_node.end_lineno : node.end_lineno]
-            indent = min((len(s) - len(s.lstrip()) for s in kept if s.strip()), default=0)
-            code = "\n".join(s[indent:] for s in kept if s.strip())
-            rows.append({"text": code, "target": summary})
+            if isinstance(node, kinds):
+                doc = ast.get_docstring(node)
+                if doc:
+                    yield module, lines, node, doc
+
+
+def _summarize_pairs() -> list[dict[str, str]]:
+    rows = []
+    for _module, lines, node, doc in _documented((ast.FunctionDef, ast.AsyncFunctionDef)):
+        summary = doc.strip().splitlines()[0].strip()
+        if len(node.body) < 2 or len(summary.split()) < 3:
+            continue
+        first = node.decorator_list[0].lineno if node.decorator_list else node.lineno
+        doc_node = node.body[0]
+        kept = lines[first - 1 : doc_node.lineno - 1] + lines[doc_node.end_lineno : node.end_lineno]
+        indent = min((len(s) - len(s.lstrip()) for s in kept if s.strip()), default=0)
+        code = "\n".join(s[indent:] for s in kept if s.strip())
+        rows.append({"text": code, "target": summary})
     return rows
 
 
 def _topic_pairs() -> list[dict[str, str]]:
     rows = []
-    for module, path in _stdlib_files():
-        parsed = _parse(path)
-        if parsed is None:
-            continue
-        _lines, tree = parsed
-        for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                doc = ast.get_docstring(node)
-                paragraph = doc.strip().split("\n\n")[0] if doc else ""
-                if len(paragraph.split()) >= 4:
-                    rows.append({"text": " ".join(paragraph.split()), "target": module.lstrip("_")})
+    for module, _lines, _node, doc in _documented((ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        paragraph = doc.strip().split("\n\n")[0]
+        if len(paragraph.split()) >= 4:
+            rows.append({"text": " ".join(paragraph.split()), "target": module.lstrip("_")})
     counts = collections.Counter(r["target"] for r in rows)
     keep = {m for m, _ in counts.most_common(TOPIC_CLASSES)}
     return [r for r in rows if r["target"] in keep]

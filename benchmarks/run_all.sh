@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Every figure in BENCHMARKS.md, in the order they were taken. Run from the repo root after
+# `make venv`; nothing else should run on the machine meanwhile (timings on a shared box are noisy).
+set -euo pipefail
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+TW=.venv/bin/trainwise
+mkdir -p runs
+
+# 1. harness overhead: plain PyTorch loop vs trainwise baseline, fresh process each, alternating
+.venv/bin/python benchmarks/overhead.py --rounds 3 | tee runs/bench-overhead.txt
+
+# 2. the default (demo) study, 3 interleaved repeats, medians
+/usr/bin/time -f "wall %e s" $TW compare --repeat 3 --out runs/bench-demo-r3 2>&1 | tee runs/bench-demo-r3.txt
+
+# 3. seq2seq: t5-small (random init, real size) on stdlib-summarize, ROUGE/BLEU with generation
+/usr/bin/time -f "wall %e s" $TW compare --task seq2seq --model-preset t5-small --max-steps 12 --warmup-steps 3 \
+  --eval-samples 64 \
+  --strategies baseline,bf16,grad_accum,grad_ckpt,adafactor,dynamic_pad,smart_batch,freeze_embeddings,freeze_encoder,all \
+  --out runs/bench-t5-small 2>&1 | tee runs/bench-t5-small.txt
