@@ -80,3 +80,25 @@ def test_adafactor_keeps_less_optimizer_state_than_adamw():
         return sum(t.numel() for s in opt.state.values() for t in s.values() if torch.is_tensor(t))
 
     assert state_numel("adafactor") < 0.6 * state_numel("adamw")
+
+
+def test_state_bytes_count_weights_grads_and_optimizer_state(tmp_path, cls_csv):
+    """AdamW keeps exp_avg + exp_avg_sq (8 bytes/param) that Adafactor factors away; freezing drops the
+    frozen parameters' grads and state. The counted state must show exactly that."""
+    from .conftest import tiny_study
+
+    study = tiny_study(
+        tmp_path,
+        cls_csv,
+        "classification",
+        ["baseline", "adafactor", "freeze_encoder"],
+        eval_samples=0,
+        max_steps=2,
+        warmup_steps=1,
+    )
+    adamw, adafactor, frozen = (run_trial(spec) for spec in study.specs)
+    weights = 4 * adamw.n_params
+    assert adamw.state_bytes == pytest.approx(weights + 4 * adamw.n_params + 8 * adamw.n_params, rel=0.01)
+    assert adamw.state_bytes - adafactor.state_bytes == pytest.approx(8 * adamw.n_params, rel=0.1)
+    frozen_params = adamw.n_params - frozen.n_trainable
+    assert adamw.state_bytes - frozen.state_bytes == pytest.approx(12 * frozen_params, rel=0.01)

@@ -28,11 +28,10 @@ class TrialResult:
     epoch_time_s: float | None = None  # projected: training samples / samples_per_s
     # memory
     peak_mem_bytes: int | None = None  # CUDA max allocated, or CPU peak RSS minus pre-model RSS
-    # "cuda_allocated"; "cpu_live": CPU peak over the warm-up steps with glibc returning freed blocks
-    # (RSS tracks live memory); "cpu_rss_delta": CPU whole-run peak RSS (fewer than 2 warm-up steps)
-    mem_kind: str | None = None
+    mem_kind: str | None = None  # "cuda_allocated" | "cpu_rss_delta"
     peak_reserved_bytes: int | None = None  # CUDA max reserved
-    peak_rss_bytes: int | None = None  # CPU: absolute peak RSS of the trial process while timed
+    peak_rss_bytes: int | None = None  # CPU: peak RSS of the whole trial process over its training steps
+    state_bytes: int | None = None  # weights + grads + optimizer state, counted (not measured)
     rss_before_model_bytes: int | None = None
     # quality
     train_loss: float | None = None  # true mean loss over the last 5 optimizer steps

@@ -240,6 +240,7 @@ NUMERIC = (
     "peak_mem_bytes",
     "peak_reserved_bytes",
     "peak_rss_bytes",
+    "state_bytes",
     "train_loss",
     "final_loss",
     "metric",

@@ -163,9 +163,6 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
     s, plan = spec.settings, spec.plan
     torch.manual_seed(s.seed)
     emit({"event": "phase", "phase": "data"})
-    # CPU memory is measured over the warm-up steps with an allocator whose RSS tracks live memory
-    # (needs >= 2 warm-up steps: optimizer state exists from step 2); otherwise whole-run RSS.
-    exact_mem = s.device == "cpu" and s.warmup_steps >= 2 and memory.exact_cpu_allocator(True)
 
     # ---- data: tokenized once, unpadded; the plan chooses padding and grouping ------------------
     source = ModelSource(s.model_kind, s.model_ref)
@@ -211,22 +208,18 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
 
     # ---- train -----------------------------------------------------------------------------------
     emit({"event": "phase", "phase": "train"})
-    timer = StepTimer(sync)
     batches = _micro_batches(loader, sampler)
+
+    timer = StepTimer(sync)
     samples = real_tokens = padded_tokens = 0
     losses: list[float] = []
-    peak_exact = 0
     for step in range(s.max_steps):
-        if exact_mem and step == s.warmup_steps:  # warm-up over: record, then time with fast malloc
-            peak_exact = memory.peak_rss_bytes() - rss_before
-            memory.exact_cpu_allocator(False)
-            memory.reset_peak_rss()
         timer.start("data")
         micro = [next(batches).to(accelerator.device) for _ in range(plan.accum_steps)]
         timer.stop()
 
         timer.start("compute")
-        loss = accumulate_step(model, micro, accelerator.backward, s.task, decoder_inputs)
+        loss = float(accumulate_step(model, micro, accelerator.backward, s.task, decoder_inputs))
         timer.stop()
 
         timer.start("optim")
@@ -238,24 +231,29 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
         timer.stop()
         times = timer.end_step()
 
-        losses.append(float(loss))
-        if not math.isfinite(losses[-1]):
-            raise FloatingPointError(f"loss became {losses[-1]} at step {step + 1}")
+        losses.append(loss)
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"loss became {loss} at step {step + 1}")
         if step >= s.warmup_steps:
             samples += sum(b.n_samples for b in micro)
             real_tokens += sum(b.real_tokens for b in micro)
             padded_tokens += sum(b.padded_tokens for b in micro)
-        emit({"event": "step", "step": step + 1, "total": s.max_steps, "loss": losses[-1], "step_s": times.total_s})
+        emit({"event": "step", "step": step + 1, "total": s.max_steps, "loss": loss, "step_s": times.total_s})
 
+    # weights + gradients + optimizer state, counted exactly (what strategies like adafactor or freezing
+    # change; on CPU glibc keeps freed memory, so RSS can hide savings of this size)
+    state_bytes = (
+        memory.tensor_bytes(model.parameters())
+        + sum(p.numel() * p.element_size() for p in trainable)
+        + memory.tensor_bytes(t for state in optimizer.state.values() for t in state.values())
+    )
+    peak_rss = reserved = None
     if s.device == "cuda":
         peak, reserved = memory.cuda_peaks()
-        mem_kind, peak_rss = "cuda_allocated", None
-    elif exact_mem:
-        peak_rss = memory.peak_rss_bytes()  # timed steps, default allocator: what the OS sees
-        peak, reserved, mem_kind = peak_exact, None, "cpu_live"
+        mem_kind = "cuda_allocated"
     else:
         peak_rss = memory.peak_rss_bytes()
-        peak, reserved, mem_kind = peak_rss - rss_before, None, "cpu_rss_delta"
+        peak, mem_kind = peak_rss - rss_before, "cpu_rss_delta"
 
     # ---- evaluate --------------------------------------------------------------------------------
     metrics: dict[str, float] = {}
@@ -290,6 +288,7 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
         mem_kind=mem_kind,
         peak_reserved_bytes=reserved,
         peak_rss_bytes=peak_rss,
+        state_bytes=state_bytes,
         rss_before_model_bytes=rss_before,
         train_loss=sum(losses[-5:]) / len(losses[-5:]),
         final_loss=losses[-1],

@@ -65,7 +65,7 @@ def _documented(kinds: tuple[type, ...]) -> Iterator[tuple[str, list[str], Any, 
         lines, tree = parsed
         for node in ast.walk(tree):
             if isinstance(node, kinds):
-                doc = ast.get_docstring(node)
+                doc = ast.get_docstring(node)  # type: ignore[arg-type]  # narrowed by isinstance(kinds)
                 if doc:
                     yield module, lines, node, doc
 

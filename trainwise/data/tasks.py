@@ -48,6 +48,17 @@ class Batch:
     padded_tokens: int  # positions computed on, pads included (inputs + targets)
     loss_items: int  # what the loss averages over: samples, or non-ignored target tokens
 
+    def pin_memory(self) -> Batch:
+        """Called by DataLoader(pin_memory=True) worker threads, so host->GPU copies can overlap."""
+        return Batch(
+            {k: v.pin_memory() for k, v in self.inputs.items()},
+            self.labels.pin_memory(),
+            self.n_samples,
+            self.real_tokens,
+            self.padded_tokens,
+            self.loss_items,
+        )
+
     def to(self, device: torch.device | str) -> Batch:
         non_blocking = torch.device(device).type == "cuda"
         return Batch(

@@ -1,52 +1,19 @@
-"""Peak memory: CUDA allocator peaks on GPU; the process's peak RSS on CPU.
+"""Peak memory: CUDA allocator peaks on GPU; resident memory (RSS) on CPU.
 
-On CPU the kernel's RSS high-water mark (VmHWM) is exact and cheap, but by default glibc keeps
-freed memory for reuse, so RSS lags the live tensor bytes and savings of a few hundred MiB (e.g.
-Adafactor's missing AdamW state) vanish into allocator noise. `exact_cpu_allocator(True)` makes
-glibc return every freed block over 128 KiB to the OS, so RSS tracks live memory; it is slower
-(~+35% step time measured here), so the trial measures memory with it during the untimed warm-up
-steps only, and times the steps with glibc's steady-state settings (`exact_cpu_allocator(False)`).
+On CPU the kernel's RSS high-water mark (VmHWM, resettable) is exact and cheap; the trial reports it
+minus the RSS just before the model was built. RSS is what the OS sees, not live tensor bytes:
+glibc keeps freed memory for reuse, so savings of a few hundred MiB (Adafactor's missing AdamW
+state) can vanish into allocator noise. `tensor_bytes` counts weights and optimizer state exactly,
+and the trial reports that beside the peak.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import resource
 import sys
-from functools import cache
+from collections.abc import Iterable
 
 import psutil
-
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
-
-
-@cache
-def _glibc():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
-    except OSError:
-        return None
-
-
-def exact_cpu_allocator(exact: bool) -> bool:
-    """Switch glibc between RSS-tracks-live-memory (exact) and its fast steady state.
-
-    The fast setting fixes the thresholds at the values glibc's dynamic tuning converges to on
-    64-bit Linux (mmap 32 MiB, trim 2x that). Returns False where glibc is not available.
-    """
-    libc = _glibc()
-    if libc is None:
-        return False
-    mmap, trim = (128 * 1024, 128 * 1024) if exact else (32 * 1024 * 1024, 64 * 1024 * 1024)
-    libc.mallopt(_M_MMAP_THRESHOLD, mmap)
-    libc.mallopt(_M_TRIM_THRESHOLD, trim)
-    if exact:
-        libc.malloc_trim(0)
-    return True
 
 
 def rss_bytes() -> int:
@@ -79,6 +46,18 @@ def peak_rss_bytes() -> int:
         pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def tensor_bytes(tensors: Iterable) -> int:
+    """Bytes of the distinct CPU storages behind these tensors (tied weights counted once)."""
+    import torch
+
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if torch.is_tensor(t) and t.device.type == "cpu":
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
 
 
 def cuda_reset_peak() -> None:

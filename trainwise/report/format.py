@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-HEADERS = ["strategy", "status", "step (s)", "samples/s", "time %", "peak mem", "mem %", "pad waste", "loss", "quality"]
+HEADERS = [
+    "strategy",
+    "status",
+    "step (s)",
+    "samples/s",
+    "time %",
+    "peak mem",
+    "mem %",
+    "state",
+    "pad waste",
+    "loss",
+    "quality",
+]
 
 
 def human_bytes(n: float | None) -> str:
@@ -38,6 +50,7 @@ def cells(e: dict) -> list[str]:
         _pct(e["rel_time"]),
         human_bytes(e["peak_mem_bytes"]) if ok else "-",
         _pct(e["rel_mem"]),
+        human_bytes(e["state_bytes"]) if ok else "-",
         _pct(e["padding_waste"]) if ok else "-",
         f"{e['train_loss']:.3f}" if ok else "-",
         quality(e) if ok else "-",
@@ -60,15 +73,14 @@ def notes(table: list[dict]) -> list[str]:
     if base is None or base["status"] != "ok":
         lines.append("No successful baseline row: time % and mem % are not available.")
     kinds = {e["mem_kind"] for e in table if e.get("mem_kind")}
-    if "cpu_live" in kinds:
-        lines.append(
-            "peak mem (CPU): peak RSS over the untimed warm-up steps, minus the RSS before the model was built, "
-            "with glibc returning freed blocks to the OS so RSS tracks live memory (timed steps use its fast mode)."
-        )
     if "cpu_rss_delta" in kinds:
-        lines.append("peak mem (CPU): the trial process's peak RSS minus its RSS just before the model was built.")
+        lines.append(
+            "peak mem (CPU): the trial process's peak RSS minus its RSS just before the model was built "
+            "(glibc keeps freed memory, so savings under ~15% can hide in it; 'state' is counted exactly)."
+        )
     if "cuda_allocated" in kinds:
         lines.append("peak mem (CUDA): torch.cuda.max_memory_allocated over the training steps.")
+    lines.append("state: weights + gradients + optimizer state bytes, counted from the tensors.")
     lines.append(
         "time %: baseline samples/s / row samples/s (same effective batch); loss: true mean over the "
         "last 5 optimizer steps."

@@ -24,6 +24,7 @@ CSV_FIELDS = [
     "epoch_time_s",
     "peak_mem_bytes",
     "mem_kind",
+    "state_bytes",
     "train_loss",
     "metric_name",
     "metric",
