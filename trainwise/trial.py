@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from transformers import get_linear_schedule_with_warmup
 
 from trainwise.config import TrialSpec
 from trainwise.data.metrics import accuracy, text_metrics
@@ -197,8 +198,6 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in model.parameters())
     optimizer = make_optimizer(plan.optimizer, trainable, s.lr)
-    from transformers import get_linear_schedule_with_warmup
-
     scheduler = get_linear_schedule_with_warmup(optimizer, 0, s.max_steps)
     model, optimizer = accelerator.prepare(model, optimizer)
     decoder_inputs = None

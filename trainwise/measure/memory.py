@@ -49,14 +49,14 @@ def peak_rss_bytes() -> int:
 
 
 def tensor_bytes(tensors: Iterable) -> int:
-    """Bytes of the distinct CPU storages behind these tensors (tied weights counted once)."""
+    """Bytes of the distinct storages behind these tensors, on any device (tied weights counted once)."""
     import torch
 
-    seen: dict[int, int] = {}
+    seen: dict[tuple[str, int], int] = {}
     for t in tensors:
-        if torch.is_tensor(t) and t.device.type == "cpu":
+        if torch.is_tensor(t):
             storage = t.untyped_storage()
-            seen[storage.data_ptr()] = storage.nbytes()
+            seen[(str(t.device), storage.data_ptr())] = storage.nbytes()
     return sum(seen.values())
 
 
