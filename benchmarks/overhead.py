@@ -2,11 +2,11 @@
 
 Same model (bundled all-MiniLM-L6-v2 by default), same data (stdlib-topic), same batch, padding,
 optimizer (AdamW, clip 1.0, linear decay) and number of steps. The plain loop takes the model's own
-loss and has no measurement machinery. Each measurement runs in a fresh process (as trials do, and
-so that neither inherits the other's allocator state); the two alternate, `--rounds` times each,
-and the medians are compared. Usage:
+loss and has no measurement machinery. The two alternate, `--rounds` times each, in this process
+(default) or each in a fresh process (`--fresh`, as trials run; adds ~25 s of start-up a sample).
+Reported: both medians and the median of the per-round ratios (paired, so drift cancels). Usage:
 
-    .venv/bin/python benchmarks/overhead.py [--rounds 3] [--steps 20] [--warmup 4] [--model-preset NAME]
+    .venv/bin/python benchmarks/overhead.py [--rounds 7] [--fresh] [--steps 20] [--warmup 4] [--model-preset NAME]
 """
 
 from __future__ import annotations
@@ -90,7 +90,8 @@ def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--child":
         return child(sys.argv[2], sys.argv[3])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--fresh", action="store_true", help="each measurement in a fresh process")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--model-preset", default=None)
@@ -118,19 +119,33 @@ def main() -> None:
     spec_path = os.path.join(out, "spec.json")
     with open(spec_path, "w") as f:
         json.dump(spec.to_dict(), f)
+    from trainwise.trial import run_trial
+
+    def once(kind: str) -> float:
+        if args.fresh:
+            return measure(kind, spec_path)
+        if kind == "plain":
+            return plain_loop(spec, args.steps, args.warmup)
+        return run_trial(spec).step_time_s
+
     plain, harness = [], []
     for r in range(args.rounds):
-        plain.append(measure("plain", spec_path))
-        harness.append(measure("trainwise", spec_path))
+        plain.append(once("plain"))
+        harness.append(once("trainwise"))
         print(f"round {r + 1}: plain {plain[-1]:.4f} s/step  trainwise {harness[-1]:.4f} s/step", flush=True)
     p, h = statistics.median(plain), statistics.median(harness)
     env = environment("cpu")
     print(
         f"model {spec.settings.model_label}, batch {args.batch_size}, max_length {args.max_length}, "
-        f"{args.steps} steps ({args.warmup} untimed), {args.rounds} rounds, fresh process each; "
+        f"{args.steps} steps ({args.warmup} untimed), {args.rounds} rounds, "
+        f"{'fresh process each' if args.fresh else 'alternating in one process'}; "
         f"{env['device_name']}, torch {env['torch']}, commit {env['commit']}"
     )
-    print(f"median step: plain {p:.4f} s, trainwise {h:.4f} s, overhead {100 * (h / p - 1):+.1f}%")
+    ratio = statistics.median(t / q for t, q in zip(harness, plain, strict=True))
+    print(
+        f"median step: plain {p:.4f} s, trainwise {h:.4f} s ({100 * (h / p - 1):+.1f}%); "
+        f"median of paired ratios {100 * (ratio - 1):+.1f}%"
+    )
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 TW=.venv/bin/trainwise
 mkdir -p runs
 
-# 1. harness overhead: plain PyTorch loop vs trainwise baseline, fresh process each, alternating
-.venv/bin/python benchmarks/overhead.py --rounds 3 | tee runs/bench-overhead.txt
+# 1. harness overhead: plain PyTorch loop vs trainwise baseline, alternating, paired ratios
+.venv/bin/python benchmarks/overhead.py --rounds 7 | tee runs/bench-overhead.txt
 
 # 2. the default (demo) study, 3 interleaved repeats, medians
 /usr/bin/time -f "wall %e s" $TW compare --repeat 3 --out runs/bench-demo-r3 2>&1 | tee runs/bench-demo-r3.txt
