@@ -54,7 +54,7 @@ def _tiny_model(task="classification"):
 def test_grad_ckpt_turns_on_checkpointing():
     model = _tiny_model()
     apply_model_plan(model, TrialPlan(grad_ckpt=True))
-    assert model.is_gradient_checkpointing
+    assert model.is_activation_checkpointing
 
 
 @pytest.mark.parametrize("task", ["classification", "seq2seq"])

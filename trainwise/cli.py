@@ -183,13 +183,10 @@ def compare(
 
         def on_event(spec, e: dict) -> None:
             name = f"{spec.strategy} #{spec.repeat + 1}"
-            if e.get("event") == "phase":
-                progress.update(
-                    trial_bar,
-                    description=f"{name}: {e['phase']}",
-                    visible=True,
-                    completed=0 if e["phase"] in ("data", "model") else None,
-                )
+            if e.get("event") == "phase" and e["phase"] == "data":  # a new trial: fresh bar and clock
+                progress.reset(trial_bar, description=f"{name}: data", visible=True)
+            elif e.get("event") == "phase":
+                progress.update(trial_bar, description=f"{name}: {e['phase']}")
             elif e.get("event") == "step":
                 progress.update(
                     trial_bar,

@@ -43,7 +43,8 @@ def git_commit() -> str | None:
     if out.returncode != 0:
         return None
     dirty = subprocess.run(
-        ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+        # "-dirty" means the code differs from the commit; edits to docs do not count
+        ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no", "--", "trainwise"],
         capture_output=True,
         text=True,
         timeout=5,
