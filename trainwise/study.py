@@ -23,7 +23,7 @@ from trainwise.config import StudyConfig, TrialSettings, TrialSpec
 from trainwise.data.builtin import BUILTIN_DATASETS
 from trainwise.data.sources import load_rows
 from trainwise.errors import ConfigError
-from trainwise.models import ModelSource, resolve_model, train_tokenizer
+from trainwise.models import resolve_model, train_tokenizer
 from trainwise.results import TrialResult
 
 FINAL = ("ok", "unsupported", "oom", "error", "timeout", "crashed")
@@ -52,7 +52,6 @@ class PreparedStudy:
     specs: list[TrialSpec]
     unsupported: dict[str, str]  # row spec -> reason, for rows the device cannot run
     rows: list[str]  # the row specs, in order
-    source: ModelSource
 
 
 def _check_writable(out: Path) -> None:
@@ -154,7 +153,7 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
         for rep in range(cfg.repeat)  # repeats interleaved: drift on a shared machine hits every row alike
         for row in rows
     ]
-    return PreparedStudy(cfg, out, specs, unsupported, rows, source)
+    return PreparedStudy(cfg, out, specs, unsupported, rows)
 
 
 class Store:

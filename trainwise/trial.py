@@ -192,7 +192,7 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
         memory.cuda_reset_peak()
     memory.reset_peak_rss()
     rss_before = memory.rss_bytes()
-    model = build_model(source, s.task, len(labels) or 2, s.seed)
+    model = build_model(source, s.task, s.num_labels or 2, s.seed)  # seq2seq: unused
     apply_model_plan(model, plan)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
