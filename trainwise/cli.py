@@ -219,6 +219,65 @@ def compare(
     out_console.print("  files: " + ", ".join(str(p) for p in paths), markup=False, highlight=False)
 
 
+@app.command()
+def advise(
+    study: Annotated[str, typer.Argument(help="A study directory written by `trainwise compare` (its --out).")],
+    objective: Annotated[str, typer.Option(help="What to optimise: time, cost or quality.")] = "time",
+    memory_budget: Annotated[
+        str | None, typer.Option(help="Largest acceptable peak memory, e.g. 11GB, 11GiB, 900MiB.")
+    ] = None,
+    max_quality_drop: Annotated[
+        float | None,
+        typer.Option(help="Largest acceptable drop of the quality metric below the reference row, in its units."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the advice as JSON.")] = False,
+) -> None:
+    """Rank a finished study's rows: Pareto-optimal plans under your constraints, and why each wins or loses."""
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from trainwise.advise import Constraints, parse_bytes
+    from trainwise.advise import advise as advise_rows
+
+    budget = parse_bytes(memory_budget) if memory_budget is not None else None
+    constraints = Constraints(objective, budget, max_quality_drop)
+    path = Path(study) / "results.json"
+    if not path.is_file():
+        raise ConfigError(f"{study}: no results.json; run `trainwise compare --out {study}` first")
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not a trainwise results file ({e})") from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and "strategy" in r for r in rows):
+        raise ConfigError(f"{path}: not a trainwise results file (expected a list of rows with 'strategy')")
+    result = advise_rows(rows, constraints)
+    if as_json:
+        out_console.print_json(json.dumps(asdict(result)))
+        return
+    grid = Table(title=f"trainwise advise: {study} (objective: {objective})", header_style="bold")
+    for h in ("rank", "strategy", "verdict", "time", "memory", "quality", "why"):
+        grid.add_column(h, overflow="fold")
+    for i, v in enumerate(result.verdicts, 1):
+        verdict = "pareto" if v.pareto else "feasible" if v.feasible else "excluded" if v.status == "ok" else v.status
+        grid.add_row(
+            str(i),
+            v.strategy,
+            verdict,
+            "-" if v.rel_time is None else f"{100 * v.rel_time:.0f}%",
+            "-" if v.rel_mem is None else f"{100 * v.rel_mem:.0f}%",
+            "-" if v.quality_delta is None else f"{v.quality_delta:+.2f}",
+            v.reason,
+            style=None if v.feasible else "dim",
+        )
+    out_console.print(grid)
+    for line in result.notes:
+        out_console.print(f"  note: {line}", markup=False, highlight=False)
+    ref = f" (time and memory relative to {result.reference})" if result.reference else ""
+    out_console.print(
+        f"  recommended: {result.recommended or 'nothing meets the constraints'}{ref}", markup=False, highlight=False
+    )
+
+
 @app.command("strategies")
 def list_strategies() -> None:
     """List every strategy with its one-line effect and cost."""

@@ -1,0 +1,122 @@
+"""advise is a pure function: fixed result sets in, ranked verdicts out."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainwise.advise import Constraints, advise, parse_bytes
+from trainwise.cli import main
+from trainwise.errors import ConfigError
+
+GiB = 1024**3
+
+
+def row(name, samples_per_s, mem_gib, metric=80.0, status="ok"):
+    return {
+        "strategy": name,
+        "status": status,
+        "samples_per_s": samples_per_s,
+        "peak_mem_bytes": int(mem_gib * GiB),
+        "metric": metric,
+        "metric_name": "accuracy",
+        "message": "" if status == "ok" else "boom",
+    }
+
+
+ROWS = [
+    row("baseline", 10.0, 7.0),
+    row("bf16", 25.0, 5.5, 78.0),  # faster, smaller, slightly worse
+    row("grad_ckpt", 7.3, 3.5),  # smallest, slower
+    row("adafactor", 9.7, 6.7),  # dominated by bf16? no: bf16 is worse in quality -> not dominated
+    row("slow_fat", 5.0, 8.0, 70.0),  # dominated by everything
+    row("fp16", 0, 0, status="unsupported"),
+]
+
+
+def test_pareto_front_and_ranking_by_time():
+    a = advise(ROWS, Constraints(objective="time"))
+    assert a.reference == "baseline" and a.recommended == "bf16"
+    pareto = {v.strategy for v in a.verdicts if v.pareto}
+    assert pareto == {"baseline", "bf16", "grad_ckpt", "adafactor"}
+    slow = next(v for v in a.verdicts if v.strategy == "slow_fat")
+    assert not slow.pareto and slow.reason.startswith("dominated by")
+    assert [v.strategy for v in a.verdicts][:4] == ["bf16", "baseline", "adafactor", "grad_ckpt"]
+    assert a.verdicts[-1].strategy == "fp16" and a.verdicts[-1].status == "unsupported"
+    bf16 = a.verdicts[0]
+    assert bf16.rel_time == pytest.approx(0.4) and bf16.rel_mem == pytest.approx(5.5 / 7)
+    assert bf16.quality_delta == pytest.approx(-2.0) and "-60% time" in bf16.reason
+
+
+def test_memory_budget_and_quality_drop_exclude_rows():
+    a = advise(ROWS, Constraints(memory_budget_bytes=4 * GiB))
+    assert a.recommended == "grad_ckpt"
+    assert {v.strategy for v in a.verdicts if v.feasible} == {"grad_ckpt"}
+    assert "exceeds the budget 4.00 GiB" in next(v for v in a.verdicts if v.strategy == "bf16").reason
+    a = advise(ROWS, Constraints(max_quality_drop=1.0))
+    assert a.recommended == "baseline", "bf16 loses 2 points, more than allowed"
+    assert "more than 1 below" in next(v for v in a.verdicts if v.strategy == "bf16").reason
+
+
+def test_quality_objective_and_impossible_budget():
+    a = advise(ROWS, Constraints(objective="quality"))
+    assert a.recommended == "baseline"  # of the 80-point rows, the fastest
+    a = advise(ROWS, Constraints(memory_budget_bytes=1 * GiB))
+    assert a.recommended is None
+    assert any("nothing fits 1.00 GiB" in n and "'grad_ckpt'" in n for n in a.notes)
+
+
+def test_without_a_baseline_rows_are_relative_to_the_best_row():
+    rows = [r for r in ROWS if r["strategy"] != "baseline"]
+    a = advise(rows, Constraints())
+    assert a.reference == "bf16"
+    assert any("no successful baseline" in n for n in a.notes)
+    assert next(v for v in a.verdicts if v.strategy == "bf16").rel_time == 1.0
+
+
+def test_nothing_ok_is_advice_too():
+    a = advise([row("baseline", 0, 0, status="oom")], Constraints())
+    assert a.recommended is None and a.verdicts[0].status == "oom"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("11GB", 11 * 10**9), ("11GiB", 11 * GiB), ("512 MiB", 512 * 2**20), ("2.5GiB", int(2.5 * GiB)), ("1000", 1000)],
+)
+def test_parse_bytes(text, expected):
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["11XB", "", "-3GB", "0GB", "lots"])
+def test_parse_bytes_rejects(text):
+    with pytest.raises(ConfigError):
+        parse_bytes(text)
+
+
+def test_advise_cli(tmp_path, capsys):
+    (tmp_path / "results.json").write_text(json.dumps(ROWS))
+    assert main(["advise", str(tmp_path), "--memory-budget", "4GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "recommended: grad_ckpt" in out and "exceeds the budget" in out
+    assert main(["advise", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["recommended"] == "bf16"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["{d}/missing"], "no results.json"),
+        (["{d}", "--objective", "fun"], "--objective must be one of"),
+        (["{d}", "--memory-budget", "big"], "--memory-budget 'big'"),
+        (["{d}", "--max-quality-drop", "-1"], "--max-quality-drop must be >= 0"),
+        (["{d}/bad"], "not a trainwise results file"),
+    ],
+)
+def test_advise_bad_input_is_one_line(tmp_path, capsys, args, message):
+    (tmp_path / "results.json").write_text(json.dumps(ROWS))
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "results.json").write_text('{"not": "rows"}')
+    assert main(["advise", *[a.format(d=tmp_path) for a in args]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]

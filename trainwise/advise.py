@@ -1,0 +1,179 @@
+"""advise: pure function from a study's rows and the user's constraints to ranked plans.
+
+No measurement happens here. Input is the aggregated rows of a study (results.json); output is
+every row with a verdict (feasible? on the Pareto front of time, memory and quality? why it wins
+or loses) ranked by the objective, and the recommended row. Rows are compared with a reference:
+the baseline when it ran, else the best row for the objective (a study without a baseline can
+still be advised on).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from trainwise.errors import ConfigError
+from trainwise.report.format import human_bytes
+
+OBJECTIVES = ("time", "cost", "quality")
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
+}
+
+
+def parse_bytes(text: str) -> int:
+    """'11GB' -> 11e9, '512MiB' -> 512*2**20, '2.5 GiB' -> ...; ConfigError on anything else."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ConfigError(f"--memory-budget {text!r}: give a size such as 11GB, 11GiB or 500MB")
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if value <= 0:
+        raise ConfigError(f"--memory-budget must be > 0, got {text!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class Constraints:
+    objective: str = "time"
+    memory_budget_bytes: int | None = None
+    max_quality_drop: float | None = None  # in the metric's own units (accuracy points, ROUGE points)
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"--objective must be one of {', '.join(OBJECTIVES)}, not {self.objective!r}")
+        if self.max_quality_drop is not None and self.max_quality_drop < 0:
+            raise ConfigError(f"--max-quality-drop must be >= 0, got {self.max_quality_drop}")
+
+
+@dataclass
+class Verdict:
+    strategy: str
+    status: str
+    feasible: bool
+    pareto: bool
+    reason: str
+    rel_time: float | None = None  # vs the reference row
+    rel_mem: float | None = None
+    quality_delta: float | None = None  # metric - reference metric
+
+
+@dataclass
+class Advice:
+    reference: str | None  # the row everything is relative to
+    verdicts: list[Verdict]  # ranked: feasible Pareto rows first, by objective
+    recommended: str | None
+    notes: list[str]
+
+
+def _time(row: dict) -> float:
+    return 1.0 / row["samples_per_s"]  # seconds per sample: epoch time up to a constant
+
+
+def _dominates(a: dict, b: dict) -> bool:
+    """a is no worse than b in time, memory and quality (when both have one), and better in one."""
+    qa, qb = a.get("metric"), b.get("metric")
+    q_no_worse = q_better = False
+    if qa is not None and qb is not None:
+        q_no_worse, q_better = qa >= qb, qa > qb
+    else:
+        q_no_worse = True
+    no_worse = _time(a) <= _time(b) and a["peak_mem_bytes"] <= b["peak_mem_bytes"] and q_no_worse
+    better = _time(a) < _time(b) or a["peak_mem_bytes"] < b["peak_mem_bytes"] or q_better
+    return no_worse and better
+
+
+def _objective_key(objective: str):
+    if objective == "quality":
+        return lambda r: (-(r.get("metric") if r.get("metric") is not None else float("-inf")), _time(r))
+    return lambda r: (_time(r), r["peak_mem_bytes"])  # time and cost rank alike on one device
+
+
+def _pct(x: float) -> str:
+    return f"{100 * (x - 1):+.0f}%"
+
+
+def advise(rows: list[dict], constraints: Constraints) -> Advice:
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("samples_per_s") and r.get("peak_mem_bytes")]
+    notes: list[str] = []
+    if constraints.objective == "cost":
+        notes.append("cost ranks like time here: every row ran on the same device at the same price per hour")
+    if not ok:
+        verdicts = [
+            Verdict(r["strategy"], r.get("status", "?"), False, False, f"no result: {r.get('message', '')}")
+            for r in rows
+        ]
+        return Advice(None, verdicts, None, ["no row finished ok; nothing to advise on", *notes])
+
+    key = _objective_key(constraints.objective)
+    reference = next((r for r in ok if r["strategy"] == "baseline"), None) or min(ok, key=key)
+    if reference["strategy"] != "baseline":
+        notes.append(
+            f"no successful baseline row: figures are relative to {reference['strategy']!r}, "
+            f"the best row for {constraints.objective}"
+        )
+    budget = constraints.memory_budget_bytes
+    ref_q = reference.get("metric")
+
+    def infeasible_reason(r: dict) -> str | None:
+        if budget is not None and r["peak_mem_bytes"] > budget:
+            return f"peak memory {human_bytes(r['peak_mem_bytes'])} exceeds the budget {human_bytes(budget)}"
+        drop = constraints.max_quality_drop
+        if drop is not None and ref_q is not None and r.get("metric") is not None and ref_q - r["metric"] > drop:
+            return f"{r['metric_name']} {r['metric']:.2f} is more than {drop:g} below the reference ({ref_q:.2f})"
+        return None
+
+    feasible = [r for r in ok if infeasible_reason(r) is None]
+    front = [r for r in feasible if not any(_dominates(o, r) for o in feasible if o is not r)]
+    if budget is not None and not feasible:
+        smallest = min(ok, key=lambda r: r["peak_mem_bytes"])
+        notes.append(
+            f"nothing fits {human_bytes(budget)}: the smallest row, {smallest['strategy']!r}, peaked at "
+            f"{human_bytes(smallest['peak_mem_bytes'])}; try a smaller batch, grad_ckpt + grad_accum, "
+            "freezing, or (issue 3) ZeRO offload / LoRA"
+        )
+
+    verdicts = []
+    for r in sorted(ok, key=key):
+        rel_t, rel_m = _time(r) / _time(reference), r["peak_mem_bytes"] / reference["peak_mem_bytes"]
+        dq = r["metric"] - ref_q if r.get("metric") is not None and ref_q is not None else None
+        effect = f"{_pct(rel_t)} time, {_pct(rel_m)} memory" + (
+            f", {dq:+.2f} {r['metric_name']}" if dq is not None else ""
+        )
+        why = infeasible_reason(r)
+        if why:
+            reason = f"excluded: {why}"
+        elif r in front:
+            reason = f"Pareto-optimal: {effect}"
+        else:
+            by = next(o for o in feasible if _dominates(o, r))
+            reason = f"dominated by {by['strategy']} (no slower, no more memory, no worse quality): {effect}"
+        if r is reference:
+            reason = f"reference row; {reason}"
+        verdicts.append(Verdict(r["strategy"], "ok", why is None, r in front, reason, rel_t, rel_m, dq))
+    verdicts.sort(key=lambda v: (not v.pareto, not v.feasible))  # stable: keeps the objective order inside
+    for r in rows:
+        if r not in ok:
+            verdicts.append(
+                Verdict(
+                    r["strategy"],
+                    r.get("status", "?"),
+                    False,
+                    False,
+                    f"did not run to completion ({r.get('status')}): {r.get('message', '')}",
+                )
+            )
+    best = min(front, key=key) if front else None
+    return Advice(reference["strategy"], verdicts, best["strategy"] if best else None, notes)
