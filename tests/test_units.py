@@ -90,3 +90,20 @@ def test_the_bundled_pretrained_encoder_is_found_offline():
 def test_config_rejects_bad_combinations(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         StudyConfig(out="x", strategies=["baseline"], **kwargs)
+
+
+def test_markdown_marks_failed_rows_with_their_footnote_by_itself():
+    """The report's footnote markers must not depend on another report having been rendered first."""
+    from trainwise.report.write import markdown
+
+    table = aggregate(
+        ["baseline", "fp16"],
+        [
+            TrialResult("baseline", "ok", samples_per_s=10.0, peak_mem_bytes=1000, step_time_s=1.6, train_loss=1.0),
+            TrialResult("fp16", "unsupported", message="needs cuda"),
+        ],
+    )
+    text = markdown(table, "t")
+    assert "| fp16 | unsupported [1] |" in text
+    assert "- [1] fp16: unsupported: needs cuda" in text
+    assert "note" not in table[1], "rendering does not modify the rows"

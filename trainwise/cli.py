@@ -132,7 +132,7 @@ def compare(
 ) -> None:
     """Run one trial per strategy row on the same model and data; print the comparison table."""
     from trainwise.launcher import launch
-    from trainwise.report.format import HEADERS, cells, notes
+    from trainwise.report.format import HEADERS, cells, footnotes, notes
     from trainwise.report.write import write_reports
     from trainwise.study import aggregate, prepare_study, run_study
 
@@ -211,8 +211,9 @@ def compare(
     grid = Table(title=title, header_style="bold")
     for h in HEADERS:
         grid.add_column(h, overflow="fold")
+    marks = footnotes(table)
     for e in table:
-        grid.add_row(*cells(e), style=None if e["status"] == "ok" else "red")
+        grid.add_row(*cells(e, marks.get(e["strategy"])), style=None if e["status"] == "ok" else "red")
     out_console.print(grid)
     for line in notes(table):
         out_console.print(f"  {line}", markup=False, highlight=False)

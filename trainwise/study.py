@@ -26,8 +26,6 @@ from trainwise.errors import ConfigError
 from trainwise.models import resolve_model, train_tokenizer
 from trainwise.results import TrialResult
 
-FINAL = ("ok", "unsupported", "oom", "error", "timeout", "crashed")
-
 
 def resolve_device(device: str) -> tuple[str, set[str]]:
     """The device to run on and the capabilities it offers (see strategies.base.CAPABILITIES)."""
@@ -202,7 +200,7 @@ def run_study(prepared: PreparedStudy, launch: Launch, on_event: Events, on_done
     try:
         for spec in prepared.specs:
             done = store.get(spec.key())
-            if done is not None and (done.status == "ok" or not cfg.retry_failed) and done.status in FINAL:
+            if done is not None and (done.status == "ok" or not cfg.retry_failed):
                 on_done(spec, done, True)
                 results.append(done)
                 continue

@@ -40,11 +40,17 @@ def quality(e: dict) -> str:
     return f"R-L {e['metric']:.1f} / BLEU {m.get('bleu', 0):.1f}"
 
 
-def cells(e: dict) -> list[str]:
+def footnotes(table: list[dict]) -> dict[str, int]:
+    """Footnote number of every row that did not end ok, in table order."""
+    failed = [e["strategy"] for e in table if e["status"] != "ok"]
+    return {name: i for i, name in enumerate(failed, 1)}
+
+
+def cells(e: dict, note: int | None = None) -> list[str]:
     ok = e["status"] == "ok"
     return [
         e["strategy"],
-        e["status"] if ok else f"{e['status']} [{e['note']}]" if e.get("note") else e["status"],
+        e["status"] if note is None else f"{e['status']} [{note}]",
         f"{e['step_time_s']:.3f}" if ok else "-",
         f"{e['samples_per_s']:.1f}" if ok else "-",
         _pct(e["rel_time"]),
@@ -57,19 +63,14 @@ def cells(e: dict) -> list[str]:
     ]
 
 
-def number_failures(table: list[dict]) -> list[str]:
-    """Give every failed row a footnote number (stored as e["note"]); return the footnotes."""
-    lines: list[str] = []
-    for e in table:
-        if e["status"] != "ok":
-            e["note"] = len(lines) + 1
-            lines.append(f"[{e['note']}] {e['strategy']}: {e['status']}: {e['message']}")
-    return lines
-
-
 def notes(table: list[dict]) -> list[str]:
     base = next((e for e in table if e["strategy"] == "baseline"), None)
-    lines = number_failures(table)
+    marks = footnotes(table)
+    lines = [
+        f"[{marks[e['strategy']]}] {e['strategy']}: {e['status']}: {e['message']}"
+        for e in table
+        if e["strategy"] in marks
+    ]
     if base is None or base["status"] != "ok":
         lines.append("No successful baseline row: time % and mem % are not available.")
     kinds = {e["mem_kind"] for e in table if e.get("mem_kind")}

@@ -6,7 +6,7 @@ import csv
 import json
 from pathlib import Path
 
-from trainwise.report.format import HEADERS, cells, notes, quality
+from trainwise.report.format import HEADERS, cells, footnotes, notes, quality
 
 CSV_FIELDS = [
     "strategy",
@@ -53,8 +53,9 @@ def write_reports(out: Path, table: list[dict], title: str) -> list[Path]:
 
 
 def markdown(table: list[dict], title: str) -> str:
+    marks = footnotes(table)
     lines = [f"# {title}", "", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
-    lines += ["| " + " | ".join(c.replace("|", "/") for c in cells(e)) + " |" for e in table]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in cells(e, marks.get(e["strategy"]))) + " |" for e in table]
     env: dict = next((e["env"] for e in table if e.get("env")), {})
     lines += ["", *[f"- {n}" for n in notes(table)]]
     if env:
