@@ -34,14 +34,14 @@ _UNITS = {
 }
 
 
-def parse_bytes(text: str) -> int:
+def parse_bytes(text: str, option: str = "--memory-budget") -> int:
     """'11GB' -> 11e9, '512MiB' -> 512*2**20, '2.5 GiB' -> ...; ConfigError on anything else."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
     if not m or m.group(2).lower() not in _UNITS:
-        raise ConfigError(f"--memory-budget {text!r}: give a size such as 11GB, 11GiB or 500MB")
+        raise ConfigError(f"{option} {text!r}: give a size such as 11GB, 11GiB or 500MB")
     value = float(m.group(1)) * _UNITS[m.group(2).lower()]
     if value <= 0:
-        raise ConfigError(f"--memory-budget must be > 0, got {text!r}")
+        raise ConfigError(f"{option} must be > 0, got {text!r}")
     return int(value)
 
 

@@ -14,6 +14,7 @@ Precision = Literal["fp32", "bf16", "fp16"]
 Optimizer = Literal["adamw", "adafactor"]
 Padding = Literal["max_length", "longest"]
 Sampler = Literal["random", "length_grouped"]
+Offload = Literal["none", "optimizer", "params"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,11 @@ class TrialPlan:
     padding: Padding = "max_length"
     sampler: Sampler = "random"
     freeze: tuple[str, ...] = ()
+    # DeepSpeed ZeRO: 0 = off; 1 partitions optimizer states, 2 + gradients, 3 + weights. Offload moves
+    # optimizer states ("optimizer") or also weights ("params", stage 3) to CPU memory. Read by
+    # `estimate` and `export`; `compare` rejects them until trials run under DeepSpeed.
+    zero_stage: int = 0
+    offload: Offload = "none"
 
     def with_(self, **changes: object) -> TrialPlan:
         return replace(self, **changes)  # type: ignore[arg-type]

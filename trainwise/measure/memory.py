@@ -9,9 +9,11 @@ and the trial reports that beside the peak.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import resource
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import psutil
 
@@ -70,3 +72,89 @@ def cuda_peaks() -> tuple[int, int]:
     import torch
 
     return int(torch.cuda.max_memory_allocated()), int(torch.cuda.max_memory_reserved())
+
+
+class AllocatedPeak:
+    """Peak bytes of live tensors allocated inside a `with` block (CUDA or CPU).
+
+    CUDA: the caching allocator's max_memory_allocated, minus what was allocated on entry.
+    CPU: torch.profiler's memory events (every CPU tensor allocation and free, with the running
+    total), the CPU analogue of max_memory_allocated: exact tensor bytes, no allocator retention.
+    The profiler slows the block down; use it for measurement probes, never for timed trials.
+    `peak_bytes` is the peak over the block of (allocated now - allocated on entry).
+    """
+
+    def __init__(self, device: str):
+        self.device = device
+        self.peak_bytes = 0
+
+    def __enter__(self) -> AllocatedPeak:
+        import torch
+
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self._start = torch.cuda.memory_allocated()
+        else:
+            from torch.profiler import ProfilerActivity, profile
+
+            self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+            with _quiet_native_output():
+                self._prof.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import torch
+
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            self.peak_bytes = int(torch.cuda.max_memory_allocated() - self._start)
+            return
+        with _quiet_native_output():
+            self._prof.__exit__(*exc)
+        if exc[0] is None:
+            self.peak_bytes = _profiler_peak(self._prof)
+
+
+@contextlib.contextmanager
+def _quiet_native_output() -> Iterator[None]:
+    """Silence the profiler's native start/stop lines ("USDT: ... profiler_start") on fds 1 and 2."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, devnull):
+            os.close(fd)
+
+
+def _profiler_peak(prof) -> int:
+    """Max of the running allocation total over the profiler's CPU [memory] events."""
+    import json
+    import os
+    import tempfile
+
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            trace = json.load(f)
+    finally:
+        os.unlink(path)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    mem = sorted(
+        (e for e in events if e.get("name") == "[memory]" and e["args"].get("Device Type", 0) == 0),
+        key=lambda e: e["ts"],
+    )
+    if not mem:
+        return 0
+    # the running total carries over from earlier profiler sessions in the process: rebase on the first event
+    start = mem[0]["args"]["Total Allocated"] - mem[0]["args"]["Bytes"]
+    return int(max(0, max(e["args"]["Total Allocated"] for e in mem) - start))

@@ -1,0 +1,179 @@
+"""How close is `trainwise estimate` to the measured peak? And accelerate's / DeepSpeed's estimates?
+
+For each case (model, plan, batch, length) this builds the estimate (meta device + the cached family
+probe), then runs the real trial loop (`run_trial`, 2 optimizer steps, padding to max length) in this
+process and measures its peak of allocated tensor memory (torch.profiler memory events on CPU,
+max_memory_allocated on CUDA) from before the model is built to the end of the last step.
+
+Side by side, for the same cases:
+- accelerate: `accelerate estimate-memory`'s training column, i.e. max(estimate_training_usage(...))
+  for the model's fp32 size (float32 plans) or its mixed-precision formula (bf16/fp16 plans);
+- DeepSpeed: estimate_zero2_model_states_mem_needs(params, 1 GPU, no offload): model states only.
+
+Usage: python benchmarks/estimate_accuracy.py [--quick] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+from trainwise import strategies  # noqa: E402
+from trainwise.config import StudyConfig  # noqa: E402
+from trainwise.estimate import estimate  # noqa: E402
+from trainwise.measure.memory import AllocatedPeak  # noqa: E402
+from trainwise.models import ModelSource  # noqa: E402
+from trainwise.study import prepare_study  # noqa: E402
+from trainwise.trial import run_trial  # noqa: E402
+
+# (model, task, row spec, batch, max_length, max_target_length)
+CASES = [
+    ("bert-base", "classification", "baseline", 16, 128, 48),
+    ("bert-base", "classification", "bf16", 16, 128, 48),
+    ("bert-base", "classification", "grad_ckpt", 16, 128, 48),
+    ("bert-base", "classification", "adafactor", 16, 128, 48),
+    ("bert-base", "classification", "grad_accum", 32, 128, 48),
+    ("bert-base", "classification", "freeze_encoder", 16, 128, 48),
+    ("bert-base", "classification", "baseline", 8, 256, 48),
+    ("bert-base", "classification", "baseline", 4, 64, 48),
+    ("bert-base", "classification", "bf16+grad_ckpt", 32, 128, 48),
+    ("all-MiniLM-L6-v2", "classification", "baseline", 32, 128, 48),
+    ("all-MiniLM-L6-v2", "classification", "bf16", 32, 256, 48),
+    ("all-MiniLM-L6-v2", "classification", "grad_ckpt", 64, 128, 48),
+    ("all-MiniLM-L6-v2", "classification", "adafactor", 16, 64, 48),
+    ("t5-small", "seq2seq", "baseline", 16, 128, 48),
+    ("t5-small", "seq2seq", "bf16", 16, 128, 48),
+    ("t5-small", "seq2seq", "grad_ckpt", 16, 128, 48),
+    ("t5-small", "seq2seq", "freeze_encoder", 16, 128, 48),
+    ("t5-small", "seq2seq", "grad_accum", 32, 128, 48),
+    ("t5-small", "seq2seq", "baseline", 8, 256, 96),
+    ("bart-base", "seq2seq", "baseline", 8, 128, 48),
+    ("bart-base", "seq2seq", "bf16", 8, 128, 48),
+    ("bart-base", "seq2seq", "grad_ckpt", 16, 128, 48),
+    ("bart-base", "seq2seq", "adafactor", 8, 64, 32),
+    ("t5-base", "seq2seq", "baseline", 8, 128, 48),
+]
+QUICK = [0, 2, 9, 13, 15, 19]
+
+
+def accelerate_estimate(n_params: int, precision: str) -> int:
+    from accelerate.commands.estimate import estimate_training_usage
+
+    dtype = "float32" if precision == "fp32" else "float16"
+    return int(max(estimate_training_usage(4 * n_params, dtype).values()))
+
+
+def deepspeed_estimate(n_params: int) -> int | None:
+    try:
+        from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    except Exception:  # optional: not installed, or no accelerator it can load
+        return None
+    _cpu, gpu = estimate_zero2_model_states_mem_needs(n_params, num_gpus_per_node=1, num_nodes=1, cpu_offload=False)
+    return int(gpu)
+
+
+def measure(case, device: str, work: str) -> dict:
+    model, task, row, batch, length, tlen = case
+    preset = model if model != "all-MiniLM-L6-v2" else None
+    cfg = StudyConfig(
+        out=os.path.join(work, f"{model}-{task}"),
+        strategies=[row],
+        task=task,
+        model=None if preset else model,
+        model_preset=preset,
+        batch_size=batch,
+        max_length=length,
+        max_target_length=tlen,
+        max_steps=2,
+        warmup_steps=1,
+        eval_samples=0,
+        max_train_samples=max(256, 2 * batch),
+        device=device,
+    )
+    study = prepare_study(cfg)
+    spec = study.specs[0]
+    s = spec.settings
+    plan = strategies.build_plan(row, cfg.accum_steps)
+    source = ModelSource(s.model_kind, s.model_ref)
+    t0 = time.perf_counter()
+    est = estimate(source, task, s.num_labels or 2, plan, batch, length, tlen, s.device)
+    est_s = time.perf_counter() - t0
+    with AllocatedPeak(s.device) as peak:
+        result = run_trial(spec)
+    assert result.status == "ok"
+    measured = peak.peak_bytes
+    return {
+        "model": model,
+        "task": task,
+        "plan": row,
+        "batch": batch,
+        "length": length,
+        "target_length": tlen if task == "seq2seq" else None,
+        "measured": measured,
+        "trainwise": est.peak_bytes,
+        "trainwise_phase": est.phase,
+        "trainwise_parts": est.parts,
+        "estimate_s": est_s,
+        "accelerate": accelerate_estimate(result.n_params, plan.precision),
+        "deepspeed": deepspeed_estimate(result.n_params),
+        "n_params": result.n_params,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="6 cases instead of 24")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--json", default=None, help="write every case here")
+    args = ap.parse_args()
+    cases = [CASES[i] for i in QUICK] if args.quick else CASES
+    rows = []
+    with tempfile.TemporaryDirectory() as work:
+        for i, case in enumerate(cases, 1):
+            r = measure(case, args.device, work)
+            rows.append(r)
+            print(
+                f"[{i}/{len(cases)}] {r['model']} {r['plan']} b={r['batch']} L={r['length']}: "
+                f"measured {r['measured'] / 2**20:.0f} MiB, trainwise {r['trainwise'] / 2**20:.0f} MiB",
+                file=sys.stderr,
+                flush=True,
+            )
+    mib = 2**20
+
+    def err(x, m):
+        return None if x is None else (x - m) / m
+
+    head = ["model", "plan", "batch", "len", "measured MiB", "trainwise MiB (err)", "accelerate MiB (err)"]
+    print("| " + " | ".join([*head, "DeepSpeed MiB (err)"]) + " |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        m = r["measured"]
+        cells = []
+        for k in ("trainwise", "accelerate", "deepspeed"):
+            v = r[k]
+            cells.append("n/a" if v is None else f"{v / mib:,.0f} ({100 * err(v, m):+.0f}%)")
+        length = f"{r['length']}/{r['target_length']}" if r["target_length"] else str(r["length"])
+        print(f"| {r['model']} | {r['plan']} | {r['batch']} | {length} | {m / mib:,.0f} | " + " | ".join(cells) + " |")
+    for k in ("trainwise", "accelerate", "deepspeed"):
+        errs = [abs(err(r[k], r["measured"])) for r in rows if r[k] is not None]
+        if errs:
+            print(
+                f"{k}: median |error| {100 * statistics.median(errs):.1f}%, worst {100 * max(errs):.1f}% "
+                f"over {len(errs)} cases"
+            )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

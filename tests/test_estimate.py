@@ -1,0 +1,235 @@
+"""trainwise estimate: exact counts against hand arithmetic, and the prediction against a measured peak."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from trainwise.estimate import (
+    Shape,
+    calibrate,
+    estimate,
+    estimate_plan,
+    model_config,
+    optimizer_bytes,
+    shape_of,
+    state_parts,
+    step_temporaries,
+)
+from trainwise.models import ModelSource, build_model
+from trainwise.plan import TrialPlan
+
+
+def _shape(**kw) -> Shape:
+    base = dict(
+        family="bert",
+        seq2seq=False,
+        hidden=8,
+        ffn=32,
+        heads=2,
+        enc_layers=2,
+        dec_layers=0,
+        vocab=100,
+        n_params=1000,
+        n_trainable=1000,
+        buffer_bytes=0,
+        linear_elems=600,
+        largest_trainable=300,
+        adafactor_elems=150,
+        layer_params=200,
+    )
+    base.update(kw)
+    return Shape(**base)  # type: ignore[arg-type]
+
+
+def test_meta_shape_counts_match_the_real_model():
+    """The meta-device build must count exactly what the real model allocates."""
+    source = ModelSource("preset", "bert-tiny")
+    shape = shape_of(model_config(source, "classification", 3), "classification", TrialPlan())
+    real = build_model(source, "classification", 3, seed=0)
+    assert shape.n_params == sum(p.numel() for p in real.parameters())
+    assert shape.n_trainable == shape.n_params
+    assert (shape.hidden, shape.ffn, shape.heads, shape.enc_layers, shape.dec_layers) == (64, 128, 2, 2, 0)
+    assert shape.largest_trainable == 1024 * 64  # the word embeddings
+    linear = sum(m.weight.numel() for m in real.modules() if isinstance(m, torch.nn.Linear))
+    assert shape.linear_elems == linear
+    # Adafactor: rows + columns per matrix, every element of a vector
+    ada = sum(p.shape[0] + p.shape[1] if p.dim() == 2 else p.numel() for p in real.parameters())
+    assert shape.adafactor_elems == ada
+
+
+def test_freezing_is_read_from_the_meta_model():
+    source = ModelSource("preset", "t5-tiny")
+    config = model_config(source, "seq2seq", 2)
+    full = shape_of(config, "seq2seq", TrialPlan())
+    frozen = shape_of(config, "seq2seq", TrialPlan(freeze=("encoder",)))
+    real = build_model(source, "seq2seq", 2, seed=0)
+    encoder = {id(p): p.numel() for p in real.get_encoder().parameters()}
+    assert full.n_trainable - frozen.n_trainable == sum(encoder.values())
+    assert full.encoder_saves and not frozen.encoder_saves  # the shared embedding is frozen with it
+
+
+@pytest.mark.parametrize(
+    "optimizer, expected",
+    [("adamw", 8 * 1000), ("adamw_8bit", 2 * 1000), ("adafactor", 4 * 150)],
+)
+def test_optimizer_bytes_per_parameter(optimizer, expected):
+    assert optimizer_bytes(_shape(), optimizer) == expected
+
+
+def test_without_zero_weights_and_grads_are_fp32_even_under_autocast():
+    for precision in ("fp32", "bf16"):
+        parts, offloaded = state_parts(_shape(buffer_bytes=40), TrialPlan(precision=precision), nproc=4)
+        assert parts == {"weights": 4000 + 40, "grads": 4000, "optimizer": 8000} and offloaded == 0
+
+
+def test_zero_partition_arithmetic():
+    """P = 1000 params, 4 ranks, bf16: 16-bit weights and grads, fp32 master + Adam m, v = 12 B/param."""
+    s, bf16 = _shape(), TrialPlan(precision="bf16")
+    z = lambda stage, offload="none": state_parts(s, bf16.with_(zero_stage=stage, offload=offload), 4)  # noqa: E731
+    assert z(1) == ({"weights": 2000, "grads": 2000, "optimizer": 12000 // 4}, 0)
+    assert z(2) == ({"weights": 2000, "grads": 2000 // 4, "optimizer": 3000}, 0)
+    # stage 3: a quarter of the weights plus one gathered layer (and its prefetch): 2 x 200 x 2 B
+    assert z(3) == ({"weights": 500 + 800, "grads": 500, "optimizer": 3000}, 0)
+    assert z(2, "optimizer") == ({"weights": 2000, "grads": 500, "optimizer": 0}, 3000)
+    assert z(3, "params") == ({"weights": 800, "grads": 500, "optimizer": 0}, 3000 + 500)
+    fp32 = state_parts(s, TrialPlan(zero_stage=2), 4)[0]  # no master copy in fp32
+    assert fp32 == {"weights": 4000, "grads": 1000, "optimizer": 2000}
+
+
+def test_step_temporaries():
+    s = _shape()
+    assert step_temporaries(s, TrialPlan(), "cuda", 1) == 4 * 1000  # for-each AdamW: a copy of every state
+    assert step_temporaries(s, TrialPlan(), "cpu", 1) == 2 * 4 * 300  # per-tensor loop: the largest, twice
+    assert step_temporaries(s, TrialPlan(zero_stage=2, offload="optimizer"), "cuda", 1) == 0
+
+
+def test_peak_is_the_larger_phase_and_accumulation_keeps_grads():
+    from trainwise.estimate import FEATURES, Calibration
+
+    cal = Calibration("bert", "cpu", "fp32", False, {k: 0.0 for k in FEATURES} | {"tok_hidden": 1.0}, 1, 0, "", 0)
+    s = _shape(n_params=10, n_trainable=10, largest_trainable=10)
+    # activations = tokens x hidden x layers = 4 x 16 x 8 x 2 = 1024 bytes >> grads (40)
+    e = estimate_plan(s, cal, TrialPlan(), 4, 16, 8, "cpu", overhead=0)
+    assert e.parts["activations"] == 4 * 16 * 8 * 2 and e.phase == "forward/backward"
+    assert e.peak_bytes == 40 + 80 + 1024
+    acc = estimate_plan(s, cal, TrialPlan(accum_steps=2), 4, 16, 8, "cpu", overhead=0)
+    assert acc.parts["activations"] == 512 and acc.peak_bytes == 40 + 80 + 512 + 40
+    tiny_batch = estimate_plan(_shape(), cal, TrialPlan(), 1, 1, 1, "cpu", overhead=0)
+    assert tiny_batch.phase == "optimizer step"
+    assert tiny_batch.peak_bytes == 4000 + 8000 + 4000 + 2400
+
+
+@pytest.mark.parametrize(
+    "preset, task, plan",
+    [
+        ("bert-tiny", "classification", TrialPlan()),
+        ("t5-tiny", "seq2seq", TrialPlan(grad_ckpt=True)),
+    ],
+)
+def test_estimate_is_close_to_the_measured_peak(tmp_path, cls_csv, s2s_csv, preset, task, plan):
+    """The prediction against the real loop's peak of allocated tensor memory (2 steps, CPU)."""
+    from trainwise.measure.memory import AllocatedPeak
+    from trainwise.trial import run_trial
+
+    from .conftest import tiny_study
+
+    data = cls_csv if task == "classification" else s2s_csv
+    row = "grad_ckpt" if plan.grad_ckpt else "baseline"
+    study = tiny_study(tmp_path, data, task, [row], batch_size=32, max_length=64, max_steps=2, eval_samples=0)
+    spec = study.specs[0]
+    s = spec.settings
+    predicted = estimate(ModelSource("preset", preset), task, s.num_labels or 2, plan, 32, 64, 8, "cpu")
+    with AllocatedPeak("cpu") as peak:
+        assert run_trial(spec).status == "ok"
+    assert predicted.peak_bytes == pytest.approx(peak.peak_bytes, rel=0.25)
+
+
+def test_unknown_family_falls_back_to_probing_its_own_config():
+    from transformers import DistilBertConfig
+
+    config = DistilBertConfig(vocab_size=256, dim=32, n_layers=4, n_heads=2, hidden_dim=64, num_labels=2)
+    cal = calibrate(config, "classification", TrialPlan(), "cpu")
+    assert cal.how == "own-config probe" and cal.family == "distilbert"
+    assert cal.coefficients["tok_hidden"] + cal.coefficients["tok_ffn"] > 0
+
+
+def test_calibration_is_cached(tmp_path, monkeypatch):
+    import trainwise.estimate as est
+
+    monkeypatch.setenv("TRAINWISE_CACHE", str(tmp_path))
+    config = model_config(ModelSource("preset", "bert-tiny"), "classification", 2)
+    first = calibrate(config, "classification", TrialPlan(), "cpu")
+    monkeypatch.setattr(est, "probe_point", lambda *a, **k: pytest.fail("probed again"))
+    assert calibrate(config, "classification", TrialPlan(), "cpu") == first
+    assert len(list((tmp_path / "calibration").glob("*.json"))) == 1
+
+
+# ---- the CLI -------------------------------------------------------------------------------------
+
+
+def test_cli_table_json_and_fit(capsys):
+    from trainwise.cli import main
+
+    argv = ["estimate", "--model-preset", "bert-tiny", "--strategies", "baseline,grad_ckpt", "--json"]
+    assert main([*argv, "--device-memory", "1GiB"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    rows = {e["strategy"]: e for e in payload["estimates"]}
+    assert set(rows) == {"baseline", "grad_ckpt"} and all(e["fits"] for e in rows.values())
+    assert rows["grad_ckpt"]["parts"]["activations"] < rows["baseline"]["parts"]["activations"]
+    buffers = rows["baseline"]["parts"]["weights"] - 4 * payload["n_params"]  # position ids etc.
+    assert 0 <= buffers < 0.05 * 4 * payload["n_params"]
+    assert payload["calibration"] and payload["calibration"][0]["how"] == "tiny-config probe"
+
+
+def test_cli_impossible_budget_says_so_and_what_would_fit(capsys):
+    from trainwise.cli import main
+
+    # bert-base fp32 weights are 418 MiB: 300 MB cannot hold them, ZeRO-3 with offload can on 8 ranks
+    assert (
+        main(
+            [
+                "estimate",
+                "--model-preset",
+                "bert-base",
+                "--device",
+                "cuda",
+                "--strategies",
+                "baseline",
+                "--device-memory",
+                "300MB",
+                "--nproc",
+                "8",
+            ]
+        )
+        == 0
+    )
+    out = " ".join(capsys.readouterr().out.split())
+    assert "impossible as asked: the fp32 weights alone need 418 MiB" in out
+    assert "needs ZeRO-3 over >= " in out or "would fit:" in out
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--zero", "5"], "--zero must be 0, 1, 2 or 3"),
+        (["--offload", "optimizer"], "--offload optimizer needs --zero"),
+        (["--zero", "2", "--offload", "params"], "--offload params needs --zero 3"),
+        (["--device-memory", "lots"], "--device-memory 'lots'"),
+        (["--batch-size", "0"], "--batch-size must be > 0"),
+        (["--strategies", "warp_drive"], "unknown strategy 'warp_drive'"),
+        (["--strategies", "grad_accum", "--batch-size", "6"], "multiple of accum steps"),
+        (["--model-preset", "gpt-9"], "unknown model preset"),
+    ],
+)
+def test_cli_bad_input_is_one_line_exit_2(capsys, args, expected):
+    from trainwise.cli import main
+
+    argv = ["estimate", *args]
+    if "--model-preset" not in args:
+        argv += ["--model-preset", "bert-tiny"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err
