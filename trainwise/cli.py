@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -277,6 +278,468 @@ def advise(
     out_console.print(
         f"  recommended: {result.recommended or 'nothing meets the constraints'}{ref}", markup=False, highlight=False
     )
+
+
+MODEL_HELP = (
+    "Local HF model dir or hub id (offline: a dir, or 'all-MiniLM-L6-v2' from the bundled package). "
+    "Default: all-MiniLM-L6-v2 for classification, preset t5-small for seq2seq."
+)
+PRESET_HELP = (
+    "A size preset (random weights): t5-tiny, t5-small, t5-base, bart-tiny, bart-base, bert-tiny, minilm-l6, bert-base."
+)
+
+
+@app.command()
+def estimate(
+    model: Annotated[str | None, typer.Option(help=MODEL_HELP)] = None,
+    model_preset: Annotated[str | None, typer.Option(help=PRESET_HELP)] = None,
+    task: Annotated[str, typer.Option(help="classification or seq2seq.")] = "classification",
+    num_labels: Annotated[int, typer.Option(help="Classes of the classification head.")] = 2,
+    strategies_: Annotated[
+        str,
+        typer.Option("--strategies", help="Comma list of plans to estimate, each a '+' combination (see compare)."),
+    ] = "baseline,bf16,grad_ckpt,adafactor,grad_accum,bf16+grad_ckpt",
+    batch_size: Annotated[int, typer.Option(help="Effective batch size per device (per optimizer step).")] = 16,
+    accum_steps: Annotated[int, typer.Option(help="grad_accum: micro-batches per step.")] = 4,
+    max_length: Annotated[int, typer.Option(help="Input tokens per sample (padding to it is assumed).")] = 128,
+    max_target_length: Annotated[int, typer.Option(help="Target tokens per sample (seq2seq).")] = 48,
+    nproc: Annotated[int, typer.Option(help="Data-parallel ranks (ZeRO partitions over them).")] = 1,
+    zero: Annotated[int, typer.Option(help="DeepSpeed ZeRO stage for every plan: 0 (off), 1, 2 or 3.")] = 0,
+    offload: Annotated[
+        str, typer.Option(help="ZeRO offload to CPU: none, optimizer (stage>=1), params (stage 3).")
+    ] = "none",
+    device: Annotated[str, typer.Option(help="Device to estimate for: auto, cpu or cuda.")] = "auto",
+    device_memory: Annotated[
+        str | None, typer.Option(help="Memory of one device, e.g. 24GB or 80GiB; adds a fits column.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the estimates as JSON.")] = False,
+) -> None:
+    """Predict each plan's peak training memory without training: a breakdown, and whether it fits.
+
+    Shapes come from the model built on the meta device (no weights are loaded). Activations come from
+    a measured calibration probe (about 16 tiny forward/backward passes of the model family on this
+    machine, ~5-10 s, cached), never from a guess.
+    """
+    from trainwise.advise import parse_bytes
+    from trainwise.estimate import (
+        EstimateConfig,
+        calibrate,
+        min_ranks_for_zero3,
+        model_config,
+        runtime_overhead,
+        shape_of,
+        what_fits,
+    )
+    from trainwise.estimate import estimate_plan as predict
+    from trainwise.models import resolve_model
+    from trainwise.report.format import human_bytes
+
+    budget = parse_bytes(device_memory, "--device-memory") if device_memory is not None else None
+    cfg = EstimateConfig(
+        rows=tuple(strategies.parse_list(strategies_)),
+        task=task,
+        batch_size=batch_size,
+        accum_steps=accum_steps,
+        max_length=max_length,
+        max_target_length=max_target_length,
+        num_labels=num_labels,
+        nproc=nproc,
+        zero_stage=zero,
+        offload=offload,
+        device=device,
+        device_memory=budget,
+    )
+    import torch
+
+    target = "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
+    probe_device = target if target == "cpu" or torch.cuda.is_available() else "cpu"
+    source = resolve_model(model, model_preset, task)
+    config = model_config(source, task, num_labels)
+    shapes: dict = {}
+    cals: dict = {}
+
+    def shape_for(plan):
+        key = plan.freeze
+        if key not in shapes:
+            shapes[key] = shape_of(config, task, plan)
+        return shapes[key]
+
+    from transformers import AutoModelForSeq2SeqLM  # noqa: F401  (loaded before the runtime is measured)
+
+    overhead = runtime_overhead(target)  # before any probe grows this process
+    with err_console.status("calibrating...") as status:
+
+        def cal_for(plan):
+            key = (plan.precision, plan.grad_ckpt, plan.freeze)
+            if key not in cals:
+                label = f"{config.model_type} {plan.precision}{' +ckpt' if plan.grad_ckpt else ''}"
+
+                def on_probe(i: int, n: int) -> None:
+                    status.update(f"calibrating activations: measured probe {i + 1}/{n} ({label}, {probe_device})")
+
+                cals[key] = calibrate(config, task, plan, probe_device, on_probe)
+            return cals[key]
+
+        results = []
+        for row in cfg.rows:
+            plan = cfg.plan(row)
+            try:
+                shape = shape_for(plan)
+            except ValueError as err:
+                raise ConfigError(f"{row}: {err}") from None
+            est = predict(
+                shape, cal_for(plan), plan, batch_size, max_length, max_target_length, target, nproc, overhead
+            )
+            results.append((row, est))
+        base_shape = shape_for(cfg.plan("baseline"))
+        rescue = []
+        if budget is not None and not any(e.fits(budget) for _, e in results):
+            rescue = what_fits(shape_for, cal_for, cfg, target, budget, overhead)
+
+    name = source.display()
+    if as_json:
+        payload = {
+            "model": name,
+            "device": target,
+            "device_memory": budget,
+            "n_params": base_shape.n_params,
+            "estimates": [{"strategy": r, **e.to_dict(), "fits": e.fits(budget)} for r, e in results],
+            "calibration": [asdict_(c) for c in cals.values()],
+            "would_fit": [{"plan": label, **e.to_dict()} for label, e in rescue],
+        }
+        out_console.print_json(json.dumps(payload))
+        return
+    title = (
+        f"trainwise estimate: {name} ({base_shape.n_params / 1e6:.1f}M params) / {task} / {target}, "
+        f"batch {batch_size}, length {max_length}"
+        + (f"/{max_target_length}" if task == "seq2seq" else "")
+        + (f", ZeRO-{zero} x{nproc}" if zero else f", {nproc} ranks" if nproc > 1 else "")
+    )
+    grid = Table(title=title, header_style="bold")
+    heads = ["plan", "micro x accum", "weights", "grads", "optimizer", "activations", "step temps", "peak", "total"]
+    for h in heads + (["fits " + human_bytes(budget)] if budget is not None else []):
+        grid.add_column(h, overflow="fold")
+    for row, e in results:
+        p = e.parts
+        cells = [
+            row,
+            f"{e.micro_batch} x {e.plan['accum_steps']}",
+            *(human_bytes(p[k]) for k in ("weights", "grads", "optimizer", "activations", "step_temps")),
+            human_bytes(e.peak_bytes),
+            human_bytes(e.total_bytes),
+        ]
+        if budget is not None:
+            cells.append("yes" if e.fits(budget) else "NO")
+        grid.add_row(*cells, style=None if budget is None or e.fits(budget) else "red")
+    out_console.print(grid)
+
+    def say(line: str) -> None:
+        out_console.print(f"  {line}", markup=False, highlight=False)
+
+    say(
+        f"peak = weights + optimizer + max(activations [+ grads under accumulation], grads + step temps); "
+        f"total adds {human_bytes(overhead)} runtime ("
+        + ("CUDA context, assumed" if target == "cuda" else "this process's RSS with torch + transformers loaded")
+        + ")."
+    )
+    for c in cals.values():
+        source_note = "tiny configs of the family" if c.how == "tiny-config probe" else "its own config at 1-3 layers"
+        say(
+            f"activations: calibrated by a measured probe, {c.probes} forward/backward passes of {source_note} "
+            f"on {c.device} ({c.family}, {c.precision}{', checkpointing' if c.grad_ckpt else ''}; "
+            f"fit error {100 * c.residual:.1f}%; cached)."
+        )
+        if c.how != "tiny-config probe":
+            say(f"family {c.family!r} has no tiny-config recipe: fell back to probing its own config.")
+    if probe_device != target:
+        say("no GPU here: activations were probed on CPU; CUDA attention kernels (flash / memory-efficient) keep less.")
+    say("padding to --max-length is assumed; dynamic padding needs less on real data.")
+    if any(e.cpu_offload_bytes for _, e in results):
+        say(f"ZeRO offload keeps {human_bytes(max(e.cpu_offload_bytes for _, e in results))} in CPU memory per rank.")
+    if budget is not None and not any(e.fits(budget) for _, e in results):
+        weights_only = 4 * base_shape.n_params + overhead
+        if weights_only > budget:
+            say(
+                f"impossible as asked: the fp32 weights alone need {human_bytes(4 * base_shape.n_params)} "
+                f"(+{human_bytes(overhead)} runtime), more than {human_bytes(budget)}."
+            )
+        else:
+            say(f"no plan above fits {human_bytes(budget)}.")
+        if rescue:
+            say("would fit: " + "; ".join(f"{label} ({human_bytes(e.total_bytes)})" for label, e in rescue[:3]))
+        else:
+            need = min_ranks_for_zero3(base_shape, cfg.plan("bf16"), budget, overhead)
+            more = f"ZeRO-3 over >= {need} devices" if need else "a smaller model"
+            say(
+                f"nothing in the catalogue fits on {nproc} device(s): needs {more}, or LoRA (not in the catalogue yet)."
+            )
+
+
+@app.command()
+def export(
+    out: Annotated[str, typer.Option(help="Directory to write the files into.")] = "runs/export",
+    study: Annotated[
+        str | None,
+        typer.Option(help="Take model and settings from this compare study; the plan defaults to advise's pick."),
+    ] = None,
+    strategies_: Annotated[
+        str | None, typer.Option("--strategies", help="The plan to export, one '+' combination, e.g. bf16+grad_ckpt.")
+    ] = None,
+    model: Annotated[str | None, typer.Option(help=MODEL_HELP)] = None,
+    model_preset: Annotated[str | None, typer.Option(help=PRESET_HELP)] = None,
+    task: Annotated[str, typer.Option(help="classification or seq2seq.")] = "classification",
+    batch_size: Annotated[int, typer.Option(help="Effective batch size per device.")] = 16,
+    accum_steps: Annotated[int, typer.Option(help="grad_accum: micro-batches per step.")] = 4,
+    max_length: Annotated[int, typer.Option(help="Max input tokens.")] = 128,
+    max_target_length: Annotated[int, typer.Option(help="Max target tokens (seq2seq).")] = 48,
+    lr: Annotated[float, typer.Option(help="Peak learning rate (linear decay).")] = 5e-5,
+    max_steps: Annotated[int, typer.Option(help="Optimizer steps of the exported run.")] = 1000,
+    nproc: Annotated[int, typer.Option(help="Processes (data-parallel ranks) for the accelerate config.")] = 1,
+    zero: Annotated[int, typer.Option(help="DeepSpeed ZeRO stage: 0 (off), 1, 2 or 3.")] = 0,
+    offload: Annotated[str, typer.Option(help="ZeRO offload: none, optimizer, params.")] = "none",
+    device: Annotated[str, typer.Option(help="Where the exported run trains: cuda or cpu.")] = "cuda",
+) -> None:
+    """Write a plan as TrainingArguments JSON + Python snippet, accelerate config, ds_config.json (ZeRO) and
+    the equivalent `trainwise train` command."""
+    from pathlib import Path
+
+    from trainwise.estimate import EstimateConfig
+    from trainwise.export import RunSettings, write_export
+    from trainwise.models import resolve_model
+
+    if device not in ("cuda", "cpu"):
+        raise ConfigError(f"--device must be cuda or cpu, not {device!r}")
+    if max_steps <= 0 or lr <= 0:
+        raise ConfigError("--max-steps and --lr must be > 0")
+    model_is_preset = False
+    if study is not None:
+        settings, recommended = _study_settings(Path(study))
+        row = strategies_ or recommended
+        model_ref = settings["model_label"] if settings["model_kind"] == "preset" else settings["model_ref"]
+        model_is_preset = settings["model_kind"] == "preset"
+        task, batch_size, accum_steps = settings["task"], settings["batch_size"], settings["accum_steps"]
+        max_length, max_target_length, lr = settings["max_length"], settings["max_target_length"], settings["lr"]
+    else:
+        if strategies_ is None:
+            raise ConfigError("--strategies is required without --study (e.g. --strategies bf16+grad_ckpt)")
+        row = strategies_
+        source = resolve_model(model, model_preset, task)
+        model_is_preset = source.kind == "preset"
+        model_ref = source.ref if source.kind != "dir" else source.ref
+        if source.label:
+            model_ref = source.ref
+    if "," in row:
+        raise ConfigError(f"--strategies {row!r}: export takes one plan (a '+' combination), not a list")
+    cfg = EstimateConfig(
+        rows=(row,),
+        task=task,
+        batch_size=batch_size,
+        accum_steps=accum_steps,
+        max_length=max_length,
+        max_target_length=max_target_length,
+        nproc=nproc,
+        zero_stage=zero,
+        offload=offload,
+        device=device,
+    )
+    plan = cfg.plan(row)
+    run = RunSettings(
+        model=model_ref,
+        task=task,
+        batch_size=batch_size,
+        max_length=max_length,
+        max_target_length=max_target_length,
+        lr=lr,
+        max_steps=max_steps,
+        nproc=nproc,
+        device=device,
+        model_is_preset=model_is_preset,
+        row=row,
+    )
+    paths = write_export(plan, run, Path(out))
+    out_console.print(
+        f"exported plan {row!r} ({plan.precision}, micro-batch {plan.micro_batch_size(batch_size)} x "
+        f"{plan.accum_steps}):",
+        markup=False,
+        highlight=False,
+    )
+    for p in paths:
+        out_console.print(f"  {p}", markup=False, highlight=False)
+
+
+def _study_settings(study: Path) -> tuple[dict, str]:
+    """A compare study's shared settings and advise's recommended row (objective time)."""
+    import sqlite3
+
+    from trainwise.advise import Constraints
+    from trainwise.advise import advise as advise_rows
+
+    db, results = study / "study.sqlite", study / "results.json"
+    if not db.is_file() or not results.is_file():
+        raise ConfigError(f"--study {study}: not a finished trainwise compare study (no study.sqlite/results.json)")
+    con = sqlite3.connect(db)
+    try:
+        row = con.execute("SELECT spec FROM trials LIMIT 1").fetchone()
+    finally:
+        con.close()
+    if row is None:
+        raise ConfigError(f"--study {study}: the study has no trials")
+    settings = json.loads(row[0])["settings"]
+    advice = advise_rows(json.loads(results.read_text(encoding="utf-8")), Constraints())
+    if advice.recommended is None:
+        raise ConfigError(f"--study {study}: no row finished ok; pass --strategies")
+    return settings, advice.recommended
+
+
+@app.command("find-batch")
+def find_batch(
+    strategies_: Annotated[
+        str, typer.Option("--strategies", help="The plan to size, one '+' combination, e.g. bf16+grad_ckpt.")
+    ] = "baseline",
+    model: Annotated[str | None, typer.Option(help=MODEL_HELP)] = None,
+    model_preset: Annotated[str | None, typer.Option(help=PRESET_HELP)] = None,
+    task: Annotated[str, typer.Option(help="classification or seq2seq.")] = "classification",
+    dataset: Annotated[str | None, typer.Option(help="Built-in dataset or HF dataset name (as in compare).")] = None,
+    train_file: Annotated[str | None, typer.Option(help="Training data: .csv, .json or .jsonl.")] = None,
+    text_column: Annotated[str | None, typer.Option(help="Input text column [default: text].")] = None,
+    target_column: Annotated[str | None, typer.Option(help="Label / target column [default: target].")] = None,
+    candidates: Annotated[str, typer.Option(help="Batch sizes to try, ascending (comma list).")] = "4,8,16,32,64,128",
+    accum_steps: Annotated[int, typer.Option(help="grad_accum: micro-batches per step.")] = 4,
+    max_length: Annotated[int, typer.Option(help="Max input tokens.")] = 128,
+    max_target_length: Annotated[int, typer.Option(help="Max target tokens (seq2seq).")] = 48,
+    steps: Annotated[int, typer.Option(help="Optimizer steps per size, the first untimed.")] = 4,
+    memory_limit: Annotated[
+        str | None,
+        typer.Option(help="Fit limit, e.g. 8GB. Default: CUDA memory, or on CPU the available RAM minus 10%."),
+    ] = None,
+    refine: Annotated[int, typer.Option(help="Bisection steps between the largest fit and the first failure.")] = 2,
+    use_estimate: Annotated[
+        bool, typer.Option("--estimate/--no-estimate", help="Skip sizes the memory estimate says cannot fit.")
+    ] = True,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    out: Annotated[str, typer.Option(help="Directory for find_batch.json / .png and the trials.")] = "runs/find-batch",
+    trial_timeout: Annotated[float, typer.Option(help="Seconds before a size's trial is killed.")] = 900.0,
+) -> None:
+    """Find the fastest batch size that fits: climb the candidates, measure samples/s, bisect at the edge."""
+    import dataclasses
+
+    from trainwise.advise import parse_bytes
+    from trainwise.estimate import estimate as predict
+    from trainwise.find_batch import default_limit, search, write_outputs
+    from trainwise.launcher import launch
+    from trainwise.models import ModelSource
+    from trainwise.report.format import human_bytes
+    from trainwise.study import prepare_study
+
+    try:
+        sizes = sorted({int(x) for x in candidates.split(",") if x.strip()})
+    except ValueError:
+        raise ConfigError(f"--candidates {candidates!r}: give batch sizes like 8,16,32") from None
+    if not sizes or sizes[0] <= 0:
+        raise ConfigError(f"--candidates {candidates!r}: give positive batch sizes like 8,16,32")
+    if "," in strategies_:
+        raise ConfigError(f"--strategies {strategies_!r}: find-batch sizes one plan (a '+' combination)")
+    if steps < 2:
+        raise ConfigError(f"--steps must be >= 2 (the first is untimed), got {steps}")
+    limit_arg = parse_bytes(memory_limit, "--memory-limit") if memory_limit is not None else None
+    plan_accum = strategies.build_plan(strategies_, accum_steps).accum_steps
+    usable = [b for b in sizes if b % plan_accum == 0]
+    if not usable:
+        raise ConfigError(f"no candidate is a multiple of --accum-steps {plan_accum}")
+    cfg = StudyConfig(
+        out=out,
+        strategies=[strategies_],
+        task=task,
+        model=model,
+        model_preset=model_preset,
+        dataset=dataset,
+        train_file=train_file,
+        text_column=text_column,
+        target_column=target_column,
+        batch_size=usable[0],
+        accum_steps=accum_steps,
+        max_length=max_length,
+        max_target_length=max_target_length,
+        max_steps=steps,
+        warmup_steps=1,
+        eval_samples=0,
+        device=device,
+    )
+    with err_console.status("trainwise find-batch: validating input, preparing data and model..."):
+        prepared = prepare_study(cfg)
+    base = prepared.specs[0]
+    s = base.settings
+    limit = limit_arg if limit_arg is not None else default_limit(s.device)
+    too_big = [b for b in usable if b > s.n_train]
+    usable = [b for b in usable if b <= s.n_train]
+    if not usable:
+        raise ConfigError(f"every candidate is larger than the {s.n_train} training rows")
+
+    def estimate_total(b: int) -> int | None:
+        if not use_estimate:
+            return None
+        source = ModelSource(s.model_kind, s.model_ref)
+        e = predict(source, task, s.num_labels or 2, base.plan, b, max_length, max_target_length, s.device)
+        return e.total_bytes
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=err_console) as progress:
+        bar = progress.add_task("")
+
+        def run(b: int):
+            spec = dataclasses.replace(base, settings=dataclasses.replace(s, batch_size=b))
+
+            def on_event(e: dict) -> None:
+                if e.get("event") == "step":
+                    progress.update(bar, description=f"batch {b}: step {e['step']}/{e['total']}, {e['step_s']:.2f} s")
+
+            progress.update(bar, description=f"batch {b}: starting")
+            r = launch(spec, prepared.out / "trials" / f"bs{b}", trial_timeout, on_event)
+            what = f"{r.samples_per_s:.1f} samples/s" if r.status == "ok" else r.status
+            progress.console.print(f"  batch {b}: {what}", markup=False, highlight=False)
+            return r
+
+        def estimate_with_status(b: int) -> int | None:
+            progress.update(bar, description=f"batch {b}: estimating memory (calibration probe on first use)")
+            return estimate_total(b)
+
+        result = search(usable, limit, run, s.device, estimate_with_status, refine, multiple_of=plan_accum)
+    title = f"trainwise find-batch: {s.model_label} / {strategies_} / {s.device}, limit {human_bytes(limit)}"
+    paths = write_outputs(result, prepared.out, title)
+    grid = Table(title=title, header_style="bold")
+    for h in ("batch", "status", "samples/s", "step time", "measured", "estimate", "note"):
+        grid.add_column(h, overflow="fold")
+    for p in result.points:
+        mark = " (fastest)" if p.batch_size == result.fastest else ""
+        grid.add_row(
+            f"{p.batch_size}{mark}",
+            p.status,
+            "-" if p.samples_per_s is None else f"{p.samples_per_s:.1f}",
+            "-" if p.step_time_s is None else f"{p.step_time_s:.3f} s",
+            human_bytes(p.measured_bytes),
+            human_bytes(p.estimate_bytes),
+            p.note,
+            style=None if p.fits else "dim",
+        )
+    out_console.print(grid)
+    mem_kind = "reserved + CUDA context" if s.device == "cuda" else "peak RSS of the trial process"
+    out_console.print(f"  measured = {mem_kind}; estimate = trainwise estimate (tensors + runtime).", markup=False)
+    if too_big:
+        out_console.print(f"  not tried: {too_big} (more than the {s.n_train} training rows)", markup=False)
+    if result.fastest is None:
+        out_console.print(
+            "  nothing fitted: try a smaller candidate or a memory-saving plan (see `trainwise estimate`)"
+        )
+    else:
+        out_console.print(
+            f"  fastest: batch {result.fastest}; largest that fits: {result.largest_fit}", markup=False, highlight=False
+        )
+    out_console.print("  files: " + ", ".join(str(p) for p in paths), markup=False, highlight=False)
+
+
+def asdict_(obj) -> dict:
+    from dataclasses import asdict
+
+    return asdict(obj)
 
 
 @app.command("strategies")

@@ -4,8 +4,9 @@ Progress goes to stdout as JSON lines; the result is written atomically to RESUL
 exception becomes an `error` row and an out-of-memory an `oom` row. A process that dies without
 writing a result (killed, segfault) is classified by the launcher.
 
-Test seam: TRAINWISE_FAULT="STRATEGY:KIND@STEP" injects a fault into the trial whose strategy
-matches, at that optimizer step; KIND is raise | oom | kill | hang.
+Test seam: TRAINWISE_FAULT="TARGET:KIND@STEP" injects a fault into the trial whose strategy is
+TARGET (or whose batch size is N, for TARGET "bs=N"), at that optimizer step; KIND is
+raise | oom | kill | hang.
 """
 
 from __future__ import annotations
@@ -26,17 +27,17 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in OOM_MARKERS)
 
 
-def _fault_for(strategy: str) -> tuple[str, int] | None:
+def _fault_for(strategy: str, batch_size: int) -> tuple[str, int] | None:
     spec = os.environ.get("TRAINWISE_FAULT", "")
     target, _, rest = spec.partition(":")
-    if not rest or target != strategy:
+    if not rest or target not in (strategy, f"bs={batch_size}"):
         return None
     kind, _, step = rest.partition("@")
     return kind, int(step or 1)
 
 
-def _emitter(strategy: str):
-    fault = _fault_for(strategy)
+def _emitter(strategy: str, batch_size: int):
+    fault = _fault_for(strategy, batch_size)
 
     def emit(event: dict) -> None:
         print(json.dumps(event), flush=True)
@@ -63,7 +64,7 @@ def main(argv: list[str]) -> int:
     try:
         from trainwise.trial import run_trial
 
-        result = run_trial(spec, progress=_emitter(spec.strategy))
+        result = run_trial(spec, progress=_emitter(spec.strategy, spec.settings.batch_size))
     except BaseException as exc:  # every failure is a row, never a lost study
         if isinstance(exc, KeyboardInterrupt):
             raise

@@ -1,0 +1,178 @@
+"""find-batch: the fastest batch size that fits, found by measured throughput.
+
+Batch finders (Lightning's Tuner, accelerate's find_executable_batch_size) stop at the largest batch
+that fits. Larger is not always faster: this search climbs the candidate sizes, skips those the
+memory estimate says cannot fit, runs each remaining one as a short measured trial in its own
+process (an out-of-memory kills only that process; the search records it and goes on), bisects
+between the largest fit and the first failure, then picks the size with the highest samples/s.
+
+"Fits" on CUDA: no OOM and the trial's reserved memory + CUDA context under the limit. On CPU, where
+an OOM means the kernel's OOM killer, fitting is judged against `--memory-limit` (default: the
+available RAM minus a margin) with the trial's peak RSS.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from trainwise.results import TrialResult
+
+CUDA_CONTEXT_BYTES = 512 * 1024**2
+
+
+@dataclass
+class BatchPoint:
+    batch_size: int
+    status: str  # ok | oom | over_limit | skipped | error | timeout | crashed
+    note: str = ""
+    samples_per_s: float | None = None
+    step_time_s: float | None = None
+    measured_bytes: int | None = None  # CPU: peak RSS of the trial process; CUDA: reserved + context
+    estimate_bytes: int | None = None  # predicted total (tensors + runtime), when an estimate was made
+
+    @property
+    def fits(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass
+class SearchResult:
+    points: list[BatchPoint]  # every size looked at, ascending
+    largest_fit: int | None
+    fastest: int | None
+    limit_bytes: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def measured_bytes(result: TrialResult, device: str) -> int | None:
+    if device == "cuda":
+        return None if result.peak_reserved_bytes is None else result.peak_reserved_bytes + CUDA_CONTEXT_BYTES
+    return result.peak_rss_bytes
+
+
+def search(
+    candidates: list[int],
+    limit: int,
+    run: Callable[[int], TrialResult],
+    device: str,
+    estimate: Callable[[int], int | None] | None = None,
+    refine: int = 2,
+    multiple_of: int = 1,
+) -> SearchResult:
+    """Climb `candidates` (ascending), stop at the first size that does not fit, bisect, pick the fastest."""
+    points: dict[int, BatchPoint] = {}
+
+    def try_size(b: int) -> BatchPoint:
+        est = estimate(b) if estimate else None
+        if est is not None and est > limit:
+            return BatchPoint(b, "skipped", f"estimate {est / 2**30:.2f} GiB > limit", estimate_bytes=est)
+        r = run(b)
+        point = BatchPoint(b, r.status, r.message, estimate_bytes=est)
+        if r.status == "ok":
+            point.samples_per_s, point.step_time_s = r.samples_per_s, r.step_time_s
+            point.measured_bytes = measured_bytes(r, device)
+            if point.measured_bytes is not None and point.measured_bytes > limit:
+                point.status, point.note = "over_limit", f"measured {point.measured_bytes / 2**30:.2f} GiB > limit"
+        return point
+
+    first_fail: int | None = None
+    for b in sorted(set(candidates)):
+        if first_fail is not None:
+            points[b] = BatchPoint(b, "skipped", f"larger than {first_fail}, which did not fit")
+            continue
+        points[b] = try_size(b)
+        if points[b].status in ("oom", "over_limit", "skipped"):
+            first_fail = b
+    # bisect between the largest size that fit and the first that did not
+    for _ in range(refine):
+        fits = [b for b, p in points.items() if p.fits]
+        if first_fail is None or not fits:
+            break
+        low = max(b for b in fits if b < first_fail) if any(b < first_fail for b in fits) else None
+        if low is None:
+            break
+        mid = (low + first_fail) // 2
+        mid -= mid % multiple_of
+        if mid <= low or mid in points:
+            break
+        points[mid] = try_size(mid)
+        if not points[mid].fits:
+            first_fail = mid
+    ordered = [points[b] for b in sorted(points)]
+    ok = [p for p in ordered if p.fits and p.samples_per_s]
+    return SearchResult(
+        points=ordered,
+        largest_fit=max((p.batch_size for p in ok), default=None),
+        fastest=max(ok, key=lambda p: p.samples_per_s or 0).batch_size if ok else None,
+        limit_bytes=limit,
+    )
+
+
+def default_limit(device: str) -> int:
+    """CUDA: the device's memory. CPU: available RAM minus 10% (at least 1 GiB) for everything else."""
+    if device == "cuda":
+        import torch
+
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    import psutil
+
+    available = int(psutil.virtual_memory().available)
+    return available - max(2**30, available // 10)
+
+
+def write_outputs(result: SearchResult, out: Path, title: str) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    data = out / "find_batch.json"
+    tmp = data.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result.to_dict(), indent=1))
+    tmp.replace(data)
+    return [data, _chart(result, out / "find_batch.png", title)]
+
+
+def _chart(result: SearchResult, path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    ok = [p for p in result.points if p.fits and p.samples_per_s]
+    ax.plot([p.batch_size for p in ok], [p.samples_per_s or 0.0 for p in ok], "o-", color="tab:blue", label="samples/s")
+    failed = [p for p in result.points if p.status in ("oom", "over_limit")]
+    if failed:
+        ax.plot([p.batch_size for p in failed], [0] * len(failed), "x", color="tab:red", ms=10, label="does not fit")
+    if result.fastest is not None:
+        best = next(p for p in result.points if p.batch_size == result.fastest)
+        ax.annotate(
+            f"fastest: {best.batch_size}",
+            (best.batch_size, best.samples_per_s or 0),
+            xytext=(0, 10),
+            textcoords="offset points",
+            ha="center",
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("samples/s")
+    ax.set_title(title, fontsize=10)
+    mem = [p for p in result.points if p.measured_bytes]
+    if mem:
+        ax2 = ax.twinx()
+        ax2.plot(
+            [p.batch_size for p in mem],
+            [(p.measured_bytes or 0) / 2**30 for p in mem],
+            "s--",
+            color="tab:gray",
+            label="measured memory",
+        )
+        ax2.axhline(result.limit_bytes / 2**30, color="tab:red", lw=0.8, ls=":")
+        ax2.set_ylabel("GiB (dotted: limit)")
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
