@@ -120,3 +120,40 @@ def test_advise_bad_input_is_one_line(tmp_path, capsys, args, message):
     assert main(["advise", *[a.format(d=tmp_path) for a in args]]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+@pytest.mark.slow
+def test_advise_adds_batch_hints_from_the_estimate(tmp_path, cls_csv, capsys):
+    """With a budget, memory-saving rows say up to which batch the baseline fits (from the estimate)."""
+    out = tmp_path / "study"
+    argv = [
+        "compare",
+        "--model-preset",
+        "bert-tiny",
+        "--train-file",
+        str(cls_csv),
+        "--strategies",
+        "baseline,grad_ckpt",
+        "--batch-size",
+        "8",
+        "--max-length",
+        "32",
+        "--max-steps",
+        "2",
+        "--warmup-steps",
+        "1",
+        "--eval-samples",
+        "0",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main(["advise", str(out), "--memory-budget", "64GB", "--json"]) == 0
+    verdicts = {v["strategy"]: v for v in json.loads(capsys.readouterr().out)["verdicts"]}
+    hint = verdicts["grad_ckpt"]["reason"]
+    assert "not needed for memory at batch 8: baseline fits up to ~" in hint
+    assert int(hint.rsplit("~", 1)[1]) > 8
+    assert "baseline fits" not in verdicts["baseline"]["reason"]

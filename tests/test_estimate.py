@@ -233,3 +233,14 @@ def test_cli_bad_input_is_one_line_exit_2(capsys, args, expected):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0], err
+
+
+def test_largest_batch_is_the_edge_of_the_estimate():
+    from trainwise.estimate import FEATURES, Calibration, largest_batch
+
+    cal = Calibration("bert", "cpu", "fp32", False, {k: 0.0 for k in FEATURES} | {"tok_hidden": 1.0}, 1, 0, "", 0)
+    s = _shape(n_params=10, n_trainable=10, largest_trainable=10)
+    # peak = 40 + 80 + b * 16 * 8 * 2 (activations) -> fits 120 + 256 b <= budget
+    assert largest_batch(s, cal, TrialPlan(), 120 + 256 * 37, 16, 8, "cpu", overhead=0) == 37
+    assert largest_batch(s, cal, TrialPlan(accum_steps=4), 120 + 40 + 256 * 9, 16, 8, "cpu", overhead=0) == 36
+    assert largest_batch(s, cal, TrialPlan(), 100, 16, 8, "cpu", overhead=0) == 0

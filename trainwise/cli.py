@@ -235,8 +235,8 @@ def advise(
     as_json: Annotated[bool, typer.Option("--json", help="Print the advice as JSON.")] = False,
 ) -> None:
     """Rank a finished study's rows: Pareto-optimal plans under your constraints, and why each wins or loses."""
+    import dataclasses
     from dataclasses import asdict
-    from pathlib import Path
 
     from trainwise.advise import Constraints, parse_bytes
     from trainwise.advise import advise as advise_rows
@@ -253,6 +253,14 @@ def advise(
     if not isinstance(rows, list) or not all(isinstance(r, dict) and "strategy" in r for r in rows):
         raise ConfigError(f"{path}: not a trainwise results file (expected a list of rows with 'strategy')")
     result = advise_rows(rows, constraints)
+    hints: dict[str, str] = {}
+    if budget is not None:
+        with err_console.status("estimating the batch sizes each plan fits (calibration probe on first use)..."):
+            hints = _batch_hints(Path(study), rows, budget)
+        result.verdicts = [
+            dataclasses.replace(v, reason=f"{v.reason}; {hints[v.strategy]}") if v.strategy in hints else v
+            for v in result.verdicts
+        ]
     if as_json:
         out_console.print_json(json.dumps(asdict(result)))
         return
@@ -565,6 +573,59 @@ def export(
     )
     for p in paths:
         out_console.print(f"  {p}", markup=False, highlight=False)
+
+
+def _batch_hints(study: Path, rows: list[dict], budget: int) -> dict[str, str]:
+    """Per memory-saving row: up to which batch the baseline fits the budget (so when the row is needed).
+
+    From `trainwise estimate` on the study's model and lengths; empty when the study's model cannot be
+    built here (a hub id offline), since the hints are an addition to the measured advice.
+    """
+    import sqlite3
+
+    from trainwise.estimate import calibrate, largest_batch, model_config, runtime_overhead, shape_of
+    from trainwise.models import ModelSource
+    from trainwise.plan import TrialPlan
+
+    db = study / "study.sqlite"
+    if not db.is_file():
+        return {}
+    con = sqlite3.connect(db)
+    try:
+        found = con.execute("SELECT spec FROM trials LIMIT 1").fetchone()
+    finally:
+        con.close()
+    if found is None:
+        return {}
+    s = json.loads(found[0])["settings"]
+    try:
+        config = model_config(ModelSource(s["model_kind"], s["model_ref"]), s["task"], s["num_labels"] or 2)
+    except ConfigError:
+        return {}
+    overhead = runtime_overhead(s["device"])
+
+    def fit(plan: TrialPlan) -> int:
+        shape = shape_of(config, s["task"], plan)
+        cal = calibrate(config, s["task"], plan, "cpu" if s["device"] == "cpu" else s["device"])
+        return largest_batch(shape, cal, plan, budget, s["max_length"], s["max_target_length"], s["device"], overhead)
+
+    baseline = fit(TrialPlan())
+    hints = {}
+    for row in rows:
+        plan = TrialPlan.from_dict(row["plan"]) if row.get("plan") else None
+        if plan is None or row["strategy"] == "baseline":
+            continue
+        saves = plan.grad_ckpt or plan.accum_steps > 1 or plan.optimizer != "adamw" or plan.freeze
+        if not saves:
+            continue
+        own = fit(plan)
+        if baseline >= s["batch_size"]:
+            hints[row["strategy"]] = (
+                f"not needed for memory at batch {s['batch_size']}: baseline fits up to ~{baseline}"
+            )
+        else:
+            hints[row["strategy"]] = f"only needed when batch > {baseline}; fits up to ~{own} (estimate)"
+    return hints
 
 
 def _study_settings(study: Path) -> tuple[dict, str]:

@@ -655,3 +655,32 @@ def min_ranks_for_zero3(s: Shape, plan: TrialPlan, budget: int, overhead: int) -
             return n
         n *= 2
     return None
+
+
+def largest_batch(
+    s: Shape,
+    cal: Calibration,
+    plan: TrialPlan,
+    budget: int,
+    max_length: int,
+    max_target_length: int,
+    device: str,
+    overhead: int,
+    limit: int = 1 << 16,
+) -> int:
+    """Largest effective batch (a multiple of the plan's accumulation) whose estimate fits; 0 if none."""
+
+    def fits(b: int) -> bool:
+        e = estimate_plan(s, cal, plan, b, max_length, max_target_length, device, overhead=overhead)
+        return e.total_bytes <= budget
+
+    step = plan.accum_steps
+    if not fits(step):
+        return 0
+    low, high = 1, 2  # in units of `step`
+    while high * step <= limit and fits(high * step):
+        low, high = high, high * 2
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid * step) else (low, mid)
+    return low * step
