@@ -10,6 +10,9 @@ Side by side, for the same cases:
   for the model's fp32 size (float32 plans) or its mixed-precision formula (bf16/fp16 plans);
 - DeepSpeed: estimate_zero2_model_states_mem_needs(params, 1 GPU, no offload): model states only.
 
+Each case runs in a fresh process (`--case N`), like a trial: one process's earlier cases cannot
+leak into the next one's measurement.
+
 Usage: python benchmarks/estimate_accuracy.py [--quick] [--json out.json]
 """
 
@@ -19,6 +22,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -133,15 +137,23 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="6 cases instead of 24")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", default=None, help="write every case here")
+    ap.add_argument("--case", type=int, default=None, help=argparse.SUPPRESS)  # internal: one case, JSON out
+    ap.add_argument("--work", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    cases = [CASES[i] for i in QUICK] if args.quick else CASES
+    if args.case is not None:
+        print("RESULT " + json.dumps(measure(CASES[args.case], args.device, args.work)), flush=True)
+        return 0
+    indices = QUICK if args.quick else list(range(len(CASES)))
     rows = []
     with tempfile.TemporaryDirectory() as work:
-        for i, case in enumerate(cases, 1):
-            r = measure(case, args.device, work)
+        for i, index in enumerate(indices, 1):
+            cmd = [sys.executable, __file__, "--case", str(index), "--device", args.device, "--work", work]
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+            r = json.loads(line[len("RESULT ") :])
             rows.append(r)
             print(
-                f"[{i}/{len(cases)}] {r['model']} {r['plan']} b={r['batch']} L={r['length']}: "
+                f"[{i}/{len(indices)}] {r['model']} {r['plan']} b={r['batch']} L={r['length']}: "
                 f"measured {r['measured'] / 2**20:.0f} MiB, trainwise {r['trainwise'] / 2**20:.0f} MiB",
                 file=sys.stderr,
                 flush=True,

@@ -179,3 +179,67 @@ def test_trainer_with_exported_arguments_reproduces_the_losses(tmp_path, row):
     scale = plan.accum_steps  # the Trainer's reporting quirk; 1 without accumulation
     assert [x / scale for x in logged] == pytest.approx(ours, rel=1e-5)
     assert ours[-1] < ours[0], "it trained"
+
+
+def test_export_from_a_study_takes_its_settings_and_advises_the_plan(tmp_path, capsys):
+    """--study: model and settings from the study's store, the plan from advise (objective time)."""
+    import sqlite3
+
+    from trainwise.cli import main
+
+    study = tmp_path / "study"
+    study.mkdir()
+    settings = {
+        "model_kind": "preset",
+        "model_ref": "t5-small",
+        "model_label": "t5-small",
+        "task": "seq2seq",
+        "batch_size": 8,
+        "accum_steps": 2,
+        "max_length": 64,
+        "max_target_length": 16,
+        "lr": 1e-4,
+    }
+    con = sqlite3.connect(study / "study.sqlite")
+    con.execute(
+        "CREATE TABLE trials (key TEXT, strategy TEXT, repeat INTEGER, status TEXT, spec TEXT, result TEXT, "
+        "finished_at REAL)"
+    )
+    con.execute(
+        "INSERT INTO trials VALUES ('k', 'baseline', 0, 'ok', ?, '{}', 0)", (json.dumps({"settings": settings}),)
+    )
+    con.commit()
+    con.close()
+    from .test_advise import ROWS  # bf16 is the fastest row there
+
+    (study / "results.json").write_text(json.dumps(ROWS))
+    assert main(["export", "--study", str(study), "--out", str(tmp_path / "x")]) == 0
+    args = json.loads((tmp_path / "x" / "training_args.json").read_text())
+    command = (tmp_path / "x" / "train_command.txt").read_text()
+    assert command.startswith("trainwise train --strategies bf16 --model-preset t5-small --task seq2seq --batch-size 8")
+    assert args["learning_rate"] == 1e-4
+    assert "exported plan" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        ([], "--strategies is required without --study"),
+        (["--strategies", "bf16,grad_ckpt"], "one plan"),
+        (["--strategies", "bf16", "--zero", "4"], "--zero must be 0, 1, 2 or 3"),
+        (["--strategies", "bf16", "--device", "tpu"], "--device must be cuda or cpu"),
+        (["--study", "/nonexistent/study"], "not a finished trainwise compare study"),
+        (["--strategies", "bf16", "--model-preset", "gpt-9"], "unknown model preset"),
+    ],
+)
+def test_export_bad_input_is_one_line_exit_2(tmp_path, capsys, args, expected):
+    from trainwise.cli import main
+
+    out = tmp_path / "x"
+    argv = ["export", "--out", str(out), *args]
+    if "--model-preset" not in args and "--study" not in args:
+        argv += ["--model-preset", "bert-tiny"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err
+    assert not out.exists()

@@ -292,6 +292,7 @@ MODEL_HELP = (
     "Local HF model dir or hub id (offline: a dir, or 'all-MiniLM-L6-v2' from the bundled package). "
     "Default: all-MiniLM-L6-v2 for classification, preset t5-small for seq2seq."
 )
+BUNDLED_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"  # trainwise resolves it to the bundled copy offline
 PRESET_HELP = (
     "A size preset (random weights): t5-tiny, t5-small, t5-base, bart-tiny, bart-base, bert-tiny, minilm-l6, bert-base."
 )
@@ -524,6 +525,8 @@ def export(
         settings, recommended = _study_settings(Path(study))
         row = strategies_ or recommended
         model_ref = settings["model_label"] if settings["model_kind"] == "preset" else settings["model_ref"]
+        if settings["model_label"] == "all-MiniLM-L6-v2":  # the bundled copy's path is this machine's venv
+            model_ref = BUNDLED_HUB_ID
         model_is_preset = settings["model_kind"] == "preset"
         task, batch_size, accum_steps = settings["task"], settings["batch_size"], settings["accum_steps"]
         max_length, max_target_length, lr = settings["max_length"], settings["max_target_length"], settings["lr"]
@@ -533,9 +536,7 @@ def export(
         row = strategies_
         source = resolve_model(model, model_preset, task)
         model_is_preset = source.kind == "preset"
-        model_ref = source.ref if source.kind != "dir" else source.ref
-        if source.label:
-            model_ref = source.ref
+        model_ref = BUNDLED_HUB_ID if source.label == "all-MiniLM-L6-v2" else source.ref
     if "," in row:
         raise ConfigError(f"--strategies {row!r}: export takes one plan (a '+' combination), not a list")
     cfg = EstimateConfig(

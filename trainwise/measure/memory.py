@@ -155,6 +155,10 @@ def _profiler_peak(prof) -> int:
     )
     if not mem:
         return 0
-    # the running total carries over from earlier profiler sessions in the process: rebase on the first event
-    start = mem[0]["args"]["Total Allocated"] - mem[0]["args"]["Bytes"]
-    return int(max(0, max(e["args"]["Total Allocated"] for e in mem) - start))
+    # The reporter's own running total ("Total Allocated") drifts across profiler sessions in one
+    # process (blocks freed between sessions stay in its table), so sum this window's events instead.
+    running = peak = 0
+    for e in mem:
+        running += e["args"]["Bytes"]
+        peak = max(peak, running)
+    return int(peak)
