@@ -228,6 +228,7 @@ def test_export_from_a_study_takes_its_settings_and_advises_the_plan(tmp_path, c
         (["--strategies", "bf16,grad_ckpt"], "one plan"),
         (["--strategies", "bf16", "--zero", "4"], "--zero must be 0, 1, 2 or 3"),
         (["--strategies", "bf16", "--device", "tpu"], "--device must be cuda or cpu"),
+        (["--strategies", "fp16", "--device", "cpu"], "fp16, which needs CUDA"),
         (["--study", "/nonexistent/study"], "not a finished trainwise compare study"),
         (["--strategies", "bf16", "--model-preset", "gpt-9"], "unknown model preset"),
     ],

@@ -467,6 +467,9 @@ def estimate(
         say(f"ZeRO offload keeps {human_bytes(max(e.cpu_offload_bytes for _, e in results))} in CPU memory per rank.")
     if budget is not None and not any(e.fits(budget) for _, e in results):
         weights_only = 4 * base_shape.n_params + overhead
+        if overhead >= budget:
+            say(f"impossible: the runtime alone ({human_bytes(overhead)}) does not fit {human_bytes(budget)}.")
+            return
         if weights_only > budget:
             say(
                 f"impossible as asked: the fp32 weights alone need {human_bytes(4 * base_shape.n_params)} "
@@ -552,6 +555,10 @@ def export(
         device=device,
     )
     plan = cfg.plan(row)
+    if device == "cpu" and plan.precision == "fp16":
+        raise ConfigError(
+            f"{row!r} uses fp16, which needs CUDA: on CPU the HF Trainer silently trains in fp32; use bf16"
+        )
     run = RunSettings(
         model=model_ref,
         task=task,
