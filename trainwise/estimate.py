@@ -56,21 +56,21 @@ FAMILY_KEYS: dict[str, dict[str, str | tuple[str, ...]]] = {
 # every feature is separable; tiny enough that the whole probe takes seconds on a CPU
 PROBE_DESIGN = [
     (64, 256, 2, 1, 512, 8, 128, 64),
-    (64, 128, 4, 2, 1024, 4, 256, 128),
-    (128, 512, 4, 1, 1024, 16, 64, 32),
+    (64, 128, 4, 2, 8192, 4, 256, 128),
+    (128, 512, 4, 1, 2048, 16, 64, 32),
     (96, 192, 2, 3, 512, 8, 64, 32),
-    (128, 256, 8, 2, 768, 4, 128, 64),
-    (64, 256, 4, 3, 1024, 16, 128, 32),
+    (128, 256, 8, 2, 8192, 4, 128, 64),
+    (64, 256, 4, 3, 2048, 16, 128, 32),
     (128, 512, 2, 2, 512, 8, 256, 64),
-    (96, 384, 4, 1, 1024, 16, 256, 128),
-    (64, 128, 2, 2, 768, 16, 64, 128),
+    (96, 384, 4, 1, 8192, 16, 256, 128),
+    (64, 128, 2, 2, 2048, 16, 64, 128),
     (128, 256, 4, 3, 512, 4, 192, 96),
-    (96, 384, 8, 2, 1024, 8, 96, 48),
-    (64, 256, 8, 1, 512, 4, 256, 32),
-    (128, 512, 8, 3, 1024, 16, 96, 64),
-    (96, 192, 4, 1, 768, 4, 128, 128),
-    (64, 128, 4, 3, 512, 8, 192, 96),
-    (128, 256, 2, 1, 1024, 16, 192, 32),
+    (96, 384, 8, 2, 8192, 8, 96, 48),
+    (64, 256, 8, 1, 2048, 4, 256, 32),
+    (128, 512, 8, 3, 512, 16, 96, 64),
+    (96, 192, 4, 1, 8192, 4, 128, 128),
+    (64, 128, 4, 3, 2048, 8, 192, 96),
+    (128, 256, 2, 1, 8192, 16, 192, 32),
 ]
 FEATURES = (
     "tok_hidden",  # micro-batch tokens x hidden, summed over layers
@@ -82,7 +82,9 @@ FEATURES = (
     "embed",  # tokens x hidden outside the layers (embeddings, final norms)
     "mask",  # batch x len^2 once (the expanded attention mask)
     "logits",  # target tokens x vocab (seq2seq LM head + fp32 loss)
+    "cross_kv",  # seq2seq: source tokens x hidden per decoder layer (cross-attention keys/values)
 )
+CALIBRATION_VERSION = 3  # bump when FEATURES or the probe change: cached fits are then re-probed
 
 
 @dataclass(frozen=True)
@@ -249,6 +251,7 @@ def features(s: Shape, micro: int, src_len: int, tgt_len: int, plan: TrialPlan) 
         "embed": b * (Ls + Lt) * s.hidden,
         "mask": b * (Ls * Ls + Lt * Lt + Lt * Ls),
         "logits": b * Lt * s.vocab,
+        "cross_kv": b * Ls * s.hidden * s.dec_layers,
     }
 
 
@@ -372,7 +375,7 @@ def calibrate(
     probe_plan = TrialPlan(precision=plan.precision, grad_ckpt=plan.grad_ckpt, freeze=plan.freeze)
     ckpt = "ckpt" if plan.grad_ckpt else "nockpt"
     frozen = "-frozen-" + "+".join(plan.freeze) if plan.freeze else ""
-    key = f"{family}-{task}-{device}-{plan.precision}-{ckpt}{frozen}-torch{torch.__version__}"
+    key = f"v{CALIBRATION_VERSION}-{family}-{task}-{device}-{plan.precision}-{ckpt}{frozen}-torch{torch.__version__}"
     if how == "own-config probe":
         key += f"-{abs(hash(json.dumps(config.to_dict(), sort_keys=True, default=str))) % 10**8}"
     path = _cache_dir() / f"{key}.json"
