@@ -147,13 +147,25 @@ def test_estimate_is_close_to_the_measured_peak(tmp_path, cls_csv, s2s_csv, pres
     assert predicted.peak_bytes == pytest.approx(peak.peak_bytes, rel=0.25)
 
 
-def test_unknown_family_falls_back_to_probing_its_own_config():
-    from transformers import DistilBertConfig
+def test_unknown_family_falls_back_to_probing_its_own_config(tmp_path, capsys, monkeypatch):
+    """A family with no tiny-config recipe (DistilBERT) is probed on its own config, cached, and the CLI says so."""
+    import trainwise.estimate as est
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+    from trainwise.cli import main
+    from trainwise.models import train_tokenizer
 
     config = DistilBertConfig(vocab_size=256, dim=32, n_layers=4, n_heads=2, hidden_dim=64, num_labels=2)
     cal = calibrate(config, "classification", TrialPlan(), "cpu")
     assert cal.how == "own-config probe" and cal.family == "distilbert"
     assert cal.coefficients["tok_hidden"] + cal.coefficients["tok_ffn"] > 0
+    model_dir = tmp_path / "distil"
+    train_tokenizer(["some words to learn a vocabulary from"] * 20, "bert-tiny", model_dir)
+    DistilBertForSequenceClassification(config).save_pretrained(model_dir)
+    monkeypatch.setattr(est, "probe_point", lambda *a, **k: pytest.fail("the fit was not cached"))
+    assert main(["estimate", "--model", str(model_dir), "--strategies", "baseline", "--max-length", "64"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "family 'distilbert' has no tiny-config recipe: fell back to probing its own config" in out
 
 
 def test_calibration_is_cached(tmp_path, monkeypatch):

@@ -26,6 +26,7 @@ recipe is probed on its own config at 1-3 layers instead, and the estimate says 
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 import math
 import os
@@ -377,7 +378,10 @@ def calibrate(
     frozen = "-frozen-" + "+".join(plan.freeze) if plan.freeze else ""
     key = f"v{CALIBRATION_VERSION}-{family}-{task}-{device}-{plan.precision}-{ckpt}{frozen}-torch{torch.__version__}"
     if how == "own-config probe":
-        key += f"-{abs(hash(json.dumps(config.to_dict(), sort_keys=True, default=str))) % 10**8}"
+        volatile = {"architectures", "transformers_version", "torch_dtype", "dtype", "id2label", "label2id"}
+        arch = {k: v for k, v in config.to_dict().items() if k not in volatile and not k.startswith("_")}
+        blob = json.dumps(arch, sort_keys=True, default=str).encode()
+        key += "-" + hashlib.sha256(blob).hexdigest()[:12]  # str hash() is salted per process
     path = _cache_dir() / f"{key}.json"
     if path.exists():
         stored = json.loads(path.read_text())
