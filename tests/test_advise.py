@@ -123,11 +123,14 @@ def test_advise_bad_input_is_one_line(tmp_path, capsys, args, message):
 
 
 @pytest.mark.slow
-def test_advise_adds_batch_hints_from_the_estimate(tmp_path, cls_csv, capsys):
-    """With a budget, memory-saving rows say up to which batch the baseline fits (from the estimate)."""
+def test_advise_runs_the_study_on_the_fly_and_adds_batch_hints(tmp_path, cls_csv, capsys):
+    """advise --run: the study is run first (its table on stderr under --json), then advised; with a
+    budget, memory-saving rows say up to which batch the baseline fits (from the estimate)."""
     out = tmp_path / "study"
     argv = [
-        "compare",
+        "advise",
+        str(out),
+        "--run",
         "--model-preset",
         "bert-tiny",
         "--train-file",
@@ -140,19 +143,17 @@ def test_advise_adds_batch_hints_from_the_estimate(tmp_path, cls_csv, capsys):
         "32",
         "--max-steps",
         "2",
-        "--warmup-steps",
-        "1",
-        "--eval-samples",
-        "0",
         "--device",
         "cpu",
-        "--out",
-        str(out),
+        "--memory-budget",
+        "64GB",
+        "--json",
     ]
     assert main(argv) == 0
-    capsys.readouterr()
-    assert main(["advise", str(out), "--memory-budget", "64GB", "--json"]) == 0
-    verdicts = {v["strategy"]: v for v in json.loads(capsys.readouterr().out)["verdicts"]}
+    captured = capsys.readouterr()
+    assert "trainwise compare" in captured.err  # the study's own table
+    verdicts = {v["strategy"]: v for v in json.loads(captured.out)["verdicts"]}
+    assert (out / "results.json").is_file() and set(verdicts) == {"baseline", "grad_ckpt"}
     hint = verdicts["grad_ckpt"]["reason"]
     assert "not needed for memory at batch 8: baseline fits up to ~" in hint
     assert int(hint.rsplit("~", 1)[1]) > 8

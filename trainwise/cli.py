@@ -132,11 +132,6 @@ def compare(
     ),
 ) -> None:
     """Run one trial per strategy row on the same model and data; print the comparison table."""
-    from trainwise.launcher import launch
-    from trainwise.report.format import HEADERS, cells, footnotes, notes
-    from trainwise.report.write import write_reports
-    from trainwise.study import aggregate, prepare_study, run_study
-
     cfg = StudyConfig(
         out=out,
         strategies=[s for s in strategies_.split(",")],
@@ -163,7 +158,18 @@ def compare(
         max_train_samples=max_train_samples,
         retry_failed=retry_failed,
     )
-    with err_console.status(f"trainwise compare: validating input, preparing data and model ({task})..."):
+    run_compare(cfg)
+
+
+def run_compare(cfg: StudyConfig, console: Console | None = None) -> None:
+    """Prepare, run (or resume) and report a study; shared by `compare` and `advise --run`."""
+    console = console or out_console
+    from trainwise.launcher import launch
+    from trainwise.report.format import HEADERS, cells, footnotes, notes
+    from trainwise.report.write import write_reports
+    from trainwise.study import aggregate, prepare_study, run_study
+
+    with err_console.status(f"trainwise compare: validating input, preparing data and model ({cfg.task})..."):
         prepared = prepare_study(cfg)
     s = prepared.specs[0].settings
     err_console.print(
@@ -215,10 +221,10 @@ def compare(
     marks = footnotes(table)
     for e in table:
         grid.add_row(*cells(e, marks.get(e["strategy"])), style=None if e["status"] == "ok" else "red")
-    out_console.print(grid)
+    console.print(grid)
     for line in notes(table):
-        out_console.print(f"  {line}", markup=False, highlight=False)
-    out_console.print("  files: " + ", ".join(str(p) for p in paths), markup=False, highlight=False)
+        console.print(f"  {line}", markup=False, highlight=False)
+    console.print("  files: " + ", ".join(str(p) for p in paths), markup=False, highlight=False)
 
 
 @app.command()
@@ -233,8 +239,27 @@ def advise(
         typer.Option(help="Largest acceptable drop of the quality metric below the reference row, in its units."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the advice as JSON.")] = False,
+    run: Annotated[
+        bool,
+        typer.Option("--run", help="Run (or resume) the study into STUDY first, as compare would, with these options."),
+    ] = False,
+    model: Annotated[str | None, typer.Option(help="--run: as in compare.")] = None,
+    model_preset: Annotated[str | None, typer.Option(help="--run: as in compare.")] = None,
+    task: Annotated[str, typer.Option(help="--run: as in compare.")] = _default("task"),
+    dataset: Annotated[str | None, typer.Option(help="--run: as in compare.")] = None,
+    train_file: Annotated[str | None, typer.Option(help="--run: as in compare.")] = None,
+    strategies_: Annotated[
+        str, typer.Option("--strategies", help="--run: the rows to compare.")
+    ] = strategies.DEFAULT_STRATEGIES,
+    batch_size: Annotated[int, typer.Option(help="--run: as in compare.")] = _default("batch_size"),
+    max_length: Annotated[int, typer.Option(help="--run: as in compare.")] = _default("max_length"),
+    max_steps: Annotated[int, typer.Option(help="--run: as in compare.")] = _default("max_steps"),
+    device: Annotated[str, typer.Option(help="--run: as in compare.")] = "auto",
 ) -> None:
-    """Rank a finished study's rows: Pareto-optimal plans under your constraints, and why each wins or loses."""
+    """Rank a study's rows: Pareto-optimal plans under your constraints, and why each wins or loses.
+
+    STUDY is a finished `trainwise compare` directory, or with --run one to run (or resume) first.
+    """
     import dataclasses
     from dataclasses import asdict
 
@@ -243,9 +268,25 @@ def advise(
 
     budget = parse_bytes(memory_budget) if memory_budget is not None else None
     constraints = Constraints(objective, budget, max_quality_drop)
+    if run:
+        cfg = StudyConfig(
+            out=study,
+            strategies=strategies_.split(","),
+            task=task,
+            model=model,
+            model_preset=model_preset,
+            dataset=dataset,
+            train_file=train_file,
+            batch_size=batch_size,
+            max_length=max_length,
+            max_steps=max_steps,
+            warmup_steps=min(_default("warmup_steps"), max_steps - 1),
+            device=device,
+        )
+        run_compare(cfg, err_console if as_json else out_console)
     path = Path(study) / "results.json"
     if not path.is_file():
-        raise ConfigError(f"{study}: no results.json; run `trainwise compare --out {study}` first")
+        raise ConfigError(f"{study}: no results.json; run `trainwise compare --out {study}` first, or add --run")
     try:
         rows = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
