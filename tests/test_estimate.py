@@ -149,9 +149,9 @@ def test_estimate_is_close_to_the_measured_peak(tmp_path, cls_csv, s2s_csv, pres
 
 def test_unknown_family_falls_back_to_probing_its_own_config(tmp_path, capsys, monkeypatch):
     """A family with no tiny-config recipe (DistilBERT) is probed on its own config, cached, and the CLI says so."""
-    import trainwise.estimate as est
     from transformers import DistilBertConfig, DistilBertForSequenceClassification
 
+    import trainwise.estimate as est
     from trainwise.cli import main
     from trainwise.models import train_tokenizer
 

@@ -156,6 +156,9 @@ def _chart(result: SearchResult, path: Path, title: str) -> Path:
             ha="center",
         )
     ax.set_xscale("log", base=2)
+    sizes = [p.batch_size for p in result.points]
+    ax.set_xticks(sizes, [str(b) for b in sizes])
+    ax.minorticks_off()
     ax.set_xlabel("batch size")
     ax.set_ylabel("samples/s")
     ax.set_title(title, fontsize=10)
