@@ -21,8 +21,9 @@ def _spec(study, row):
 
 @pytest.mark.parametrize("row", ROWS)
 def test_every_strategy_trains_two_steps(cls_study, row):
-    if "fp16" in row and not torch.cuda.is_available():
-        pytest.skip("fp16 needs CUDA (on CPU a study records it as 'unsupported')")
+    needs = strategies.REGISTRY[row].requires if row in strategies.REGISTRY else frozenset()
+    if "cuda" in needs and not torch.cuda.is_available():
+        pytest.skip(f"{row} needs CUDA (on CPU a study records it as 'unsupported')")
     spec = _spec(cls_study, row)
     r = run_trial(spec)
     assert r.status == "ok"
@@ -68,6 +69,22 @@ def test_freezing_freezes_exactly_the_named_part(task):
     encoder_ids = {id(p) for p in frozen_parameters(model, "encoder")}
     assert all(not p.requires_grad for p in model.parameters() if id(p) in encoder_ids)
     assert any(p.requires_grad for p in model.parameters()), "the head still trains"
+
+
+def test_optimizer_variants_take_the_same_step():
+    """foreach and fused AdamW are implementations, not different math: one step, same weights."""
+    after = {}
+    for name in ("adamw", "adamw_foreach", "adamw_fused"):
+        model = _tiny_model()
+        opt = make_optimizer(name, list(model.parameters()), 1e-3)
+        model(input_ids=torch.ones(2, 4, dtype=torch.long)).logits.sum().backward()
+        opt.step()
+        after[name] = torch.cat([p.detach().flatten() for p in model.parameters()])
+        group = opt.param_groups[0]
+        assert group["foreach"] is (True if name == "adamw_foreach" else None)
+        assert group["fused"] is (True if name == "adamw_fused" else None)
+    torch.testing.assert_close(after["adamw_foreach"], after["adamw"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(after["adamw_fused"], after["adamw"], rtol=1e-5, atol=1e-6)
 
 
 def test_adafactor_keeps_less_optimizer_state_than_adamw():

@@ -103,3 +103,21 @@ def test_length_grouped_batches_cut_padding_and_keep_the_samples():
     assert padded(s) < 0.7 * padded(r)
     smart.set_epoch(1)
     assert list(smart) != s, "a new order each epoch"
+
+
+def test_sortish_puts_the_longest_batch_first_and_keeps_the_samples():
+    from trainwise.data.samplers import SortishBatches
+
+    lengths = [(i * 37) % 101 + 1 for i in range(400)]
+    for epoch in range(3):
+        rnd, sortish = RandomBatches(lengths, 16, seed=5), SortishBatches(lengths, 16, seed=5)
+        rnd.set_epoch(epoch)
+        sortish.set_epoch(epoch)
+        batches = list(sortish)
+        assert sorted(i for b in batches for i in b) == sorted(i for b in rnd for i in b)
+        assert max(lengths[i] for i in batches[0]) == max(lengths[i] for b in batches for i in b)
+
+        def padding(bs):
+            return sum(len(b) * max(lengths[i] for i in b) - sum(lengths[i] for i in b) for b in bs)
+
+        assert padding(batches) < 0.5 * padding(list(rnd))

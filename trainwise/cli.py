@@ -859,7 +859,8 @@ def list_strategies() -> None:
     for h in ("name", "effect; cost", "conflicts", "requires"):
         grid.add_column(h, overflow="fold")
     for st in strategies.REGISTRY.values():
-        grid.add_row(st.name, st.summary, ", ".join(sorted(st.conflicts)) or "-", ", ".join(sorted(st.requires)) or "-")
+        needs = sorted(st.requires) + [f"pkg {p}" for p in sorted(st.packages)]
+        grid.add_row(st.name, st.summary, ", ".join(sorted(st.conflicts)) or "-", ", ".join(needs) or "-")
     for alias, spec in strategies.ALIASES.items():
         grid.add_row(alias, f"the seed studies' 'All Applied' row: {spec}", "-", "-")
     out_console.print(grid)

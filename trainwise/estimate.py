@@ -419,7 +419,12 @@ def calibrate(
 
 # ---- the estimate --------------------------------------------------------------------------------
 
-OPTIMIZER_BYTES_PER_PARAM = {"adamw": 8.0, "adamw_8bit": 2.0}  # adafactor: from the factored shapes
+OPTIMIZER_BYTES_PER_PARAM = {
+    "adamw": 8.0,
+    "adamw_foreach": 8.0,
+    "adamw_fused": 8.0,
+    "adamw_8bit": 2.0,
+}  # adafactor: from the factored shapes
 
 
 def optimizer_bytes(s: Shape, optimizer: str) -> int:
@@ -469,7 +474,9 @@ def step_temporaries(s: Shape, plan: TrialPlan, device: str, nproc: int) -> int:
     """Scratch of one optimizer step: CUDA's for-each AdamW copies every state once, CPU's loop the largest."""
     if plan.offload != "none":
         return 0
-    if device == "cuda" and plan.optimizer == "adamw":
+    if plan.optimizer == "adamw_fused":
+        return 0  # one fused kernel updates in place
+    if plan.optimizer == "adamw_foreach" or (device == "cuda" and plan.optimizer == "adamw"):
         n = max(1, nproc) if plan.zero_stage >= 1 else 1
         return math.ceil(4 * s.n_trainable / n)
     # AdamW: sqrt(v) and its quotient; HF Adafactor: the factored update and its negation (measured: 2x

@@ -23,7 +23,13 @@ from pathlib import Path
 from trainwise.errors import ConfigError
 from trainwise.plan import TrialPlan
 
-OPTIM_NAMES = {"adamw": "adamw_torch", "adafactor": "adafactor", "adamw_8bit": "adamw_bnb_8bit"}
+OPTIM_NAMES = {
+    "adamw": "adamw_torch",
+    "adamw_foreach": "adamw_torch",  # torch's default on CUDA is for-each already
+    "adamw_fused": "adamw_torch_fused",
+    "adafactor": "adafactor",
+    "adamw_8bit": "adamw_bnb_8bit",
+}
 
 
 @dataclass(frozen=True)

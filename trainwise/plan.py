@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 Precision = Literal["fp32", "bf16", "fp16"]
-Optimizer = Literal["adamw", "adafactor"]
+Optimizer = Literal["adamw", "adamw_foreach", "adamw_fused", "adamw_8bit", "adafactor"]
 Padding = Literal["max_length", "longest"]
-Sampler = Literal["random", "length_grouped"]
+Sampler = Literal["random", "length_grouped", "sortish"]
 Offload = Literal["none", "optimizer", "params"]
 
 
@@ -26,6 +26,7 @@ class TrialPlan:
     padding: Padding = "max_length"
     sampler: Sampler = "random"
     freeze: tuple[str, ...] = ()
+    tf32: bool = False  # CUDA: TF32 tensor-core matmuls for fp32
     # DeepSpeed ZeRO: 0 = off; 1 partitions optimizer states, 2 + gradients, 3 + weights. Offload moves
     # optimizer states ("optimizer") or also weights ("params", stage 3) to CPU memory. Read by
     # `estimate` and `export`; `compare` rejects them until trials run under DeepSpeed.

@@ -83,6 +83,10 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
         if cfg.device != "auto":  # asked explicitly for a device that cannot run it: bad input
             raise ConfigError(f"strategy {spec!r} {reason}; drop it or use a device that supports it")
         unsupported[spec] = reason
+    for spec in rows:
+        missing_pkgs = strategies.missing_packages(spec)
+        if missing_pkgs and spec not in unsupported:
+            raise ConfigError(f"strategy {spec!r} needs {', '.join(missing_pkgs)}")
     out = Path(cfg.out)
     _check_writable(out)
     source = resolve_model(cfg.model, cfg.model_preset, cfg.task)

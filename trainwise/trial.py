@@ -89,7 +89,14 @@ def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float) -> to
 
         # the settings HF TrainingArguments(optim="adafactor") uses: a fixed, external learning rate
         return Adafactor(params, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    if name == "adamw_8bit":
+        import bitsandbytes as bnb  # checked at the edge: the strategy needs the package and CUDA
+
+        return bnb.optim.AdamW8bit(params, lr=lr, weight_decay=0.0)
+    # "adamw" leaves the implementation to torch (for-each on CUDA, per-tensor on CPU); the variants pin it
+    foreach = True if name == "adamw_foreach" else None
+    fused = True if name == "adamw_fused" else None
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=foreach, fused=fused)
 
 
 def loss_sum(model, batch: Batch, task: str, decoder_inputs: Callable | None) -> torch.Tensor:
@@ -188,6 +195,7 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
     emit({"event": "phase", "phase": "model"})
     accelerator = _new_accelerator(plan.precision, s.device)
     if s.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = plan.tf32
         torch.cuda.empty_cache()
         memory.cuda_reset_peak()
     memory.reset_peak_rss()

@@ -53,5 +53,20 @@ class LengthGroupedBatches(RandomBatches):
             yield batches[k]
 
 
+class SortishBatches(LengthGroupedBatches):
+    """fastai's SortishSampler (used by the old HF Seq2SeqTrainer): chunks of 50 batches of the shuffled
+    data, each sorted by length, cut into batches; the batch holding the longest sample goes first (so
+    an out-of-memory happens at step 1, not hours in), the others in random order."""
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = list(super().__iter__())  # sorted chunks, batches shuffled
+        if not batches:
+            return
+        longest = max(range(len(batches)), key=lambda k: max(self.lengths[i] for i in batches[k]))
+        yield batches[longest]
+        yield from (b for k, b in enumerate(batches) if k != longest)
+
+
 def make_batches(kind: str, lengths: list[int], batch_size: int, seed: int) -> RandomBatches:
-    return (LengthGroupedBatches if kind == "length_grouped" else RandomBatches)(lengths, batch_size, seed)
+    samplers = {"random": RandomBatches, "length_grouped": LengthGroupedBatches, "sortish": SortishBatches}
+    return samplers[kind](lengths, batch_size, seed)

@@ -74,6 +74,22 @@ def missing_capabilities(spec: str, capabilities: set[str]) -> list[str]:
     return sorted(need - capabilities)
 
 
+def missing_packages(spec: str) -> list[str]:
+    """Install hints for the optional packages the spec needs and this environment lacks."""
+    import importlib.util
+
+    from trainwise.strategies.base import PACKAGE_EXTRAS
+
+    need: set[str] = set()
+    for s in parse_spec(spec):
+        need |= s.packages
+    return [
+        f"{pkg} (pip install 'trainwise[{PACKAGE_EXTRAS[pkg]}]')"
+        for pkg in sorted(need)
+        if importlib.util.find_spec(pkg) is None
+    ]
+
+
 def build_plan(spec: str, accum_steps: int) -> TrialPlan:
     plan = TrialPlan()
     for s in parse_spec(spec):

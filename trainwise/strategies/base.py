@@ -13,6 +13,8 @@ from trainwise.plan import TrialPlan
 
 # Capabilities a device may offer; `requires` names a subset of these.
 CAPABILITIES = ("cuda", "bf16", "fp16")
+# Optional packages a strategy may need (import name -> the trainwise extra that installs it).
+PACKAGE_EXTRAS = {"bitsandbytes": "bnb", "peft": "lora", "deepspeed": "deepspeed"}
 
 
 @dataclass(frozen=True)
@@ -22,7 +24,9 @@ class Strategy:
     apply: Callable[[TrialPlan, int], TrialPlan]  # (plan, accum_steps) -> plan
     conflicts: frozenset[str] = frozenset()
     requires: frozenset[str] = frozenset()
+    packages: frozenset[str] = frozenset()  # import names, each a key of PACKAGE_EXTRAS
 
     def __post_init__(self) -> None:
         unknown = self.requires - set(CAPABILITIES)
         assert not unknown, f"{self.name}: unknown capabilities {unknown}"
+        assert self.packages <= set(PACKAGE_EXTRAS), f"{self.name}: packages without an extra"

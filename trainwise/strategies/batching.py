@@ -13,5 +13,13 @@ STRATEGIES = [
         "length-grouped batches (shuffled mega-batches sorted by length) + dynamic padding; "
         "least padding, batches less random",
         lambda plan, _n: plan.with_(padding="longest", sampler="length_grouped"),
+        conflicts=frozenset({"sortish"}),
+    ),
+    Strategy(
+        "sortish",
+        "fastai / old HF Seq2Seq sortish sampler: random chunks sorted by length, longest batch first "
+        "(an OOM shows at step 1) + dynamic padding; less padding, batches less random",
+        lambda plan, _n: plan.with_(padding="longest", sampler="sortish"),
+        conflicts=frozenset({"smart_batch"}),
     ),
 ]

@@ -19,4 +19,11 @@ STRATEGIES = [
         conflicts=frozenset({"bf16"}),
         requires=frozenset({"cuda", "fp16"}),
     ),
+    Strategy(
+        "tf32",
+        "TF32 tensor cores for fp32 matmuls/convolutions (Ampere+); ~2-3x faster fp32 matmuls, 10-bit "
+        "mantissa inside them; CUDA only",
+        lambda plan, _n: plan.with_(tf32=True),
+        requires=frozenset({"cuda"}),
+    ),
 ]
