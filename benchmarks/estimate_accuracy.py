@@ -64,6 +64,8 @@ CASES = [
     ("bart-base", "seq2seq", "grad_ckpt", 16, 128, 48),
     ("bart-base", "seq2seq", "adafactor", 8, 64, 32),
     ("t5-base", "seq2seq", "baseline", 8, 128, 48),
+    ("bert-base", "classification", "lora", 16, 128, 48),
+    ("t5-small", "seq2seq", "lora", 16, 128, 48),
 ]
 QUICK = [0, 2, 9, 13, 15, 19]
 
@@ -134,7 +136,7 @@ def measure(case, device: str, work: str) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="6 cases instead of 24")
+    ap.add_argument("--quick", action="store_true", help="6 cases instead of all")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", default=None, help="write every case here")
     ap.add_argument("--case", type=int, default=None, help=argparse.SUPPRESS)  # internal: one case, JSON out

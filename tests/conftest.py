@@ -87,7 +87,7 @@ def tiny_study(out: Path, data: Path, task: str, strategies: list[str], **kw):
         out=str(out),
         strategies=strategies,
         task=task,
-        model_preset=preset,
+        model_preset=kw.pop("model_preset", preset),
         train_file=str(data),
         batch_size=kw.pop("batch_size", 8),
         max_length=kw.pop("max_length", 32),

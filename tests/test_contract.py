@@ -36,7 +36,10 @@ def test_every_strategy_trains_two_steps(cls_study, row):
     assert r.metric_name == "accuracy" and 0 <= r.metric <= 100
     assert r.env["torch"] == torch.__version__ and r.env["device"] == "cpu"
     trainable_share = r.n_trainable / r.n_params
-    assert trainable_share < 1 if "freeze" in row else trainable_share == 1
+    if row == "lora":
+        assert trainable_share < 0.2, "only the adapters and the head train"
+    else:
+        assert trainable_share < 1 if "freeze" in row else trainable_share == 1
 
 
 @pytest.mark.parametrize("row", ["baseline", "all"])
@@ -69,6 +72,35 @@ def test_freezing_freezes_exactly_the_named_part(task):
     encoder_ids = {id(p) for p in frozen_parameters(model, "encoder")}
     assert all(not p.requires_grad for p in model.parameters() if id(p) in encoder_ids)
     assert any(p.requires_grad for p in model.parameters()), "the head still trains"
+
+
+def test_lora_adapts_only_the_attention_projections_and_the_head():
+    from trainwise.trial import apply_lora
+
+    for task in ("classification", "seq2seq"):
+        model = apply_lora(_tiny_model(task), TrialPlan(lora_r=4), task)
+        trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+        assert any("lora_A" in n for n in trainable) and any("lora_B" in n for n in trainable)
+        assert all("lora_" in n or "classifier" in n for n in trainable), trainable
+
+
+def test_lora_on_a_model_peft_cannot_target_is_one_line_before_training(tmp_path, cls_csv):
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+    from trainwise.errors import ConfigError
+    from trainwise.models import train_tokenizer
+
+    from .conftest import tiny_study
+
+    model_dir = tmp_path / "distil"
+    train_tokenizer(["a few words"] * 10, "bert-tiny", model_dir)
+    DistilBertForSequenceClassification(
+        DistilBertConfig(vocab_size=256, dim=32, n_layers=1, n_heads=2)
+    ).save_pretrained(model_dir)
+    out = tmp_path / "s"
+    with pytest.raises(ConfigError, match="peft knows no attention modules to adapt in a 'distilbert' model"):
+        tiny_study(out, cls_csv, "classification", ["baseline", "lora"], model_preset=None, model=str(model_dir))
+    assert not out.exists()
 
 
 def test_optimizer_variants_take_the_same_step():

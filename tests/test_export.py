@@ -74,6 +74,13 @@ def test_accelerate_config_never_asks_for_the_one_process_cpu_launch():
     assert one["distributed_type"] == "NO" and one["use_cpu"] is True
 
 
+def test_lora_plans_export_the_peft_wrapping(tmp_path):
+    write_export(strategies.build_plan("lora", 4), SETTINGS, tmp_path)
+    snippet = (tmp_path / "train_snippet.py").read_text()
+    compile(snippet, "train_snippet.py", "exec")
+    assert 'get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, task_type="SEQ_CLS"))' in snippet
+
+
 def test_written_files_parse(tmp_path):
     import yaml
 

@@ -409,7 +409,7 @@ def estimate(
     cals: dict = {}
 
     def shape_for(plan):
-        key = plan.freeze
+        key = (plan.freeze, plan.lora_r)
         if key not in shapes:
             shapes[key] = shape_of(config, task, plan)
         return shapes[key]
@@ -420,7 +420,7 @@ def estimate(
     with err_console.status("calibrating...") as status:
 
         def cal_for(plan):
-            key = (plan.precision, plan.grad_ckpt, plan.freeze)
+            key = (plan.precision, plan.grad_ckpt, plan.freeze, plan.lora_r)
             if key not in cals:
                 label = f"{config.model_type} {plan.precision}{' +ckpt' if plan.grad_ckpt else ''}"
 

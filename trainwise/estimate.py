@@ -206,10 +206,11 @@ def meta_model(config: Any, task: str):
 def shape_of(config: Any, task: str, plan: TrialPlan) -> Shape:
     import torch
 
-    from trainwise.trial import apply_model_plan
+    from trainwise.trial import apply_lora, apply_model_plan
 
     model = meta_model(config, task)
     apply_model_plan(model, plan.with_(grad_ckpt=False))  # freezing changes what trains
+    model = apply_lora(model, plan, task)  # so does LoRA (peft builds its adapters on meta too)
     params = list({id(p): p for p in model.parameters()}.values())
     trainable = [p for p in params if p.requires_grad]
     linear = {id(m.weight): m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)}
@@ -309,12 +310,13 @@ def probe_point(config: Any, task: str, plan: TrialPlan, micro: int, src_len: in
 
     from trainwise.data.tasks import Batch
     from trainwise.measure.memory import AllocatedPeak
-    from trainwise.trial import _new_accelerator, accumulate_step, apply_model_plan
+    from trainwise.trial import _new_accelerator, accumulate_step, apply_lora, apply_model_plan
 
     torch.manual_seed(0)
     auto = AutoModelForSeq2SeqLM if task == "seq2seq" else AutoModelForSequenceClassification
     model = auto.from_config(config)
     apply_model_plan(model, plan)
+    model = apply_lora(model, plan, task)
     model.train()
     accelerator = _new_accelerator(plan.precision, device)
     model = accelerator.prepare(model)
@@ -373,9 +375,10 @@ def calibrate(
     family = config.model_type
     how = "tiny-config probe" if family in FAMILY_KEYS else "own-config probe"
     # frozen weights change what autograd saves (no inputs kept for their weight grads): probed too
-    probe_plan = TrialPlan(precision=plan.precision, grad_ckpt=plan.grad_ckpt, freeze=plan.freeze)
+    probe_plan = TrialPlan(precision=plan.precision, grad_ckpt=plan.grad_ckpt, freeze=plan.freeze, lora_r=plan.lora_r)
     ckpt = "ckpt" if plan.grad_ckpt else "nockpt"
     frozen = "-frozen-" + "+".join(plan.freeze) if plan.freeze else ""
+    frozen += f"-lora{plan.lora_r}" if plan.lora_r else ""
     key = f"v{CALIBRATION_VERSION}-{family}-{task}-{device}-{plan.precision}-{ckpt}{frozen}-torch{torch.__version__}"
     if how == "own-config probe":
         volatile = {"architectures", "transformers_version", "torch_dtype", "dtype", "id2label", "label2id"}
@@ -594,6 +597,10 @@ class EstimateConfig:
             raise ConfigError("--offload params needs --zero 3")
         for row in self.rows:
             strategies.parse_spec(row)
+            if strategies.build_plan(row, 2).lora_r:  # the estimate builds the adapters (on meta) with peft
+                missing = [m for m in strategies.missing_packages(row) if m.startswith("peft")]
+                if missing:
+                    raise ConfigError(f"strategy {row!r} needs {missing[0]}")
             if ("grad_accum" in row or row == "all") and (self.accum_steps < 2 or self.batch_size % self.accum_steps):
                 raise ConfigError(
                     f"grad_accum splits --batch-size {self.batch_size} into --accum-steps {self.accum_steps} "

@@ -180,6 +180,13 @@ def snippet(plan: TrialPlan, s: RunSettings) -> str:
         elif part == "encoder":
             enc = "model.get_encoder()" if s.task == "seq2seq" else "model.base_model.encoder"
             freeze_lines.append(f"for p in {enc}.parameters(): p.requires_grad_(False)")
+    if plan.lora_r:
+        peft_task = "SEQ_2_SEQ_LM" if s.task == "seq2seq" else "SEQ_CLS"
+        freeze_lines += [
+            "from peft import LoraConfig, get_peft_model  # pip install peft",
+            f"model = get_peft_model(model, LoraConfig(r={plan.lora_r}, lora_alpha={2 * plan.lora_r}, "
+            f'lora_dropout=0.0, task_type="{peft_task}"))  # peft picks the attention projections',
+        ]
     model_ref = s.model if not s.model_is_preset else f"<a directory with the {s.model} config>"
     return "\n".join(
         [

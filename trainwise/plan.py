@@ -27,6 +27,7 @@ class TrialPlan:
     sampler: Sampler = "random"
     freeze: tuple[str, ...] = ()
     tf32: bool = False  # CUDA: TF32 tensor-core matmuls for fp32
+    lora_r: int = 0  # LoRA adapter rank on the attention projections (0: full fine-tuning)
     # DeepSpeed ZeRO: 0 = off; 1 partitions optimizer states, 2 + gradients, 3 + weights. Offload moves
     # optimizer states ("optimizer") or also weights ("params", stage 3) to CPU memory. Read by
     # `estimate` and `export`; `compare` rejects them until trials run under DeepSpeed.

@@ -90,6 +90,8 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
     out = Path(cfg.out)
     _check_writable(out)
     source = resolve_model(cfg.model, cfg.model_preset, cfg.task)
+    if any(strategies.build_plan(r, cfg.accum_steps).lora_r for r in rows if r not in unsupported):
+        _check_lora(source)
 
     dataset = cfg.dataset
     if dataset is None and cfg.train_file is None:
@@ -156,6 +158,17 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
         for row in rows
     ]
     return PreparedStudy(cfg, out, specs, unsupported, rows)
+
+
+def _check_lora(source) -> None:
+    from trainwise.models import PRESETS, _load_config
+    from trainwise.trial import lora_targets
+
+    model_type = PRESETS[source.ref][0] if source.kind == "preset" else _load_config(source).model_type
+    if not lora_targets(model_type):
+        raise ConfigError(
+            f"lora: peft knows no attention modules to adapt in a {model_type!r} model; drop lora for this model"
+        )
 
 
 class Store:

@@ -63,6 +63,30 @@ def apply_model_plan(model: Any, plan: TrialPlan) -> None:
             p.requires_grad_(False)
 
 
+def lora_targets(model_type: str) -> list[str] | None:
+    """The attention projections peft adapts for this model type (None: peft knows none)."""
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as TARGETS
+
+    targets = TARGETS.get(model_type)
+    return list(targets) if targets else None
+
+
+def apply_lora(model: Any, plan: TrialPlan, task: str) -> Any:
+    """Wrap the model with LoRA adapters (peft); everything else is frozen, the task head trains."""
+    if not plan.lora_r:
+        return model
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    targets = lora_targets(model.config.model_type)
+    if not targets:
+        raise ValueError(f"LoRA: no known attention modules for model type {model.config.model_type!r}")
+    task_type = TaskType.SEQ_2_SEQ_LM if task == "seq2seq" else TaskType.SEQ_CLS
+    config = LoraConfig(
+        r=plan.lora_r, lora_alpha=2 * plan.lora_r, lora_dropout=0.0, target_modules=targets, task_type=task_type
+    )
+    return get_peft_model(model, config)
+
+
 def frozen_parameters(model, part: str) -> list[torch.nn.Parameter]:
     """Parameters of a named part. Tied weights (T5's shared embedding / LM head) go together."""
     if part == "embeddings":
@@ -202,6 +226,7 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
     rss_before = memory.rss_bytes()
     model = build_model(source, s.task, s.num_labels or 2, s.seed)  # seq2seq: unused
     apply_model_plan(model, plan)
+    model = apply_lora(model, plan, s.task)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in model.parameters())
