@@ -43,6 +43,11 @@ CASES = {
     "hub id offline": (["--model", "org/not-cached-model"], "cannot load model 'org/not-cached-model'"),
     "bad accum": (["--strategies", "grad_accum", "--batch-size", "6", "--accum-steps", "4"], "multiple of"),
     "not an int": (["--batch-size", "many"], "Invalid value for '--batch-size'"),
+    "batch sweep not ints": (["--batch-sizes", "8,lots"], "--batch-sizes '8,lots': give whole numbers"),
+    "batch sweep zero": (["--batch-sizes", "0,8"], "--batch-sizes must all be > 0"),
+    "negative workers": (["--num-workers", "0,-1"], "--num-workers must all be >= 0"),
+    "sweep vs accum": (["--strategies", "grad_accum", "--batch-sizes", "8,6"], "batch size 6 into --accum-steps 4"),
+    "sweep larger than data": (["--batch-sizes", "8,100000"], "fewer than the batch size 100000"),
     "unknown option": (["--turbo"], "No such option"),
     "bad device": (["--device", "tpu"], "--device must be one of"),
 }

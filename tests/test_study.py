@@ -130,3 +130,47 @@ def test_repeats_are_interleaved_and_reported_as_medians(tmp_path, cls_csv):
     table = aggregate(study.rows, results)
     assert table[0]["repeats"] == 2 and len(table[0]["step_time_s_all"]) == 2
     assert min(table[0]["step_time_s_all"]) <= table[0]["step_time_s"] <= max(table[0]["step_time_s_all"])
+
+
+@pytest.mark.slow
+def test_batch_size_and_worker_sweep_with_an_oom_cell(tmp_path, cls_csv, monkeypatch, capsys):
+    """--batch-sizes x --num-workers: one cell per combination; an OOM at a size is a cell, not an abort."""
+    import json
+
+    from trainwise.cli import main
+
+    monkeypatch.setenv("TRAINWISE_FAULT", "bs=8:oom@1")
+    out = tmp_path / "sweep"
+    argv = [
+        "compare",
+        "--model-preset",
+        "bert-tiny",
+        "--train-file",
+        str(cls_csv),
+        "--strategies",
+        "baseline",
+        "--batch-sizes",
+        "4,8",
+        "--num-workers",
+        "0,1",
+        "--max-length",
+        "32",
+        "--max-steps",
+        "3",
+        "--warmup-steps",
+        "1",
+        "--eval-samples",
+        "0",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+    ]
+    assert main(argv) == 0, capsys.readouterr().err
+    rows = {r["strategy"]: r for r in json.loads((out / "results.json").read_text())}
+    assert list(rows) == ["baseline @bs4 @w0", "baseline @bs4 @w1", "baseline @bs8 @w0", "baseline @bs8 @w1"]
+    assert [rows[k]["status"] for k in rows] == ["ok", "ok", "oom", "oom"]
+    assert rows["baseline @bs4 @w0"]["rel_time"] == 1.0, "the first baseline cell is the reference"
+    assert rows["baseline @bs4 @w1"]["data_wait_s"] is not None and rows["baseline @bs4 @w1"]["rel_time"] > 0
+    printed = capsys.readouterr().out
+    assert "data (s)" in printed and "baseline @bs8 @w1" in printed

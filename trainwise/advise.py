@@ -118,8 +118,8 @@ def advise(rows: list[dict], constraints: Constraints) -> Advice:
         return Advice(None, verdicts, None, ["no row finished ok; nothing to advise on", *notes])
 
     key = _objective_key(constraints.objective)
-    reference = next((r for r in ok if r["strategy"] == "baseline"), None) or min(ok, key=key)
-    if reference["strategy"] != "baseline":
+    reference = next((r for r in ok if r["strategy"].split(" @")[0] == "baseline"), None) or min(ok, key=key)
+    if reference["strategy"].split(" @")[0] != "baseline":
         notes.append(
             f"no successful baseline row: figures are relative to {reference['strategy']!r}, "
             f"the best row for {constraints.objective}"

@@ -130,6 +130,13 @@ def compare(
     retry_failed: Annotated[bool, typer.Option(help="On resume, run again the rows that did not end 'ok'.")] = _default(
         "retry_failed"
     ),
+    batch_sizes: Annotated[
+        str | None,
+        typer.Option(help="Sweep: run every row at each of these batch sizes, e.g. 8,16,32,64 (an OOM is a cell)."),
+    ] = None,
+    num_workers: Annotated[
+        str, typer.Option(help="Sweep: DataLoader worker counts, e.g. 0,1,2,4,8 (data wait shown per step).")
+    ] = "0",
 ) -> None:
     """Run one trial per strategy row on the same model and data; print the comparison table."""
     cfg = StudyConfig(
@@ -157,8 +164,20 @@ def compare(
         eval_samples=eval_samples,
         max_train_samples=max_train_samples,
         retry_failed=retry_failed,
+        batch_sizes=_int_list(batch_sizes, "--batch-sizes") if batch_sizes else (),
+        num_workers=_int_list(num_workers, "--num-workers"),
     )
     run_compare(cfg)
+
+
+def _int_list(text: str, option: str) -> tuple[int, ...]:
+    try:
+        values = tuple(dict.fromkeys(int(x) for x in text.split(",") if x.strip()))
+    except ValueError:
+        raise ConfigError(f"{option} {text!r}: give whole numbers like 8,16,32") from None
+    if not values:
+        raise ConfigError(f"{option} {text!r}: give whole numbers like 8,16,32")
+    return values
 
 
 def run_compare(cfg: StudyConfig, console: Console | None = None) -> None:
@@ -172,9 +191,11 @@ def run_compare(cfg: StudyConfig, console: Console | None = None) -> None:
     with err_console.status(f"trainwise compare: validating input, preparing data and model ({cfg.task})..."):
         prepared = prepare_study(cfg)
     s = prepared.specs[0].settings
+    sweep = cfg.sweep()
     err_console.print(
         f"model {s.model_label} ({s.model_kind})  "
-        f"device {s.device}  train rows {s.n_train}  batch {s.batch_size}  steps {s.max_steps} "
+        f"device {s.device}  train rows {s.n_train}  batch {','.join(str(b) for b in sorted({b for b, _ in sweep}))}"
+        f"  steps {s.max_steps} "
         f"({s.warmup_steps} untimed)  trials {len(prepared.specs)}  out {prepared.out}"
     )
     with Progress(
@@ -662,7 +683,7 @@ def _batch_hints(study: Path, rows: list[dict], budget: int) -> dict[str, str]:
     hints = {}
     for row in rows:
         plan = TrialPlan.from_dict(row["plan"]) if row.get("plan") else None
-        if plan is None or row["strategy"] == "baseline":
+        if plan is None or row["strategy"].split(" @")[0] == "baseline":
             continue
         saves = plan.grad_ckpt or plan.accum_steps > 1 or plan.optimizer != "adamw" or plan.freeze
         if not saves:

@@ -48,6 +48,22 @@ class StudyConfig:
     eval_samples: int = 160
     max_train_samples: int | None = None
     retry_failed: bool = False
+    # swept dimensions: every row runs at each batch size and each DataLoader worker count
+    batch_sizes: tuple[int, ...] = ()  # empty: just batch_size
+    num_workers: tuple[int, ...] = (0,)
+
+    def sweep(self) -> list[tuple[int, int]]:
+        """(batch size, workers) for every cell of a row, in order."""
+        return [(b, w) for b in (self.batch_sizes or (self.batch_size,)) for w in self.num_workers]
+
+    def label(self, row: str, batch_size: int, workers: int) -> str:
+        """A table row's name: the strategy spec, plus the swept values when there is a sweep."""
+        label = row
+        if len(self.batch_sizes) > 1:
+            label += f" @bs{batch_size}"
+        if len(self.num_workers) > 1:
+            label += f" @w{workers}"
+        return label
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -77,13 +93,18 @@ class StudyConfig:
             raise ConfigError("give either --dataset or --train-file, not both")
         if self.eval_file and not self.train_file:
             raise ConfigError("--eval-file needs --train-file")
-        if any("grad_accum" in s or s == "all" for s in self.strategies) and (
-            self.accum_steps < 2 or self.batch_size % self.accum_steps
-        ):
-            raise ConfigError(
-                f"grad_accum splits --batch-size {self.batch_size} into --accum-steps {self.accum_steps} "
-                "micro-batches: batch size must be a multiple of accum steps, and accum steps >= 2"
-            )
+        if any(b <= 0 for b in self.batch_sizes):
+            raise ConfigError(f"--batch-sizes must all be > 0, got {','.join(map(str, self.batch_sizes))}")
+        if not self.num_workers or any(w < 0 for w in self.num_workers):
+            raise ConfigError(f"--num-workers must all be >= 0, got {','.join(map(str, self.num_workers))}")
+        for size in self.batch_sizes or (self.batch_size,):
+            if any("grad_accum" in s or s == "all" for s in self.strategies) and (
+                self.accum_steps < 2 or size % self.accum_steps
+            ):
+                raise ConfigError(
+                    f"grad_accum splits batch size {size} into --accum-steps {self.accum_steps} "
+                    "micro-batches: batch size must be a multiple of accum steps, and accum steps >= 2"
+                )
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ in the store (so re-running the same command resumes), and writes the reports fr
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -113,8 +114,9 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
         if len(labels) > 1000:
             raise ConfigError(f"{len(labels)} distinct targets: is --target-column a class label?")
         evals = [r for r in evals if r["target"] in set(labels)]
-    if len(train) < cfg.batch_size:
-        raise ConfigError(f"the training data has {len(train)} rows, fewer than --batch-size {cfg.batch_size}")
+    largest = max(b for b, _w in cfg.sweep())
+    if len(train) < largest:
+        raise ConfigError(f"the training data has {len(train)} rows, fewer than the batch size {largest}")
 
     # Everything the user gave is valid: from here on files are written.
     data_dir = out / "data"
@@ -152,12 +154,20 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
         eval_samples=cfg.eval_samples,
         n_train=len(train),
     )
+    cells = [(row, b, w, cfg.label(row, b, w)) for row in rows for b, w in cfg.sweep()]
     specs = [
-        TrialSpec(row, rep, strategies.build_plan(row, cfg.accum_steps), settings, {"data": fingerprint})
+        TrialSpec(
+            label,
+            rep,
+            strategies.build_plan(row, cfg.accum_steps),
+            dataclasses.replace(settings, batch_size=b, num_workers=w),
+            {"data": fingerprint},
+        )
         for rep in range(cfg.repeat)  # repeats interleaved: drift on a shared machine hits every row alike
-        for row in rows
+        for row, b, w, label in cells
     ]
-    return PreparedStudy(cfg, out, specs, unsupported, rows)
+    unsupported_cells = {label: unsupported[row] for row, _b, _w, label in cells if row in unsupported}
+    return PreparedStudy(cfg, out, specs, unsupported_cells, [label for *_, label in cells])
 
 
 def _check_lora(source) -> None:
@@ -263,6 +273,10 @@ NUMERIC = (
 )
 
 
+def is_baseline(label: str) -> bool:
+    return label.split(" @")[0] == "baseline"
+
+
 def aggregate(rows: list[str], results: list[TrialResult]) -> list[dict]:
     """One row per strategy: medians over its ok repeats, and time/memory relative to the baseline."""
     table = []
@@ -289,7 +303,8 @@ def aggregate(rows: list[str], results: list[TrialResult]) -> list[dict]:
             }
             entry["step_time_s_all"] = [r.step_time_s for r in ok]
         table.append(entry)
-    base = next((e for e in table if e["strategy"] == "baseline" and e["status"] == "ok"), None)
+    # the reference: the baseline row (with a sweep, the first baseline cell: smallest batch, fewest workers)
+    base = next((e for e in table if is_baseline(e["strategy"]) and e["status"] == "ok"), None)
     for e in table:
         e["rel_time"] = e["rel_mem"] = None
         if base and e["status"] == "ok":

@@ -6,6 +6,7 @@ HEADERS = [
     "strategy",
     "status",
     "step (s)",
+    "data (s)",
     "samples/s",
     "time %",
     "peak mem",
@@ -52,6 +53,7 @@ def cells(e: dict, note: int | None = None) -> list[str]:
         e["strategy"],
         e["status"] if note is None else f"{e['status']} [{note}]",
         f"{e['step_time_s']:.3f}" if ok else "-",
+        f"{e['data_wait_s']:.3f}" if ok and e.get("data_wait_s") is not None else "-",
         f"{e['samples_per_s']:.1f}" if ok else "-",
         _pct(e["rel_time"]),
         human_bytes(e["peak_mem_bytes"]) if ok else "-",
@@ -64,7 +66,7 @@ def cells(e: dict, note: int | None = None) -> list[str]:
 
 
 def notes(table: list[dict]) -> list[str]:
-    base = next((e for e in table if e["strategy"] == "baseline"), None)
+    base = next((e for e in table if e["strategy"].split(" @")[0] == "baseline"), None)
     marks = footnotes(table)
     lines = [
         f"[{marks[e['strategy']]}] {e['strategy']}: {e['status']}: {e['message']}"
@@ -83,7 +85,7 @@ def notes(table: list[dict]) -> list[str]:
         lines.append("peak mem (CUDA): torch.cuda.max_memory_allocated over the training steps.")
     lines.append("state: weights + gradients + optimizer state bytes, counted from the tensors.")
     lines.append(
-        "time %: baseline samples/s / row samples/s (same effective batch); loss: true mean over the "
-        "last 5 optimizer steps."
+        "time %: baseline samples/s / row samples/s; data (s): median wait for the next batch per step "
+        "(DataLoader); loss: true mean over the last 5 optimizer steps."
     )
     return lines
