@@ -257,3 +257,13 @@ def test_largest_batch_is_the_edge_of_the_estimate():
     assert largest_batch(s, cal, TrialPlan(), 120 + 256 * 37, 16, 8, "cpu", overhead=0) == 37
     assert largest_batch(s, cal, TrialPlan(accum_steps=4), 120 + 40 + 256 * 9, 16, 8, "cpu", overhead=0) == 36
     assert largest_batch(s, cal, TrialPlan(), 100, 16, 8, "cpu", overhead=0) == 0
+
+
+def test_lora_shapes_count_only_adapters_and_head_and_keep_encoder_activations():
+    source = ModelSource("preset", "bert-tiny")
+    config = model_config(source, "classification", 3)
+    lora = shape_of(config, "classification", TrialPlan(lora_r=8))
+    # query and value of 2 layers: r x (in + out) each = 8 x (64 + 64); the classifier 64 x 3 + 3 (peft
+    # trains the head; the pooler stays frozen)
+    assert lora.n_trainable == 2 * 2 * 8 * 128 + (64 * 3 + 3)
+    assert lora.encoder_saves, "gradients flow through the encoder to the adapters"

@@ -85,7 +85,7 @@ FEATURES = (
     "logits",  # target tokens x vocab (seq2seq LM head + fp32 loss)
     "cross_kv",  # seq2seq: source tokens x hidden per decoder layer (cross-attention keys/values)
 )
-CALIBRATION_VERSION = 3  # bump when FEATURES or the probe change: cached fits are then re-probed
+CALIBRATION_VERSION = 4  # bump when FEATURES or the probe change: cached fits are then re-probed
 
 
 @dataclass(frozen=True)
@@ -215,7 +215,8 @@ def shape_of(config: Any, task: str, plan: TrialPlan) -> Shape:
     trainable = [p for p in params if p.requires_grad]
     linear = {id(m.weight): m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)}
     ada = sum(p.shape[0] + p.shape[1] if p.dim() == 2 else p.numel() for p in trainable)
-    encoder = model.get_encoder() if task == "seq2seq" else getattr(model.base_model, "encoder", None)
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a peft wrapper
+    encoder = inner.get_encoder() if task == "seq2seq" else getattr(inner.base_model, "encoder", None)
     upstream = [*model.get_input_embeddings().parameters(), *(encoder.parameters() if encoder is not None else [])]
     layer_params = 0
     for m in model.modules():
