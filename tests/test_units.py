@@ -51,7 +51,7 @@ def test_relative_columns_against_the_baseline():
     table = aggregate(["baseline", "grad_ckpt", "fp16"], results)
     assert table[1]["rel_time"] == pytest.approx(1.25) and table[1]["rel_mem"] == pytest.approx(0.6)
     assert table[2]["rel_time"] is None and table[2]["status"] == "unsupported"
-    assert cells(table[1])[4:7] == ["125%", "600 B", "60%"]
+    assert cells(table[1])[5:8] == ["125%", "600 B", "60%"]
 
 
 def test_human_bytes():
