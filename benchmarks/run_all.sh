@@ -18,7 +18,7 @@ mkdir -p runs
   --strategies baseline,bf16,grad_accum,grad_ckpt,adafactor,dynamic_pad,smart_batch,freeze_embeddings,freeze_encoder,all \
   --out runs/bench-t5-small 2>&1 | tee runs/bench-t5-small.txt
 
-# 6. estimate accuracy: 24 (model, plan, batch, length) cases, predicted vs the real loop's allocated peak,
+# 6. estimate accuracy: 26 (model, plan, batch, length) cases, predicted vs the real loop's allocated peak,
 #    with accelerate's and DeepSpeed's estimates beside it (the DeepSpeed column needs the optional
 #    extra: .venv/bin/pip install --no-build-isolation 'deepspeed==0.19.8'; without it the column says n/a)
 .venv/bin/python benchmarks/estimate_accuracy.py --json runs/bench-estimate.json | tee runs/bench-estimate.txt
