@@ -645,29 +645,35 @@ def export(
         out_console.print(f"  {p}", markup=False, highlight=False)
 
 
+def _stored_settings(study: Path) -> dict | None:
+    """The settings every trial of a study shares, from its SQLite store (None: no store or no trial)."""
+    import sqlite3
+
+    db = study / "study.sqlite"
+    if not db.is_file():
+        return None
+    con = sqlite3.connect(db)
+    try:
+        found = con.execute("SELECT spec FROM trials LIMIT 1").fetchone()
+    finally:
+        con.close()
+    return None if found is None else json.loads(found[0])["settings"]
+
+
 def _batch_hints(study: Path, rows: list[dict], budget: int) -> dict[str, str]:
     """Per memory-saving row: up to which batch the baseline fits the budget (so when the row is needed).
 
     From `trainwise estimate` on the study's model and lengths; empty when the study's model cannot be
     built here (a hub id offline), since the hints are an addition to the measured advice.
     """
-    import sqlite3
 
     from trainwise.estimate import calibrate, largest_batch, model_config, runtime_overhead, shape_of
     from trainwise.models import ModelSource
     from trainwise.plan import TrialPlan
 
-    db = study / "study.sqlite"
-    if not db.is_file():
+    s = _stored_settings(study)
+    if s is None:
         return {}
-    con = sqlite3.connect(db)
-    try:
-        found = con.execute("SELECT spec FROM trials LIMIT 1").fetchone()
-    finally:
-        con.close()
-    if found is None:
-        return {}
-    s = json.loads(found[0])["settings"]
     try:
         config = model_config(ModelSource(s["model_kind"], s["model_ref"]), s["task"], s["num_labels"] or 2)
     except ConfigError:
@@ -700,22 +706,16 @@ def _batch_hints(study: Path, rows: list[dict], budget: int) -> dict[str, str]:
 
 def _study_settings(study: Path) -> tuple[dict, str]:
     """A compare study's shared settings and advise's recommended row (objective time)."""
-    import sqlite3
 
     from trainwise.advise import Constraints
     from trainwise.advise import advise as advise_rows
 
-    db, results = study / "study.sqlite", study / "results.json"
-    if not db.is_file() or not results.is_file():
+    results = study / "results.json"
+    if not (study / "study.sqlite").is_file() or not results.is_file():
         raise ConfigError(f"--study {study}: not a finished trainwise compare study (no study.sqlite/results.json)")
-    con = sqlite3.connect(db)
-    try:
-        row = con.execute("SELECT spec FROM trials LIMIT 1").fetchone()
-    finally:
-        con.close()
-    if row is None:
+    settings = _stored_settings(study)
+    if settings is None:
         raise ConfigError(f"--study {study}: the study has no trials")
-    settings = json.loads(row[0])["settings"]
     advice = advise_rows(json.loads(results.read_text(encoding="utf-8")), Constraints())
     if advice.recommended is None:
         raise ConfigError(f"--study {study}: no row finished ok; pass --strategies")

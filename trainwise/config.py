@@ -98,13 +98,16 @@ class StudyConfig:
         if not self.num_workers or any(w < 0 for w in self.num_workers):
             raise ConfigError(f"--num-workers must all be >= 0, got {','.join(map(str, self.num_workers))}")
         for size in self.batch_sizes or (self.batch_size,):
-            if any("grad_accum" in s or s == "all" for s in self.strategies) and (
-                self.accum_steps < 2 or size % self.accum_steps
-            ):
-                raise ConfigError(
-                    f"grad_accum splits batch size {size} into --accum-steps {self.accum_steps} "
-                    "micro-batches: batch size must be a multiple of accum steps, and accum steps >= 2"
-                )
+            check_accum(self.strategies, size, self.accum_steps)
+
+
+def check_accum(rows, batch_size: int, accum_steps: int) -> None:
+    """grad_accum rows split the batch into accum_steps micro-batches: it must divide evenly."""
+    if any("grad_accum" in r or r == "all" for r in rows) and (accum_steps < 2 or batch_size % accum_steps):
+        raise ConfigError(
+            f"grad_accum splits batch size {batch_size} into --accum-steps {accum_steps} "
+            "micro-batches: batch size must be a multiple of accum steps, and accum steps >= 2"
+        )
 
 
 @dataclass(frozen=True)

@@ -577,7 +577,7 @@ class EstimateConfig:
 
     def __post_init__(self) -> None:
         from trainwise import strategies
-        from trainwise.config import DEVICES, TASKS
+        from trainwise.config import DEVICES, TASKS, check_accum
 
         if self.task not in TASKS:
             raise ConfigError(f"--task must be one of {', '.join(TASKS)}, not {self.task!r}")
@@ -602,11 +602,7 @@ class EstimateConfig:
                 missing = [m for m in strategies.missing_packages(row) if m.startswith("peft")]
                 if missing:
                     raise ConfigError(f"strategy {row!r} needs {missing[0]}")
-            if ("grad_accum" in row or row == "all") and (self.accum_steps < 2 or self.batch_size % self.accum_steps):
-                raise ConfigError(
-                    f"grad_accum splits --batch-size {self.batch_size} into --accum-steps {self.accum_steps} "
-                    "micro-batches: batch size must be a multiple of accum steps, and accum steps >= 2"
-                )
+            check_accum([row], self.batch_size, self.accum_steps)
 
     def plan(self, row: str) -> TrialPlan:
         from trainwise import strategies
