@@ -755,7 +755,7 @@ def find_batch(
     import dataclasses
 
     from trainwise.advise import parse_bytes
-    from trainwise.estimate import estimate as predict
+    from trainwise.estimate import calibrate, estimate_plan, model_config, runtime_overhead, shape_of
     from trainwise.find_batch import default_limit, search, write_outputs
     from trainwise.launcher import launch
     from trainwise.models import ModelSource
@@ -806,11 +806,26 @@ def find_batch(
     if not usable:
         raise ConfigError(f"every candidate is larger than the {s.n_train} training rows")
 
+    model_state: dict = {}  # shapes, calibration and runtime: once per search, not once per size
+
     def estimate_total(b: int) -> int | None:
         if not use_estimate:
             return None
-        source = ModelSource(s.model_kind, s.model_ref)
-        e = predict(source, task, s.num_labels or 2, base.plan, b, max_length, max_target_length, s.device)
+        if not model_state:
+            config = model_config(ModelSource(s.model_kind, s.model_ref), task, s.num_labels or 2)
+            model_state["shape"] = shape_of(config, task, base.plan)
+            model_state["cal"] = calibrate(config, task, base.plan, s.device)
+            model_state["overhead"] = runtime_overhead(s.device)
+        e = estimate_plan(
+            model_state["shape"],
+            model_state["cal"],
+            base.plan,
+            b,
+            max_length,
+            max_target_length,
+            s.device,
+            overhead=model_state["overhead"],
+        )
         return e.total_bytes
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=err_console) as progress:
