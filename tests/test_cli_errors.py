@@ -50,6 +50,13 @@ CASES = {
     "sweep larger than data": (["--batch-sizes", "8,100000"], "fewer than the batch size 100000"),
     "unknown option": (["--turbo"], "No such option"),
     "bad device": (["--device", "tpu"], "--device must be one of"),
+    "nproc 0": (["--nproc", "0"], "--nproc must be between 1 and 64"),
+    "batch not split over ranks": (
+        ["--strategies", "grad_accum", "--batch-size", "8", "--accum-steps", "4", "--nproc", "4"],
+        "micro-batch of 2 must split evenly over --nproc 4 ranks; use a batch size that is a multiple of 16",
+    ),
+    "conflicting zero stages": (["--strategies", "zero2+zero3"], "conflict"),
+    "zero offload with another optimizer": (["--strategies", "zero2_offload+adafactor"], "conflict"),
 }
 
 

@@ -24,6 +24,8 @@ def test_every_strategy_trains_two_steps(cls_study, row):
     needs = strategies.REGISTRY[row].requires if row in strategies.REGISTRY else frozenset()
     if "cuda" in needs and not torch.cuda.is_available():
         pytest.skip(f"{row} needs CUDA (on CPU a study records it as 'unsupported')")
+    if row in strategies.scale.ZERO:
+        pytest.skip(f"{row} runs under torchrun: test_zero_rows_train_under_torchrun")
     spec = _spec(cls_study, row)
     r = run_trial(spec)
     assert r.status == "ok"
@@ -40,6 +42,24 @@ def test_every_strategy_trains_two_steps(cls_study, row):
         assert trainable_share < 0.2, "only the adapters and the head train"
     else:
         assert trainable_share < 1 if "freeze" in row else trainable_share == 1
+
+
+@pytest.mark.slow
+def test_zero_rows_train_under_torchrun(tmp_path, cls_csv):
+    """Every ZeRO strategy trains as 2 gloo ranks under DeepSpeed (zero2 is in test_distributed)."""
+    from trainwise.launcher import launch
+
+    from .conftest import tiny_study
+
+    rows = [r for r in strategies.scale.ZERO if r != "zero2"]
+    study = tiny_study(tmp_path, cls_csv, "classification", rows, nproc=2, max_steps=2, eval_samples=8)
+    for spec in study.specs:
+        r = launch(spec, study.out / "trials" / spec.key(), 600, lambda e: None)
+        assert r.status == "ok", (spec.strategy, r.message)
+        assert r.world_size == 2 and r.plan == strategies.build_plan(spec.strategy, 4).to_dict()
+        assert math.isfinite(r.train_loss) and r.metric_name == "accuracy"
+        # the state each rank holds shrinks with the stage: 16 B/param without ZeRO
+        assert r.state_bytes < 16 * r.n_params
 
 
 @pytest.mark.parametrize("row", ["baseline", "all"])

@@ -137,6 +137,13 @@ def compare(
     num_workers: Annotated[
         str, typer.Option(help="Sweep: DataLoader worker counts, e.g. 0,1,2,4,8 (data wait shown per step).")
     ] = "0",
+    nproc: Annotated[
+        int,
+        typer.Option(
+            help="Data-parallel processes per trial (torchrun; gloo on CPU, one GPU each on CUDA). --batch-size "
+            "stays the global batch, split over the ranks. ZeRO rows partition over them."
+        ),
+    ] = 1,
 ) -> None:
     """Run one trial per strategy row on the same model and data; print the comparison table."""
     cfg = StudyConfig(
@@ -166,6 +173,7 @@ def compare(
         retry_failed=retry_failed,
         batch_sizes=_int_list(batch_sizes, "--batch-sizes") if batch_sizes else (),
         num_workers=_int_list(num_workers, "--num-workers"),
+        nproc=nproc,
     )
     run_compare(cfg)
 
@@ -195,8 +203,9 @@ def run_compare(cfg: StudyConfig, console: Console | None = None) -> None:
     err_console.print(
         f"model {s.model_label} ({s.model_kind})  "
         f"device {s.device}  train rows {s.n_train}  batch {','.join(str(b) for b in sorted({b for b, _ in sweep}))}"
-        f"  steps {s.max_steps} "
-        f"({s.warmup_steps} untimed)  trials {len(prepared.specs)}  out {prepared.out}"
+        f"  steps {s.max_steps} ({s.warmup_steps} untimed)"
+        + (f"  ranks {s.nproc}" if s.nproc > 1 else "")
+        + f"  trials {len(prepared.specs)}  out {prepared.out}"
     )
     with Progress(
         SpinnerColumn(),

@@ -51,6 +51,7 @@ class StudyConfig:
     # swept dimensions: every row runs at each batch size and each DataLoader worker count
     batch_sizes: tuple[int, ...] = ()  # empty: just batch_size
     num_workers: tuple[int, ...] = (0,)
+    nproc: int = 1  # data-parallel processes per trial (torchrun); ZeRO rows partition over them
 
     def sweep(self) -> list[tuple[int, int]]:
         """(batch size, workers) for every cell of a row, in order."""
@@ -95,6 +96,8 @@ class StudyConfig:
             raise ConfigError("--eval-file needs --train-file")
         if any(b <= 0 for b in self.batch_sizes):
             raise ConfigError(f"--batch-sizes must all be > 0, got {','.join(map(str, self.batch_sizes))}")
+        if not 1 <= self.nproc <= 64:
+            raise ConfigError(f"--nproc must be between 1 and 64, got {self.nproc}")
         if not self.num_workers or any(w < 0 for w in self.num_workers):
             raise ConfigError(f"--num-workers must all be >= 0, got {','.join(map(str, self.num_workers))}")
         for size in self.batch_sizes or (self.batch_size,):
@@ -134,6 +137,7 @@ class TrialSettings:
     n_train: int  # training samples in the prepared data (for epoch-time projection)
     max_grad_norm: float = 1.0
     num_workers: int = 0
+    nproc: int = 1
 
 
 @dataclass(frozen=True)

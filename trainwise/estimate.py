@@ -319,7 +319,8 @@ def probe_point(config: Any, task: str, plan: TrialPlan, micro: int, src_len: in
     apply_model_plan(model, plan)
     model = apply_lora(model, plan, task)
     model.train()
-    accelerator = _new_accelerator(plan.precision, device)
+    # one micro-batch, one process: ZeRO and accumulation are arithmetic on top of the probe
+    accelerator = _new_accelerator(plan.with_(accum_steps=1, zero_stage=0, offload="none"), device, micro, 1.0)
     model = accelerator.prepare(model)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(5, config.vocab_size, (micro, src_len), generator=gen)

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from trainwise.config import TrialSpec
-from trainwise.results import TrialResult
+from trainwise.distributed import is_multiprocess
+from trainwise.results import TrialResult, combine_ranks
 
 
 def _tail(path: Path, lines: int = 1) -> str:
@@ -38,10 +39,20 @@ def launch(spec: TrialSpec, trial_dir: Path, timeout_s: float, on_event: Callabl
     result_path.unlink(missing_ok=True)
     spec_path.write_text(json.dumps(spec.to_dict(), indent=1))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    nproc = spec.settings.nproc
+    multi = is_multiprocess(nproc, spec.plan)
+    cmd = [sys.executable, "-m", "trainwise.worker", str(spec_path), str(result_path)]
+    if multi:
+        for old in trial_dir.glob("result.rank*.json"):
+            old.unlink()
+        cmd[1:2] = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m"]
+        if spec.settings.device == "cpu":
+            env["DS_ACCELERATOR"] = "cpu"  # DeepSpeed would look for a GPU
+            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     start = time.perf_counter()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "trainwise.worker", str(spec_path), str(result_path)],
+            cmd,
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,
@@ -70,7 +81,14 @@ def launch(spec: TrialSpec, trial_dir: Path, timeout_s: float, on_event: Callabl
     }
     if timed_out:
         return TrialResult(status="timeout", message=f"no result within --trial-timeout {timeout_s:g}s; killed", **base)
-    if result_path.exists():
+    if multi:
+        ranks = [rank_result_path(result_path, r) for r in range(nproc)]
+        if any(p.exists() for p in ranks):
+            parts = [TrialResult.from_dict(json.loads(p.read_text())) if p.exists() else None for p in ranks]
+            result = combine_ranks(parts, nproc)
+            result.wall_s = wall
+            return result
+    elif result_path.exists():
         result = TrialResult.from_dict(json.loads(result_path.read_text()))
         result.wall_s = wall
         return result
@@ -82,6 +100,11 @@ def launch(spec: TrialSpec, trial_dir: Path, timeout_s: float, on_event: Callabl
     else:
         message = f"trial process exited with code {code} and no result: {_tail(log_path)[:300]}"
     return TrialResult(status="crashed", message=message, **base)
+
+
+def rank_result_path(result_path: Path, rank: int) -> Path:
+    """Where rank `rank` of a multi-process trial writes its result."""
+    return result_path.with_name(f"{result_path.stem}.rank{rank}{result_path.suffix}")
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -28,9 +28,9 @@ class TrialPlan:
     freeze: tuple[str, ...] = ()
     tf32: bool = False  # CUDA: TF32 tensor-core matmuls for fp32
     lora_r: int = 0  # LoRA adapter rank on the attention projections (0: full fine-tuning)
-    # DeepSpeed ZeRO: 0 = off; 1 partitions optimizer states, 2 + gradients, 3 + weights. Offload moves
-    # optimizer states ("optimizer") or also weights ("params", stage 3) to CPU memory. Read by
-    # `estimate` and `export`; `compare` rejects them until trials run under DeepSpeed.
+    # DeepSpeed ZeRO: 0 = off; 1 partitions optimizer states, 2 + gradients, 3 + weights over the
+    # --nproc ranks. Offload moves optimizer states ("optimizer") or also weights ("params", stage 3)
+    # to CPU memory. Trials with zero_stage > 0 run under torchrun + DeepSpeed.
     zero_stage: int = 0
     offload: Offload = "none"
 

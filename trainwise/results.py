@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field, fields
 
 STATUSES = ("ok", "unsupported", "oom", "error", "timeout", "crashed")
@@ -44,6 +45,10 @@ class TrialResult:
     n_trainable: int | None = None
     wall_s: float | None = None  # whole trial process, start to result
     env: dict = field(default_factory=dict)
+    # data parallel / ZeRO: the combined row of `world_size` ranks (see combine_ranks)
+    world_size: int = 1
+    timed_s: float | None = None  # total timed seconds (the slowest rank's, when combined)
+    rank_peak_mem_bytes: list | None = None  # peak_mem_bytes of each rank, in rank order
 
     def __post_init__(self) -> None:
         assert self.status in STATUSES, self.status
@@ -55,3 +60,64 @@ class TrialResult:
     def from_dict(cls, d: dict) -> TrialResult:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def combine_ranks(results: list[TrialResult | None], expected_world: int) -> TrialResult:
+    """One row from the per-rank results of a multi-process trial.
+
+    A rank that failed makes the row fail with its message (a missing rank result, when no rank
+    reported a failure, is `crashed`). Time is the slowest rank's (the step is as slow as it);
+    throughput is all ranks' samples over that time; memory is the largest rank's peak, with every
+    rank's peak kept in `rank_peak_mem_bytes` (their sum is the total across the machine).
+    """
+    present = [(i, r) for i, r in enumerate(results) if r is not None]
+    failed = [(i, r) for i, r in present if r.status != "ok"]
+    if failed:
+        i, r = failed[0]
+        return dataclasses.replace(r, message=f"rank {i}: {r.message}", world_size=expected_world)
+    missing = [i for i, r in enumerate(results) if r is None]
+    if missing or not present:
+        first = present[0][1] if present else None
+        return TrialResult(
+            strategy=first.strategy if first else "",
+            status="crashed",
+            repeat=first.repeat if first else 0,
+            message=f"rank {missing[0] if missing else 0} of {expected_world} ended without a result",
+            plan=first.plan if first else {},
+            world_size=expected_world,
+        )
+    ranks = [r for _, r in present]
+    if any(r.world_size != expected_world for r in ranks):
+        got = ranks[0].world_size
+        return dataclasses.replace(
+            ranks[0],
+            status="error",
+            message=f"asked for {expected_world} processes, the process group had {got}",
+            world_size=got,
+        )
+    slowest = max(ranks, key=lambda r: r.step_time_s or 0.0)
+    timed = max(r.timed_s or 0.0 for r in ranks)
+    samples = sum((r.samples_per_s or 0.0) * (r.timed_s or 0.0) for r in ranks)
+    tokens = sum((r.tokens_per_s or 0.0) * (r.timed_s or 0.0) for r in ranks)
+    n_train = (ranks[0].epoch_time_s or 0.0) * (ranks[0].samples_per_s or 0.0)
+    peaks = [int(r.peak_mem_bytes or 0) for r in ranks]
+    main = ranks[0]
+    return dataclasses.replace(
+        main,
+        step_time_s=slowest.step_time_s,
+        step_time_p90_s=slowest.step_time_p90_s,
+        data_wait_s=slowest.data_wait_s,
+        compute_s=slowest.compute_s,
+        optimizer_s=slowest.optimizer_s,
+        warmup_s=max(r.warmup_s or 0.0 for r in ranks),
+        timed_s=timed,
+        samples_per_s=samples / timed if timed else None,
+        tokens_per_s=tokens / timed if timed else None,
+        epoch_time_s=n_train * timed / samples if samples else None,
+        peak_mem_bytes=max(peaks),
+        peak_reserved_bytes=max((r.peak_reserved_bytes or 0 for r in ranks), default=None) or None,
+        peak_rss_bytes=max((r.peak_rss_bytes or 0 for r in ranks), default=None) or None,
+        state_bytes=max(r.state_bytes or 0 for r in ranks),
+        rank_peak_mem_bytes=peaks,
+        world_size=expected_world,
+    )

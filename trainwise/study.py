@@ -88,6 +88,7 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
         missing_pkgs = strategies.missing_packages(spec)
         if missing_pkgs and spec not in unsupported:
             raise ConfigError(f"strategy {spec!r} needs {', '.join(missing_pkgs)}")
+    _check_ranks(cfg, rows, device, unsupported)
     out = Path(cfg.out)
     _check_writable(out)
     source = resolve_model(cfg.model, cfg.model_preset, cfg.task)
@@ -153,6 +154,7 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
         device=device,
         eval_samples=cfg.eval_samples,
         n_train=len(train),
+        nproc=cfg.nproc,
     )
     cells = [(row, b, w, cfg.label(row, b, w)) for row in rows for b, w in cfg.sweep()]
     specs = [
@@ -168,6 +170,27 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
     ]
     unsupported_cells = {label: unsupported[row] for row, _b, _w, label in cells if row in unsupported}
     return PreparedStudy(cfg, out, specs, unsupported_cells, [label for *_, label in cells])
+
+
+def _check_ranks(cfg: StudyConfig, rows: list[str], device: str, unsupported: dict[str, str]) -> None:
+    """--nproc: enough devices, and every micro-batch splits evenly over the ranks."""
+    if cfg.nproc > 1 and device == "cuda":
+        import torch
+
+        count = torch.cuda.device_count()
+        if cfg.nproc > count:
+            raise ConfigError(f"--nproc {cfg.nproc} needs {cfg.nproc} CUDA devices; this machine has {count}")
+    for row in rows:
+        if row in unsupported:
+            continue
+        plan = strategies.build_plan(row, cfg.accum_steps)
+        for size in cfg.batch_sizes or (cfg.batch_size,):
+            micro = size // plan.accum_steps
+            if micro % cfg.nproc:
+                raise ConfigError(
+                    f"{row!r} at batch size {size}: each micro-batch of {micro} must split evenly over "
+                    f"--nproc {cfg.nproc} ranks; use a batch size that is a multiple of {plan.accum_steps * cfg.nproc}"
+                )
 
 
 def _check_lora(source) -> None:
@@ -293,6 +316,8 @@ def aggregate(rows: list[str], results: list[TrialResult]) -> list[dict]:
             "metric_name": first.metric_name,
             "plan": first.plan,
             "env": first.env,
+            "world_size": first.world_size,
+            "rank_peak_mem_bytes": first.rank_peak_mem_bytes,
         }
         for name in NUMERIC:
             values = [getattr(r, name) for r in ok if getattr(r, name) is not None]

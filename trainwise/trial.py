@@ -12,6 +12,7 @@ accumulation for T5/BERT; this loop does not).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -25,8 +26,9 @@ from transformers import get_linear_schedule_with_warmup
 
 from trainwise.config import TrialSpec
 from trainwise.data.metrics import accuracy, text_metrics
-from trainwise.data.samplers import make_batches
+from trainwise.data.samplers import RankShard, make_batches
 from trainwise.data.tasks import Batch, Collator, Encoded, EncodedDataset, encode
+from trainwise.distributed import Ranks, all_sum, ds_config, group_size
 from trainwise.measure import memory
 from trainwise.measure.env import environment
 from trainwise.measure.timing import StepTimer, summarize_steps
@@ -105,9 +107,17 @@ def frozen_parameters(model, part: str) -> list[torch.nn.Parameter]:
     return params
 
 
-def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+def make_optimizer(
+    name: str, params: list[torch.nn.Parameter], lr: float, cpu_offload: bool = False
+) -> torch.optim.Optimizer:
     if not params:
         raise ValueError("every parameter is frozen: nothing to train")
+    if cpu_offload and name == "adamw":
+        # ZeRO-Offload steps the optimizer on the CPU: DeepSpeed's vectorised CPU Adam (a C++ op it
+        # JIT-builds on first use) is the optimizer it is designed around
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(params, lr=lr, weight_decay=0.0, adamw_mode=True)
     if name == "adafactor":
         from transformers.optimization import Adafactor
 
@@ -135,19 +145,52 @@ def loss_sum(model, batch: Batch, task: str, decoder_inputs: Callable | None) ->
     )
 
 
-def accumulate_step(model, micro_batches: list[Batch], backward, task: str, decoder_inputs=None) -> torch.Tensor:
+def accumulate_step(
+    model,
+    micro_batches: list[Batch],
+    backward,
+    task: str,
+    decoder_inputs=None,
+    total_items: float | None = None,
+    window: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+) -> torch.Tensor:
     """Forward+backward over one effective batch; grads hold the mean over all its loss items.
 
-    Returns the (detached) true mean loss of the effective batch.
+    `total_items` is the item count of the whole window (over every rank under data parallelism; by
+    default this process's micro-batches); `window()` wraps each micro-batch (gradient sync only on
+    the last one). Returns the (detached) sum of this process's share of the mean loss.
     """
-    total_items = sum(b.loss_items for b in micro_batches)
+    total_items = total_items or sum(b.loss_items for b in micro_batches)
     assert total_items > 0, "a batch with nothing to learn from"
     mean_loss = torch.zeros((), device=micro_batches[0].labels.device)
     for batch in micro_batches:
-        loss = loss_sum(model, batch, task, decoder_inputs) / total_items
-        backward(loss)
+        with window():
+            loss = loss_sum(model, batch, task, decoder_inputs) / total_items
+            backward(loss)
         mean_loss += loss.detach()
     return mean_loss
+
+
+def train_window(accelerator, model, micro: list[Batch], accum_steps: int, world: int, task: str, decoder_inputs):
+    """Forward+backward of one optimizer step's window on this rank; returns the global mean loss.
+
+    Each rank divides its summed loss by the window's item count over all ranks. DDP and DeepSpeed
+    average gradients over the ranks and accelerate divides the loss by the accumulation steps, so
+    scaling by both leaves the gradients the true mean over the global effective batch; the gradient
+    all-reduce (DDP) or the ZeRO step runs on the window's last micro-batch only.
+    """
+    scale = accum_steps * world
+    items = all_sum(sum(b.loss_items for b in micro), world)
+    share = accumulate_step(
+        model,
+        micro,
+        lambda loss: accelerator.backward(loss * scale),
+        task,
+        decoder_inputs,
+        items,
+        lambda: accelerator.accumulate(model),
+    )
+    return all_sum(float(share), world)
 
 
 def _micro_batches(loader, sampler) -> Iterator[Batch]:
@@ -158,13 +201,30 @@ def _micro_batches(loader, sampler) -> Iterator[Batch]:
         epoch += 1
 
 
-def _new_accelerator(precision: str, device: str):
+def _new_accelerator(
+    plan: TrialPlan, device: str, micro_batch_per_rank: int, max_grad_norm: float, random_init: bool = False
+):
+    """Accelerate for one trial: plain, DDP (under torchrun it wraps the model) or DeepSpeed ZeRO.
+
+    The loop counts its own accumulation windows (`accelerator.accumulate` per micro-batch), so
+    DDP skips the gradient all-reduce and DeepSpeed the step on all but a window's last micro-batch.
+    """
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state(reset_partial_state=True)  # one trial per process, but tests reuse one
-    mixed = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[precision]
-    return Accelerator(mixed_precision=mixed, cpu=device == "cpu")
+    if plan.zero_stage:
+        from accelerate.utils import DeepSpeedPlugin
+
+        # cpu=False even on CPU: accelerate hands the process group to DeepSpeed (DS_ACCELERATOR=cpu)
+        config = ds_config(plan, micro_batch_per_rank, max_grad_norm)
+        # zero.Init (build ZeRO-3 weights already partitioned) draws a preset's random init in another
+        # order, so its row would start from other weights than the baseline's; pretrained weights load
+        # the same either way
+        plugin = DeepSpeedPlugin(hf_ds_config=config, zero3_init_flag=plan.zero_stage == 3 and not random_init)
+        return Accelerator(deepspeed_plugin=plugin, cpu=False)
+    mixed = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[plan.precision]
+    return Accelerator(mixed_precision=mixed, cpu=device == "cpu", gradient_accumulation_steps=plan.accum_steps)
 
 
 @torch.no_grad()
@@ -193,6 +253,7 @@ def evaluate(model, accelerator, enc: Encoded, gold: list[str], spec: TrialSpec,
 def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
     emit = progress or (lambda _event: None)
     s, plan = spec.settings, spec.plan
+    ranks = Ranks.from_env()
     torch.manual_seed(s.seed)
     emit({"event": "phase", "phase": "data"})
 
@@ -205,7 +266,9 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
     eval_rows = eval_rows[: s.eval_samples]
     evals = encode(eval_rows, tokenizer, s.task, s.max_length, s.max_target_length, label2id)
     micro_bs = plan.micro_batch_size(s.batch_size)
-    sampler = make_batches(plan.sampler, train.lengths(), micro_bs, s.seed)
+    batches_all = make_batches(plan.sampler, train.lengths(), micro_bs, s.seed)
+    # data parallel: every rank draws the same global micro-batches and keeps its slice
+    sampler = RankShard(batches_all, ranks.rank, ranks.world) if ranks.world > 1 else batches_all
     collate = Collator(s.task, tokenizer.pad_token_id, plan.padding, s.max_length, s.max_target_length)
     loader = torch.utils.data.DataLoader(
         EncodedDataset(train),
@@ -217,7 +280,10 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
 
     # ---- model, plan, optimizer ------------------------------------------------------------------
     emit({"event": "phase", "phase": "model"})
-    accelerator = _new_accelerator(plan.precision, s.device)
+    accelerator = _new_accelerator(plan, s.device, micro_bs // ranks.world, s.max_grad_norm, s.model_kind == "preset")
+    world = group_size()
+    if world != ranks.world:
+        raise RuntimeError(f"launched as {ranks.world} ranks but the process group has {world}")
     if s.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = plan.tf32
         torch.cuda.empty_cache()
@@ -229,10 +295,11 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
     model = apply_lora(model, plan, s.task)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    n_params = sum(p.numel() for p in model.parameters())
-    optimizer = make_optimizer(plan.optimizer, trainable, s.lr)
-    scheduler = get_linear_schedule_with_warmup(optimizer, 0, s.max_steps)
+    n_params = sum(numel(p) for p in model.parameters())
+    optimizer = make_optimizer(plan.optimizer, trainable, s.lr, cpu_offload=plan.offload != "none")
     model, optimizer = accelerator.prepare(model, optimizer)
+    # on the prepared optimizer: ZeRO-3 steps copies of the param groups, not the ones passed in
+    scheduler = get_linear_schedule_with_warmup(optimizer, 0, s.max_steps)
     decoder_inputs = None
     if s.task == "seq2seq":
         decoder_inputs = accelerator.unwrap_model(model).prepare_decoder_input_ids_from_labels
@@ -251,11 +318,11 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
         timer.stop()
 
         timer.start("compute")
-        loss = float(accumulate_step(model, micro, accelerator.backward, s.task, decoder_inputs))
+        loss = train_window(accelerator, model, micro, plan.accum_steps, world, s.task, decoder_inputs)
         timer.stop()
 
         timer.start("optim")
-        if s.max_grad_norm:
+        if s.max_grad_norm and not plan.zero_stage:  # DeepSpeed clips in its step (gradient_clipping)
             accelerator.clip_grad_norm_(trainable, s.max_grad_norm)
         optimizer.step()
         scheduler.step()
@@ -274,11 +341,7 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
 
     # weights + gradients + optimizer state, counted exactly (what strategies like adafactor or freezing
     # change; on CPU glibc keeps freed memory, so RSS can hide savings of this size)
-    state_bytes = (
-        memory.tensor_bytes(model.parameters())
-        + sum(p.numel() * p.element_size() for p in trainable)
-        + memory.tensor_bytes(t for state in optimizer.state.values() for t in state.values())
-    )
+    state_bytes = _state_bytes(model, trainable, optimizer, plan, world)
     peak_rss = reserved = None
     if s.device == "cuda":
         peak, reserved = memory.cuda_peaks()
@@ -329,6 +392,29 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
         metrics=metrics,
         eval_s=eval_s,
         n_params=n_params,
-        n_trainable=sum(p.numel() for p in trainable),
+        n_trainable=sum(numel(p) for p in trainable),
         env=environment(s.device),
+        world_size=world,
+        timed_s=summary["timed_s"],
+        rank_peak_mem_bytes=[int(peak)],
     )
+
+
+def numel(p: torch.Tensor) -> int:
+    """Elements of a parameter, also when ZeRO-3 has partitioned it away (ds_numel: the full count)."""
+    return int(getattr(p, "ds_numel", p.numel()))
+
+
+def _state_bytes(model, trainable, optimizer, plan: TrialPlan, world: int) -> int:
+    """This rank's weights + gradients + optimizer state. Counted from the tensors it holds, except
+    the gradients under ZeRO-2/3, which DeepSpeed keeps in its own buckets: 1/world of the full size."""
+    weights = sum(  # ZeRO-3 keeps this rank's partition of each weight in ds_tensor (a view of a flat buffer)
+        (p.ds_tensor if hasattr(p, "ds_tensor") else p).numel() * p.element_size() for p in model.parameters()
+    )
+    grads = sum(numel(p) * p.element_size() for p in trainable)
+    if plan.zero_stage >= 2:
+        grads //= world
+    opt_state = memory.tensor_bytes(
+        t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)
+    )
+    return weights + grads + opt_state

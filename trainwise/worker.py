@@ -36,11 +36,12 @@ def _fault_for(strategy: str, batch_size: int) -> tuple[str, int] | None:
     return kind, int(step or 1)
 
 
-def _emitter(strategy: str, batch_size: int):
+def _emitter(strategy: str, batch_size: int, main_rank: bool = True):
     fault = _fault_for(strategy, batch_size)
 
     def emit(event: dict) -> None:
-        print(json.dumps(event), flush=True)
+        if main_rank:  # one progress stream per trial, however many ranks
+            print(json.dumps(event), flush=True)
         if fault and event.get("event") == "step" and event["step"] == fault[1]:
             kind = fault[0]
             if kind == "raise":
@@ -61,10 +62,15 @@ def main(argv: list[str]) -> int:
     from trainwise.results import TrialResult
 
     spec = TrialSpec.from_dict(json.loads(spec_path.read_text()))
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    if "RANK" in os.environ:  # launched by torchrun (data parallel or ZeRO): one result per rank
+        from trainwise.launcher import rank_result_path
+
+        result_path = rank_result_path(result_path, rank)
     try:
         from trainwise.trial import run_trial
 
-        result = run_trial(spec, progress=_emitter(spec.strategy, spec.settings.batch_size))
+        result = run_trial(spec, progress=_emitter(spec.strategy, spec.settings.batch_size, rank == 0))
     except BaseException as exc:  # every failure is a row, never a lost study
         if isinstance(exc, KeyboardInterrupt):
             raise
@@ -79,7 +85,8 @@ def main(argv: list[str]) -> int:
     tmp = result_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result.to_dict()))
     tmp.replace(result_path)
-    return 0
+    # under torchrun a failed rank exits non-zero, so torchrun stops the ranks waiting on it in a collective
+    return 1 if world > 1 and result.status != "ok" else 0
 
 
 if __name__ == "__main__":

@@ -70,3 +70,22 @@ class SortishBatches(LengthGroupedBatches):
 def make_batches(kind: str, lengths: list[int], batch_size: int, seed: int) -> RandomBatches:
     samplers = {"random": RandomBatches, "length_grouped": LengthGroupedBatches, "sortish": SortishBatches}
     return samplers[kind](lengths, batch_size, seed)
+
+
+class RankShard:
+    """Data parallelism: every rank draws the same global batches and keeps every `world`-th sample
+    of each, so the ranks together see exactly the single-process batches (DDP 2 x bs4 == 1 x bs8)."""
+
+    def __init__(self, inner: RandomBatches, rank: int, world: int):
+        assert inner.batch_size % world == 0, "validated at the edge: micro-batch divisible by --nproc"
+        self.inner, self.rank, self.world = inner, rank, world
+
+    def set_epoch(self, epoch: int) -> None:
+        self.inner.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in self.inner:
+            yield batch[self.rank :: self.world]

@@ -84,6 +84,14 @@ def notes(table: list[dict]) -> list[str]:
     if "cuda_allocated" in kinds:
         lines.append("peak mem (CUDA): torch.cuda.max_memory_allocated over the training steps.")
     lines.append("state: weights + gradients + optimizer state bytes, counted from the tensors.")
+    for e in table:
+        peaks = e.get("rank_peak_mem_bytes") or []
+        if e["status"] == "ok" and (e.get("world_size") or 1) > 1 and peaks:
+            lines.append(
+                f"{e['strategy']}: {e['world_size']} ranks; time is the slowest rank's, samples/s all ranks'; "
+                f"peak mem per rank {', '.join(human_bytes(p) for p in peaks)} (total {human_bytes(sum(peaks))}); "
+                "state per rank."
+            )
     lines.append(
         "time %: baseline samples/s / row samples/s; data (s): median wait for the next batch per step "
         "(DataLoader); loss: true mean over the last 5 optimizer steps."

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from trainwise.errors import ConfigError
 from trainwise.plan import TrialPlan
-from trainwise.strategies import batching, freezing, memory, optim, precision
+from trainwise.strategies import batching, freezing, memory, optim, precision, scale
 from trainwise.strategies.base import Strategy
 
 BASELINE = Strategy("baseline", "vanilla fp32, AdamW, pad to max length; the 100% row", lambda p, _n: p)
@@ -18,6 +18,7 @@ REGISTRY: dict[str, Strategy] = {
         *optim.STRATEGIES,
         *batching.STRATEGIES,
         *freezing.STRATEGIES,
+        *scale.STRATEGIES,
     ]
 }
 
