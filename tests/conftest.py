@@ -109,7 +109,9 @@ def cls_study(tmp_path_factory, cls_csv):
     # every in-process strategy this CPU can run (CUDA-only ones are recorded 'unsupported' on CPU;
     # ZeRO rows run under torchrun: test_contract launches them)
     rows = [
-        r for r, st in strategies.REGISTRY.items() if "cuda" not in st.requires and r not in strategies.scale.ZERO
+        r
+        for r, st in strategies.REGISTRY.items()
+        if "cuda" not in st.requires and r not in strategies.scale.ZERO and "classification" in st.tasks
     ] + list(strategies.ALIASES)
     return tiny_study(tmp_path_factory.mktemp("cls"), cls_csv, "classification", rows, max_steps=2, warmup_steps=1)
 

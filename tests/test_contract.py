@@ -26,6 +26,8 @@ def test_every_strategy_trains_two_steps(cls_study, row):
         pytest.skip(f"{row} needs CUDA (on CPU a study records it as 'unsupported')")
     if row in strategies.scale.ZERO:
         pytest.skip(f"{row} runs under torchrun: test_zero_rows_train_under_torchrun")
+    if row in strategies.REGISTRY and "classification" not in strategies.REGISTRY[row].tasks:
+        pytest.skip(f"{row} is for images: test_vision.py")
     spec = _spec(cls_study, row)
     r = run_trial(spec)
     assert r.status == "ok"
@@ -171,3 +173,44 @@ def test_state_bytes_count_weights_grads_and_optimizer_state(tmp_path, cls_csv):
     assert adamw.state_bytes - adafactor.state_bytes == pytest.approx(8 * adamw.n_params, rel=0.1)
     frozen_params = adamw.n_params - frozen.n_trainable
     assert adamw.state_bytes - frozen.state_bytes == pytest.approx(12 * frozen_params, rel=0.01)
+
+
+@pytest.mark.parametrize("task, stack", [("classification", "bert.encoder.layer"), ("seq2seq", "encoder.block")])
+def test_freeze_layers_freezes_the_embeddings_and_exactly_the_first_n_layers(task, stack):
+    from trainwise.trial import layer_stack, lower_layer_parameters
+
+    model = _tiny_model(task)
+    layers = layer_stack(model)
+    assert layers is model.get_submodule(stack) and len(layers) >= 2
+    apply_model_plan(model, TrialPlan(freeze_layers=1))
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert all(not p.requires_grad for p in layers[0].parameters())
+    assert all(p.requires_grad for layer in layers[1:] for p in layer.parameters())
+    assert all(not p.requires_grad for p in model.get_input_embeddings().parameters())
+    assert not any(n.startswith(f"{stack}.1.") for n in frozen)
+    half = {id(p) for p in lower_layer_parameters(_tiny_model(task), -1)}
+    assert len(half) < sum(1 for _ in model.parameters())
+    with pytest.raises(ValueError, match="only"):
+        lower_layer_parameters(model, len(layers) + 1)
+
+
+@pytest.mark.parametrize("row, attn", [("sdpa", "sdpa"), ("eager_attn", "eager")])
+def test_attention_strategies_choose_the_implementation(row, attn):
+    plan = strategies.build_plan(row, 4)
+    model = build_model(ModelSource("preset", "bert-tiny"), "classification", 2, seed=0, attn=plan.attn)
+    assert model.config._attn_implementation == attn
+
+
+def test_profile_writes_a_chrome_trace_with_the_loop_phases(tmp_path, cls_csv):
+    import json
+
+    from .conftest import tiny_study
+
+    study = tiny_study(tmp_path, cls_csv, "classification", ["baseline"], max_steps=2, eval_samples=0)
+    trace = tmp_path / "trace.json"
+    r = run_trial(study.specs[0], trace_path=trace)
+    assert r.status == "ok"
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = {e.get("name") for e in events}
+    assert {"data", "forward", "backward", "optimizer"} <= names
+    assert sum(e.get("name") == "forward" for e in events) == 2, "one forward range per step"

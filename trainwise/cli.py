@@ -59,18 +59,27 @@ def compare(
         typer.Option(
             help="Build an architecture from its config with random "
             "weights: t5-tiny, t5-small, t5-base, bart-tiny, bart-base, "
-            "bert-tiny, minilm-l6, bert-base."
+            "bert-tiny, minilm-l6, bert-base; image-classification: resnext-tiny (default), "
+            "resnext-small, resnext29-8x16d, resnext29-8x64d."
         ),
     ] = None,
-    task: Annotated[str, typer.Option(help="classification or seq2seq.")] = _default("task"),
+    task: Annotated[
+        str, typer.Option(help="classification, seq2seq or image-classification (ResNeXt; seed 003).")
+    ] = _default("task"),
     dataset: Annotated[
         str | None,
         typer.Option(
             help="Built-in offline dataset (stdlib-topic for classification, "
-            "stdlib-summarize for seq2seq: the default) or a HF dataset name."
+            "stdlib-summarize for seq2seq, digits for image-classification: the defaults) or a HF dataset name."
         ),
     ] = None,
-    train_file: Annotated[str | None, typer.Option(help="Training data: .csv, .json or .jsonl.")] = None,
+    train_file: Annotated[
+        str | None,
+        typer.Option(
+            help="Training data: .csv, .json or .jsonl; image-classification: a CIFAR-10 "
+            "cifar-10-batches-py directory or an image folder (one sub-directory per class)."
+        ),
+    ] = None,
     eval_file: Annotated[
         str | None, typer.Option(help="Evaluation data (default: a deterministic 10% of --train-file).")
     ] = None,
@@ -104,7 +113,13 @@ def compare(
     ),
     warmup_steps: Annotated[int, typer.Option(help="First steps excluded from timing.")] = _default("warmup_steps"),
     repeat: Annotated[int, typer.Option(help="Trials per row; the table shows medians.")] = _default("repeat"),
-    lr: Annotated[float, typer.Option(help="Peak learning rate (linear decay to 0).")] = _default("lr"),
+    lr: Annotated[
+        float | None,
+        typer.Option(
+            help="Peak learning rate (linear decay to 0) [default: 5e-05 (fine-tuning text), "
+            "0.002 (image-classification, from scratch)]."
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed for weights, batches and data order.")] = _default("seed"),
     device: Annotated[
         str,
@@ -144,6 +159,16 @@ def compare(
             "stays the global batch, split over the ranks. ZeRO rows partition over them."
         ),
     ] = 1,
+    image_size: Annotated[
+        int, typer.Option(help="image-classification: image folders are resized to this square size.")
+    ] = 32,
+    profile: Annotated[
+        bool,
+        typer.Option(
+            help="Write a torch.profiler Chrome/Perfetto trace of each trial's training steps (trace.json in its "
+            "trial directory); phases are NVTX ranges on CUDA for nsys. Adds profiler overhead to the times."
+        ),
+    ] = False,
 ) -> None:
     """Run one trial per strategy row on the same model and data; print the comparison table."""
     cfg = StudyConfig(
@@ -174,6 +199,8 @@ def compare(
         batch_sizes=_int_list(batch_sizes, "--batch-sizes") if batch_sizes else (),
         num_workers=_int_list(num_workers, "--num-workers"),
         nproc=nproc,
+        profile=profile,
+        image_size=image_size,
     )
     run_compare(cfg)
 

@@ -15,7 +15,10 @@ from typing import Literal
 from trainwise.errors import ConfigError
 from trainwise.plan import TrialPlan
 
-TASKS = ("classification", "seq2seq")
+TASKS = ("classification", "seq2seq", "image-classification")
+TEXT_TASKS = ("classification", "seq2seq")
+IMAGE_TASK = "image-classification"
+DEFAULT_LR = {"classification": 5e-5, "seq2seq": 5e-5, IMAGE_TASK: 2e-3}  # fine-tuning vs. from scratch
 DEVICES = ("auto", "cpu", "cuda")
 Task = Literal["classification", "seq2seq"]
 
@@ -41,7 +44,7 @@ class StudyConfig:
     max_steps: int = 16
     warmup_steps: int = 3
     repeat: int = 1
-    lr: float = 5e-5
+    lr: float | None = None  # None: DEFAULT_LR of the task
     seed: int = 0
     device: str = "auto"
     trial_timeout: float = 900.0
@@ -52,6 +55,8 @@ class StudyConfig:
     batch_sizes: tuple[int, ...] = ()  # empty: just batch_size
     num_workers: tuple[int, ...] = (0,)
     nproc: int = 1  # data-parallel processes per trial (torchrun); ZeRO rows partition over them
+    profile: bool = False  # torch.profiler Chrome trace of every trial's training steps
+    image_size: int = 32  # image folders are resized to image_size x image_size
 
     def sweep(self) -> list[tuple[int, int]]:
         """(batch size, workers) for every cell of a row, in order."""
@@ -77,6 +82,8 @@ class StudyConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {value}")
         if self.eval_samples < 0:
             raise ConfigError(f"--eval-samples must be >= 0, got {self.eval_samples}")
+        if self.image_size <= 0:
+            raise ConfigError(f"--image-size must be > 0, got {self.image_size}")
         if self.max_train_samples is not None and self.max_train_samples <= 0:
             raise ConfigError(f"--max-train-samples must be > 0, got {self.max_train_samples}")
         if self.warmup_steps < 0 or self.warmup_steps >= self.max_steps:
@@ -84,6 +91,8 @@ class StudyConfig:
                 f"--warmup-steps must be >= 0 and < --max-steps ({self.max_steps}) so that some steps "
                 f"are timed, got {self.warmup_steps}"
             )
+        if self.lr is None:
+            self.lr = DEFAULT_LR[self.task]
         if self.lr <= 0:
             raise ConfigError(f"--lr must be > 0, got {self.lr}")
         if self.trial_timeout <= 0:
@@ -138,6 +147,7 @@ class TrialSettings:
     max_grad_norm: float = 1.0
     num_workers: int = 0
     nproc: int = 1
+    profile: bool = False
 
 
 @dataclass(frozen=True)

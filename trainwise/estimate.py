@@ -578,10 +578,12 @@ class EstimateConfig:
 
     def __post_init__(self) -> None:
         from trainwise import strategies
-        from trainwise.config import DEVICES, TASKS, check_accum
+        from trainwise.config import DEVICES, TEXT_TASKS, check_accum
 
-        if self.task not in TASKS:
-            raise ConfigError(f"--task must be one of {', '.join(TASKS)}, not {self.task!r}")
+        if self.task not in TEXT_TASKS:
+            raise ConfigError(
+                f"--task must be one of {', '.join(TEXT_TASKS)}, not {self.task!r} (the estimate models transformers)"
+            )
         if self.device not in DEVICES:
             raise ConfigError(f"--device must be one of {', '.join(DEVICES)}, not {self.device!r}")
         for name in ("batch_size", "accum_steps", "max_length", "max_target_length", "nproc"):

@@ -84,6 +84,10 @@ def training_arguments(plan: TrialPlan, s: RunSettings, output_dir: str = "out")
         args["use_cpu"] = True
     if plan.zero_stage:
         args["deepspeed"] = "ds_config.json"
+    if plan.compile:
+        args["torch_compile"] = True
+    if plan.empty_cache_steps:
+        args["torch_empty_cache_steps"] = plan.empty_cache_steps
     return args
 
 
@@ -180,6 +184,19 @@ def snippet(plan: TrialPlan, s: RunSettings) -> str:
         elif part == "encoder":
             enc = "model.get_encoder()" if s.task == "seq2seq" else "model.base_model.encoder"
             freeze_lines.append(f"for p in {enc}.parameters(): p.requires_grad_(False)")
+    if plan.freeze_layers:
+        n = "len(stack) // 2" if plan.freeze_layers < 0 else str(plan.freeze_layers)
+        stack = "model.get_encoder().block" if s.task == "seq2seq" else "model.base_model.encoder.layer"
+        freeze_lines += [
+            f"stack = {stack}  # the layer list (BART: .layers)",
+            "for p in model.get_input_embeddings().parameters(): p.requires_grad_(False)",
+            f"for layer in stack[:{n}]:",
+            "    for p in layer.parameters(): p.requires_grad_(False)",
+        ]
+    if plan.offload_activations:
+        freeze_lines.append(
+            "# offload_activations: run training under torch.autograd.graph.save_on_cpu(pin_memory=True)"
+        )
     if plan.lora_r:
         peft_task = "SEQ_2_SEQ_LM" if s.task == "seq2seq" else "SEQ_CLS"
         freeze_lines += [
@@ -188,6 +205,7 @@ def snippet(plan: TrialPlan, s: RunSettings) -> str:
             f'lora_dropout=0.0, task_type="{peft_task}"))  # peft picks the attention projections',
         ]
     model_ref = s.model if not s.model_is_preset else f"<a directory with the {s.model} config>"
+    attn = "" if plan.attn == "default" else f", attn_implementation={plan.attn!r}"
     return "\n".join(
         [
             f"# exported by trainwise: plan {s.row!r}",
@@ -195,7 +213,7 @@ def snippet(plan: TrialPlan, s: RunSettings) -> str:
             f"from transformers import (AutoTokenizer, Trainer, TrainingArguments, {auto}, {collator.split('(')[0]})",
             "",
             f"tokenizer = AutoTokenizer.from_pretrained({model_ref!r})",
-            f"model = {auto}.from_pretrained({model_ref!r})",
+            f"model = {auto}.from_pretrained({model_ref!r}{attn})",
             *freeze_lines,
             pad_line,
             "train_dataset = ...  # your tokenized dataset (input_ids, attention_mask, labels)",

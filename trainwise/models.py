@@ -200,7 +200,9 @@ def load_tokenizer(source: ModelSource, tokenizer_dir: str | None):
     return AutoTokenizer.from_pretrained(tokenizer_dir or source.ref)
 
 
-def build_model(source: ModelSource, task: str, num_labels: int, seed: int, config_overrides=None):
+def build_model(
+    source: ModelSource, task: str, num_labels: int, seed: int, config_overrides=None, attn: str = "default"
+):
     """Build the model with a fixed seed, so every trial of a study starts from the same weights."""
     import torch
     from transformers import AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
@@ -210,10 +212,11 @@ def build_model(source: ModelSource, task: str, num_labels: int, seed: int, conf
     torch.manual_seed(seed)
     auto = AutoModelForSeq2SeqLM if task == "seq2seq" else AutoModelForSequenceClassification
     overrides = dict(config_overrides or {})
+    kernels = {} if attn == "default" else {"attn_implementation": attn}
     if source.kind == "preset":
         config = _preset_config(source.ref, num_labels)
         for k, v in overrides.items():
             setattr(config, k, v)
-        return auto.from_config(config)
+        return auto.from_config(config, **kernels)
     extra = {"num_labels": num_labels} if task == "classification" else {}
-    return auto.from_pretrained(source.ref, **extra, **overrides)
+    return auto.from_pretrained(source.ref, **extra, **overrides, **kernels)

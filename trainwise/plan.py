@@ -15,6 +15,7 @@ Optimizer = Literal["adamw", "adamw_foreach", "adamw_fused", "adamw_8bit", "adaf
 Padding = Literal["max_length", "longest"]
 Sampler = Literal["random", "length_grouped", "sortish"]
 Offload = Literal["none", "optimizer", "params"]
+Attention = Literal["default", "sdpa", "eager"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,12 @@ class TrialPlan:
     # to CPU memory. Trials with zero_stage > 0 run under torchrun + DeepSpeed.
     zero_stage: int = 0
     offload: Offload = "none"
+    attn: Attention = "default"  # attn_implementation; "default": what transformers picks for the model
+    compile: bool = False  # torch.compile the model (compile time reported apart from step time)
+    offload_activations: bool = False  # CUDA: keep saved activations in pinned CPU memory until backward
+    empty_cache_steps: int = 0  # CUDA: torch.cuda.empty_cache() every N optimizer steps (0: never)
+    freeze_layers: int = 0  # freeze the embeddings and the first N layers of the stack (-1: half of them)
+    channels_last: bool = False  # images: NHWC memory format for the convolutions
 
     def with_(self, **changes: object) -> TrialPlan:
         return replace(self, **changes)  # type: ignore[arg-type]

@@ -22,6 +22,7 @@ class TrialResult:
     compute_s: float | None = None  # median forward+backward per step
     optimizer_s: float | None = None  # median clip+step+zero_grad per step
     warmup_s: float | None = None  # total time of the untimed warm-up steps
+    compile_s: float | None = None  # torch.compile rows: warm-up time beyond steady steps (the compiling)
     timed_steps: int = 0
     samples_per_s: float | None = None  # samples / total timed seconds
     tokens_per_s: float | None = None  # non-pad tokens / total timed seconds
@@ -49,6 +50,7 @@ class TrialResult:
     world_size: int = 1
     timed_s: float | None = None  # total timed seconds (the slowest rank's, when combined)
     rank_peak_mem_bytes: list | None = None  # peak_mem_bytes of each rank, in rank order
+    trace: str | None = None  # --profile: the Chrome/Perfetto trace of the training steps (rank 0's)
 
     def __post_init__(self) -> None:
         assert self.status in STATUSES, self.status

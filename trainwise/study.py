@@ -19,8 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from trainwise import strategies
-from trainwise.config import StudyConfig, TrialSettings, TrialSpec
+from trainwise.config import IMAGE_TASK, StudyConfig, TrialSettings, TrialSpec
 from trainwise.data.builtin import BUILTIN_DATASETS
 from trainwise.data.sources import load_rows
 from trainwise.errors import ConfigError
@@ -85,12 +87,20 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
             raise ConfigError(f"strategy {spec!r} {reason}; drop it or use a device that supports it")
         unsupported[spec] = reason
     for spec in rows:
+        for st in strategies.parse_spec(spec):
+            if cfg.task not in st.tasks:
+                raise ConfigError(
+                    f"strategy {st.name!r} (in {spec!r}) applies to {', '.join(sorted(st.tasks))}, not {cfg.task}"
+                )
+    for spec in rows:
         missing_pkgs = strategies.missing_packages(spec)
         if missing_pkgs and spec not in unsupported:
             raise ConfigError(f"strategy {spec!r} needs {', '.join(missing_pkgs)}")
     _check_ranks(cfg, rows, device, unsupported)
     out = Path(cfg.out)
     _check_writable(out)
+    if cfg.task == IMAGE_TASK:
+        return _prepare_images(cfg, rows, device, unsupported, out)
     source = resolve_model(cfg.model, cfg.model_preset, cfg.task)
     if any(strategies.build_plan(r, cfg.accum_steps).lora_r for r in rows if r not in unsupported):
         _check_lora(source)
@@ -135,14 +145,20 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
             stamp.write_text(f"{source.ref} {fingerprint}")
         tokenizer_dir = str(tok_path.resolve())
 
-    settings = TrialSettings(
+    settings = _settings(cfg, device, source, tokenizer_dir, data_dir, len(labels), len(train))
+    return _specs(cfg, settings, fingerprint, unsupported, out, rows)
+
+
+def _settings(cfg: StudyConfig, device: str, source, tokenizer_dir, data_dir: Path, n_labels: int, n_train: int):
+    assert cfg.lr is not None, "StudyConfig resolves the task's default"
+    return TrialSettings(
         task=cfg.task,
         model_kind=source.kind,
         model_ref=source.ref,
         model_label=source.display(),
         tokenizer_dir=tokenizer_dir,
         data_dir=str(data_dir.resolve()),
-        num_labels=len(labels),
+        num_labels=n_labels,
         batch_size=cfg.batch_size,
         accum_steps=cfg.accum_steps,
         max_length=cfg.max_length,
@@ -153,9 +169,13 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
         seed=cfg.seed,
         device=device,
         eval_samples=cfg.eval_samples,
-        n_train=len(train),
+        n_train=n_train,
         nproc=cfg.nproc,
+        profile=cfg.profile,
     )
+
+
+def _specs(cfg: StudyConfig, settings, fingerprint: str, unsupported: dict[str, str], out: Path, rows: list[str]):
     cells = [(row, b, w, cfg.label(row, b, w)) for row in rows for b, w in cfg.sweep()]
     specs = [
         TrialSpec(
@@ -170,6 +190,36 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
     ]
     unsupported_cells = {label: unsupported[row] for row, _b, _w, label in cells if row in unsupported}
     return PreparedStudy(cfg, out, specs, unsupported_cells, [label for *_, label in cells])
+
+
+def _prepare_images(cfg: StudyConfig, rows: list[str], device: str, unsupported: dict[str, str], out: Path):
+    """image-classification: a project ResNeXt preset on digits, CIFAR-10 or image folders."""
+    from trainwise.models import ModelSource
+    from trainwise.vision import VISION_PRESETS, load_image_data, save_images
+
+    preset = cfg.model_preset or "resnext-tiny"
+    if cfg.model is not None or preset not in VISION_PRESETS:
+        raise ConfigError(
+            f"image-classification trains the project's ResNeXt: --model-preset one of {', '.join(VISION_PRESETS)}"
+        )
+    train, evals, names = load_image_data(cfg.dataset, cfg.train_file, cfg.eval_file, cfg.image_size)
+    order = np.random.default_rng(1234).permutation(len(train))  # a fixed shuffle, like the text path
+    if cfg.max_train_samples:
+        order = order[: cfg.max_train_samples]
+    train = type(train)(train.x[order], train.y[order])
+    largest = max(b for b, _w in cfg.sweep())
+    if len(train) < largest:
+        raise ConfigError(f"the training data has {len(train)} images, fewer than the batch size {largest}")
+    data_dir = out / "data"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    save_images(data_dir / "images.npz", train, evals)
+    (data_dir / "labels.json").write_text(json.dumps(names))
+    h = hashlib.sha256()
+    for a in (train.x, train.y, evals.x, evals.y):
+        h.update(np.ascontiguousarray(a).tobytes())
+    source = ModelSource("preset", preset)
+    settings = _settings(cfg, device, source, None, data_dir, len(names), len(train))
+    return _specs(cfg, settings, h.hexdigest()[:16], unsupported, out, rows)
 
 
 def _check_ranks(cfg: StudyConfig, rows: list[str], device: str, unsupported: dict[str, str]) -> None:
@@ -280,6 +330,7 @@ NUMERIC = (
     "compute_s",
     "optimizer_s",
     "warmup_s",
+    "compile_s",
     "samples_per_s",
     "tokens_per_s",
     "padding_waste",
@@ -318,6 +369,7 @@ def aggregate(rows: list[str], results: list[TrialResult]) -> list[dict]:
             "env": first.env,
             "world_size": first.world_size,
             "rank_peak_mem_bytes": first.rank_peak_mem_bytes,
+            "trace": first.trace,
         }
         for name in NUMERIC:
             values = [getattr(r, name) for r in ok if getattr(r, name) is not None]

@@ -17,6 +17,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +33,11 @@ from trainwise.distributed import Ranks, all_sum, ds_config, group_size
 from trainwise.measure import memory
 from trainwise.measure.env import environment
 from trainwise.measure.timing import StepTimer, summarize_steps
+from trainwise.measure.trace import Tracer
 from trainwise.models import ModelSource, build_model, load_tokenizer
 from trainwise.plan import TrialPlan
 from trainwise.results import TrialResult
+from trainwise.vision import IMAGE_TASK, ImageDataset, Images, build_image_model, collate_images, read_images
 
 Progress = Callable[[dict], None]
 
@@ -63,6 +66,32 @@ def apply_model_plan(model: Any, plan: TrialPlan) -> None:
     for part in plan.freeze:
         for p in frozen_parameters(model, part):
             p.requires_grad_(False)
+    if plan.freeze_layers:
+        for p in lower_layer_parameters(model, plan.freeze_layers):
+            p.requires_grad_(False)
+
+
+def layer_stack(model) -> torch.nn.ModuleList:
+    """The (encoder) stack of transformer layers: BERT encoder.layer, T5 encoder.block, BART encoder.layers."""
+    root = model.get_encoder() if getattr(model.config, "is_encoder_decoder", False) else model.base_model
+    stacks = [
+        m
+        for name, m in root.named_modules()
+        if isinstance(m, torch.nn.ModuleList) and name.split(".")[-1] in ("layer", "layers", "block")
+    ]
+    if not stacks:
+        raise ValueError(f"{type(model).__name__}: no stack of layers found to freeze")
+    return stacks[0]
+
+
+def lower_layer_parameters(model, n: int) -> list[torch.nn.Parameter]:
+    """The embeddings and the first n layers (n = -1: the lower half)."""
+    stack = layer_stack(model)
+    n = len(stack) // 2 if n < 0 else n
+    if n > len(stack):
+        raise ValueError(f"freeze_layers={n}: the model has only {len(stack)} layers")
+    params = frozen_parameters(model, "embeddings")
+    return params + [p for layer in stack[:n] for p in layer.parameters()]
 
 
 def lora_targets(model_type: str) -> list[str] | None:
@@ -135,7 +164,7 @@ def make_optimizer(
 
 def loss_sum(model, batch: Batch, task: str, decoder_inputs: Callable | None) -> torch.Tensor:
     """Summed (not averaged) cross-entropy of one micro-batch, in fp32."""
-    if task == "classification":
+    if task != "seq2seq":  # classification of text or images
         logits = model(**batch.inputs).logits
         return F.cross_entropy(logits.float(), batch.labels, reduction="sum")
     assert decoder_inputs is not None
@@ -153,6 +182,7 @@ def accumulate_step(
     decoder_inputs=None,
     total_items: float | None = None,
     window: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+    phase: Callable[[str], contextlib.AbstractContextManager] = lambda _name: contextlib.nullcontext(),
 ) -> torch.Tensor:
     """Forward+backward over one effective batch; grads hold the mean over all its loss items.
 
@@ -165,13 +195,24 @@ def accumulate_step(
     mean_loss = torch.zeros((), device=micro_batches[0].labels.device)
     for batch in micro_batches:
         with window():
-            loss = loss_sum(model, batch, task, decoder_inputs) / total_items
-            backward(loss)
+            with phase("forward"):
+                loss = loss_sum(model, batch, task, decoder_inputs) / total_items
+            with phase("backward"):
+                backward(loss)
         mean_loss += loss.detach()
     return mean_loss
 
 
-def train_window(accelerator, model, micro: list[Batch], accum_steps: int, world: int, task: str, decoder_inputs):
+def train_window(
+    accelerator,
+    model,
+    micro: list[Batch],
+    accum_steps: int,
+    world: int,
+    task: str,
+    decoder_inputs,
+    phase: Callable[[str], contextlib.AbstractContextManager] = lambda _name: contextlib.nullcontext(),
+):
     """Forward+backward of one optimizer step's window on this rank; returns the global mean loss.
 
     Each rank divides its summed loss by the window's item count over all ranks. DDP and DeepSpeed
@@ -189,6 +230,7 @@ def train_window(accelerator, model, micro: list[Batch], accum_steps: int, world
         decoder_inputs,
         items,
         lambda: accelerator.accumulate(model),
+        phase,
     )
     return all_sum(float(share), world)
 
@@ -250,30 +292,83 @@ def evaluate(model, accelerator, enc: Encoded, gold: list[str], spec: TrialSpec,
     return text_metrics([p.strip() for p in preds], gold)
 
 
-def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
-    emit = progress or (lambda _event: None)
-    s, plan = spec.settings, spec.plan
-    ranks = Ranks.from_env()
-    torch.manual_seed(s.seed)
-    emit({"event": "phase", "phase": "data"})
+@dataclass
+class TrialData:
+    """What the loop needs from a task's data: the training set, how to batch it, how to score."""
 
-    # ---- data: tokenized once, unpadded; the plan chooses padding and grouping ------------------
-    source = ModelSource(s.model_kind, s.model_ref)
+    train: torch.utils.data.Dataset
+    lengths: list[int]  # per training sample (what length-aware samplers sort by)
+    collate: Callable[[list], Batch]
+    n_eval: int
+    evaluate: Callable[[Any, Any], dict[str, float]]  # (model, accelerator) -> metrics
+    channels: int = 0  # images: input channels
+
+
+def _text_data(spec: TrialSpec, source: ModelSource) -> TrialData:
+    s, plan = spec.settings, spec.plan
     tokenizer = load_tokenizer(source, s.tokenizer_dir)
     train_rows, eval_rows, labels = read_prepared(s.data_dir)
     label2id = {label: i for i, label in enumerate(labels)}
     train = encode(train_rows, tokenizer, s.task, s.max_length, s.max_target_length, label2id)
     eval_rows = eval_rows[: s.eval_samples]
     evals = encode(eval_rows, tokenizer, s.task, s.max_length, s.max_target_length, label2id)
+    gold = [r["target"] for r in eval_rows]
+    return TrialData(
+        EncodedDataset(train),
+        train.lengths(),
+        Collator(s.task, tokenizer.pad_token_id, plan.padding, s.max_length, s.max_target_length),
+        len(evals),
+        lambda model, acc: evaluate(model, acc, evals, gold, spec, tokenizer, labels),
+    )
+
+
+def _image_data(spec: TrialSpec) -> TrialData:
+    s = spec.settings
+    train, evals = read_images(Path(s.data_dir) / "images.npz")
+    train_ds = ImageDataset(train, train=True, seed=s.seed)
+    eval_ds = ImageDataset(Images(evals.x[: s.eval_samples], evals.y[: s.eval_samples]), train=False, seed=s.seed)
+    eval_ds.mean, eval_ds.std = train_ds.mean, train_ds.std  # normalised with the training statistics
+    return TrialData(
+        train_ds,
+        [1] * len(train),
+        collate_images,
+        len(eval_ds),
+        lambda model, acc: evaluate_images(model, acc, eval_ds, s.batch_size),
+        channels=train.x.shape[-1],
+    )
+
+
+@torch.no_grad()
+def evaluate_images(model, accelerator, ds, batch_size: int) -> dict[str, float]:
+    model.eval()
+    correct = 0
+    for start in range(0, len(ds), batch_size):
+        batch = collate_images([ds[i] for i in range(start, min(start + batch_size, len(ds)))]).to(accelerator.device)
+        with accelerator.autocast():
+            correct += int((model(**batch.inputs).logits.argmax(-1) == batch.labels).sum())
+    model.train()
+    return {"accuracy": 100 * correct / len(ds)}
+
+
+def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Path | None = None) -> TrialResult:
+    """One trial. With `trace_path`, the training steps are recorded by torch.profiler (--profile)."""
+    emit = progress or (lambda _event: None)
+    s, plan = spec.settings, spec.plan
+    ranks = Ranks.from_env()
+    torch.manual_seed(s.seed)
+    emit({"event": "phase", "phase": "data"})
+
+    # ---- data: text tokenized once, unpadded (the plan chooses padding and grouping); images as uint8
+    source = ModelSource(s.model_kind, s.model_ref)
+    data = _image_data(spec) if s.task == IMAGE_TASK else _text_data(spec, source)
     micro_bs = plan.micro_batch_size(s.batch_size)
-    batches_all = make_batches(plan.sampler, train.lengths(), micro_bs, s.seed)
+    batches_all = make_batches(plan.sampler, data.lengths, micro_bs, s.seed)
     # data parallel: every rank draws the same global micro-batches and keeps its slice
     sampler = RankShard(batches_all, ranks.rank, ranks.world) if ranks.world > 1 else batches_all
-    collate = Collator(s.task, tokenizer.pad_token_id, plan.padding, s.max_length, s.max_target_length)
     loader = torch.utils.data.DataLoader(
-        EncodedDataset(train),
+        data.train,
         batch_sampler=sampler,
-        collate_fn=collate,
+        collate_fn=data.collate,
         num_workers=s.num_workers,
         pin_memory=s.device == "cuda",
     )
@@ -290,7 +385,13 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
         memory.cuda_reset_peak()
     memory.reset_peak_rss()
     rss_before = memory.rss_bytes()
-    model = build_model(source, s.task, s.num_labels or 2, s.seed)  # seq2seq: unused
+    model: Any
+    if s.task == IMAGE_TASK:
+        model = build_image_model(s.model_ref, data.channels, s.num_labels, s.seed)
+    else:
+        model = build_model(source, s.task, s.num_labels or 2, s.seed, attn=plan.attn)  # seq2seq: num_labels unused
+    if plan.channels_last:
+        model = model.to(memory_format=torch.channels_last)
     apply_model_plan(model, plan)
     model = apply_lora(model, plan, s.task)
     model.train()
@@ -298,6 +399,8 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
     n_params = sum(numel(p) for p in model.parameters())
     optimizer = make_optimizer(plan.optimizer, trainable, s.lr, cpu_offload=plan.offload != "none")
     model, optimizer = accelerator.prepare(model, optimizer)
+    if plan.compile:
+        model = torch.compile(model)  # compiles lazily: the first steps (untimed warm-up) pay for it
     # on the prepared optimizer: ZeRO-3 steps copies of the param groups, not the ones passed in
     scheduler = get_linear_schedule_with_warmup(optimizer, 0, s.max_steps)
     decoder_inputs = None
@@ -310,23 +413,40 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
     batches = _micro_batches(loader, sampler)
 
     timer = StepTimer(sync)
+    tracer = Tracer(trace_path, s.device == "cuda")
+    activations_ctx = (
+        (lambda: torch.autograd.graph.save_on_cpu(pin_memory=True))
+        if plan.offload_activations
+        else contextlib.nullcontext
+    )
     samples = real_tokens = padded_tokens = 0
     losses: list[float] = []
+    tracer.start()  # a no-op without --profile; with it, one trace of all training steps
     for step in range(s.max_steps):
         timer.start("data")
-        micro = [next(batches).to(accelerator.device) for _ in range(plan.accum_steps)]
+        with tracer.range("data"):
+            micro = [next(batches).to(accelerator.device) for _ in range(plan.accum_steps)]
+            if plan.channels_last:
+                for b in micro:
+                    b.inputs["pixel_values"] = b.inputs["pixel_values"].contiguous(memory_format=torch.channels_last)
         timer.stop()
 
         timer.start("compute")
-        loss = train_window(accelerator, model, micro, plan.accum_steps, world, s.task, decoder_inputs)
+        with activations_ctx():
+            loss = train_window(
+                accelerator, model, micro, plan.accum_steps, world, s.task, decoder_inputs, tracer.range
+            )
         timer.stop()
 
         timer.start("optim")
-        if s.max_grad_norm and not plan.zero_stage:  # DeepSpeed clips in its step (gradient_clipping)
-            accelerator.clip_grad_norm_(trainable, s.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        with tracer.range("optimizer"):
+            if s.max_grad_norm and not plan.zero_stage:  # DeepSpeed clips in its step (gradient_clipping)
+                accelerator.clip_grad_norm_(trainable, s.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            if plan.empty_cache_steps and (step + 1) % plan.empty_cache_steps == 0:
+                torch.cuda.empty_cache()
         timer.stop()
         times = timer.end_step()
 
@@ -338,6 +458,7 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
             real_tokens += sum(b.real_tokens for b in micro)
             padded_tokens += sum(b.padded_tokens for b in micro)
         emit({"event": "step", "step": step + 1, "total": s.max_steps, "loss": loss, "step_s": times.total_s})
+    tracer.stop()
 
     # weights + gradients + optimizer state, counted exactly (what strategies like adafactor or freezing
     # change; on CPU glibc keeps freed memory, so RSS can hide savings of this size)
@@ -353,12 +474,12 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
     # ---- evaluate --------------------------------------------------------------------------------
     metrics: dict[str, float] = {}
     eval_s = None
-    if len(evals):
+    if data.n_eval:
         emit({"event": "phase", "phase": "eval"})
         t0 = time.perf_counter()
-        metrics = evaluate(model, accelerator, evals, [r["target"] for r in eval_rows], spec, tokenizer, labels)
+        metrics = data.evaluate(model, accelerator)
         eval_s = time.perf_counter() - t0
-    metric_name = "accuracy" if s.task == "classification" else "rougeL"
+    metric_name = "rougeL" if s.task == "seq2seq" else "accuracy"
 
     timed = timer.steps[s.warmup_steps :]
     summary = summarize_steps(timed)
@@ -374,6 +495,12 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None) -> TrialResult:
         compute_s=summary["compute_s"],
         optimizer_s=summary["optimizer_s"],
         warmup_s=sum(t.total_s for t in timer.steps[: s.warmup_steps]),
+        # torch.compile: what the warm-up steps took beyond a steady step (the compiles happen there)
+        compile_s=(
+            sum(max(0.0, t.total_s - summary["step_time_s"]) for t in timer.steps[: s.warmup_steps])
+            if plan.compile
+            else None
+        ),
         timed_steps=len(timed),
         samples_per_s=samples_per_s,
         tokens_per_s=real_tokens / summary["timed_s"],

@@ -70,7 +70,13 @@ def main(argv: list[str]) -> int:
     try:
         from trainwise.trial import run_trial
 
-        result = run_trial(spec, progress=_emitter(spec.strategy, spec.settings.batch_size, rank == 0))
+        trace = None
+        if spec.settings.profile:
+            trace = result_path.parent / (f"trace.rank{rank}.json" if "RANK" in os.environ else "trace.json")
+        result = run_trial(
+            spec, progress=_emitter(spec.strategy, spec.settings.batch_size, rank == 0), trace_path=trace
+        )
+        result.trace = str(trace) if trace else None
     except BaseException as exc:  # every failure is a row, never a lost study
         if isinstance(exc, KeyboardInterrupt):
             raise

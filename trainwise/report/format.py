@@ -7,7 +7,9 @@ HEADERS = [
     "status",
     "step (s)",
     "data (s)",
+    "optim (s)",
     "samples/s",
+    "epoch (s)",
     "time %",
     "peak mem",
     "mem %",
@@ -26,6 +28,10 @@ def human_bytes(n: float | None) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}" if abs(n) < 10 else f"{n:.0f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def _seconds(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}" if x >= 100 else f"{x:.1f}"
 
 
 def _pct(x: float | None) -> str:
@@ -54,7 +60,9 @@ def cells(e: dict, note: int | None = None) -> list[str]:
         e["status"] if note is None else f"{e['status']} [{note}]",
         f"{e['step_time_s']:.3f}" if ok else "-",
         f"{e['data_wait_s']:.3f}" if ok and e.get("data_wait_s") is not None else "-",
+        f"{e['optimizer_s']:.3f}" if ok and e.get("optimizer_s") is not None else "-",
         f"{e['samples_per_s']:.1f}" if ok else "-",
+        _seconds(e.get("epoch_time_s")) if ok else "-",
         _pct(e["rel_time"]),
         human_bytes(e["peak_mem_bytes"]) if ok else "-",
         _pct(e["rel_mem"]),
@@ -84,7 +92,18 @@ def notes(table: list[dict]) -> list[str]:
     if "cuda_allocated" in kinds:
         lines.append("peak mem (CUDA): torch.cuda.max_memory_allocated over the training steps.")
     lines.append("state: weights + gradients + optimizer state bytes, counted from the tensors.")
+    traces = [e for e in table if e.get("trace")]
+    if traces:
+        lines.append(
+            "--profile: times include the profiler's overhead; traces (chrome://tracing, ui.perfetto.dev): "
+            + "; ".join(f"{e['strategy']}: {e['trace']}" for e in traces)
+        )
     for e in table:
+        if e["status"] == "ok" and e.get("compile_s") is not None:
+            lines.append(
+                f"{e['strategy']}: torch.compile took {e['compile_s']:.1f} s in the untimed warm-up steps "
+                "(not in step time; a new input shape compiles again, see p90 in results.csv)."
+            )
         peaks = e.get("rank_peak_mem_bytes") or []
         if e["status"] == "ok" and (e.get("world_size") or 1) > 1 and peaks:
             lines.append(
@@ -94,6 +113,7 @@ def notes(table: list[dict]) -> list[str]:
             )
     lines.append(
         "time %: baseline samples/s / row samples/s; data (s): median wait for the next batch per step "
-        "(DataLoader); loss: true mean over the last 5 optimizer steps."
+        "(DataLoader); optim (s): median clip + optimizer step + zero_grad; epoch (s): training samples / "
+        "samples/s; loss: true mean over the last 5 optimizer steps."
     )
     return lines

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from trainwise.errors import ConfigError
 from trainwise.plan import TrialPlan
 from trainwise.strategies import batching, freezing, memory, optim, precision, scale
@@ -9,9 +11,20 @@ from trainwise.strategies.base import Strategy
 
 BASELINE = Strategy("baseline", "vanilla fp32, AdamW, pad to max length; the 100% row", lambda p, _n: p)
 
-REGISTRY: dict[str, Strategy] = {
-    s.name: s
-    for s in [
+
+def _symmetric(entries: list[Strategy]) -> dict[str, Strategy]:
+    """A conflict declared on either side applies both ways (ZeRO-Offload lists the optimizers it
+    replaces; they need not list it back)."""
+    registry = {s.name: s for s in entries}
+    for s in entries:
+        for other in s.conflicts:
+            o = registry[other]
+            registry[other] = dataclasses.replace(o, conflicts=o.conflicts | {s.name})
+    return registry
+
+
+REGISTRY: dict[str, Strategy] = _symmetric(
+    [
         BASELINE,
         *precision.STRATEGIES,
         *memory.STRATEGIES,
@@ -20,7 +33,7 @@ REGISTRY: dict[str, Strategy] = {
         *freezing.STRATEGIES,
         *scale.STRATEGIES,
     ]
-}
+)
 
 # The seed case studies' "All Applied" row: every speed/memory strategy that does not change what is
 # trained (freezing is left out because it changes the model being fine-tuned).
@@ -38,7 +51,8 @@ def parse_spec(spec: str) -> tuple[Strategy, ...]:
     spec = spec.strip()
     if not spec:
         raise ConfigError(f"empty strategy name; valid names: {valid_names()}")
-    parts = [p.strip() for p in ALIASES.get(spec, spec).split("+")]
+    parts = [p.strip().split("=")[0] for p in ALIASES.get(spec, spec).split("+")]
+    _values(spec)  # validates "name=N" parts
     unknown = [p for p in parts if p not in REGISTRY]
     if unknown:
         raise ConfigError(f"unknown strategy {unknown[0]!r} in {spec!r}; valid names: {valid_names()}")
@@ -91,8 +105,28 @@ def missing_packages(spec: str) -> list[str]:
     ]
 
 
+def _values(spec: str) -> dict[str, int]:
+    """The values of "name=N" parts (freeze_layers=4); only strategies with `with_value` take one."""
+    values: dict[str, int] = {}
+    for part in ALIASES.get(spec.strip(), spec.strip()).split("+"):
+        name, eq, raw = part.strip().partition("=")
+        if not eq:
+            continue
+        strategy = REGISTRY.get(name)
+        if strategy is None or strategy.with_value is None:
+            raise ConfigError(f"{part.strip()!r} in {spec!r}: strategy {name!r} takes no value")
+        if not raw.isdigit() or int(raw) <= 0:
+            raise ConfigError(f"{part.strip()!r} in {spec!r}: the value must be a whole number > 0")
+        values[name] = int(raw)
+    return values
+
+
 def build_plan(spec: str, accum_steps: int) -> TrialPlan:
     plan = TrialPlan()
+    values = _values(spec)
     for s in parse_spec(spec):
         plan = s.apply(plan, accum_steps)
+        if s.name in values:
+            assert s.with_value is not None
+            plan = s.with_value(plan, values[s.name])
     return plan
