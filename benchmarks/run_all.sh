@@ -26,3 +26,19 @@ mkdir -p runs
 # 7. find-batch on the default model under a 3 GB limit: throughput per batch size, estimate skips, bisection
 /usr/bin/time -f "wall %e s" $TW find-batch --candidates 8,16,32,64,128 --steps 4 --memory-limit 3GB \
   --out runs/bench-find-batch 2>&1 | tee runs/bench-find-batch.txt
+
+# 9. data parallel and ZeRO on CPU (issue 3): the default study's baseline as 1 process, then as 2 gloo
+#    ranks (same global batch 16: 8 per rank) next to the ZeRO stages over the same 2 ranks
+/usr/bin/time -f "wall %e s" $TW compare --strategies baseline --repeat 3 --eval-samples 0 \
+  --out runs/bench-nproc1 2>&1 | tee runs/bench-nproc1.txt
+/usr/bin/time -f "wall %e s" $TW compare --strategies baseline,zero1,zero2,zero3,zero2_offload,zero3_offload \
+  --nproc 2 --repeat 3 --eval-samples 0 --out runs/bench-nproc2 2>&1 | tee runs/bench-nproc2.txt
+
+# 10. seed 003's table: ResNeXt on the built-in digits, DataLoader workers x precision x checkpointing x batch
+/usr/bin/time -f "wall %e s" $TW compare --task image-classification --model-preset resnext-small \
+  --strategies baseline,bf16,grad_ckpt,channels_last --num-workers 0,1,2,4,8 --batch-sizes 128,512 \
+  --max-steps 8 --warmup-steps 3 --eval-samples 0 --out runs/bench-seed003 2>&1 | tee runs/bench-seed003.txt
+
+# 11. the other new CPU strategies on the default study: attention kernels, torch.compile, layer freezing
+/usr/bin/time -f "wall %e s" $TW compare --strategies baseline,sdpa,eager_attn,compile,freeze_layers,freeze_layers=5 \
+  --out runs/bench-issue3-more 2>&1 | tee runs/bench-issue3-more.txt

@@ -9,7 +9,7 @@ from trainwise.data.metrics import accuracy, text_metrics
 from trainwise.errors import ConfigError
 from trainwise.measure.timing import StepTimes, percentile, summarize_steps
 from trainwise.models import PRESETS, bundled_minilm_dir, resolve_model
-from trainwise.report.format import cells, human_bytes
+from trainwise.report.format import HEADERS, cells, human_bytes
 from trainwise.results import TrialResult
 from trainwise.study import aggregate
 
@@ -51,7 +51,8 @@ def test_relative_columns_against_the_baseline():
     table = aggregate(["baseline", "grad_ckpt", "fp16"], results)
     assert table[1]["rel_time"] == pytest.approx(1.25) and table[1]["rel_mem"] == pytest.approx(0.6)
     assert table[2]["rel_time"] is None and table[2]["status"] == "unsupported"
-    assert cells(table[1])[5:8] == ["125%", "600 B", "60%"]
+    row = dict(zip(HEADERS, cells(table[1]), strict=True))
+    assert (row["time %"], row["peak mem"], row["mem %"]) == ("125%", "600 B", "60%")
 
 
 def test_human_bytes():
