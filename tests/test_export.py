@@ -62,6 +62,23 @@ def test_zero_plans_get_a_deepspeed_config_and_others_do_not(tmp_path):
     assert accelerate_config(TrialPlan(zero_stage=2), SETTINGS)["distributed_type"] == "DEEPSPEED"
 
 
+def test_issue3_strategies_export_their_settings(tmp_path):
+    from transformers import TrainingArguments
+
+    from trainwise.cli import main
+
+    out = tmp_path / "z"
+    argv = ["export", "--strategies", "zero2+compile+freeze_layers=1+eager_attn", "--model-preset", "bert-tiny"]
+    assert main([*argv, "--nproc", "2", "--device", "cpu", "--out", str(out)]) == 0
+    assert json.loads((out / "ds_config.json").read_text())["zero_optimization"]["stage"] == 2
+    args = json.loads((out / "training_args.json").read_text())
+    assert args["torch_compile"] is True and args["deepspeed"] == "ds_config.json"
+    snippet = (out / "train_snippet.py").read_text()
+    assert "attn_implementation='eager'" in snippet and "for layer in stack[:1]:" in snippet
+    cache = training_arguments(strategies.build_plan("empty_cache=8", 4), SETTINGS, str(tmp_path))
+    assert TrainingArguments(**cache).torch_empty_cache_steps == 8
+
+
 def test_accelerate_config_never_asks_for_the_one_process_cpu_launch():
     """`accelerate launch --cpu --num_processes 2` runs ONE process: a 2-rank CPU export must not say cpu."""
     import dataclasses
@@ -238,6 +255,8 @@ def test_export_from_a_study_takes_its_settings_and_advises_the_plan(tmp_path, c
         (["--strategies", "fp16", "--device", "cpu"], "fp16, which needs CUDA"),
         (["--study", "/nonexistent/study"], "not a finished trainwise compare study"),
         (["--strategies", "bf16", "--model-preset", "gpt-9"], "unknown model preset"),
+        (["--strategies", "channels_last"], "'channels_last' applies to image-classification, not classification"),
+        (["--strategies", "zero2", "--zero", "3"], "'zero2' is ZeRO-2, but --zero 3 was given"),
     ],
 )
 def test_export_bad_input_is_one_line_exit_2(tmp_path, capsys, args, expected):

@@ -927,11 +927,18 @@ def asdict_(obj) -> dict:
 @app.command("strategies")
 def list_strategies() -> None:
     """List every strategy with its one-line effect and cost."""
+    from trainwise.strategies.base import IMAGE_TASKS, TEXT_TASKS
+
+    ALL_TASKS = TEXT_TASKS | IMAGE_TASKS  # noqa: N806
     grid = Table(header_style="bold")
     for h in ("name", "effect; cost", "conflicts", "requires"):
         grid.add_column(h, overflow="fold")
     for st in strategies.REGISTRY.values():
         needs = sorted(st.requires) + [f"pkg {p}" for p in sorted(st.packages)]
+        if st.tasks != ALL_TASKS:
+            needs.append("tasks " + "/".join(sorted(st.tasks)))
+        if st.with_value is not None:
+            needs.append(f"takes {st.name}=N")
         grid.add_row(st.name, st.summary, ", ".join(sorted(st.conflicts)) or "-", ", ".join(needs) or "-")
     for alias, spec in strategies.ALIASES.items():
         grid.add_row(alias, f"the seed studies' 'All Applied' row: {spec}", "-", "-")

@@ -600,7 +600,12 @@ class EstimateConfig:
         if self.offload == "params" and self.zero_stage != 3:
             raise ConfigError("--offload params needs --zero 3")
         for row in self.rows:
-            strategies.parse_spec(row)
+            for st in strategies.parse_spec(row):
+                if self.task not in st.tasks:
+                    raise ConfigError(f"strategy {st.name!r} applies to {', '.join(sorted(st.tasks))}, not {self.task}")
+            plan = strategies.build_plan(row, 2)
+            if plan.zero_stage and self.zero_stage and plan.zero_stage != self.zero_stage:
+                raise ConfigError(f"{row!r} is ZeRO-{plan.zero_stage}, but --zero {self.zero_stage} was given")
             if strategies.build_plan(row, 2).lora_r:  # the estimate builds the adapters (on meta) with peft
                 missing = [m for m in strategies.missing_packages(row) if m.startswith("peft")]
                 if missing:
@@ -611,7 +616,9 @@ class EstimateConfig:
         from trainwise import strategies
 
         plan = strategies.build_plan(row, self.accum_steps)
-        return plan.with_(zero_stage=self.zero_stage, offload=self.offload)
+        if self.zero_stage:  # --zero/--offload apply ZeRO to every row; a zero* strategy carries its own
+            plan = plan.with_(zero_stage=self.zero_stage, offload=self.offload)
+        return plan
 
 
 # plans tried, in order of how little they change training, when a budget is too small
