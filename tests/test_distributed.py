@@ -30,6 +30,7 @@ def _rank(i: int, **kw) -> TrialResult:
         timed_s=3.0 * (1.0 + i),
         epoch_time_s=100 * (1.0 + i) / 8.0,  # 100 training samples
         peak_mem_bytes=1000 * (i + 1),
+        padding_waste=0.5 if i == 0 else 0.0,
         state_bytes=500,
         train_loss=1.25,
         world_size=2,
@@ -45,6 +46,8 @@ def test_ranks_combine_to_the_slowest_time_all_samples_and_per_rank_memory():
     # rank 0: 8 samples/s x 3 s = 24 samples; rank 1: 4 x 6 = 24; over the slowest rank's 6 s
     assert r.samples_per_s == pytest.approx(48 / 6)
     assert r.tokens_per_s == pytest.approx(480 / 6)
+    # rank 0: 240 real tokens of 480 computed; rank 1: 240 of 240 -> 240 padding of 720 positions
+    assert r.padding_waste == pytest.approx(240 / 720)
     assert r.epoch_time_s == pytest.approx(100 / 8)
     assert r.peak_mem_bytes == 2000 and r.rank_peak_mem_bytes == [1000, 2000]
     assert r.train_loss == 1.25

@@ -274,7 +274,7 @@ def run_compare(cfg: StudyConfig, console: Console | None = None) -> None:
     paths = write_reports(prepared.out, table, title)
     grid = Table(title=title, header_style="bold")
     for h in HEADERS:
-        grid.add_column(h, overflow="fold")
+        grid.add_column(h, overflow="fold", no_wrap=h == "strategy")
     marks = footnotes(table)
     for e in table:
         grid.add_row(*cells(e, marks.get(e["strategy"])), style=None if e["status"] == "ok" else "red")

@@ -100,7 +100,12 @@ def combine_ranks(results: list[TrialResult | None], expected_world: int) -> Tri
     slowest = max(ranks, key=lambda r: r.step_time_s or 0.0)
     timed = max(r.timed_s or 0.0 for r in ranks)
     samples = sum((r.samples_per_s or 0.0) * (r.timed_s or 0.0) for r in ranks)
-    tokens = sum((r.tokens_per_s or 0.0) * (r.timed_s or 0.0) for r in ranks)
+    real = [(r.tokens_per_s or 0.0) * (r.timed_s or 0.0) for r in ranks]  # non-pad tokens each rank saw
+    padded = [
+        x / (1 - r.padding_waste) if r.padding_waste is not None and r.padding_waste < 1 else x
+        for x, r in zip(real, ranks, strict=True)
+    ]
+    tokens = sum(real)
     n_train = (ranks[0].epoch_time_s or 0.0) * (ranks[0].samples_per_s or 0.0)
     peaks = [int(r.peak_mem_bytes or 0) for r in ranks]
     main = ranks[0]
@@ -115,6 +120,7 @@ def combine_ranks(results: list[TrialResult | None], expected_world: int) -> Tri
         timed_s=timed,
         samples_per_s=samples / timed if timed else None,
         tokens_per_s=tokens / timed if timed else None,
+        padding_waste=1 - tokens / sum(padded) if sum(padded) else main.padding_waste,
         epoch_time_s=n_train * timed / samples if samples else None,
         peak_mem_bytes=max(peaks),
         peak_reserved_bytes=max((r.peak_reserved_bytes or 0 for r in ranks), default=None) or None,

@@ -104,6 +104,11 @@ def notes(table: list[dict]) -> list[str]:
                 f"{e['strategy']}: torch.compile took {e['compile_s']:.1f} s in the untimed warm-up steps "
                 "(not in step time; a new input shape compiles again, see p90 in results.csv)."
             )
+        if e["status"] == "ok" and (e.get("plan") or {}).get("zero_stage"):
+            lines.append(
+                f"{e['strategy']}: DeepSpeed steps the optimizer inside backward, so its time is in step (s) "
+                "and optim (s) is ~0."
+            )
         peaks = e.get("rank_peak_mem_bytes") or []
         if e["status"] == "ok" and (e.get("world_size") or 1) > 1 and peaks:
             lines.append(
