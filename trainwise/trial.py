@@ -371,6 +371,9 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Pat
         collate_fn=data.collate,
         num_workers=s.num_workers,
         pin_memory=s.device == "cuda",
+        # workers live across epochs: otherwise every epoch boundary restarts them (a stall that a small
+        # dataset with big batches, 3 steps per epoch, hits every third step)
+        persistent_workers=s.num_workers > 0,
     )
 
     # ---- model, plan, optimizer ------------------------------------------------------------------
