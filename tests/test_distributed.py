@@ -202,3 +202,16 @@ def test_zero_strategies_set_the_stage_and_offload():
         (2, "optimizer"),
         (3, "params"),
     ]
+
+
+def test_the_report_names_every_ranks_peak_and_the_total():
+    from trainwise.report.format import notes
+    from trainwise.study import aggregate
+
+    combined = combine_ranks([_rank(0, plan={"zero_stage": 2}), _rank(1, plan={"zero_stage": 2})], 2)
+    combined.strategy = "zero2"
+    lines = notes(aggregate(["zero2"], [combined]))
+    assert "zero2: 2 ranks, peak mem per rank 1000 B, 1.95 KiB (total 2.93 KiB); DeepSpeed steps inside" in "\n".join(
+        lines
+    )
+    assert any(line.startswith("ranks: time is the slowest rank's") for line in lines)

@@ -104,18 +104,22 @@ def notes(table: list[dict]) -> list[str]:
                 f"{e['strategy']}: torch.compile took {e['compile_s']:.1f} s in the untimed warm-up steps "
                 "(not in step time; a new input shape compiles again, see p90 in results.csv)."
             )
-        if e["status"] == "ok" and (e.get("plan") or {}).get("zero_stage"):
-            lines.append(
-                f"{e['strategy']}: DeepSpeed steps the optimizer inside backward, so its time is in step (s) "
-                "and optim (s) is ~0."
-            )
+        if e["status"] != "ok":
+            continue
+        ds = (e.get("plan") or {}).get("zero_stage")
+        ds_note = "; DeepSpeed steps inside backward (its step is in step (s), optim (s) ~0)" if ds else ""
         peaks = e.get("rank_peak_mem_bytes") or []
-        if e["status"] == "ok" and (e.get("world_size") or 1) > 1 and peaks:
+        if (e.get("world_size") or 1) > 1 and peaks:
             lines.append(
-                f"{e['strategy']}: {e['world_size']} ranks; time is the slowest rank's, samples/s all ranks'; "
-                f"peak mem per rank {', '.join(human_bytes(p) for p in peaks)} (total {human_bytes(sum(peaks))}); "
-                "state per rank."
+                f"{e['strategy']}: {e['world_size']} ranks, peak mem per rank "
+                f"{', '.join(human_bytes(p) for p in peaks)} (total {human_bytes(sum(peaks))}){ds_note}."
             )
+        elif ds_note:
+            lines.append(f"{e['strategy']}:{ds_note[1:]}.")
+    if any((e.get("world_size") or 1) > 1 for e in table):
+        lines.append(
+            "ranks: time is the slowest rank's, samples/s all ranks', peak mem the largest rank's, state per rank."
+        )
     lines.append(
         "time %: baseline samples/s / row samples/s; data (s): median wait for the next batch per step "
         "(DataLoader); optim (s): median clip + optimizer step + zero_grad; epoch (s): training samples / "
