@@ -37,7 +37,7 @@ mkdir -p runs
 # 10. seed 003's table: ResNeXt on the built-in digits, DataLoader workers x precision x checkpointing x batch
 /usr/bin/time -f "wall %e s" $TW compare --task image-classification --model-preset resnext-small \
   --strategies baseline,bf16,grad_ckpt,channels_last --num-workers 0,1,2,4,8 --batch-sizes 128,512 \
-  --max-steps 8 --warmup-steps 3 --eval-samples 0 --out runs/bench-seed003 2>&1 | tee runs/bench-seed003.txt
+  --max-steps 8 --warmup-steps 3 --eval-samples 0 --repeat 3 --out runs/bench-seed003 2>&1 | tee runs/bench-seed003.txt
 
 # 11. the other new CPU strategies on the default study: attention kernels, torch.compile, layer freezing
 /usr/bin/time -f "wall %e s" $TW compare --strategies baseline,sdpa,eager_attn,compile,freeze_layers,freeze_layers=5 \

@@ -35,7 +35,7 @@ app = typer.Typer(
     help="Measure which training strategies to turn on for this model, data and hardware, and what each costs.",
 )
 # Piped or in CI, rich would wrap the table at 80 columns; give it room instead.
-out_console = Console() if sys.stdout.isatty() else Console(width=150)
+out_console = Console() if sys.stdout.isatty() else Console(width=180)  # pipes and files: the whole table
 err_console = Console(stderr=True)
 
 
