@@ -5,6 +5,8 @@ Bad input (a ConfigError, or a usage error from the parser) prints one line and 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import sys
 from pathlib import Path
@@ -922,6 +924,109 @@ def asdict_(obj) -> dict:
     from dataclasses import asdict
 
     return asdict(obj)
+
+
+@app.command()
+def train(
+    strategies_: Annotated[
+        str, typer.Option("--strategies", help="The plan: one '+' combination, e.g. bf16+grad_ckpt.")
+    ] = "baseline",
+    model: Annotated[str | None, typer.Option(help="As in compare.")] = None,
+    model_preset: Annotated[str | None, typer.Option(help="As in compare.")] = None,
+    task: Annotated[str, typer.Option(help="classification, seq2seq or image-classification.")] = _default("task"),
+    dataset: Annotated[str | None, typer.Option(help="As in compare.")] = None,
+    train_file: Annotated[str | None, typer.Option(help="As in compare.")] = None,
+    eval_file: Annotated[str | None, typer.Option(help="As in compare.")] = None,
+    text_column: Annotated[str | None, typer.Option(help="As in compare.")] = None,
+    target_column: Annotated[str | None, typer.Option(help="As in compare.")] = None,
+    batch_size: Annotated[int, typer.Option(help="Effective batch size.")] = _default("batch_size"),
+    accum_steps: Annotated[int, typer.Option(help="grad_accum: micro-batches per step.")] = _default("accum_steps"),
+    max_length: Annotated[int, typer.Option(help="Max input tokens.")] = _default("max_length"),
+    max_target_length: Annotated[int, typer.Option(help="Max target tokens (seq2seq).")] = _default(
+        "max_target_length"
+    ),
+    lr: Annotated[float | None, typer.Option(help="Peak learning rate, linear decay to 0 over the run.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed for weights, batches and dropout.")] = _default("seed"),
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    epochs: Annotated[int, typer.Option(help="Passes over the training data.")] = 1,
+    max_steps: Annotated[int | None, typer.Option(help="Stop after this many optimizer steps.")] = None,
+    eval_every: Annotated[int, typer.Option(help="Evaluate every K optimizer steps (and at the end).")] = 50,
+    save_every: Annotated[int, typer.Option(help="Checkpoint every K optimizer steps (and at the end).")] = 50,
+    patience: Annotated[
+        int | None, typer.Option(help="Early stopping: stop after this many evaluations without improvement.")
+    ] = None,
+    min_delta: Annotated[float, typer.Option(help="Early stopping: the smallest change that counts.")] = 0.0,
+    monitor: Annotated[
+        str, typer.Option(help="metric (accuracy / ROUGE-L, higher is better) or loss (train loss, lower).")
+    ] = "metric",
+    eval_samples: Annotated[int, typer.Option(help="Evaluation samples per evaluation.")] = _default("eval_samples"),
+    max_train_samples: Annotated[int | None, typer.Option(help="Use only the first N training rows.")] = None,
+    out: Annotated[str, typer.Option(help="Run directory: checkpoints/, best/, train_result.json.")] = "runs/train",
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the last whole checkpoint in --out.")] = False,
+) -> None:
+    """Train for real with one plan: periodic eval, best checkpoint, early stopping, resumable checkpoints."""
+    from trainwise.study import prepare_study
+    from trainwise.train import TrainConfig, run_train
+
+    tc = TrainConfig(epochs, max_steps, eval_every, save_every, patience, min_delta, monitor)
+    if "," in strategies_:
+        raise ConfigError(f"--strategies {strategies_!r}: train runs one plan (a '+' combination)")
+    cfg = StudyConfig(
+        out=out,
+        strategies=[strategies_],
+        task=task,
+        model=model,
+        model_preset=model_preset,
+        dataset=dataset,
+        train_file=train_file,
+        eval_file=eval_file,
+        text_column=text_column,
+        target_column=target_column,
+        batch_size=batch_size,
+        accum_steps=accum_steps,
+        max_length=max_length,
+        max_target_length=max_target_length,
+        max_steps=2,  # replaced by the run's own schedule
+        warmup_steps=0,
+        lr=lr,
+        seed=seed,
+        device=device,
+        eval_samples=eval_samples,
+        max_train_samples=max_train_samples,
+    )
+    with err_console.status("trainwise train: validating input, preparing data and model..."):
+        prepared = prepare_study(cfg)
+    if prepared.unsupported:
+        raise ConfigError(f"{strategies_!r}: {next(iter(prepared.unsupported.values()))}")
+    spec = prepared.specs[0]
+    from trainwise.worker import _emitter
+
+    fault = _emitter("train", batch_size)  # the test seam: TRAINWISE_FAULT="train:kill@STEP"
+
+    def emit(event: dict) -> None:
+        if event.get("event") == "eval":
+            shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in event.items() if k != "event"}
+            err_console.print(f"  eval {shown}", markup=False, highlight=False)
+        elif event.get("event") == "step" and (event["step"] % 10 == 0 or event["step"] == event["total"]):
+            err_console.print(f"  step {event['step']}/{event['total']}  loss {event['loss']:.4f}", highlight=False)
+        with contextlib.redirect_stdout(io.StringIO()):
+            fault(event)
+
+    r = run_train(spec, tc, Path(out), resume, emit, lambda msg: err_console.print(f"trainwise: warning: {msg}"))
+    lines = [
+        f"trained {r.steps}/{r.planned_steps} steps in {r.wall_s:.0f} s"
+        + (f" (resumed from {r.resumed_from})" if r.resumed_from else ""),
+        f"final train loss {r.final_loss:.4f}",
+    ]
+    if r.best_value is not None:
+        lines.append(f"best {r.monitor} {r.best_value:.4f} at step {r.best_step} (model in {out}/best/)")
+    if r.stopped_early:
+        lines.append(
+            f"early stop: no improvement > {min_delta:g} in {patience} evaluations; "
+            f"{100 * r.compute_saved:.0f}% of the planned steps not spent"
+        )
+    for line in lines:
+        out_console.print(line, markup=False, highlight=False)
 
 
 @app.command("strategies")

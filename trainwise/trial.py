@@ -350,6 +350,40 @@ def evaluate_images(model, accelerator, ds, batch_size: int) -> dict[str, float]
     return {"accuracy": 100 * correct / len(ds)}
 
 
+def build_training(spec: TrialSpec, data: TrialData, accelerator):
+    """The model with the plan applied, its optimizer and linear schedule, prepared by accelerate.
+
+    Returns (model, optimizer, scheduler, trainable parameters, seq2seq decoder-input builder)."""
+    s, plan = spec.settings, spec.plan
+    model: Any
+    if s.task == IMAGE_TASK:
+        model = build_image_model(s.model_ref, data.channels, s.num_labels, s.seed)
+    else:
+        source = ModelSource(s.model_kind, s.model_ref)
+        model = build_model(source, s.task, s.num_labels or 2, s.seed, attn=plan.attn)  # seq2seq: num_labels unused
+    if plan.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    apply_model_plan(model, plan)
+    model = apply_lora(model, plan, s.task)
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_optimizer(plan.optimizer, trainable, s.lr, cpu_offload=plan.offload != "none")
+    model, optimizer = accelerator.prepare(model, optimizer)
+    if plan.compile:
+        model = torch.compile(model)  # compiles lazily: the first steps (untimed warm-up) pay for it
+    # on the prepared optimizer: ZeRO-3 steps copies of the param groups, not the ones passed in
+    scheduler = get_linear_schedule_with_warmup(optimizer, 0, s.max_steps)
+    decoder_inputs = None
+    if s.task == "seq2seq":
+        decoder_inputs = accelerator.unwrap_model(model).prepare_decoder_input_ids_from_labels
+    return model, optimizer, scheduler, trainable, decoder_inputs
+
+
+def load_data(spec: TrialSpec) -> TrialData:
+    s = spec.settings
+    return _image_data(spec) if s.task == IMAGE_TASK else _text_data(spec, ModelSource(s.model_kind, s.model_ref))
+
+
 def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Path | None = None) -> TrialResult:
     """One trial. With `trace_path`, the training steps are recorded by torch.profiler (--profile)."""
     emit = progress or (lambda _event: None)
@@ -359,8 +393,7 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Pat
     emit({"event": "phase", "phase": "data"})
 
     # ---- data: text tokenized once, unpadded (the plan chooses padding and grouping); images as uint8
-    source = ModelSource(s.model_kind, s.model_ref)
-    data = _image_data(spec) if s.task == IMAGE_TASK else _text_data(spec, source)
+    data = load_data(spec)
     micro_bs = plan.micro_batch_size(s.batch_size)
     batches_all = make_batches(plan.sampler, data.lengths, micro_bs, s.seed)
     # data parallel: every rank draws the same global micro-batches and keeps its slice
@@ -388,27 +421,8 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Pat
         memory.cuda_reset_peak()
     memory.reset_peak_rss()
     rss_before = memory.rss_bytes()
-    model: Any
-    if s.task == IMAGE_TASK:
-        model = build_image_model(s.model_ref, data.channels, s.num_labels, s.seed)
-    else:
-        model = build_model(source, s.task, s.num_labels or 2, s.seed, attn=plan.attn)  # seq2seq: num_labels unused
-    if plan.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    apply_model_plan(model, plan)
-    model = apply_lora(model, plan, s.task)
-    model.train()
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    n_params = sum(numel(p) for p in model.parameters())
-    optimizer = make_optimizer(plan.optimizer, trainable, s.lr, cpu_offload=plan.offload != "none")
-    model, optimizer = accelerator.prepare(model, optimizer)
-    if plan.compile:
-        model = torch.compile(model)  # compiles lazily: the first steps (untimed warm-up) pay for it
-    # on the prepared optimizer: ZeRO-3 steps copies of the param groups, not the ones passed in
-    scheduler = get_linear_schedule_with_warmup(optimizer, 0, s.max_steps)
-    decoder_inputs = None
-    if s.task == "seq2seq":
-        decoder_inputs = accelerator.unwrap_model(model).prepare_decoder_input_ids_from_labels
+    model, optimizer, scheduler, trainable, decoder_inputs = build_training(spec, data, accelerator)
+    n_params = sum(numel(p) for p in accelerator.unwrap_model(model).parameters())
     sync = torch.cuda.synchronize if s.device == "cuda" else (lambda: None)
 
     # ---- train -----------------------------------------------------------------------------------

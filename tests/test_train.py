@@ -1,0 +1,110 @@
+"""trainwise train: early stopping, checkpoints that survive SIGKILL, resume equivalence, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+from trainwise.cli import main
+from trainwise.errors import ConfigError
+from trainwise.train import EarlyStopping, TrainConfig, find_resumable, verify
+
+
+def test_early_stopping_triggers_on_a_plateau():
+    stop = EarlyStopping(patience=2, min_delta=0.05, higher_is_better=True)
+    values = [50.0, 60.0, 61.0, 60.03, 60.04]  # +10, then gains below min_delta against the best (60)
+    verdicts = [stop.update(v, step) for step, v in enumerate(values, 1)]
+    assert [b for b, _ in verdicts] == [True, True, True, False, False]
+    assert [s for _, s in verdicts] == [False, False, False, False, True]
+    assert (stop.best, stop.best_step) == (61.0, 3)
+    loss = EarlyStopping(patience=1, min_delta=0.0, higher_is_better=False)
+    assert loss.update(2.0, 1) == (True, False) and loss.update(2.5, 2) == (False, True)
+    never = EarlyStopping(patience=None, min_delta=0.0, higher_is_better=True)
+    assert all(not never.update(1.0, s)[1] for s in range(10))
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"patience": 0}, "--patience must be >= 1"),
+        ({"min_delta": -1.0}, "--min-delta must be >= 0"),
+        ({"monitor": "vibes"}, "--monitor must be metric or loss"),
+        ({"epochs": 0}, "--epochs must be > 0"),
+    ],
+)
+def test_bad_train_settings(kw, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(**kw)
+
+
+def _train(out, csv, *extra, env=None):
+    argv = [sys.executable, "-m", "trainwise.cli", "train", "--model-preset", "bert-tiny", "--train-file", str(csv)]
+    argv += ["--batch-size", "8", "--max-length", "32", "--epochs", "2", "--max-steps", "12", "--eval-every", "4"]
+    argv += ["--save-every", "3", "--eval-samples", "16", "--device", "cpu", "--out", str(out), *extra]
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+    return subprocess.run(argv, capture_output=True, text=True, env=full_env, timeout=300)
+
+
+def _result(out):
+    return json.loads((out / "train_result.json").read_text())
+
+
+@pytest.mark.slow
+def test_a_run_killed_at_a_random_step_resumes_to_the_same_final_loss(tmp_path, cls_csv):
+    whole = _train(tmp_path / "whole", cls_csv)
+    assert whole.returncode == 0, whole.stderr
+    kill_at = random.Random(7).randint(4, 11)
+    killed = _train(tmp_path / "cut", cls_csv, env={"TRAINWISE_FAULT": f"train:kill@{kill_at}"})
+    assert killed.returncode == -9, killed.stderr
+    root = tmp_path / "cut" / "checkpoints"
+    assert verify(find_resumable(root, print)) is None, "latest is always a whole checkpoint"
+    resumed = _train(tmp_path / "cut", cls_csv, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    r, w = _result(tmp_path / "cut"), _result(tmp_path / "whole")
+    assert r["resumed_from"] == f"ckpt-{3 * ((kill_at - 1) // 3):08d}"  # killed before that step's save
+    assert r["steps"] == w["steps"] == 12
+    assert r["final_loss"] == pytest.approx(w["final_loss"], abs=1e-4)
+    assert [e["train_loss"] for e in r["evals"]] == pytest.approx([e["train_loss"] for e in w["evals"]], abs=1e-4)
+    assert (tmp_path / "whole" / "best" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_a_damaged_checkpoint_falls_back_and_another_plan_is_refused(tmp_path, cls_csv):
+    out = tmp_path / "run"
+    assert _train(out, cls_csv, "--max-steps", "6").returncode == 0
+    root = out / "checkpoints"
+    latest = root / (root / "latest").read_text()
+    (latest / "optimizer.safetensors").write_bytes(b"garbage")
+    warnings = []
+    assert find_resumable(root, warnings.append).name == "ckpt-00000003"
+    assert "ckpt-00000006 is damaged (optimizer.safetensors does not match its checksum)" in warnings[0]
+    other = _train(out, cls_csv, "--max-steps", "6", "--resume", "--strategies", "bf16")
+    assert other.returncode == 2 and "another model, plan, data" in other.stderr
+    fresh = _train(out, cls_csv, "--max-steps", "6")
+    assert fresh.returncode == 2 and "add --resume" in fresh.stderr
+
+
+def test_train_bad_input_is_one_line(tmp_path, cls_csv, capsys):
+    argv = ["train", "--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--out", str(tmp_path / "x")]
+    assert main([*argv, "--patience", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--patience must be >= 1" in err[0]
+    assert main([*argv, "--strategies", "bf16,grad_ckpt"]) == 2
+    assert "train runs one plan" in capsys.readouterr().err
+
+
+def test_the_command_export_writes_is_accepted_by_train(tmp_path, capsys):
+    import shlex
+
+    from trainwise.export import RunSettings, train_command
+
+    run = RunSettings("t5-small", "seq2seq", 8, 64, 16, 1e-4, 10, model_is_preset=True, row="bf16+grad_ckpt")
+    argv = shlex.split(train_command(run))[1:]
+    # every exported option parses; the run stops at the first check of its own (a bad --patience)
+    assert main([*argv, "--out", str(tmp_path / "x"), "--patience", "0"]) == 2
+    assert "--patience must be >= 1" in capsys.readouterr().err

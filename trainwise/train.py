@@ -1,0 +1,366 @@
+"""trainwise train: a full fine-tuning run with the loop and strategies of `compare`.
+
+Periodic evaluation, best-checkpoint tracking, early stopping, and checkpoints that survive a
+SIGKILL. A checkpoint is a directory `ckpt-<step>` holding the model (safetensors), the optimizer's
+tensors (safetensors) and its structure, the scheduler, the sampler position and the RNG states,
+plus a `state.json` with a sha256 of every file. It is written under a temporary name and renamed
+into place, and only then does the `latest` pointer (itself written then renamed) move to it, so a
+kill at any moment leaves the previous checkpoint as latest. `--resume` verifies the checkpoint,
+falls back to the previous good one if it is damaged (and says so), and refuses a checkpoint of
+another model, plan or data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from trainwise.config import TrialSpec
+from trainwise.data.samplers import make_batches
+from trainwise.errors import ConfigError
+from trainwise.trial import _new_accelerator, build_training, load_data, train_window
+
+LATEST = "latest"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 1
+    max_steps: int | None = None  # a cap on optimizer steps (None: epochs x steps per epoch)
+    eval_every: int = 50
+    save_every: int = 50
+    patience: int | None = None  # early stopping: evaluations without improvement (None: off)
+    min_delta: float = 0.0
+    monitor: str = "metric"  # "metric" (accuracy / ROUGE-L, higher is better) or "loss" (train loss, lower)
+    keep: int = 2  # checkpoints kept besides the best
+
+    def __post_init__(self) -> None:
+        if self.epochs <= 0:
+            raise ConfigError(f"--epochs must be > 0, got {self.epochs}")
+        if self.max_steps is not None and self.max_steps <= 0:
+            raise ConfigError(f"--max-steps must be > 0, got {self.max_steps}")
+        if self.eval_every <= 0 or self.save_every <= 0:
+            raise ConfigError("--eval-every and --save-every must be > 0")
+        if self.patience is not None and self.patience <= 0:
+            raise ConfigError(f"--patience must be >= 1 evaluation, got {self.patience}")
+        if self.min_delta < 0:
+            raise ConfigError(f"--min-delta must be >= 0, got {self.min_delta}")
+        if self.monitor not in ("metric", "loss"):
+            raise ConfigError(f"--monitor must be metric or loss, not {self.monitor!r}")
+
+
+@dataclass
+class EarlyStopping:
+    """Stop after `patience` evaluations that do not improve on the best by more than `min_delta`."""
+
+    patience: int | None
+    min_delta: float
+    higher_is_better: bool
+    best: float | None = None
+    best_step: int = 0
+    bad: int = 0
+
+    def update(self, value: float, step: int) -> tuple[bool, bool]:
+        """Record one evaluation; returns (is a new best, stop now)."""
+        better = self.best is None or (
+            value > self.best + self.min_delta if self.higher_is_better else value < self.best - self.min_delta
+        )
+        if better:
+            self.best, self.best_step, self.bad = value, step, 0
+        else:
+            self.bad += 1
+        return better, self.patience is not None and self.bad >= self.patience
+
+
+@dataclass
+class TrainState:
+    """Everything besides tensors that a resumed run needs; stored in state.json."""
+
+    step: int = 0
+    micro: int = 0  # micro-batches consumed in total (the sampler position)
+    losses: list[float] = field(default_factory=list)
+    evals: list[dict] = field(default_factory=list)
+    stopper: dict = field(default_factory=dict)
+    fingerprint: str = ""
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    planned_steps: int
+    stopped_early: bool
+    final_loss: float
+    best_step: int
+    best_value: float | None
+    monitor: str
+    evals: list[dict]
+    resumed_from: str | None
+    wall_s: float
+    out: str
+
+    @property
+    def compute_saved(self) -> float:
+        return 1 - self.steps / self.planned_steps
+
+
+def fingerprint(spec: TrialSpec) -> str:
+    """What must match for a checkpoint to be resumed: model, plan, data and the loop's settings."""
+    s = spec.settings
+    key = {
+        "plan": spec.plan.to_dict(),
+        "model": [s.model_kind, s.model_ref],
+        "task": s.task,
+        "data": spec.extra.get("data"),
+        "batch": [s.batch_size, s.max_length, s.max_target_length, s.seed, s.lr],
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ---- checkpoints --------------------------------------------------------------------------------
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _optimizer_tensors(state: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    tensors: dict[str, torch.Tensor] = {}
+    rest: dict = {"param_groups": state["param_groups"], "state": {}}
+    for idx, entry in state["state"].items():
+        rest["state"][str(idx)] = {}
+        for name, value in entry.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{idx}.{name}"] = value.detach().cpu().contiguous()
+            else:
+                rest["state"][str(idx)][name] = value
+    return tensors, rest
+
+
+def _optimizer_state(tensors: dict[str, torch.Tensor], rest: dict) -> dict:
+    state: dict = {int(i): dict(v) for i, v in rest["state"].items()}
+    for key, value in tensors.items():
+        idx, name = key.split(".", 1)
+        state.setdefault(int(idx), {})[name] = value
+    return {"state": state, "param_groups": rest["param_groups"]}
+
+
+def save_checkpoint(root: Path, model, optimizer, scheduler, state: TrainState) -> Path:
+    from safetensors.torch import save_file, save_model
+
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"ckpt-{state.step:08d}"
+    tmp = root / f".tmp-{final.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_model(model, str(tmp / "model.safetensors"))
+    tensors, rest = _optimizer_tensors(optimizer.state_dict())
+    save_file(tensors, str(tmp / "optimizer.safetensors"))
+    save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
+    extra = {
+        "optimizer": rest,
+        "scheduler": scheduler.state_dict(),
+        "python_rng": random.getstate(),
+        "trainer": asdict(state),
+    }
+    (tmp / "extra.json").write_text(json.dumps(extra))
+    files = sorted(p.name for p in tmp.iterdir())
+    manifest = {"files": {name: _sha(tmp / name) for name in files}, "step": state.step}
+    (tmp / "manifest.json").write_text(json.dumps(manifest))
+    for p in tmp.iterdir():  # on disk before the rename makes it visible
+        with open(p, "rb") as f:
+            os.fsync(f.fileno())
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    pointer = root / f".{LATEST}.tmp"
+    pointer.write_text(final.name)
+    os.replace(pointer, root / LATEST)
+    return final
+
+
+def verify(ckpt: Path) -> str | None:
+    """None if the checkpoint is whole, else what is wrong with it."""
+    manifest_path = ckpt / "manifest.json"
+    if not manifest_path.is_file():
+        return "no manifest.json"
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError:
+        return "manifest.json is not JSON"
+    for name, digest in manifest.get("files", {}).items():
+        path = ckpt / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if _sha(path) != digest:
+            return f"{name} does not match its checksum"
+    return None
+
+
+def find_resumable(root: Path, warn: Callable[[str], None]) -> Path | None:
+    """The latest whole checkpoint: the `latest` pointer's, else the newest one that verifies."""
+    if not root.is_dir():
+        return None
+    candidates = sorted((p for p in root.glob("ckpt-*") if p.is_dir()), reverse=True)
+    pointer = root / LATEST
+    if pointer.is_file() and (root / pointer.read_text().strip()).is_dir():
+        first = root / pointer.read_text().strip()
+        candidates = [first] + [c for c in candidates if c != first]
+    for ckpt in candidates:
+        problem = verify(ckpt)
+        if problem is None:
+            return ckpt
+        warn(f"checkpoint {ckpt.name} is damaged ({problem}); falling back to the previous one")
+    return None
+
+
+def load_checkpoint(ckpt: Path, model, optimizer, scheduler) -> TrainState:
+    from safetensors.torch import load_file, load_model
+
+    load_model(model, str(ckpt / "model.safetensors"))
+    extra = json.loads((ckpt / "extra.json").read_text())
+    optimizer.load_state_dict(_optimizer_state(load_file(str(ckpt / "optimizer.safetensors")), extra["optimizer"]))
+    scheduler.load_state_dict(extra["scheduler"])
+    torch.set_rng_state(load_file(str(ckpt / "rng.safetensors"))["torch"])
+    version, internal, gauss = extra["python_rng"]
+    random.setstate((version, tuple(internal), gauss))
+    return TrainState(**extra["trainer"])
+
+
+def _prune(root: Path, keep: int, protect: set[str]) -> None:
+    ckpts = sorted(p for p in root.glob("ckpt-*") if p.is_dir())
+    for old in ckpts[:-keep]:
+        if old.name not in protect:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+# ---- the run ------------------------------------------------------------------------------------
+
+
+def run_train(
+    spec: TrialSpec, tc: TrainConfig, out: Path, resume: bool, emit: Callable[[dict], None], warn: Callable[[str], None]
+) -> TrainResult:
+    s, plan = spec.settings, spec.plan
+    t0 = time.perf_counter()
+    torch.manual_seed(s.seed)
+    random.seed(s.seed)
+    data = load_data(spec)
+    micro_bs = plan.micro_batch_size(s.batch_size)
+    sampler = make_batches(plan.sampler, data.lengths, micro_bs, s.seed)
+    steps_per_epoch = len(sampler) // plan.accum_steps
+    if steps_per_epoch == 0:
+        raise ConfigError(f"an epoch of {len(data.lengths)} samples has no full batch of {s.batch_size}")
+    planned = tc.epochs * steps_per_epoch if tc.max_steps is None else min(tc.max_steps, tc.epochs * steps_per_epoch)
+    import dataclasses
+
+    spec = dataclasses.replace(spec, settings=dataclasses.replace(s, max_steps=planned))
+    accelerator = _new_accelerator(plan, s.device, micro_bs, s.max_grad_norm, s.model_kind == "preset")
+    model, optimizer, scheduler, trainable, decoder_inputs = build_training(spec, data, accelerator)
+    raw = accelerator.unwrap_model(model)
+
+    root = out / "checkpoints"
+    state = TrainState(fingerprint=fingerprint(spec))
+    higher = tc.monitor == "metric"
+    stopper = EarlyStopping(tc.patience, tc.min_delta, higher)
+    resumed_from = None
+    if resume:
+        ckpt = find_resumable(root, warn)
+        if ckpt is None:
+            warn(f"--resume: no checkpoint in {root}; starting from step 0")
+        else:
+            saved = json.loads((ckpt / "extra.json").read_text())["trainer"]["fingerprint"]
+            if saved != state.fingerprint:
+                raise ConfigError(
+                    f"--resume: {ckpt} was written by a run with another model, plan, data or batch settings "
+                    f"(fingerprint {saved} != {state.fingerprint}); use another --out or the original options"
+                )
+            state = load_checkpoint(ckpt, raw, optimizer, scheduler)
+            stopper = EarlyStopping(tc.patience, tc.min_delta, higher, **state.stopper)
+            resumed_from = ckpt.name
+    elif root.exists() and any(root.glob("ckpt-*")):
+        raise ConfigError(f"{out} already holds checkpoints: add --resume to continue it, or use another --out")
+
+    def micro_batches():
+        """Micro-batches from the sampler position on, epoch after epoch (deterministic per epoch)."""
+        position = state.micro
+        epoch, skip = divmod(position, len(sampler))
+        while True:
+            sampler.set_epoch(epoch)
+            remaining = list(sampler)[skip:]
+            # its own generator: a DataLoader iterator draws a base seed, which must not come from the
+            # global RNG that dropout uses (a resumed run creates its iterator at another moment)
+            loader = torch.utils.data.DataLoader(
+                data.train, batch_sampler=remaining, collate_fn=data.collate, generator=torch.Generator()
+            )
+            yield from loader
+            epoch, skip = epoch + 1, 0
+
+    batches = micro_batches()
+    stopped = False
+    while state.step < planned and not stopped:
+        micro = [next(batches).to(accelerator.device) for _ in range(plan.accum_steps)]
+        state.micro += plan.accum_steps
+        loss = train_window(accelerator, model, micro, plan.accum_steps, 1, s.task, decoder_inputs)
+        if s.max_grad_norm and not plan.zero_stage:
+            accelerator.clip_grad_norm_(trainable, s.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"loss became {loss} at step {state.step + 1}")
+        state.step += 1
+        state.losses.append(loss)
+        emit({"event": "step", "step": state.step, "total": planned, "loss": loss})
+        if state.step % tc.eval_every == 0 or state.step == planned:
+            window = state.losses[-tc.eval_every :]
+            record = {"step": state.step, "train_loss": sum(window) / len(window)}
+            if data.n_eval:
+                record.update(data.evaluate(model, accelerator))
+            metric_name = "rougeL" if s.task == "seq2seq" else "accuracy"
+            value = record["train_loss"] if tc.monitor == "loss" else record.get(metric_name)
+            if value is not None:
+                best, stopped = stopper.update(float(value), state.step)
+                record["best"] = best
+                if best:
+                    _save_best(out, raw, record)
+            state.evals.append(record)
+            emit({"event": "eval", **record})
+        if state.step % tc.save_every == 0 or state.step == planned or stopped:
+            state.stopper = {"best": stopper.best, "best_step": stopper.best_step, "bad": stopper.bad}
+            save_checkpoint(root, raw, optimizer, scheduler, state)
+            _prune(root, tc.keep, protect=set())
+    result = TrainResult(
+        steps=state.step,
+        planned_steps=planned,
+        stopped_early=stopped and state.step < planned,
+        final_loss=state.losses[-1] if state.losses else float("nan"),
+        best_step=stopper.best_step,
+        best_value=stopper.best,
+        monitor=tc.monitor,
+        evals=state.evals,
+        resumed_from=resumed_from,
+        wall_s=time.perf_counter() - t0,
+        out=str(out),
+    )
+    (out / "train_result.json").write_text(json.dumps({**asdict(result), "compute_saved": result.compute_saved}))
+    return result
+
+
+def _save_best(out: Path, model, record: dict) -> None:
+    from safetensors.torch import save_model
+
+    best = out / "best"
+    best.mkdir(parents=True, exist_ok=True)
+    tmp = best / "model.safetensors.tmp"
+    save_model(model, str(tmp))
+    os.replace(tmp, best / "model.safetensors")
+    (best / "eval.json").write_text(json.dumps(record))
