@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -76,7 +77,11 @@ def test_a_run_killed_at_a_random_step_resumes_to_the_same_final_loss(tmp_path, 
 @pytest.mark.slow
 def test_a_damaged_checkpoint_falls_back_and_another_plan_is_refused(tmp_path, cls_csv):
     out = tmp_path / "run"
-    assert _train(out, cls_csv, "--max-steps", "6").returncode == 0
+    first = _train(out, cls_csv, "--max-steps", "6", "--price-per-hour", "3.6")
+    assert first.returncode == 0, first.stderr
+    cost = re.search(r"cost \$([0-9.e-]+) at \$3.6/h", first.stdout)
+    wall = re.search(r"trained 6/6 steps in (\d+) s", first.stdout)
+    assert cost and wall and float(cost.group(1)) == pytest.approx(3.6 * int(wall.group(1)) / 3600, abs=0.001)
     root = out / "checkpoints"
     latest = root / (root / "latest").read_text()
     (latest / "optimizer.safetensors").write_bytes(b"garbage")

@@ -6,6 +6,7 @@ Bad input (a ConfigError, or a usage error from the parser) prints one line and 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import sys
@@ -164,6 +165,25 @@ def compare(
     image_size: Annotated[
         int, typer.Option(help="image-classification: image folders are resized to this square size.")
     ] = 32,
+    price_per_hour: Annotated[
+        float | None, typer.Option(help="Cost: machine price in USD per hour (or --sku from the price table).")
+    ] = None,
+    sku: Annotated[
+        str | None, typer.Option(help="Cost: a machine in the price table (built in: ND40rs_v2, seed 000).")
+    ] = None,
+    price_file: Annotated[
+        str | None,
+        typer.Option(help='Cost: JSON adding/overriding SKUs: {"NAME": {"dedicated": 3.1, "low_priority": 0.6}}.'),
+    ] = None,
+    low_priority: Annotated[
+        bool, typer.Option("--low-priority", help="Cost: the SKU's low-priority (spot) price, plus expected re-work.")
+    ] = False,
+    preemptions_per_hour: Annotated[
+        float, typer.Option(help="Cost, low-priority: assumed preemptions per hour.")
+    ] = 0.5,
+    checkpoint_minutes: Annotated[
+        float, typer.Option(help="Cost, low-priority: minutes between checkpoints (half is lost per preemption).")
+    ] = 30.0,
     profile: Annotated[
         bool,
         typer.Option(
@@ -173,6 +193,9 @@ def compare(
     ] = False,
 ) -> None:
     """Run one trial per strategy row on the same model and data; print the comparison table."""
+    from trainwise.cost import resolve_price
+
+    price = resolve_price(price_per_hour, sku, price_file, low_priority, preemptions_per_hour, checkpoint_minutes)
     cfg = StudyConfig(
         out=out,
         strategies=[s for s in strategies_.split(",")],
@@ -204,7 +227,7 @@ def compare(
         profile=profile,
         image_size=image_size,
     )
-    run_compare(cfg)
+    run_compare(cfg, price=price)
 
 
 def _int_list(text: str, option: str) -> tuple[int, ...]:
@@ -217,11 +240,11 @@ def _int_list(text: str, option: str) -> tuple[int, ...]:
     return values
 
 
-def run_compare(cfg: StudyConfig, console: Console | None = None) -> None:
+def run_compare(cfg: StudyConfig, console: Console | None = None, price=None) -> None:
     """Prepare, run (or resume) and report a study; shared by `compare` and `advise --run`."""
     console = console or out_console
     from trainwise.launcher import launch
-    from trainwise.report.format import HEADERS, cells, footnotes, notes
+    from trainwise.report.format import add_cost, cells, footnotes, headers, notes
     from trainwise.report.write import write_reports
     from trainwise.study import aggregate, prepare_study, run_study
 
@@ -272,10 +295,12 @@ def run_compare(cfg: StudyConfig, console: Console | None = None) -> None:
 
         results = run_study(prepared, launch, on_event, on_done)
     table = aggregate(prepared.rows, results)
+    if price is not None:
+        add_cost(table, price)
     title = f"trainwise compare: {s.model_label} / {s.task} / {s.device}"
     paths = write_reports(prepared.out, table, title)
     grid = Table(title=title, header_style="bold")
-    for h in HEADERS:
+    for h in headers(table):
         grid.add_column(h, overflow="fold", no_wrap=h == "strategy")
     marks = footnotes(table)
     for e in table:
@@ -963,12 +988,30 @@ def train(
     max_train_samples: Annotated[int | None, typer.Option(help="Use only the first N training rows.")] = None,
     out: Annotated[str, typer.Option(help="Run directory: checkpoints/, best/, train_result.json.")] = "runs/train",
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the last whole checkpoint in --out.")] = False,
+    price_per_hour: Annotated[
+        float | None, typer.Option(help="Cost: machine price in USD per hour (or --sku from the price table).")
+    ] = None,
+    sku: Annotated[
+        str | None, typer.Option(help="Cost: a machine in the price table (built in: ND40rs_v2, seed 000).")
+    ] = None,
+    price_file: Annotated[
+        str | None,
+        typer.Option(help='Cost: JSON adding/overriding SKUs: {"NAME": {"dedicated": 3.1, "low_priority": 0.6}}.'),
+    ] = None,
+    low_priority: Annotated[
+        bool, typer.Option("--low-priority", help="Cost: the SKU's low-priority (spot) price, plus expected re-work.")
+    ] = False,
+    preemptions_per_hour: Annotated[
+        float, typer.Option(help="Cost, low-priority: assumed preemptions per hour.")
+    ] = 0.5,
 ) -> None:
     """Train for real with one plan: periodic eval, best checkpoint, early stopping, resumable checkpoints."""
+    from trainwise.cost import resolve_price
     from trainwise.study import prepare_study
     from trainwise.train import TrainConfig, run_train
 
     tc = TrainConfig(epochs, max_steps, eval_every, save_every, patience, min_delta, monitor)
+    price = resolve_price(price_per_hour, sku, price_file, low_priority, preemptions_per_hour, 0.0)
     if "," in strategies_:
         raise ConfigError(f"--strategies {strategies_!r}: train runs one plan (a '+' combination)")
     cfg = StudyConfig(
@@ -1025,6 +1068,12 @@ def train(
             f"early stop: no improvement > {min_delta:g} in {patience} evaluations; "
             f"{100 * r.compute_saved:.0f}% of the planned steps not spent"
         )
+    if price is not None:
+        # the checkpoint interval of this run, in time: save_every steps at the measured pace
+        per_step = r.wall_s / max(1, r.steps)
+        price = dataclasses.replace(price, checkpoint_hours=tc.save_every * per_step / 3600)
+        rework = f" (x{price.rework_factor():.3f} expected re-work)" if price.low_priority else ""
+        lines.append(f"cost ${price.cost(r.wall_s):.4g} at {price.label}{rework}")
     for line in lines:
         out_console.print(line, markup=False, highlight=False)
 

@@ -20,6 +20,23 @@ HEADERS = [
 ]
 
 
+def headers(table: list[dict]) -> list[str]:
+    """The table's columns: HEADERS, plus $/epoch when the study was priced (see add_cost)."""
+    return HEADERS + (["$/epoch"] if any("cost_per_epoch" in e for e in table) else [])
+
+
+def add_cost(table: list[dict], price) -> None:
+    """Price every row's projected epoch (trainwise.cost.Price; re-work included for low-priority)."""
+    for e in table:
+        e["cost_per_epoch"] = price.cost(e["epoch_time_s"]) if e.get("epoch_time_s") is not None else None
+        e["cost_note"] = price.label + (
+            f", x{price.rework_factor():.3f} expected re-work ({price.preemptions_per_hour:g} preemptions/h, "
+            f"checkpoint every {60 * price.checkpoint_hours:g} min, restart {60 * price.restart_hours:g} min)"
+            if price.low_priority
+            else ""
+        )
+
+
 def human_bytes(n: float | None) -> str:
     if n is None:
         return "-"
@@ -70,7 +87,7 @@ def cells(e: dict, note: int | None = None) -> list[str]:
         _pct(e["padding_waste"]) if ok else "-",
         f"{e['train_loss']:.3f}" if ok else "-",
         quality(e) if ok else "-",
-    ]
+    ] + ([f"{e['cost_per_epoch']:.4g}" if e["cost_per_epoch"] is not None else "-"] if "cost_per_epoch" in e else [])
 
 
 def notes(table: list[dict]) -> list[str]:
@@ -92,6 +109,9 @@ def notes(table: list[dict]) -> list[str]:
     if "cuda_allocated" in kinds:
         lines.append("peak mem (CUDA): torch.cuda.max_memory_allocated over the training steps.")
     lines.append("state: weights + gradients + optimizer state bytes, counted from the tensors.")
+    priced = next((e for e in table if e.get("cost_note")), None)
+    if priced:
+        lines.append(f"$/epoch: USD for one projected epoch at {priced['cost_note']}.")
     traces = [e for e in table if e.get("trace")]
     if traces:
         lines.append(

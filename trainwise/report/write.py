@@ -6,10 +6,11 @@ import csv
 import json
 from pathlib import Path
 
-from trainwise.report.format import HEADERS, cells, footnotes, notes, quality
+from trainwise.report.format import cells, footnotes, headers, notes, quality
 
 CSV_FIELDS = [
     "strategy",
+    "cost_per_epoch",
     "status",
     "message",
     "repeats",
@@ -54,7 +55,8 @@ def write_reports(out: Path, table: list[dict], title: str) -> list[Path]:
 
 def markdown(table: list[dict], title: str) -> str:
     marks = footnotes(table)
-    lines = [f"# {title}", "", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    cols = headers(table)
+    lines = [f"# {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(c.replace("|", "/") for c in cells(e, marks.get(e["strategy"]))) + " |" for e in table]
     env: dict = next((e["env"] for e in table if e.get("env")), {})
     lines += ["", *[f"- {n}" for n in notes(table)]]
