@@ -108,3 +108,17 @@ def test_markdown_marks_failed_rows_with_their_footnote_by_itself():
     assert "| fp16 | unsupported [1] |" in text
     assert "- [1] fp16: unsupported: needs cuda" in text
     assert "note" not in table[1], "rendering does not modify the rows"
+
+
+def test_a_trial_key_ignores_fields_at_their_defaults(tmp_path, cls_csv):
+    """Adding a field with a default must not change existing studies' keys (they would re-run)."""
+    import dataclasses
+
+    from .conftest import tiny_study
+
+    spec = tiny_study(tmp_path, cls_csv, "classification", ["baseline"]).specs[0]
+    same = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, weight_decay=0.0, profile=False))
+    assert same.key() == spec.key()
+    changed = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, weight_decay=0.01))
+    assert changed.key() != spec.key()
+    assert dataclasses.replace(spec, plan=spec.plan.with_(compile=True)).key() != spec.key()

@@ -1078,6 +1078,90 @@ def train(
         out_console.print(line, markup=False, highlight=False)
 
 
+@app.command()
+def tune(
+    space: Annotated[str, typer.Option(help="Search space, YAML: lr: {low: 1e-5, high: 1e-3, log: true} ...")],
+    search: Annotated[str, typer.Option(help="random or tpe (Optuna); pbt is not built yet.")] = "tpe",
+    trials: Annotated[int, typer.Option(help="Finished trials to reach (re-running continues the study).")] = 8,
+    strategies_: Annotated[str, typer.Option("--strategies", help="The plan every trial trains with.")] = "baseline",
+    model: Annotated[str | None, typer.Option(help="As in compare.")] = None,
+    model_preset: Annotated[str | None, typer.Option(help="As in compare.")] = None,
+    task: Annotated[str, typer.Option(help="classification, seq2seq or image-classification.")] = _default("task"),
+    dataset: Annotated[str | None, typer.Option(help="As in compare.")] = None,
+    train_file: Annotated[str | None, typer.Option(help="As in compare.")] = None,
+    batch_size: Annotated[int, typer.Option(help="Batch size when the space does not tune it.")] = _default(
+        "batch_size"
+    ),
+    max_length: Annotated[int, typer.Option(help="Max input tokens.")] = _default("max_length"),
+    max_steps: Annotated[int, typer.Option(help="Optimizer steps per trial (the budget unit).")] = 60,
+    eval_every: Annotated[int, typer.Option(help="Evaluate (and maybe prune) every K steps.")] = 20,
+    monitor: Annotated[str, typer.Option(help="metric (maximise) or loss (minimise).")] = "metric",
+    eval_samples: Annotated[int, typer.Option(help="Evaluation samples.")] = _default("eval_samples"),
+    max_train_samples: Annotated[int | None, typer.Option(help="Use only the first N training rows.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the data, the models and the sampler.")] = _default("seed"),
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    out: Annotated[str, typer.Option(help="Study directory: tune.sqlite, trials/, tune_result.json.")] = "runs/tune",
+) -> None:
+    """Search learning rate, batch size, weight decay, warm-up and label smoothing with Optuna (resumable)."""
+    from trainwise.study import prepare_study
+    from trainwise.train import TrainConfig
+    from trainwise.tune import SEARCHES, load_space, run_tune
+
+    if search not in SEARCHES:
+        raise ConfigError(f"--search must be one of {', '.join(SEARCHES)}, not {search!r}")
+    if trials <= 0:
+        raise ConfigError(f"--trials must be > 0, got {trials}")
+    params = load_space(space)
+    tc = TrainConfig(1, max_steps, eval_every, max_steps, None, 0.0, monitor, checkpoints=False)
+    if search == "pbt":
+        run_tune(None, params, search, trials, Path(out), {}, lambda _r: None)  # type: ignore[arg-type]
+    cfg = StudyConfig(
+        out=out,
+        strategies=[strategies_],
+        task=task,
+        model=model,
+        model_preset=model_preset,
+        dataset=dataset,
+        train_file=train_file,
+        batch_size=batch_size,
+        max_length=max_length,
+        max_steps=2,
+        warmup_steps=0,
+        seed=seed,
+        device=device,
+        eval_samples=eval_samples,
+        max_train_samples=max_train_samples,
+    )
+    with err_console.status("trainwise tune: validating input, preparing data and model..."):
+        prepared = prepare_study(cfg)
+    spec = prepared.specs[0]
+    train_args = {**dataclasses.asdict(tc), "epochs": 10**6}  # max_steps is the budget, not the epochs
+
+    def on_trial(r: dict) -> None:
+        value = "-" if r["value"] is None else f"{r['value']:.4f}"
+        params_text = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r["params"].items())
+        err_console.print(
+            f"  trial {r['number']}: {r['state']}  {value}  {r['steps']} steps  {params_text}", highlight=False
+        )
+
+    result = run_tune(spec, params, search, trials, Path(out), train_args, on_trial, seed)
+    (Path(out) / "tune_result.json").write_text(json.dumps(dataclasses.asdict(result), indent=1))
+    grid = Table(title=f"trainwise tune: {search}, {len(result.trials)} trials", header_style="bold")
+    for h in ("trial", "state", monitor, "steps", "params"):
+        grid.add_column(h, overflow="fold")
+    for r in result.trials:
+        value = "-" if r["value"] is None else f"{r['value']:.4f}"
+        grid.add_row(str(r["number"]), r["state"], value, str(r["steps"]), json.dumps(r["params"]))
+    out_console.print(grid)
+    spent = result.curve[-1][0] if result.curve else 0
+    out_console.print(
+        f"best {monitor} {result.best_value} with {json.dumps(result.best_params)}; {spent} optimizer steps spent "
+        f"(best-so-far curve in {out}/tune_result.json)",
+        markup=False,
+        highlight=False,
+    )
+
+
 @app.command("strategies")
 def list_strategies() -> None:
     """List every strategy with its one-line effect and cost."""

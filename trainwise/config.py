@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Literal
 
 from trainwise.errors import ConfigError
@@ -148,6 +148,10 @@ class TrialSettings:
     num_workers: int = 0
     nproc: int = 1
     profile: bool = False
+    # tunables (trainwise tune); compare and train use the defaults
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.0  # share of the steps with a linear learning-rate warm-up
+    label_smoothing: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,23 @@ class TrialSpec:
         )
 
     def key(self) -> str:
-        """Stable identity of a trial: same command -> same keys, so a re-run resumes."""
-        blob = json.dumps(self.to_dict(), sort_keys=True)
+        """Stable identity of a trial: same command -> same keys, so a re-run resumes. Fields at their
+        default values are left out, so adding a field (with a default) keeps existing studies' keys."""
+        d = {
+            "strategy": self.strategy,
+            "repeat": self.repeat,
+            "plan": _non_default(TrialPlan(), self.plan.to_dict()),
+            "settings": {k: v for k, v in asdict(self.settings).items() if SETTINGS_DEFAULTS.get(k, MISSING) != v},
+            "extra": dict(self.extra),
+        }
+        blob = json.dumps(d, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _non_default(default: TrialPlan, plan: dict) -> dict:
+    base = default.to_dict()
+    return {k: v for k, v in plan.items() if base.get(k) != v}
+
+
+# the TrialSettings fields that have defaults, with them (the others are always in a key)
+SETTINGS_DEFAULTS = {f.name: f.default for f in fields(TrialSettings) if f.default is not MISSING}

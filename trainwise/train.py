@@ -43,6 +43,7 @@ class TrainConfig:
     min_delta: float = 0.0
     monitor: str = "metric"  # "metric" (accuracy / ROUGE-L, higher is better) or "loss" (train loss, lower)
     keep: int = 2  # checkpoints kept besides the best
+    checkpoints: bool = True  # tune's trials run without them
 
     def __post_init__(self) -> None:
         if self.epochs <= 0:
@@ -330,11 +331,11 @@ def run_train(
             if value is not None:
                 best, stopped = stopper.update(float(value), state.step)
                 record["best"] = best
-                if best:
+                if best and tc.checkpoints:
                     _save_best(out, raw, record)
             state.evals.append(record)
             emit({"event": "eval", **record})
-        if state.step % tc.save_every == 0 or state.step == planned or stopped:
+        if tc.checkpoints and (state.step % tc.save_every == 0 or state.step == planned or stopped):
             state.stopper = {"best": stopper.best, "best_step": stopper.best_step, "bad": stopper.bad}
             save_checkpoint(root, raw, optimizer, scheduler, state)
             _prune(root, tc.keep, protect=set())

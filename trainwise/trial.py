@@ -137,7 +137,7 @@ def frozen_parameters(model, part: str) -> list[torch.nn.Parameter]:
 
 
 def make_optimizer(
-    name: str, params: list[torch.nn.Parameter], lr: float, cpu_offload: bool = False
+    name: str, params: list[torch.nn.Parameter], lr: float, cpu_offload: bool = False, weight_decay: float = 0.0
 ) -> torch.optim.Optimizer:
     if not params:
         raise ValueError("every parameter is frozen: nothing to train")
@@ -146,31 +146,39 @@ def make_optimizer(
         # JIT-builds on first use) is the optimizer it is designed around
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-        return DeepSpeedCPUAdam(params, lr=lr, weight_decay=0.0, adamw_mode=True)
+        return DeepSpeedCPUAdam(params, lr=lr, weight_decay=weight_decay, adamw_mode=True)
     if name == "adafactor":
         from transformers.optimization import Adafactor
 
         # the settings HF TrainingArguments(optim="adafactor") uses: a fixed, external learning rate
-        return Adafactor(params, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False)
+        return Adafactor(
+            params, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False, weight_decay=weight_decay
+        )
     if name == "adamw_8bit":
         import bitsandbytes as bnb  # checked at the edge: the strategy needs the package and CUDA
 
-        return bnb.optim.AdamW8bit(params, lr=lr, weight_decay=0.0)
+        return bnb.optim.AdamW8bit(params, lr=lr, weight_decay=weight_decay)
     # "adamw" leaves the implementation to torch (for-each on CUDA, per-tensor on CPU); the variants pin it
     foreach = True if name == "adamw_foreach" else None
     fused = True if name == "adamw_fused" else None
-    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=foreach, fused=fused)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=foreach, fused=fused)
 
 
-def loss_sum(model, batch: Batch, task: str, decoder_inputs: Callable | None) -> torch.Tensor:
+def loss_sum(
+    model, batch: Batch, task: str, decoder_inputs: Callable | None, label_smoothing: float = 0.0
+) -> torch.Tensor:
     """Summed (not averaged) cross-entropy of one micro-batch, in fp32."""
     if task != "seq2seq":  # classification of text or images
         logits = model(**batch.inputs).logits
-        return F.cross_entropy(logits.float(), batch.labels, reduction="sum")
+        return F.cross_entropy(logits.float(), batch.labels, reduction="sum", label_smoothing=label_smoothing)
     assert decoder_inputs is not None
     logits = model(**batch.inputs, decoder_input_ids=decoder_inputs(labels=batch.labels)).logits
     return F.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]), batch.labels.reshape(-1), ignore_index=-100, reduction="sum"
+        logits.float().reshape(-1, logits.shape[-1]),
+        batch.labels.reshape(-1),
+        ignore_index=-100,
+        reduction="sum",
+        label_smoothing=label_smoothing,
     )
 
 
@@ -183,6 +191,7 @@ def accumulate_step(
     total_items: float | None = None,
     window: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     phase: Callable[[str], contextlib.AbstractContextManager] = lambda _name: contextlib.nullcontext(),
+    label_smoothing: float = 0.0,
 ) -> torch.Tensor:
     """Forward+backward over one effective batch; grads hold the mean over all its loss items.
 
@@ -196,7 +205,7 @@ def accumulate_step(
     for batch in micro_batches:
         with window():
             with phase("forward"):
-                loss = loss_sum(model, batch, task, decoder_inputs) / total_items
+                loss = loss_sum(model, batch, task, decoder_inputs, label_smoothing) / total_items
             with phase("backward"):
                 backward(loss)
         mean_loss += loss.detach()
@@ -212,6 +221,7 @@ def train_window(
     task: str,
     decoder_inputs,
     phase: Callable[[str], contextlib.AbstractContextManager] = lambda _name: contextlib.nullcontext(),
+    label_smoothing: float = 0.0,
 ):
     """Forward+backward of one optimizer step's window on this rank; returns the global mean loss.
 
@@ -231,6 +241,7 @@ def train_window(
         items,
         lambda: accelerator.accumulate(model),
         phase,
+        label_smoothing,
     )
     return all_sum(float(share), world)
 
@@ -367,12 +378,14 @@ def build_training(spec: TrialSpec, data: TrialData, accelerator):
     model = apply_lora(model, plan, s.task)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = make_optimizer(plan.optimizer, trainable, s.lr, cpu_offload=plan.offload != "none")
+    optimizer = make_optimizer(
+        plan.optimizer, trainable, s.lr, cpu_offload=plan.offload != "none", weight_decay=s.weight_decay
+    )
     model, optimizer = accelerator.prepare(model, optimizer)
     if plan.compile:
         model = torch.compile(model)  # compiles lazily: the first steps (untimed warm-up) pay for it
     # on the prepared optimizer: ZeRO-3 steps copies of the param groups, not the ones passed in
-    scheduler = get_linear_schedule_with_warmup(optimizer, 0, s.max_steps)
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(s.warmup_ratio * s.max_steps), s.max_steps)
     decoder_inputs = None
     if s.task == "seq2seq":
         decoder_inputs = accelerator.unwrap_model(model).prepare_decoder_input_ids_from_labels

@@ -1,0 +1,269 @@
+"""trainwise tune: hyper-parameter search over `trainwise train` runs (Optuna random search or TPE).
+
+Each trial is one training run with the sampled values in its own process (`python -m
+trainwise.tune --trial ...`), reporting its evaluations as JSON lines; the parent feeds them to
+Optuna, which prunes a trial whose intermediate metric falls below the median of earlier trials at
+the same step (the process is then killed). The study lives in Optuna's embedded SQLite storage
+(`--out/tune.sqlite`): re-running the same command continues it until `--trials` trials have
+finished. The result: the best configuration, every trial, and the best-so-far metric against the
+optimizer steps spent (the compute), so that two searches on the same budget can be compared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainwise.config import TrialSpec
+from trainwise.errors import ConfigError
+
+# parameter -> (kind, what it sets). Ranges come from the space file.
+PARAMS = {
+    "lr": "float",
+    "batch_size": "int",
+    "weight_decay": "float",
+    "warmup_ratio": "float",
+    "label_smoothing": "float",
+}
+SEARCHES = ("random", "tpe", "pbt")
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    choices: tuple | None = None
+
+
+def load_space(path: str) -> list[Param]:
+    """Parse and validate a search space file (YAML or JSON):
+
+    lr: {low: 1.0e-5, high: 1.0e-3, log: true}
+    batch_size: {choices: [8, 16, 32]}
+    weight_decay: {low: 0.0, high: 0.1}
+    """
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--space {path}: not found")
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--space {path}: not YAML ({' '.join(str(e).split())})") from None
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError(f"--space {path}: expected a mapping of parameters, e.g. lr: {{low: 1e-5, high: 1e-3}}")
+    space = []
+    for name, spec in raw.items():
+        if name not in PARAMS:
+            raise ConfigError(f"--space {path}: unknown parameter {name!r}; known: {', '.join(PARAMS)}")
+        if not isinstance(spec, dict):
+            raise ConfigError(f"--space {path}: {name} needs {{low, high[, log]}} or {{choices: [...]}}")
+        if "choices" in spec:
+            choices = spec["choices"]
+            if not isinstance(choices, list) or not choices:
+                raise ConfigError(f"--space {path}: {name}: choices must be a non-empty list")
+            space.append(Param(name, choices=tuple(choices)))
+            continue
+        try:
+            low, high = float(spec["low"]), float(spec["high"])
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(f"--space {path}: {name} needs numeric low and high") from None
+        if not low < high:
+            raise ConfigError(f"--space {path}: {name}: empty range (low {low:g} >= high {high:g})")
+        log = bool(spec.get("log", False))
+        if log and low <= 0:
+            raise ConfigError(f"--space {path}: {name}: a log-scale range must be > 0, got [{low:g}, {high:g}]")
+        if PARAMS[name] == "int" and (low != int(low) or high != int(high)):
+            raise ConfigError(f"--space {path}: {name} takes whole numbers")
+        space.append(Param(name, low, high, log))
+    return space
+
+
+def sample(trial, space: list[Param]) -> dict:
+    values = {}
+    for p in space:
+        if p.choices is not None:
+            values[p.name] = trial.suggest_categorical(p.name, list(p.choices))
+            continue
+        assert p.low is not None and p.high is not None, "load_space gives ranges their bounds"
+        if PARAMS[p.name] == "int":
+            values[p.name] = trial.suggest_int(p.name, int(p.low), int(p.high), log=p.log)
+        else:
+            values[p.name] = trial.suggest_float(p.name, p.low, p.high, log=p.log)
+    return values
+
+
+def apply(spec: TrialSpec, values: dict) -> TrialSpec:
+    """The trial's spec: the sampled values in its settings (batch_size stays a multiple of accum)."""
+    s = spec.settings
+    changes = {k: v for k, v in values.items()}
+    if "batch_size" in changes:
+        b = int(changes["batch_size"])
+        if b % spec.plan.accum_steps:
+            raise ConfigError(f"batch_size {b} is not a multiple of the plan's accumulation {spec.plan.accum_steps}")
+        changes["batch_size"] = b
+    return dataclasses.replace(spec, settings=dataclasses.replace(s, **changes))
+
+
+@dataclass
+class TuneResult:
+    best_value: float | None
+    best_params: dict
+    trials: list[dict]  # number, state, value, params, steps
+    curve: list[tuple[int, float]]  # (cumulative optimizer steps, best value so far)
+
+
+def run_tune(
+    spec: TrialSpec,
+    space: list[Param],
+    search: str,
+    n_trials: int,
+    out: Path,
+    train_args: dict,
+    on_trial: Callable[[dict], None],
+    seed: int = 0,
+) -> TuneResult:
+    if search == "pbt":
+        raise ConfigError(
+            "--search pbt (Ray Tune population-based training) is not built yet; use --search random or tpe"
+        )
+    try:
+        import optuna
+    except ImportError:
+        raise ConfigError("trainwise tune needs optuna: pip install 'trainwise[tune]'") from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sampler = optuna.samplers.RandomSampler(seed=seed) if search == "random" else optuna.samplers.TPESampler(seed=seed)
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
+    out.mkdir(parents=True, exist_ok=True)
+    study = optuna.create_study(
+        study_name=f"trainwise-{search}",
+        storage=f"sqlite:///{out / 'tune.sqlite'}",
+        sampler=sampler,
+        pruner=pruner,
+        direction="maximize" if train_args["monitor"] == "metric" else "minimize",
+        load_if_exists=True,
+    )
+    done = lambda: [t for t in study.trials if t.state.is_finished()]  # noqa: E731
+    while len(done()) < n_trials:
+        trial = study.ask()
+        values = sample(trial, space)
+        state, value, steps = _run_one(apply(spec, values), train_args, out / "trials" / f"{trial.number:04d}", trial)
+        trial.set_user_attr("steps", steps)
+        if state == "complete":
+            study.tell(trial, value)
+        elif state == "pruned":
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        else:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        on_trial({"number": trial.number, "state": state, "value": value, "params": values, "steps": steps})
+    return _summarise(study)
+
+
+def _summarise(study) -> TuneResult:
+    import optuna
+
+    finished = [t for t in study.trials if t.state.is_finished()]
+    rows, curve, spent, best = [], [], 0, None
+    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    for t in sorted(finished, key=lambda t: t.number):
+        steps = int(t.user_attrs.get("steps", 0))
+        spent += steps
+        complete = t.state == optuna.trial.TrialState.COMPLETE and t.value is not None
+        if complete and (best is None or (t.value > best if maximize else t.value < best)):
+            best = t.value
+        rows.append(
+            {"number": t.number, "state": t.state.name.lower(), "value": t.value, "params": t.params, "steps": steps}
+        )
+        if best is not None:
+            curve.append((spent, best))
+    complete = [t for t in finished if t.state == optuna.trial.TrialState.COMPLETE]
+    return TuneResult(
+        best_value=study.best_value if complete else None,
+        best_params=study.best_params if complete else {},
+        trials=rows,
+        curve=curve,
+    )
+
+
+def _run_one(spec: TrialSpec, train_args: dict, trial_dir: Path, trial) -> tuple[str, float | None, int]:
+    """One training run in its own process; its evaluations are reported to Optuna as they come."""
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    (trial_dir / "spec.json").write_text(json.dumps({"spec": spec.to_dict(), "train": train_args}))
+    log = open(trial_dir / "stderr.log", "w")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainwise.tune", str(trial_dir / "spec.json"), str(trial_dir)],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"},
+        start_new_session=True,
+    )
+    state, value, steps = "fail", None, 0
+    key = "train_loss" if train_args["monitor"] == "loss" else None
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if event.get("event") == "eval":
+                steps = event["step"]
+                v = event.get(key or _metric_key(event))
+                if v is not None and math.isfinite(v):
+                    value = v if value is None else (max(value, v) if key is None else min(value, v))
+                    trial.report(v, steps)
+                    if trial.should_prune():
+                        state = "pruned"
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(proc.pid, signal.SIGKILL)
+                        break
+            elif event.get("event") == "done":
+                steps = event["steps"]
+        proc.wait()
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    finally:
+        log.close()
+    if state != "pruned":
+        state = "complete" if proc.returncode == 0 and value is not None else "fail"
+    return state, value, steps
+
+
+def _metric_key(event: dict) -> str:
+    return "rougeL" if "rougeL" in event else "accuracy"
+
+
+def _trial_main(argv: list[str]) -> int:
+    """Entry of a trial's process: train with the sampled settings, print evaluations as JSON lines."""
+    from trainwise.train import TrainConfig, run_train
+
+    blob = json.loads(Path(argv[0]).read_text())
+    spec = TrialSpec.from_dict(blob["spec"])
+    tc = TrainConfig(**blob["train"])
+
+    def emit(event: dict) -> None:
+        if event.get("event") == "eval":
+            print(json.dumps(event), flush=True)
+
+    r = run_train(spec, tc, Path(argv[1]), False, emit, lambda msg: print(msg, file=sys.stderr))
+    print(json.dumps({"event": "done", "steps": r.steps}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_trial_main(sys.argv[1:]))
