@@ -42,3 +42,16 @@ mkdir -p runs
 # 11. the other new CPU strategies on the default study: attention kernels, torch.compile, layer freezing
 /usr/bin/time -f "wall %e s" $TW compare --strategies baseline,sdpa,eager_attn,compile,freeze_layers,freeze_layers=5 \
   --out runs/bench-issue3-more 2>&1 | tee runs/bench-issue3-more.txt
+
+# 12. trainwise train on the default model: early stopping and checkpoints
+/usr/bin/time -f "wall %e s" $TW train --strategies smart_batch --epochs 1 --max-steps 60 --eval-every 10 \
+  --save-every 10 --patience 2 --min-delta 0.5 --out runs/train-demo 2>&1 | tee runs/bench-train.txt
+
+# 13. tune: random search vs TPE on the same budget (12 trials x 100 steps), two seeds each
+for seed in 0 1; do
+  for search in random tpe; do
+    /usr/bin/time -f "wall %e s" $TW tune --space benchmarks/tune_space_digits.yaml --search $search --trials 12 \
+      --task image-classification --max-steps 100 --eval-every 25 --eval-samples 400 --seed $seed \
+      --out runs/bench-tune-$search-$seed 2>&1 | tee runs/bench-tune-$search-$seed.txt
+  done
+done
