@@ -41,6 +41,20 @@ app = typer.Typer(
 out_console = Console() if sys.stdout.isatty() else Console(width=180)  # pipes and files: the whole table
 err_console = Console(stderr=True)
 
+# cost options shared by compare and train (trainwise.cost validates them)
+PricePerHour = Annotated[
+    float | None, typer.Option(help="Cost: machine price in USD per hour (or --sku from the price table).")
+]
+Sku = Annotated[str | None, typer.Option(help="Cost: a machine in the price table (built in: ND40rs_v2, seed 000).")]
+PriceFile = Annotated[
+    str | None,
+    typer.Option(help='Cost: JSON adding/overriding SKUs: {"NAME": {"dedicated": 3.1, "low_priority": 0.6}}.'),
+]
+LowPriority = Annotated[
+    bool, typer.Option("--low-priority", help="Cost: the SKU's low-priority (spot) price, plus expected re-work.")
+]
+Preemptions = Annotated[float, typer.Option(help="Cost, low-priority: preemptions per hour (an assumption).")]
+
 
 def _default(name: str):
     """CLI defaults come from StudyConfig, so the two cannot drift apart."""
@@ -165,22 +179,11 @@ def compare(
     image_size: Annotated[
         int, typer.Option(help="image-classification: image folders are resized to this square size.")
     ] = 32,
-    price_per_hour: Annotated[
-        float | None, typer.Option(help="Cost: machine price in USD per hour (or --sku from the price table).")
-    ] = None,
-    sku: Annotated[
-        str | None, typer.Option(help="Cost: a machine in the price table (built in: ND40rs_v2, seed 000).")
-    ] = None,
-    price_file: Annotated[
-        str | None,
-        typer.Option(help='Cost: JSON adding/overriding SKUs: {"NAME": {"dedicated": 3.1, "low_priority": 0.6}}.'),
-    ] = None,
-    low_priority: Annotated[
-        bool, typer.Option("--low-priority", help="Cost: the SKU's low-priority (spot) price, plus expected re-work.")
-    ] = False,
-    preemptions_per_hour: Annotated[
-        float, typer.Option(help="Cost, low-priority: assumed preemptions per hour.")
-    ] = 0.5,
+    price_per_hour: PricePerHour = None,
+    sku: Sku = None,
+    price_file: PriceFile = None,
+    low_priority: LowPriority = False,
+    preemptions_per_hour: Preemptions = 0.5,
     checkpoint_minutes: Annotated[
         float, typer.Option(help="Cost, low-priority: minutes between checkpoints (half is lost per preemption).")
     ] = 30.0,
@@ -988,22 +991,11 @@ def train(
     max_train_samples: Annotated[int | None, typer.Option(help="Use only the first N training rows.")] = None,
     out: Annotated[str, typer.Option(help="Run directory: checkpoints/, best/, train_result.json.")] = "runs/train",
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the last whole checkpoint in --out.")] = False,
-    price_per_hour: Annotated[
-        float | None, typer.Option(help="Cost: machine price in USD per hour (or --sku from the price table).")
-    ] = None,
-    sku: Annotated[
-        str | None, typer.Option(help="Cost: a machine in the price table (built in: ND40rs_v2, seed 000).")
-    ] = None,
-    price_file: Annotated[
-        str | None,
-        typer.Option(help='Cost: JSON adding/overriding SKUs: {"NAME": {"dedicated": 3.1, "low_priority": 0.6}}.'),
-    ] = None,
-    low_priority: Annotated[
-        bool, typer.Option("--low-priority", help="Cost: the SKU's low-priority (spot) price, plus expected re-work.")
-    ] = False,
-    preemptions_per_hour: Annotated[
-        float, typer.Option(help="Cost, low-priority: assumed preemptions per hour.")
-    ] = 0.5,
+    price_per_hour: PricePerHour = None,
+    sku: Sku = None,
+    price_file: PriceFile = None,
+    low_priority: LowPriority = False,
+    preemptions_per_hour: Preemptions = 0.5,
 ) -> None:
     """Train for real with one plan: periodic eval, best checkpoint, early stopping, resumable checkpoints."""
     from trainwise.cost import resolve_price
