@@ -1097,16 +1097,14 @@ def tune(
     """Search learning rate, batch size, weight decay, warm-up and label smoothing with Optuna (resumable)."""
     from trainwise.study import prepare_study
     from trainwise.train import TrainConfig
-    from trainwise.tune import SEARCHES, load_space, run_tune
+    from trainwise.tune import check_search, load_space, run_tune
 
-    if search not in SEARCHES:
-        raise ConfigError(f"--search must be one of {', '.join(SEARCHES)}, not {search!r}")
+    check_search(search)
     if trials <= 0:
         raise ConfigError(f"--trials must be > 0, got {trials}")
     params = load_space(space)
-    tc = TrainConfig(1, max_steps, eval_every, max_steps, None, 0.0, monitor, checkpoints=False)
-    if search == "pbt":
-        run_tune(None, params, search, trials, Path(out), {}, lambda _r: None)  # type: ignore[arg-type]
+    # every trial trains --max-steps steps (the budget unit), however many epochs that takes
+    tc = TrainConfig(10**6, max_steps, eval_every, max_steps, None, 0.0, monitor, checkpoints=False)
     cfg = StudyConfig(
         out=out,
         strategies=[strategies_],
@@ -1127,7 +1125,7 @@ def tune(
     with err_console.status("trainwise tune: validating input, preparing data and model..."):
         prepared = prepare_study(cfg)
     spec = prepared.specs[0]
-    train_args = {**dataclasses.asdict(tc), "epochs": 10**6}  # max_steps is the budget, not the epochs
+    train_args = dataclasses.asdict(tc)
 
     def on_trial(r: dict) -> None:
         value = "-" if r["value"] is None else f"{r['value']:.4f}"

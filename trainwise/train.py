@@ -12,6 +12,7 @@ another model, plan or data.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -261,8 +262,6 @@ def run_train(
     if steps_per_epoch == 0:
         raise ConfigError(f"an epoch of {len(data.lengths)} samples has no full batch of {s.batch_size}")
     planned = tc.epochs * steps_per_epoch if tc.max_steps is None else min(tc.max_steps, tc.epochs * steps_per_epoch)
-    import dataclasses
-
     spec = dataclasses.replace(spec, settings=dataclasses.replace(s, max_steps=planned))
     accelerator = _new_accelerator(plan, s.device, micro_bs, s.max_grad_norm, s.model_kind == "preset")
     model, optimizer, scheduler, trainable, decoder_inputs = build_training(spec, data, accelerator)

@@ -91,6 +91,15 @@ def load_space(path: str) -> list[Param]:
     return space
 
 
+def check_search(search: str) -> None:
+    if search not in SEARCHES:
+        raise ConfigError(f"--search must be one of {', '.join(SEARCHES)}, not {search!r}")
+    if search == "pbt":
+        raise ConfigError(
+            "--search pbt (Ray Tune population-based training) is not built yet; use --search random or tpe"
+        )
+
+
 def sample(trial, space: list[Param]) -> dict:
     values = {}
     for p in space:
@@ -108,7 +117,7 @@ def sample(trial, space: list[Param]) -> dict:
 def apply(spec: TrialSpec, values: dict) -> TrialSpec:
     """The trial's spec: the sampled values in its settings (batch_size stays a multiple of accum)."""
     s = spec.settings
-    changes = {k: v for k, v in values.items()}
+    changes = dict(values)
     if "batch_size" in changes:
         b = int(changes["batch_size"])
         if b % spec.plan.accum_steps:
@@ -135,10 +144,7 @@ def run_tune(
     on_trial: Callable[[dict], None],
     seed: int = 0,
 ) -> TuneResult:
-    if search == "pbt":
-        raise ConfigError(
-            "--search pbt (Ray Tune population-based training) is not built yet; use --search random or tpe"
-        )
+    check_search(search)
     try:
         import optuna
     except ImportError:
