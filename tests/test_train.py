@@ -113,3 +113,50 @@ def test_the_command_export_writes_is_accepted_by_train(tmp_path, capsys):
     # every exported option parses; the run stops at the first check of its own (a bad --patience)
     assert main([*argv, "--out", str(tmp_path / "x"), "--patience", "0"]) == 2
     assert "--patience must be >= 1" in capsys.readouterr().err
+
+
+def _run(tmp_path, cls_csv, name, adopt=None, max_steps=8, **settings):
+    """run_train in-process on bert-tiny; returns (result, step events)."""
+    import dataclasses
+    from pathlib import Path
+
+    from trainwise.train import run_train
+
+    from .conftest import tiny_study
+
+    spec = tiny_study(tmp_path / f"s-{name}", cls_csv, "classification", ["baseline"], accum_steps=1).specs[0]
+    spec = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, **{"lr": 1e-3, **settings}))
+    steps: list[dict] = []
+    tc = TrainConfig(epochs=10, max_steps=max_steps, eval_every=4, save_every=4)
+    emit = lambda e: steps.append(e) if e["event"] == "step" else None  # noqa: E731
+    r = run_train(spec, tc, Path(tmp_path / name), False, emit, print, adopt=adopt)
+    return r, steps
+
+
+def test_label_smoothing_reaches_the_training_loss(tmp_path, cls_csv):
+    _, plain = _run(tmp_path, cls_csv, "plain", max_steps=3)
+    _, again = _run(tmp_path, cls_csv, "again", max_steps=3)
+    _, smooth = _run(tmp_path, cls_csv, "smooth", max_steps=3, label_smoothing=0.3)
+    assert [e["loss"] for e in plain] == [e["loss"] for e in again], "the loop is deterministic"
+    assert [e["loss"] for e in plain] != [e["loss"] for e in smooth]
+
+
+def test_pbt_adopts_a_checkpoint_with_new_hyper_parameters(tmp_path, cls_csv):
+    donor, donor_steps = _run(tmp_path, cls_csv, "donor")
+    ckpt = tmp_path / "donor" / "checkpoints" / f"ckpt-{4:08d}"
+    # the same hyper-parameters: the adopted run continues the donor exactly (weights, optimizer,
+    # schedule, sampler position and RNG all come from the checkpoint)
+    same, same_steps = _run(tmp_path, cls_csv, "same", adopt=ckpt)
+    assert [e["step"] for e in same_steps] == [5, 6, 7, 8]
+    assert [e["loss"] for e in same_steps] == pytest.approx([e["loss"] for e in donor_steps[4:]], abs=1e-5)
+    assert same.resumed_from == str(ckpt)
+    # a new peak lr and weight decay: the same weights at step 5, then the new schedule
+    new, new_steps = _run(tmp_path, cls_csv, "new", adopt=ckpt, lr=1e-2, weight_decay=0.1)
+    assert new_steps[0]["loss"] == pytest.approx(donor_steps[4]["loss"], abs=1e-5)
+    # no warm-up, linear decay to 0 over the 8 steps: step n trains at peak x (8 - (n - 1)) / 8
+    assert [e["lr"] for e in donor_steps] == pytest.approx([1e-3 * (9 - n) / 8 for n in range(1, 9)])
+    assert [e["lr"] for e in new_steps] == pytest.approx([1e-2 * (9 - n) / 8 for n in range(5, 9)])
+    assert new_steps[1]["loss"] != pytest.approx(donor_steps[5]["loss"], abs=1e-5)
+    # the next member's checkpoints are its own: the new lr is in their fingerprint
+    with pytest.raises(ConfigError, match="another model, plan, data or batch"):
+        _run(tmp_path, cls_csv, "other", adopt=ckpt, batch_size=4)

@@ -7,7 +7,9 @@ plus a `state.json` with a sha256 of every file. It is written under a temporary
 into place, and only then does the `latest` pointer (itself written then renamed) move to it, so a
 kill at any moment leaves the previous checkpoint as latest. `--resume` verifies the checkpoint,
 falls back to the previous good one if it is damaged (and says so), and refuses a checkpoint of
-another model, plan or data.
+another model, plan or data. Population-based training (`trainwise tune --search pbt`) starts a
+member from another member's checkpoint with new hyper-parameters (`adopt`): the same model, plan,
+data and batch, with its own learning rate, weight decay and label smoothing from then on.
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ class TrainState:
     evals: list[dict] = field(default_factory=list)
     stopper: dict = field(default_factory=dict)
     fingerprint: str = ""
+    base: str = ""  # the fingerprint without the hyper-parameters PBT mutates (see `adopt`)
 
 
 @dataclass
@@ -115,17 +118,34 @@ class TrainResult:
         return 1 - self.steps / self.planned_steps
 
 
-def fingerprint(spec: TrialSpec) -> str:
-    """What must match for a checkpoint to be resumed: model, plan, data and the loop's settings."""
+def fingerprint(spec: TrialSpec, with_lr: bool = True) -> str:
+    """What must match for a checkpoint to be resumed: model, plan, data and the loop's settings.
+
+    Without the learning rate, it is what must match for PBT to continue a checkpoint with new
+    hyper-parameters: the sampler position and the tensors' shapes depend on everything else."""
     s = spec.settings
     key = {
         "plan": spec.plan.to_dict(),
         "model": [s.model_kind, s.model_ref],
         "task": s.task,
         "data": spec.extra.get("data"),
-        "batch": [s.batch_size, s.max_length, s.max_target_length, s.seed, s.lr],
+        "batch": [s.batch_size, s.max_length, s.max_target_length, s.seed] + ([s.lr] if with_lr else []),
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def set_hyper(optimizer, scheduler, lr: float, weight_decay: float) -> None:
+    """Give a loaded optimizer and schedule a new peak learning rate and weight decay (PBT's explore).
+
+    The schedule keeps its position and shape: the lr becomes the new peak times the schedule's
+    factor at the current step."""
+    inner = getattr(scheduler, "scheduler", scheduler)  # accelerate wraps the torch scheduler
+    inner.base_lrs = [lr for _ in inner.base_lrs]
+    for group, factor in zip(optimizer.param_groups, inner.lr_lambdas, strict=True):
+        group["initial_lr"] = lr
+        group["lr"] = lr * factor(inner.last_epoch)
+        group["weight_decay"] = weight_decay
+    inner._last_lr = [g["lr"] for g in optimizer.param_groups]
 
 
 # ---- checkpoints --------------------------------------------------------------------------------
@@ -249,8 +269,16 @@ def _prune(root: Path, keep: int, protect: set[str]) -> None:
 
 
 def run_train(
-    spec: TrialSpec, tc: TrainConfig, out: Path, resume: bool, emit: Callable[[dict], None], warn: Callable[[str], None]
+    spec: TrialSpec,
+    tc: TrainConfig,
+    out: Path,
+    resume: bool,
+    emit: Callable[[dict], None],
+    warn: Callable[[str], None],
+    adopt: Path | None = None,
 ) -> TrainResult:
+    """Train; `emit` gets step, eval and checkpoint events. `adopt`: start from this checkpoint (of
+    another run of the same model, plan, data and batch) with this spec's hyper-parameters (PBT)."""
     s, plan = spec.settings, spec.plan
     t0 = time.perf_counter()
     torch.manual_seed(s.seed)
@@ -268,11 +296,24 @@ def run_train(
     raw = accelerator.unwrap_model(model)
 
     root = out / "checkpoints"
-    state = TrainState(fingerprint=fingerprint(spec))
+    state = TrainState(fingerprint=fingerprint(spec), base=fingerprint(spec, with_lr=False))
     higher = tc.monitor == "metric"
     stopper = EarlyStopping(tc.patience, tc.min_delta, higher)
     resumed_from = None
-    if resume:
+    if adopt is not None:
+        problem = verify(adopt)
+        if problem is not None:
+            raise ConfigError(f"checkpoint {adopt} is damaged ({problem})")
+        saved = json.loads((adopt / "extra.json").read_text())["trainer"].get("base")
+        if saved != state.base:
+            raise ConfigError(f"{adopt} was written by a run with another model, plan, data or batch settings")
+        own = state
+        state = load_checkpoint(adopt, raw, optimizer, scheduler)
+        state.fingerprint, state.base = own.fingerprint, own.base  # checkpoints from here on are this run's
+        set_hyper(optimizer, scheduler, s.lr, s.weight_decay)
+        stopper = EarlyStopping(tc.patience, tc.min_delta, higher, **state.stopper)
+        resumed_from = str(adopt)
+    elif resume:
         ckpt = find_resumable(root, warn)
         if ckpt is None:
             warn(f"--resume: no checkpoint in {root}; starting from step 0")
@@ -309,7 +350,10 @@ def run_train(
     while state.step < planned and not stopped:
         micro = [next(batches).to(accelerator.device) for _ in range(plan.accum_steps)]
         state.micro += plan.accum_steps
-        loss = train_window(accelerator, model, micro, plan.accum_steps, 1, s.task, decoder_inputs)
+        lr = optimizer.param_groups[0]["lr"]
+        loss = train_window(
+            accelerator, model, micro, plan.accum_steps, 1, s.task, decoder_inputs, label_smoothing=s.label_smoothing
+        )
         if s.max_grad_norm and not plan.zero_stage:
             accelerator.clip_grad_norm_(trainable, s.max_grad_norm)
         optimizer.step()
@@ -319,7 +363,7 @@ def run_train(
             raise FloatingPointError(f"loss became {loss} at step {state.step + 1}")
         state.step += 1
         state.losses.append(loss)
-        emit({"event": "step", "step": state.step, "total": planned, "loss": loss})
+        emit({"event": "step", "step": state.step, "total": planned, "loss": loss, "lr": lr})
         if state.step % tc.eval_every == 0 or state.step == planned:
             window = state.losses[-tc.eval_every :]
             record = {"step": state.step, "train_loss": sum(window) / len(window)}
@@ -336,7 +380,8 @@ def run_train(
             emit({"event": "eval", **record})
         if tc.checkpoints and (state.step % tc.save_every == 0 or state.step == planned or stopped):
             state.stopper = {"best": stopper.best, "best_step": stopper.best_step, "bad": stopper.bad}
-            save_checkpoint(root, raw, optimizer, scheduler, state)
+            saved_at = save_checkpoint(root, raw, optimizer, scheduler, state)
+            emit({"event": "checkpoint", "step": state.step, "path": str(saved_at)})
             _prune(root, tc.keep, protect=set())
     result = TrainResult(
         steps=state.step,
