@@ -4,6 +4,7 @@
 set -euo pipefail
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 TW=.venv/bin/trainwise
+PY=.venv/bin/python
 mkdir -p runs
 
 # 1. harness overhead: plain PyTorch loop vs trainwise baseline, alternating, paired ratios
@@ -55,3 +56,14 @@ for seed in 0 1; do
       --out runs/bench-tune-$search-$seed 2>&1 | tee runs/bench-tune-$search-$seed.txt
   done
 done
+
+# 14. tune: random vs TPE vs PBT on the same budget (8 trials / a population of 8, 100 steps each), two seeds
+#     each; benchmarks/tune_compare.py prints the table (best accuracy, steps spent, best-so-far at a budget)
+for seed in 0 1; do
+  for search in random tpe pbt; do
+    /usr/bin/time -f "wall %e s" $TW tune --space benchmarks/tune_space_digits.yaml --search $search --trials 8 \
+      --task image-classification --max-steps 100 --eval-every 25 --eval-samples 400 --seed $seed \
+      --out runs/bench-tune8-$search-$seed 2>&1 | tee runs/bench-tune8-$search-$seed.txt
+  done
+done
+$PY benchmarks/tune_compare.py runs/bench-tune8-*-* | tee runs/bench-tune8.md

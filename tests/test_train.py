@@ -60,11 +60,12 @@ def test_a_run_killed_at_a_random_step_resumes_to_the_same_final_loss(tmp_path, 
     whole = _train(tmp_path / "whole", cls_csv)
     assert whole.returncode == 0, whole.stderr
     kill_at = random.Random(7).randint(4, 11)
-    killed = _train(tmp_path / "cut", cls_csv, env={"TRAINWISE_FAULT": f"train:kill@{kill_at}"})
+    tb = ("--report-to", "tensorboard")
+    killed = _train(tmp_path / "cut", cls_csv, *tb, env={"TRAINWISE_FAULT": f"train:kill@{kill_at}"})
     assert killed.returncode == -9, killed.stderr
     root = tmp_path / "cut" / "checkpoints"
     assert verify(find_resumable(root, print)) is None, "latest is always a whole checkpoint"
-    resumed = _train(tmp_path / "cut", cls_csv, "--resume")
+    resumed = _train(tmp_path / "cut", cls_csv, "--resume", *tb)
     assert resumed.returncode == 0, resumed.stderr
     r, w = _result(tmp_path / "cut"), _result(tmp_path / "whole")
     assert r["resumed_from"] == f"ckpt-{3 * ((kill_at - 1) // 3):08d}"  # killed before that step's save
@@ -72,6 +73,13 @@ def test_a_run_killed_at_a_random_step_resumes_to_the_same_final_loss(tmp_path, 
     assert r["final_loss"] == pytest.approx(w["final_loss"], abs=1e-4)
     assert [e["train_loss"] for e in r["evals"]] == pytest.approx([e["train_loss"] for e in w["evals"]], abs=1e-4)
     assert (tmp_path / "whole" / "best" / "model.safetensors").is_file()
+    # TensorBoard holds one curve: the steps the killed session logged after its checkpoint are purged
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    curve = EventAccumulator(str(tmp_path / "cut" / "tensorboard"))
+    curve.Reload()
+    assert [e.step for e in curve.Scalars("train/loss")] == list(range(1, 13))
+    assert curve.Scalars("train/loss")[-1].value == pytest.approx(w["final_loss"], abs=1e-4)
 
 
 @pytest.mark.slow
@@ -160,3 +168,85 @@ def test_pbt_adopts_a_checkpoint_with_new_hyper_parameters(tmp_path, cls_csv):
     # the next member's checkpoints are its own: the new lr is in their fingerprint
     with pytest.raises(ConfigError, match="another model, plan, data or batch"):
         _run(tmp_path, cls_csv, "other", adopt=ckpt, batch_size=4)
+
+
+@pytest.mark.slow
+def test_report_to_writes_the_same_curves_to_tensorboard_and_mlflow(tmp_path, cls_csv, monkeypatch):
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    run = _train(out, cls_csv, "--max-steps", "6", "--eval-every", "3", "--report-to", "tensorboard,mlflow")
+    assert run.returncode == 0, run.stderr
+    result = _result(out)
+    tb = EventAccumulator(str(out / "tensorboard"))
+    tb.Reload()
+    loss = [(e.step, e.value) for e in tb.Scalars("train/loss")]
+    assert [s for s, _ in loss] == [1, 2, 3, 4, 5, 6]
+    assert loss[-1][1] == pytest.approx(result["final_loss"], rel=1e-6)
+    assert [e.step for e in tb.Scalars("eval/accuracy")] == [3, 6]
+    assert [e.value for e in tb.Scalars("eval/accuracy")] == pytest.approx([e["accuracy"] for e in result["evals"]])
+    assert tb.Scalars("train/lr")[0].value > tb.Scalars("train/lr")[-1].value > 0  # linear decay
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # as the run did: MLflow 3 keeps the file store behind it
+    client = MlflowClient(tracking_uri=(out / "mlruns").resolve().as_uri())
+    run_id = (out / "mlflow_run_id").read_text().strip()
+    logged = client.get_run(run_id)
+    assert logged.info.status == "FINISHED"
+    assert logged.data.params["plan"] == "baseline" and float(logged.data.params["lr"]) > 0
+    history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "train/loss"))
+    assert [s for s, _ in history] == [s for s, _ in loss]
+    assert [v for _, v in history] == pytest.approx([v for _, v in loss], rel=1e-6)
+    assert logged.data.metrics["result_steps"] == 6
+
+
+def test_report_to_bad_input_is_one_line(tmp_path, cls_csv, capsys, monkeypatch):
+    argv = ["train", "--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--out", str(tmp_path / "r")]
+    assert main([*argv, "--report-to", "wandb"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--report-to: unknown 'wandb'; choose from tensorboard, mlflow" in err[0]
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
+    assert main([*argv, "--report-to", "tensorboard,mlflow"]) == 2
+    assert "--report-to mlflow needs mlflow-skinny: pip install 'trainwise[report]'" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_train_plan_takes_advises_pick_and_the_settings_of_a_compare_study(tmp_path, cls_csv, capsys):
+    study = tmp_path / "study"
+    compare = ["compare", "--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--strategies", "baseline,bf16"]
+    compare += ["--batch-size", "4", "--max-length", "24", "--max-steps", "3", "--warmup-steps", "1"]
+    compare += ["--eval-samples", "8", "--device", "cpu"]
+    assert main([*compare, "--out", str(study)]) == 0
+    results = json.loads((study / "results.json").read_text())
+    from trainwise.advise import Constraints, advise
+
+    pick = advise(results, Constraints()).recommended
+    capsys.readouterr()
+    assert (
+        main(["train", "--plan", str(study), "--max-steps", "2", "--eval-every", "2", "--out", str(tmp_path / "r")])
+        == 0
+    )
+    err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
+    assert f"{pick!r}, the plan advise recommends in {study}" in err
+    # the study's model and batch: the checkpoint's fingerprint is the one of the study's trial spec
+    from trainwise.cli import _study_spec
+    from trainwise.train import fingerprint
+
+    manifest = json.loads((tmp_path / "r" / "checkpoints" / f"ckpt-{2:08d}" / "extra.json").read_text())
+    spec = _study_spec(study, pick)
+    assert spec.settings.batch_size == 4 and spec.settings.max_length == 24
+    import dataclasses
+
+    ran = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, max_steps=2))
+    assert manifest["trainer"]["fingerprint"] == fingerprint(ran)
+    for args, message in (
+        (["--strategies", "nope"], "no row 'nope'; its rows: baseline, bf16"),
+        (["--model-preset", "bert-tiny"], "leave out --model-preset"),
+    ):
+        assert main(["train", "--plan", str(study), "--out", str(tmp_path / "x"), *args]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["train", "--plan", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
+    assert "--plan" in capsys.readouterr().err and not (tmp_path / "x").exists()

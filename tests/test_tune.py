@@ -12,6 +12,7 @@ import pytest
 
 from trainwise.cli import main
 from trainwise.errors import ConfigError
+from trainwise.pbt import summarise as summarise_pbt
 from trainwise.tune import _summarise, load_space
 
 
@@ -58,7 +59,11 @@ def test_bad_space_files(tmp_path, text, message):
 def test_tune_cli_bad_input_is_one_line(tmp_path, capsys):
     space = _space(tmp_path, "lr: {low: 1.0e-5, high: 1.0e-3, log: true}\n")
     for args, message in (
-        (["--search", "pbt"], "pbt (Ray Tune population-based training) is not built yet"),
+        (["--ray-address", "auto"], "--ray-address and --cpus-per-trial are for --search pbt"),
+        (["--search", "pbt", "--max-steps", "30", "--eval-every", "20"], "--max-steps must be >= 2 x 20"),
+        (["--search", "pbt", "--ray-address", "127.0.0.1:1"], "--ray-address 127.0.0.1:1: cannot connect"),
+        (["--search", "pbt", "--ray-address", "nowhere"], "expected HOST:PORT"),
+        (["--search", "pbt", "--cpus-per-trial", "0"], "--cpus-per-trial must be > 0"),
         (["--search", "grid"], "--search must be one of random, tpe, pbt"),
         (["--trials", "0"], "--trials must be > 0"),
         (["--space", str(tmp_path / "none.yaml")], "not found"),
@@ -119,3 +124,100 @@ def test_an_interrupted_optuna_study_continues_where_it_stopped(tmp_path, cls_cs
     assert len(finished) == 4 and finished[:2] == [0, 1], "the first two trials were kept, not re-run"
     assert "  trial 0:" not in second.stderr and "  trial 1:" not in second.stderr
     assert result["best_value"] is not None and result["curve"][-1][0] == sum(t["steps"] for t in result["trials"])
+
+
+def test_pbt_needs_something_to_mutate_and_says_how_to_get_ray(tmp_path, capsys, monkeypatch):
+    batch_only = _space(tmp_path, "batch_size: {choices: [8, 16]}\n")
+    argv = ["tune", "--space", batch_only, "--search", "pbt", "--out", str(tmp_path / "t")]
+    assert main(argv) == 2
+    assert "mutates lr, weight_decay, label_smoothing" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    argv[2] = _space(tmp_path, "lr: {low: 1.0e-5, high: 1.0e-3, log: true}\n")
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--search pbt needs Ray Tune: pip install 'trainwise[ray]'" in err[0]
+    assert not (tmp_path / "t").exists()
+
+
+def test_the_pbt_summary_counts_every_members_steps_and_dates_each_mutation():
+    def report(member, step, ran, at, value, lr):
+        return {"member": member, "step": step, "ran": ran, "at": at, "objective": value, "config": {"lr": lr}}
+
+    reports = [
+        report(0, 10, 10, 1.0, 50.0, 1e-3),
+        report(1, 10, 10, 1.1, 40.0, 1e-2),
+        report(0, 20, 10, 2.0, 60.0, 1e-3),
+        report(1, 20, 10, 2.2, 65.0, 1.2e-3),  # member 1 continued from member 0's step-10 checkpoint
+        report(1, 30, 10, 3.1, float("nan"), 1.2e-3),  # an evaluation that failed to produce a number
+        report(0, 30, 10, 3.0, 62.0, 1e-3),
+    ]
+    mutations = [{"member": 1, "from": 0, "old": {"lr": 1e-3}, "new": {"lr": 1.2e-3}}]
+    mutations.append({"member": 0, "from": 1, "old": {"lr": 1.2e-3}, "new": {"lr": 1.44e-3}})  # at the end
+    r = summarise_pbt(reports, mutations, "metric", errors=((1, "boom"), (None, "no report")))
+    assert r.curve == [(10, 50.0), (20, 50.0), (30, 60.0), (40, 65.0), (50, 65.0)]
+    assert r.best_value == 65.0 and r.best_params == {"lr": 1.2e-3}
+    assert [m["step"] for m in r.mutations] == [10, None]
+    rows = {t["number"]: t for t in r.trials}
+    assert rows[0]["steps"] == rows[1]["steps"] == 30 and rows[0]["value"] == 62.0
+    assert rows[1]["state"] == "fail" and rows[1]["error"] == "boom" and rows[-1]["steps"] == 0
+    loss = summarise_pbt(reports[:2], [], "loss")
+    assert loss.best_value == 40.0 and loss.curve == [(10, 50.0), (20, 40.0)]
+
+
+@pytest.mark.slow
+def test_pbt_with_two_tiny_members_exploits_from_checkpoints(tmp_path, cls_csv):
+    space = _space(tmp_path, "lr: {low: 1.0e-4, high: 1.0e-2, log: true}\nbatch_size: {choices: [8]}\n")
+    out = tmp_path / "pbt"
+    argv = [sys.executable, "-m", "trainwise.cli", "tune", "--space", space, "--search", "pbt", "--trials", "2"]
+    argv += ["--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--max-length", "32", "--monitor", "loss"]
+    argv += ["--max-steps", "6", "--eval-every", "2", "--eval-samples", "16", "--device", "cpu", "--out", str(out)]
+    argv += ["--price-per-hour", "3.6"]
+    run = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((out / "tune_result.json").read_text())
+    assert [t["state"] for t in result["trials"]] == ["complete", "complete"]
+    assert [t["steps"] for t in result["trials"]] == [6, 6], "no step is run twice, none skipped"
+    assert result["curve"][-1][0] == 12
+    reports = [json.loads(line) for line in (out / "pbt_reports.jsonl").read_text().splitlines()]
+    for member in (0, 1):
+        assert sorted(r["step"] for r in reports if r["member"] == member) == [2, 4, 6]
+    # with two members the worse one continues from the better one's checkpoint at every interval
+    moved = [m for m in result["mutations"] if m["step"] is not None]
+    assert moved, result["mutations"]
+    for m in moved:
+        assert m["step"] in (2, 4), ("continued from a checkpoint, not from step 0", m, reports)
+        assert m["new"]["lr"] != m["old"]["lr"] and m["new"]["batch_size"] == m["old"]["batch_size"] == 8
+        after = [r for r in reports if r["member"] == m["member"] and r["config"]["lr"] == m["new"]["lr"]]
+        assert min(r["step"] for r in after) == m["step"] + 2
+    assert "continues from member" in run.stdout and "cost $" in run.stdout
+    assert result["cost"]["usd"] == pytest.approx(result["machine_s"] / 3600 * 3.6)
+
+
+def test_decoding_parameters_are_for_seq2seq_and_reach_generation(tmp_path, capsys, monkeypatch, s2s_study):
+    import dataclasses
+
+    import transformers
+
+    from trainwise.trial import run_trial
+
+    space = _space(tmp_path, "num_beams: {choices: [1, 4]}\nlength_penalty: {low: 0.6, high: 1.4}\n")
+    names = [p.name for p in load_space(space)]
+    assert names == ["num_beams", "length_penalty"]
+    assert main(["tune", "--space", space, "--task", "classification", "--out", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err
+    assert "num_beams, length_penalty: decoding parameters apply to --task seq2seq only" in err
+    zero = _space(tmp_path, "num_beams: {choices: [0, 2]}\n")
+    assert main(["tune", "--space", zero, "--task", "seq2seq", "--out", str(tmp_path / "t")]) == 2
+    assert "num_beams must be >= 1" in capsys.readouterr().err
+    seen = []
+    real = transformers.GenerationMixin.generate
+
+    def spy(self, *args, **kwargs):
+        seen.append((kwargs["num_beams"], kwargs["length_penalty"]))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.GenerationMixin, "generate", spy)
+    spec = next(s for s in s2s_study.specs if s.strategy == "baseline")
+    beams = dataclasses.replace(spec.settings, num_beams=3, length_penalty=0.7)
+    r = run_trial(dataclasses.replace(spec, settings=beams))
+    assert r.status == "ok" and seen and set(seen) == {(3, 0.7)}

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import io
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -29,7 +30,7 @@ from rich.table import Table
 from typer._click.exceptions import ClickException, NoArgsIsHelpError
 
 from trainwise import strategies
-from trainwise.config import StudyConfig
+from trainwise.config import StudyConfig, TrialSpec
 from trainwise.errors import ConfigError
 
 app = typer.Typer(
@@ -770,7 +771,7 @@ def _batch_hints(study: Path, rows: list[dict], budget: int) -> dict[str, str]:
     return hints
 
 
-def _study_settings(study: Path) -> tuple[dict, str]:
+def _study_settings(study: Path, flag: str = "--study") -> tuple[dict, str]:
     """A compare study's shared settings and advise's recommended row (objective time)."""
 
     from trainwise.advise import Constraints
@@ -778,13 +779,13 @@ def _study_settings(study: Path) -> tuple[dict, str]:
 
     results = study / "results.json"
     if not (study / "study.sqlite").is_file() or not results.is_file():
-        raise ConfigError(f"--study {study}: not a finished trainwise compare study (no study.sqlite/results.json)")
+        raise ConfigError(f"{flag} {study}: not a finished trainwise compare study (no study.sqlite/results.json)")
     settings = _stored_settings(study)
     if settings is None:
-        raise ConfigError(f"--study {study}: the study has no trials")
+        raise ConfigError(f"{flag} {study}: the study has no trials")
     advice = advise_rows(json.loads(results.read_text(encoding="utf-8")), Constraints())
     if advice.recommended is None:
-        raise ConfigError(f"--study {study}: no row finished ok; pass --strategies")
+        raise ConfigError(f"{flag} {study}: no row finished ok; pass --strategies")
     return settings, advice.recommended
 
 
@@ -957,8 +958,21 @@ def asdict_(obj) -> dict:
 @app.command()
 def train(
     strategies_: Annotated[
-        str, typer.Option("--strategies", help="The plan: one '+' combination, e.g. bf16+grad_ckpt.")
-    ] = "baseline",
+        str | None,
+        typer.Option(
+            "--strategies",
+            help="The plan: one '+' combination, e.g. bf16+grad_ckpt [default: baseline]; with "
+            "--plan, a row of that study.",
+        ),
+    ] = None,
+    plan_study: Annotated[
+        str | None,
+        typer.Option(
+            "--plan",
+            help="A compare study directory: train the plan advise recommends there (or the row --strategies "
+            "names) with the study's model, data, batch, lengths, lr and seed.",
+        ),
+    ] = None,
     model: Annotated[str | None, typer.Option(help="As in compare.")] = None,
     model_preset: Annotated[str | None, typer.Option(help="As in compare.")] = None,
     task: Annotated[str, typer.Option(help="classification, seq2seq or image-classification.")] = _default("task"),
@@ -991,6 +1005,13 @@ def train(
     max_train_samples: Annotated[int | None, typer.Option(help="Use only the first N training rows.")] = None,
     out: Annotated[str, typer.Option(help="Run directory: checkpoints/, best/, train_result.json.")] = "runs/train",
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the last whole checkpoint in --out.")] = False,
+    report_to: Annotated[
+        str | None,
+        typer.Option(
+            help="Log the curves to tensorboard and/or mlflow (comma list): <out>/tensorboard, and an MLflow file "
+            "store at <out>/mlruns (or MLFLOW_TRACKING_URI). Needs trainwise[report]."
+        ),
+    ] = None,
     price_per_hour: PricePerHour = None,
     sku: Sku = None,
     price_file: PriceFile = None,
@@ -999,41 +1020,49 @@ def train(
 ) -> None:
     """Train for real with one plan: periodic eval, best checkpoint, early stopping, resumable checkpoints."""
     from trainwise.cost import resolve_price
-    from trainwise.study import prepare_study
+    from trainwise.tracking import Tracker, parse_report_to
     from trainwise.train import TrainConfig, run_train
 
     tc = TrainConfig(epochs, max_steps, eval_every, save_every, patience, min_delta, monitor)
+    backends = parse_report_to(report_to)
     price = resolve_price(price_per_hour, sku, price_file, low_priority, preemptions_per_hour, 0.0)
-    if "," in strategies_:
+    if strategies_ is not None and "," in strategies_:
         raise ConfigError(f"--strategies {strategies_!r}: train runs one plan (a '+' combination)")
-    cfg = StudyConfig(
-        out=out,
-        strategies=[strategies_],
-        task=task,
-        model=model,
-        model_preset=model_preset,
-        dataset=dataset,
-        train_file=train_file,
-        eval_file=eval_file,
-        text_column=text_column,
-        target_column=target_column,
-        batch_size=batch_size,
-        accum_steps=accum_steps,
-        max_length=max_length,
-        max_target_length=max_target_length,
-        max_steps=2,  # replaced by the run's own schedule
-        warmup_steps=0,
-        lr=lr,
-        seed=seed,
-        device=device,
-        eval_samples=eval_samples,
-        max_train_samples=max_train_samples,
-    )
-    with err_console.status("trainwise train: validating input, preparing data and model..."):
-        prepared = prepare_study(cfg)
-    if prepared.unsupported:
-        raise ConfigError(f"{strategies_!r}: {next(iter(prepared.unsupported.values()))}")
-    spec = prepared.specs[0]
+    if plan_study is not None:
+        given = [n for n, v in (("--model", model), ("--model-preset", model_preset), ("--dataset", dataset)) if v]
+        given += [n for n, v in (("--train-file", train_file), ("--eval-file", eval_file), ("--lr", lr)) if v]
+        if given:
+            raise ConfigError(f"--plan takes the model, data and settings from the study: leave out {', '.join(given)}")
+        spec = _study_spec(Path(plan_study), strategies_)
+        strategies_ = spec.strategy
+    else:
+        strategies_ = strategies_ or "baseline"
+        spec = _train_spec(
+            strategies_,
+            StudyConfig(
+                out=out,
+                strategies=[strategies_],
+                task=task,
+                model=model,
+                model_preset=model_preset,
+                dataset=dataset,
+                train_file=train_file,
+                eval_file=eval_file,
+                text_column=text_column,
+                target_column=target_column,
+                batch_size=batch_size,
+                accum_steps=accum_steps,
+                max_length=max_length,
+                max_target_length=max_target_length,
+                max_steps=2,  # replaced by the run's own schedule
+                warmup_steps=0,
+                lr=lr,
+                seed=seed,
+                device=device,
+                eval_samples=eval_samples,
+                max_train_samples=max_train_samples,
+            ),
+        )
     from trainwise.worker import _emitter
 
     fault = _emitter("train", batch_size)  # the test seam: TRAINWISE_FAULT="train:kill@STEP"
@@ -1047,7 +1076,28 @@ def train(
         with contextlib.redirect_stdout(io.StringIO()):
             fault(event)
 
-    r = run_train(spec, tc, Path(out), resume, emit, lambda msg: err_console.print(f"trainwise: warning: {msg}"))
+    tracker = None
+    if backends:
+        # the spec's max_steps is a placeholder: the train config's (its cap) replaces it
+        params = {"plan": strategies_, **dataclasses.asdict(spec.settings), **dataclasses.asdict(tc)}
+        Path(out).mkdir(parents=True, exist_ok=True)
+        tracker = Tracker(backends, Path(out), f"{Path(out).name} {strategies_}", params)
+
+    def emit_all(event: dict) -> None:
+        if tracker is not None:
+            tracker.log(event)
+        emit(event)
+
+    warn = lambda msg: err_console.print(f"trainwise: warning: {msg}")  # noqa: E731
+    try:
+        r = run_train(spec, tc, Path(out), resume, emit_all, warn)
+    except BaseException:
+        if tracker is not None:
+            tracker.close(failed=True)
+        raise
+    if tracker is not None:
+        keep = ("steps", "planned_steps", "final_loss", "best_step", "best_value", "wall_s", "compute_saved")
+        tracker.close({k: getattr(r, k) for k in keep})
     lines = [
         f"trained {r.steps}/{r.planned_steps} steps in {r.wall_s:.0f} s"
         + (f" (resumed from {r.resumed_from})" if r.resumed_from else ""),
@@ -1073,8 +1123,19 @@ def train(
 @app.command()
 def tune(
     space: Annotated[str, typer.Option(help="Search space, YAML: lr: {low: 1e-5, high: 1e-3, log: true} ...")],
-    search: Annotated[str, typer.Option(help="random or tpe (Optuna); pbt is not built yet.")] = "tpe",
-    trials: Annotated[int, typer.Option(help="Finished trials to reach (re-running continues the study).")] = 8,
+    search: Annotated[
+        str,
+        typer.Option(
+            help="random or tpe (Optuna, median pruning), or pbt (Ray Tune population-based training: lr, weight "
+            "decay and label smoothing mutate during training; needs trainwise[ray])."
+        ),
+    ] = "tpe",
+    trials: Annotated[
+        int,
+        typer.Option(
+            help="random/tpe: finished trials to reach (re-running continues the study). pbt: the population size."
+        ),
+    ] = 8,
     strategies_: Annotated[str, typer.Option("--strategies", help="The plan every trial trains with.")] = "baseline",
     model: Annotated[str | None, typer.Option(help="As in compare.")] = None,
     model_preset: Annotated[str | None, typer.Option(help="As in compare.")] = None,
@@ -1092,19 +1153,54 @@ def tune(
     max_train_samples: Annotated[int | None, typer.Option(help="Use only the first N training rows.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the data, the models and the sampler.")] = _default("seed"),
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
-    out: Annotated[str, typer.Option(help="Study directory: tune.sqlite, trials/, tune_result.json.")] = "runs/tune",
+    out: Annotated[
+        str, typer.Option(help="Study directory: tune.sqlite or pbt/, trials/, tune_result.json.")
+    ] = "runs/tune",
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            help="pbt: run the members on this Ray cluster (e.g. ray://head:10001 or auto); --out must then be "
+            "storage every node sees (a shared path or s3://...). Default: a local Ray on this machine."
+        ),
+    ] = None,
+    cpus_per_trial: Annotated[
+        float | None, typer.Option(help="pbt: CPUs per member (default: this machine's cores / population, >= 1).")
+    ] = None,
+    price_per_hour: PricePerHour = None,
+    sku: Sku = None,
+    price_file: PriceFile = None,
+    low_priority: LowPriority = False,
+    preemptions_per_hour: Preemptions = 0.5,
 ) -> None:
-    """Search learning rate, batch size, weight decay, warm-up and label smoothing with Optuna (resumable)."""
+    """Search learning rate, batch size, weight decay, warm-up, label smoothing (and seq2seq decoding: num_beams,
+    length_penalty): Optuna random search or TPE
+    (resumable, with pruning), or population-based training with Ray Tune."""
+    from trainwise.cost import resolve_price
     from trainwise.study import prepare_study
     from trainwise.train import TrainConfig
-    from trainwise.tune import check_search, load_space, run_tune
+    from trainwise.tune import check_search, check_task, load_space, run_tune
 
     check_search(search)
     if trials <= 0:
         raise ConfigError(f"--trials must be > 0, got {trials}")
+    if search != "pbt" and (ray_address is not None or cpus_per_trial is not None):
+        raise ConfigError("--ray-address and --cpus-per-trial are for --search pbt")
+    if cpus_per_trial is not None and cpus_per_trial <= 0:
+        raise ConfigError(f"--cpus-per-trial must be > 0, got {cpus_per_trial:g}")
+    if search == "pbt" and max_steps < 2 * eval_every:
+        raise ConfigError(f"--search pbt perturbs every --eval-every steps: --max-steps must be >= 2 x {eval_every}")
     params = load_space(space)
-    # every trial trains --max-steps steps (the budget unit), however many epochs that takes
-    tc = TrainConfig(10**6, max_steps, eval_every, max_steps, None, 0.0, monitor, checkpoints=False)
+    check_task(params, task)
+    price = resolve_price(price_per_hour, sku, price_file, low_priority, preemptions_per_hour, 0.0)
+    if search == "pbt":
+        from trainwise.pbt import check_pbt
+
+        check_pbt(params, ray_address)
+        # a member checkpoints at every evaluation, which is where PBT exploits and explores
+        tc = TrainConfig(10**6, max_steps, eval_every, eval_every, None, 0.0, monitor, keep=1)
+    else:
+        # every trial trains --max-steps steps (the budget unit), however many epochs that takes
+        tc = TrainConfig(10**6, max_steps, eval_every, max_steps, None, 0.0, monitor, checkpoints=False)
     cfg = StudyConfig(
         out=out,
         strategies=[strategies_],
@@ -1134,22 +1230,106 @@ def tune(
             f"  trial {r['number']}: {r['state']}  {value}  {r['steps']} steps  {params_text}", highlight=False
         )
 
-    result = run_tune(spec, params, search, trials, Path(out), train_args, on_trial, seed)
-    (Path(out) / "tune_result.json").write_text(json.dumps(dataclasses.asdict(result), indent=1))
-    grid = Table(title=f"trainwise tune: {search}, {len(result.trials)} trials", header_style="bold")
-    for h in ("trial", "state", monitor, "steps", "params"):
+    if search == "pbt":
+        from trainwise.pbt import run_pbt
+
+        cpus = cpus_per_trial or max(1.0, float((os.cpu_count() or 1) // trials))
+        gpus = 1.0 if spec.settings.device == "cuda" else 0.0
+
+        def on_report(r: dict) -> None:
+            shown = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r["config"].items())
+            err_console.print(
+                f"  member {r['member']} step {r['step']}: {r['objective']:.4f}  {shown}", highlight=False
+            )
+
+        result = run_pbt(spec, params, trials, Path(out), train_args, on_report, seed, ray_address, cpus, gpus)
+    else:
+        result = run_tune(spec, params, search, trials, Path(out), train_args, on_trial, seed)
+    report = dataclasses.asdict(result)
+    if price is not None:
+        # the work a preemption loses: a whole Optuna trial (it has no checkpoints, so it starts over), or
+        # one evaluation interval of the population (members run side by side and checkpoint at each)
+        if search == "pbt":
+            interval_s = result.machine_s * eval_every / max_steps
+        else:
+            interval_s = result.machine_s / max(1, len(result.trials))
+        price = dataclasses.replace(price, checkpoint_hours=interval_s / 3600)
+        report["cost"] = {"usd": price.cost(result.machine_s), "price": price.label, "rework": price.rework_factor()}
+    (Path(out) / "tune_result.json").write_text(json.dumps(report, indent=1))
+    unit = "member" if search == "pbt" else "trial"
+    grid = Table(title=f"trainwise tune: {search}, {len(result.trials)} {unit}s", header_style="bold")
+    for h in (unit, "state", f"best {monitor}", "steps", "params" if search != "pbt" else "final params"):
         grid.add_column(h, overflow="fold")
     for r in result.trials:
         value = "-" if r["value"] is None else f"{r['value']:.4f}"
         grid.add_row(str(r["number"]), r["state"], value, str(r["steps"]), json.dumps(r["params"]))
     out_console.print(grid)
-    spent = result.curve[-1][0] if result.curve else 0
-    out_console.print(
-        f"best {monitor} {result.best_value} with {json.dumps(result.best_params)}; {spent} optimizer steps spent "
-        f"(best-so-far curve in {out}/tune_result.json)",
-        markup=False,
-        highlight=False,
-    )
+    if result.mutations:
+        out_console.print(f"{len(result.mutations)} exploit/explore steps (all in {out}/tune_result.json):")
+        for m in result.mutations[:10]:
+            changed = ", ".join(
+                f"{k} {_g(m['old'].get(k))} -> {_g(v)}" for k, v in m["new"].items() if m["old"].get(k) != v
+            )
+            at = "at the end" if m["step"] is None else f"step {m['step']}"
+            out_console.print(
+                f"  {at}: member {m['member']} continues from member {m['from']}'s checkpoint, {changed}",
+                markup=False,
+                highlight=False,
+            )
+    failed = [r for r in result.trials if r["state"] == "fail" and r.get("error")]
+    if failed:
+        err_console.print(f"trainwise: warning: {len(failed)} {unit}(s) failed: {failed[0]['error']}")
+    spent = _spent(result)
+    lines = [
+        f"best {monitor} {result.best_value} with {json.dumps(result.best_params)}; {spent} optimizer steps spent, "
+        f"{result.machine_s:.0f} s of machine time (best-so-far curve in {out}/tune_result.json)"
+    ]
+    if price is not None:
+        rework = f" (x{price.rework_factor():.3f} expected re-work)" if price.low_priority else ""
+        lines.append(f"cost ${report['cost']['usd']:.4g} at {price.label}{rework}")
+    for line in lines:
+        out_console.print(line, markup=False, highlight=False)
+
+
+def _train_spec(row: str, cfg: StudyConfig) -> TrialSpec:
+    """The one trial spec `train` runs, prepared as compare prepares its rows."""
+    from trainwise.study import prepare_study
+
+    with err_console.status("trainwise train: validating input, preparing data and model..."):
+        prepared = prepare_study(cfg)
+    if prepared.unsupported:
+        raise ConfigError(f"{row!r}: {next(iter(prepared.unsupported.values()))}")
+    return prepared.specs[0]
+
+
+def _study_spec(study: Path, row: str | None) -> TrialSpec:
+    """A compare study's trial spec for `row` (default: advise's pick), for `train --plan`."""
+    import sqlite3
+
+    _, recommended = _study_settings(study, "--plan")
+    if row is None:
+        err_console.print(f"trainwise train: {recommended!r}, the plan advise recommends in {study}", highlight=False)
+    row = row or recommended
+    con = sqlite3.connect(study / "study.sqlite")
+    try:
+        found = con.execute("SELECT spec FROM trials WHERE strategy = ? LIMIT 1", (row,)).fetchone()
+        rows = [r for (r,) in con.execute("SELECT DISTINCT strategy FROM trials")]
+    finally:
+        con.close()
+    if found is None:
+        raise ConfigError(f"--plan {study}: no row {row!r}; its rows: {', '.join(rows)}")
+    spec = TrialSpec.from_dict(json.loads(found[0]))
+    if spec.settings.nproc > 1 or spec.plan.zero_stage:
+        raise ConfigError(f"--plan {study}: {row!r} ran on {spec.settings.nproc} ranks / ZeRO; train runs one process")
+    return spec
+
+
+def _spent(result) -> int:
+    return result.curve[-1][0] if result.curve else sum(r["steps"] for r in result.trials)
+
+
+def _g(v) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
 
 
 @app.command("strategies")

@@ -152,6 +152,8 @@ class TrialSettings:
     weight_decay: float = 0.0
     warmup_ratio: float = 0.0  # share of the steps with a linear learning-rate warm-up
     label_smoothing: float = 0.0
+    num_beams: int = 1  # seq2seq evaluation: beam search width (1: greedy)
+    length_penalty: float = 1.0  # seq2seq evaluation: beam score / length**penalty
 
 
 @dataclass(frozen=True)

@@ -281,6 +281,7 @@ def run_train(
     another run of the same model, plan, data and batch) with this spec's hyper-parameters (PBT)."""
     s, plan = spec.settings, spec.plan
     t0 = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(s.seed)
     random.seed(s.seed)
     data = load_data(spec)

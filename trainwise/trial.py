@@ -294,7 +294,11 @@ def evaluate(model, accelerator, enc: Encoded, gold: list[str], spec: TrialSpec,
                 preds += model(**batch.inputs).logits.argmax(-1).tolist()
             else:
                 out = accelerator.unwrap_model(model).generate(
-                    **batch.inputs, max_new_tokens=s.max_target_length, num_beams=1, do_sample=False
+                    **batch.inputs,
+                    max_new_tokens=s.max_target_length,
+                    num_beams=s.num_beams,
+                    length_penalty=s.length_penalty,
+                    do_sample=False,
                 )
                 preds += tokenizer.batch_decode(out, skip_special_tokens=True)
     model.train()

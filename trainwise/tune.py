@@ -1,4 +1,5 @@
-"""trainwise tune: hyper-parameter search over `trainwise train` runs (Optuna random search or TPE).
+"""trainwise tune: hyper-parameter search over `trainwise train` runs (Optuna random search or TPE;
+population-based training with Ray Tune is in trainwise.pbt).
 
 Each trial is one training run with the sampled values in its own process (`python -m
 trainwise.tune --trial ...`), reporting its evaluations as JSON lines; the parent feeds them to
@@ -19,8 +20,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainwise.config import TrialSpec
@@ -33,7 +35,11 @@ PARAMS = {
     "weight_decay": "float",
     "warmup_ratio": "float",
     "label_smoothing": "float",
+    # seq2seq decoding at evaluation (what ROUGE/BLEU is measured with)
+    "num_beams": "int",
+    "length_penalty": "float",
 }
+DECODING = ("num_beams", "length_penalty")
 SEARCHES = ("random", "tpe", "pbt")
 
 
@@ -94,10 +100,16 @@ def load_space(path: str) -> list[Param]:
 def check_search(search: str) -> None:
     if search not in SEARCHES:
         raise ConfigError(f"--search must be one of {', '.join(SEARCHES)}, not {search!r}")
-    if search == "pbt":
-        raise ConfigError(
-            "--search pbt (Ray Tune population-based training) is not built yet; use --search random or tpe"
-        )
+
+
+def check_task(space: list[Param], task: str) -> None:
+    decoding = [p.name for p in space if p.name in DECODING]
+    if decoding and task != "seq2seq":
+        raise ConfigError(f"{', '.join(decoding)}: decoding parameters apply to --task seq2seq only, not {task}")
+    for p in space:
+        lowest = min(p.choices) if p.choices is not None else p.low
+        if p.name == "num_beams" and (lowest is None or lowest < 1):
+            raise ConfigError("num_beams must be >= 1")
 
 
 def sample(trial, space: list[Param]) -> dict:
@@ -132,6 +144,8 @@ class TuneResult:
     best_params: dict
     trials: list[dict]  # number, state, value, params, steps
     curve: list[tuple[int, float]]  # (cumulative optimizer steps, best value so far)
+    mutations: list[dict] = field(default_factory=list)  # pbt: exploit/explore decisions
+    machine_s: float = 0.0  # the time the machine was busy with the study (every session of it)
 
 
 def run_tune(
@@ -144,7 +158,8 @@ def run_tune(
     on_trial: Callable[[dict], None],
     seed: int = 0,
 ) -> TuneResult:
-    check_search(search)
+    if search not in ("random", "tpe"):
+        raise ValueError(f"run_tune runs Optuna's random or tpe, not {search!r} (pbt: trainwise.pbt)")
     try:
         import optuna
     except ImportError:
@@ -165,8 +180,10 @@ def run_tune(
     while len(done()) < n_trials:
         trial = study.ask()
         values = sample(trial, space)
+        started = time.perf_counter()
         state, value, steps = _run_one(apply(spec, values), train_args, out / "trials" / f"{trial.number:04d}", trial)
         trial.set_user_attr("steps", steps)
+        trial.set_user_attr("wall_s", time.perf_counter() - started)
         if state == "complete":
             study.tell(trial, value)
         elif state == "pruned":
@@ -181,11 +198,12 @@ def _summarise(study) -> TuneResult:
     import optuna
 
     finished = [t for t in study.trials if t.state.is_finished()]
-    rows, curve, spent, best = [], [], 0, None
+    rows, curve, spent, best, machine_s = [], [], 0, None, 0.0
     maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
     for t in sorted(finished, key=lambda t: t.number):
         steps = int(t.user_attrs.get("steps", 0))
         spent += steps
+        machine_s += float(t.user_attrs.get("wall_s", 0.0))
         complete = t.state == optuna.trial.TrialState.COMPLETE and t.value is not None
         if complete and (best is None or (t.value > best if maximize else t.value < best)):
             best = t.value
@@ -200,6 +218,7 @@ def _summarise(study) -> TuneResult:
         best_params=study.best_params if complete else {},
         trials=rows,
         curve=curve,
+        machine_s=machine_s,
     )
 
 
