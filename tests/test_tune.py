@@ -190,6 +190,8 @@ def test_pbt_with_two_tiny_members_exploits_from_checkpoints(tmp_path, cls_csv):
         after = [r for r in reports if r["member"] == m["member"] and r["config"]["lr"] == m["new"]["lr"]]
         assert min(r["step"] for r in after) == m["step"] + 2
     assert "continues from member" in run.stdout and "cost $" in run.stdout
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "already holds a PBT study; PBT studies do not resume" in again.stderr
     assert result["cost"]["usd"] == pytest.approx(result["machine_s"] / 3600 * 3.6)
 
 

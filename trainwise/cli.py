@@ -1196,6 +1196,10 @@ def tune(
         from trainwise.pbt import check_pbt
 
         check_pbt(params, ray_address)
+        if (Path(out) / "pbt").exists():
+            # Ray can restore the experiment, but its synchronous PBT then waits forever for members
+            # it does not restart (seen with Ray 2.60); a half-done population is not resumed
+            raise ConfigError(f"{out} already holds a PBT study; PBT studies do not resume: use another --out")
         # a member checkpoints at every evaluation, which is where PBT exploits and explores
         tc = TrainConfig(10**6, max_steps, eval_every, eval_every, None, 0.0, monitor, keep=1)
     else:

@@ -237,30 +237,26 @@ def run_pbt(
                 for listener in _LISTENERS:
                     listener(row)
 
-        experiment = out / EXPERIMENT
-        if tune.Tuner.can_restore(str(experiment)):
-            tuner = tune.Tuner.restore(str(experiment), trainable=member, resume_unfinished=True, resume_errored=True)
-        else:
-            tuner = tune.Tuner(
-                member,
-                param_space=domains(space),
-                tune_config=tune.TuneConfig(
-                    metric="objective",
-                    mode="max" if train_args["monitor"] == "metric" else "min",
-                    scheduler=scheduler,
-                    num_samples=population,
-                    search_alg=BasicVariantGenerator(random_state=seed),
-                    reuse_actors=False,
-                ),
-                run_config=tune.RunConfig(
-                    name=EXPERIMENT,
-                    storage_path=str(out),
-                    verbose=0,
-                    callbacks=[Reports()],
-                    # the latest is what a donor hands on; Ray warns that fewer than 3 risk a race
-                    checkpoint_config=tune.CheckpointConfig(num_to_keep=3),
-                ),
-            )
+        tuner = tune.Tuner(
+            member,
+            param_space=domains(space),
+            tune_config=tune.TuneConfig(
+                metric="objective",
+                mode="max" if train_args["monitor"] == "metric" else "min",
+                scheduler=scheduler,
+                num_samples=population,
+                search_alg=BasicVariantGenerator(random_state=seed),
+                reuse_actors=False,
+            ),
+            run_config=tune.RunConfig(
+                name=EXPERIMENT,
+                storage_path=str(out),
+                verbose=0,
+                callbacks=[Reports()],
+                # the latest is what a donor hands on; Ray warns that fewer than 3 risk a race
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=3),
+            ),
+        )
         started = time.perf_counter()
         _LISTENERS.append(on_report)
         try:
