@@ -175,8 +175,8 @@ def run_pbt(
     cpus_per_member: float = 1.0,
     gpus_per_member: float = 0.0,
 ) -> TuneResult:
-    """Run (or continue) the population; the result has one row per member, the curve of
-    best-so-far against optimizer steps spent by the whole population, and the mutations."""
+    """Run the population; the result has one row per member, the curve of best-so-far against
+    the optimizer steps the whole population ran, the mutations, and the machine time."""
     check_pbt(space, ray_address)
     ray, tune = _ray()
     from ray.tune import Callback
@@ -263,7 +263,7 @@ def run_pbt(
             grid = tuner.fit()
         finally:
             _LISTENERS.remove(on_report)
-        _add_session(out / "pbt_sessions.json", time.perf_counter() - started)
+        wall_s = time.perf_counter() - started
         errors = tuple(
             (member_number(r.metrics["trial_id"]) if "trial_id" in r.metrics else None, _last_words(r.error))
             for r in grid
@@ -273,14 +273,8 @@ def run_pbt(
         ray.shutdown()
     mutations = _mutations(out / EXPERIMENT)
     result = summarise(_read_reports(reports_path), mutations, train_args["monitor"], errors)
-    result.machine_s = sum(json.loads((out / "pbt_sessions.json").read_text()))
+    result.machine_s = wall_s  # the members share the machine, so its time is the study's
     return result
-
-
-def _add_session(path: Path, seconds: float) -> None:
-    """The wall time of each session of the study (a re-run continues it): the machine time."""
-    sessions = json.loads(path.read_text()) if path.is_file() else []
-    path.write_text(json.dumps([*sessions, seconds]))
 
 
 def _last_words(error: BaseException) -> str:
