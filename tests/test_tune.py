@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -13,7 +14,7 @@ import pytest
 from trainwise.cli import main
 from trainwise.errors import ConfigError
 from trainwise.pbt import summarise as summarise_pbt
-from trainwise.tune import _summarise, load_space
+from trainwise.tune import _summarise, load_space, make_sampler
 
 
 def _space(tmp_path, text):
@@ -223,3 +224,47 @@ def test_decoding_parameters_are_for_seq2seq_and_reach_generation(tmp_path, caps
     beams = dataclasses.replace(spec.settings, num_beams=3, length_penalty=0.7)
     r = run_trial(dataclasses.replace(spec, settings=beams))
     assert r.status == "ok" and seen and set(seen) == {(3, 0.7)}
+
+
+@pytest.mark.slow
+def test_pbt_runs_its_members_on_a_ray_cluster_given_by_address(tmp_path, cls_csv):
+    import socket
+
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    with socket.socket() as s:  # a free port for the head node
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "token"}  # the cluster's default token auth
+    head = [ray_cli, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false"]
+    started = subprocess.run([*head, "--disable-usage-stats"], capture_output=True, text=True, env=env, timeout=120)
+    assert started.returncode == 0, started.stderr[-2000:]
+    try:
+        space = _space(tmp_path, "lr: {low: 1.0e-4, high: 1.0e-2, log: true}\n")
+        argv = [sys.executable, "-m", "trainwise.cli", "tune", "--space", space, "--search", "pbt", "--trials", "2"]
+        argv += ["--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--max-length", "32", "--max-steps", "4"]
+        argv += ["--eval-every", "2", "--eval-samples", "8", "--device", "cpu", "--monitor", "loss"]
+        argv += ["--ray-address", f"127.0.0.1:{port}", "--out", str(tmp_path / "pbt")]
+        sessions = set(glob.glob("/tmp/ray/session_2*"))
+        run = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+        result = json.loads((tmp_path / "pbt" / "tune_result.json").read_text())
+        assert [t["steps"] for t in result["trials"]] == [4, 4]
+        # the members ran on that cluster: no local Ray (a new session) was started for them
+        assert set(glob.glob("/tmp/ray/session_2*")) == sessions
+    finally:
+        subprocess.run([ray_cli, "stop", "--force"], capture_output=True, env=env, timeout=120)
+
+
+def test_tpe_models_the_space_after_a_quarter_of_a_small_budget():
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+    def picks(search):
+        study = optuna.create_study(sampler=make_sampler(search, seed=0, n_trials=8))
+        study.optimize(lambda t: (t.suggest_float("x", -10, 10) - 3) ** 2, n_trials=8)
+        return [t.params["x"] for t in study.trials]
+
+    random, tpe = picks("random"), picks("tpe")
+    assert tpe[:2] == random[:2], "the same seeded random start"
+    assert tpe[2:] != random[2:], "then TPE's own proposals, not random search's"
