@@ -109,6 +109,13 @@ def test_train_bad_input_is_one_line(tmp_path, cls_csv, capsys):
     assert len(err) == 1 and "--patience must be >= 1" in err[0]
     assert main([*argv, "--strategies", "bf16,grad_ckpt"]) == 2
     assert "train runs one plan" in capsys.readouterr().err
+    assert main([*argv, "--strategies", "zero2"]) == 2
+    assert "'zero2' needs 2 ranks (data parallel / ZeRO); train runs one process" in capsys.readouterr().err
+    space = tmp_path / "space.yaml"
+    space.write_text("lr: {low: 1.0e-5, high: 1.0e-3}\n")
+    assert main(["tune", "--space", str(space), "--strategies", "zero3", "--out", str(tmp_path / "x")]) == 2
+    assert "'zero3' needs 2 ranks (data parallel / ZeRO); tune runs one process" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 def test_the_command_export_writes_is_accepted_by_train(tmp_path, capsys):

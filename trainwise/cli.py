@@ -1037,6 +1037,7 @@ def train(
         strategies_ = spec.strategy
     else:
         strategies_ = strategies_ or "baseline"
+        _one_process(strategies_, strategies.build_plan(strategies_, accum_steps).zero_stage, 1, "train")
         spec = _train_spec(
             strategies_,
             StudyConfig(
@@ -1063,6 +1064,7 @@ def train(
                 max_train_samples=max_train_samples,
             ),
         )
+    _one_process(spec.strategy, spec.plan.zero_stage, spec.settings.nproc, "train")
     from trainwise.worker import _emitter
 
     fault = _emitter("train", batch_size)  # the test seam: TRAINWISE_FAULT="train:kill@STEP"
@@ -1191,6 +1193,7 @@ def tune(
         raise ConfigError(f"--search pbt perturbs every --eval-every steps: --max-steps must be >= 2 x {eval_every}")
     params = load_space(space)
     check_task(params, task)
+    _one_process(strategies_, strategies.build_plan(strategies_, _default("accum_steps")).zero_stage, 1, "tune")
     price = resolve_price(price_per_hour, sku, price_file, low_priority, preemptions_per_hour, 0.0)
     if search == "pbt":
         from trainwise.pbt import check_pbt
@@ -1322,10 +1325,16 @@ def _study_spec(study: Path, row: str | None) -> TrialSpec:
         con.close()
     if found is None:
         raise ConfigError(f"--plan {study}: no row {row!r}; its rows: {', '.join(rows)}")
-    spec = TrialSpec.from_dict(json.loads(found[0]))
-    if spec.settings.nproc > 1 or spec.plan.zero_stage:
-        raise ConfigError(f"--plan {study}: {row!r} ran on {spec.settings.nproc} ranks / ZeRO; train runs one process")
-    return spec
+    return TrialSpec.from_dict(json.loads(found[0]))
+
+
+def _one_process(row: str, zero_stage: int, nproc: int, verb: str) -> None:
+    """train and tune run one process: data parallelism and ZeRO are compare's (`--nproc`) for now."""
+    if nproc > 1 or zero_stage:
+        raise ConfigError(
+            f"{row!r} needs {max(2, nproc)} ranks (data parallel / ZeRO); {verb} runs one process: measure it "
+            "with `trainwise compare --nproc N`"
+        )
 
 
 def _spent(result) -> int:
