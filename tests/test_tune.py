@@ -65,6 +65,7 @@ def test_tune_cli_bad_input_is_one_line(tmp_path, capsys):
         (["--search", "pbt", "--ray-address", "127.0.0.1:1"], "--ray-address 127.0.0.1:1: cannot connect"),
         (["--search", "pbt", "--ray-address", "nowhere"], "expected HOST:PORT"),
         (["--search", "pbt", "--cpus-per-trial", "0"], "--cpus-per-trial must be > 0"),
+        (["--search", "pbt", "--trials", "1"], "needs a population (--trials) of at least 2"),
         (["--search", "grid"], "--search must be one of random, tpe, pbt"),
         (["--trials", "0"], "--trials must be > 0"),
         (["--space", str(tmp_path / "none.yaml")], "not found"),

@@ -1035,6 +1035,7 @@ def train(
             raise ConfigError(f"--plan takes the model, data and settings from the study: leave out {', '.join(given)}")
         spec = _study_spec(Path(plan_study), strategies_)
         strategies_ = spec.strategy
+        _one_process(strategies_, spec.plan.zero_stage, spec.settings.nproc, "train")  # the study's ranks
     else:
         strategies_ = strategies_ or "baseline"
         _one_process(strategies_, strategies.build_plan(strategies_, accum_steps).zero_stage, 1, "train")
@@ -1064,7 +1065,6 @@ def train(
                 max_train_samples=max_train_samples,
             ),
         )
-    _one_process(spec.strategy, spec.plan.zero_stage, spec.settings.nproc, "train")
     from trainwise.worker import _emitter
 
     fault = _emitter("train", batch_size)  # the test seam: TRAINWISE_FAULT="train:kill@STEP"
@@ -1189,6 +1189,8 @@ def tune(
         raise ConfigError("--ray-address and --cpus-per-trial are for --search pbt")
     if cpus_per_trial is not None and cpus_per_trial <= 0:
         raise ConfigError(f"--cpus-per-trial must be > 0, got {cpus_per_trial:g}")
+    if search == "pbt" and trials < 2:
+        raise ConfigError(f"--search pbt needs a population (--trials) of at least 2, got {trials}")
     if search == "pbt" and max_steps < 2 * eval_every:
         raise ConfigError(f"--search pbt perturbs every --eval-every steps: --max-steps must be >= 2 x {eval_every}")
     params = load_space(space)
