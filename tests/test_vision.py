@@ -136,9 +136,10 @@ def test_channels_last_on_text_is_rejected(tmp_path, cls_csv):
 
 @pytest.mark.slow
 def test_seed_003_shaped_study_from_one_command(tmp_path, capsys):
-    """Workers x precision x checkpointing x batch size, one command, seed 003's columns."""
+    """Workers x precision x checkpointing x batch size, one command, seed 003's columns (bf16 and
+    checkpointing in one row to keep CI short: each image strategy alone is test_every_image_strategy_trains)."""
     out = tmp_path / "s003"
-    argv = ["compare", "--task", "image-classification", "--strategies", "baseline,bf16,grad_ckpt,channels_last"]
+    argv = ["compare", "--task", "image-classification", "--strategies", "baseline,bf16+grad_ckpt"]
     argv += ["--num-workers", "0,2", "--batch-sizes", "32,128", "--max-steps", "6", "--warmup-steps", "2"]
     argv += ["--out", str(out), "--eval-samples", "64"]
     assert main(argv) == 0
@@ -146,5 +147,5 @@ def test_seed_003_shaped_study_from_one_command(tmp_path, capsys):
     for column in ("data (s)", "step (s)", "optim (s)", "epoch (s)", "peak mem"):
         assert column in printed
     rows = __import__("json").loads((out / "results.json").read_text())
-    assert len(rows) == 16 and all(r["status"] == "ok" for r in rows)
-    assert {r["strategy"] for r in rows} >= {"baseline @bs32 @w0", "channels_last @bs128 @w2"}
+    assert len(rows) == 8 and all(r["status"] == "ok" for r in rows)
+    assert {r["strategy"] for r in rows} >= {"baseline @bs32 @w0", "bf16+grad_ckpt @bs128 @w2"}
