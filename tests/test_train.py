@@ -257,3 +257,17 @@ def test_train_plan_takes_advises_pick_and_the_settings_of_a_compare_study(tmp_p
         assert message in capsys.readouterr().err
     assert main(["train", "--plan", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
     assert "--plan" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_help_shows_bracketed_defaults_and_extras(capsys, monkeypatch):
+    """Rich reads [...] in help text as markup and drops it unless escaped."""
+    monkeypatch.setenv("COLUMNS", "250")
+    for argv, shown in (
+        (["train", "--help"], ("[default: baseline]", "trainwise[report]")),
+        (["tune", "--help"], ("trainwise[ray]",)),
+        (["compare", "--help"], ("[default: text]", "[default: 5e-05 (fine-tuning text)")),
+    ):
+        assert main(argv) == 0
+        out = " ".join(capsys.readouterr().out.replace("│", " ").split())
+        for text in shown:
+            assert text in out, (argv, text)

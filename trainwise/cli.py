@@ -101,9 +101,9 @@ def compare(
     eval_file: Annotated[
         str | None, typer.Option(help="Evaluation data (default: a deterministic 10% of --train-file).")
     ] = None,
-    text_column: Annotated[str | None, typer.Option(help="Input text column of the files [default: text].")] = None,
+    text_column: Annotated[str | None, typer.Option(help="Input text column of the files \\[default: text].")] = None,
     target_column: Annotated[
-        str | None, typer.Option(help="Label (classification) or target text (seq2seq) column [default: target].")
+        str | None, typer.Option(help="Label (classification) or target text (seq2seq) column \\[default: target].")
     ] = None,
     strategies_: Annotated[
         str,
@@ -134,7 +134,7 @@ def compare(
     lr: Annotated[
         float | None,
         typer.Option(
-            help="Peak learning rate (linear decay to 0) [default: 5e-05 (fine-tuning text), "
+            help="Peak learning rate (linear decay to 0) \\[default: 5e-05 (fine-tuning text), "
             "0.002 (image-classification, from scratch)]."
         ),
     ] = None,
@@ -799,8 +799,8 @@ def find_batch(
     task: Annotated[str, typer.Option(help="classification or seq2seq.")] = "classification",
     dataset: Annotated[str | None, typer.Option(help="Built-in dataset or HF dataset name (as in compare).")] = None,
     train_file: Annotated[str | None, typer.Option(help="Training data: .csv, .json or .jsonl.")] = None,
-    text_column: Annotated[str | None, typer.Option(help="Input text column [default: text].")] = None,
-    target_column: Annotated[str | None, typer.Option(help="Label / target column [default: target].")] = None,
+    text_column: Annotated[str | None, typer.Option(help="Input text column \\[default: text].")] = None,
+    target_column: Annotated[str | None, typer.Option(help="Label / target column \\[default: target].")] = None,
     candidates: Annotated[str, typer.Option(help="Batch sizes to try, ascending (comma list).")] = "4,8,16,32,64,128",
     accum_steps: Annotated[int, typer.Option(help="grad_accum: micro-batches per step.")] = 4,
     max_length: Annotated[int, typer.Option(help="Max input tokens.")] = 128,
@@ -961,7 +961,7 @@ def train(
         str | None,
         typer.Option(
             "--strategies",
-            help="The plan: one '+' combination, e.g. bf16+grad_ckpt [default: baseline]; with "
+            help="The plan: one '+' combination, e.g. bf16+grad_ckpt \\[default: baseline]; with "
             "--plan, a row of that study.",
         ),
     ] = None,
@@ -1009,7 +1009,7 @@ def train(
         str | None,
         typer.Option(
             help="Log the curves to tensorboard and/or mlflow (comma list): <out>/tensorboard, and an MLflow file "
-            "store at <out>/mlruns (or MLFLOW_TRACKING_URI). Needs trainwise[report]."
+            "store at <out>/mlruns (or MLFLOW_TRACKING_URI). Needs trainwise\\[report]."
         ),
     ] = None,
     price_per_hour: PricePerHour = None,
@@ -1129,7 +1129,7 @@ def tune(
         str,
         typer.Option(
             help="random or tpe (Optuna, median pruning), or pbt (Ray Tune population-based training: lr, weight "
-            "decay and label smoothing mutate during training; needs trainwise[ray])."
+            "decay and label smoothing mutate during training; needs trainwise\\[ray])."
         ),
     ] = "tpe",
     trials: Annotated[
