@@ -1198,10 +1198,10 @@ def tune(
     _one_process(strategies_, strategies.build_plan(strategies_, _default("accum_steps")).zero_stage, 1, "tune")
     price = resolve_price(price_per_hour, sku, price_file, low_priority, preemptions_per_hour, 0.0)
     if search == "pbt":
-        from trainwise.pbt import check_pbt
+        from trainwise.pbt import EXPERIMENT, check_pbt
 
         check_pbt(params, ray_address)
-        if (Path(out) / "pbt").exists():
+        if (Path(out) / EXPERIMENT).exists():
             # Ray can restore the experiment, but its synchronous PBT then waits forever for members
             # it does not restart (seen with Ray 2.60); a half-done population is not resumed
             raise ConfigError(f"{out} already holds a PBT study; PBT studies do not resume: use another --out")

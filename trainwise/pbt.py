@@ -37,7 +37,6 @@ from trainwise.tune import PARAMS, Param, TuneResult, apply
 # continued from a checkpoint with a new value (decoding only changes how evaluation generates)
 MUTABLE = ("lr", "weight_decay", "label_smoothing", "num_beams", "length_penalty")
 EXPERIMENT = "pbt"
-RAY_HELP = "pip install 'trainwise[ray]'"
 # who hears of each report in this driver process. Not held by the callback itself: Ray pickles
 # its run config, and a console (with its lock) cannot be pickled.
 _LISTENERS: list[Callable[[dict], None]] = []
@@ -48,7 +47,7 @@ def _ray():
         import ray
         from ray import tune
     except ImportError:
-        raise ConfigError(f"--search pbt needs Ray Tune: {RAY_HELP}") from None
+        raise ConfigError("--search pbt needs Ray Tune: pip install 'trainwise[ray]'") from None
     return ray, tune
 
 
@@ -155,9 +154,7 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
-    return True
+    return True  # running (PermissionError: running as another user)
 
 
 # ---- the driver ---------------------------------------------------------------------------------
@@ -176,8 +173,8 @@ def run_pbt(
     gpus_per_member: float = 0.0,
 ) -> TuneResult:
     """Run the population; the result has one row per member, the curve of best-so-far against
-    the optimizer steps the whole population ran, the mutations, and the machine time."""
-    check_pbt(space, ray_address)
+    the optimizer steps the whole population ran, the mutations, and the machine time. The space
+    and the address were checked at the edge (`check_pbt`)."""
     ray, tune = _ray()
     from ray.tune import Callback
     from ray.tune.schedulers import PopulationBasedTraining
@@ -207,11 +204,12 @@ def run_pbt(
         hint = "; a cluster with token authentication needs RAY_AUTH_MODE=token here" if ray_address else ""
         raise ConfigError(f"--ray-address {ray_address}: cannot connect ({' '.join(str(e).split())}){hint}") from None
     reports_path = out / "pbt_reports.jsonl"
+    space_domains = domains(space)
     try:
         scheduler = PopulationBasedTraining(
             time_attr="step",
             perturbation_interval=train_args["eval_every"],
-            hyperparam_mutations={k: v for k, v in domains(space).items() if k in MUTABLE},
+            hyperparam_mutations={k: v for k, v in space_domains.items() if k in MUTABLE},
             quantile_fraction=0.25,
             resample_probability=0.25,
             synch=True,
@@ -239,7 +237,7 @@ def run_pbt(
 
         tuner = tune.Tuner(
             member,
-            param_space=domains(space),
+            param_space=space_domains,
             tune_config=tune.TuneConfig(
                 metric="objective",
                 mode="max" if train_args["monitor"] == "metric" else "min",
