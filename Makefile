@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv demo test test-fast lint bench clean
+.PHONY: venv demo test test-fast lint docs bench clean
 
 venv: $(STAMP)
 
@@ -26,13 +26,18 @@ demo: venv
 test: venv
 	$(PY) -m pytest -q
 
+# minutes, not a quarter of an hour: no trial processes, no torch.compile, no calibration probes
 test-fast: venv
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow and not probe"
 
 lint: venv
 	$(VENV)/bin/ruff check trainwise tests benchmarks
 	$(VENV)/bin/ruff format --check trainwise tests benchmarks
 	$(VENV)/bin/mypy trainwise
+
+# docs/strategies.md is generated from the registry (tests/test_strategies.py fails when it is stale)
+docs: venv
+	$(VENV)/bin/trainwise strategies --markdown > docs/strategies.md
 
 bench: venv
 	bash benchmarks/run_all.sh

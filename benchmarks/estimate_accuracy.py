@@ -30,7 +30,6 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from trainwise import strategies  # noqa: E402
 from trainwise.config import StudyConfig  # noqa: E402
 from trainwise.estimate import estimate  # noqa: E402
 from trainwise.measure.memory import AllocatedPeak  # noqa: E402
@@ -107,7 +106,7 @@ def measure(case, device: str, work: str) -> dict:
     study = prepare_study(cfg)
     spec = study.specs[0]
     s = spec.settings
-    plan = strategies.build_plan(row, cfg.accum_steps)
+    plan = spec.plan
     source = ModelSource(s.model_kind, s.model_ref)
     t0 = time.perf_counter()
     est = estimate(source, task, s.num_labels or 2, plan, batch, length, tlen, s.device)
@@ -128,7 +127,7 @@ def measure(case, device: str, work: str) -> dict:
         "trainwise_phase": est.phase,
         "trainwise_parts": est.parts,
         "estimate_s": est_s,
-        "accelerate": accelerate_estimate(result.n_params, plan.precision),
+        "accelerate": accelerate_estimate(result.n_params, plan.value("precision")),
         "deepspeed": deepspeed_estimate(result.n_params),
         "n_params": result.n_params,
     }

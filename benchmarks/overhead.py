@@ -23,10 +23,10 @@ def plain_loop(spec, steps: int, warmup: int) -> float:
     """Median step time of a textbook loop over the same batches the harness would see."""
     from transformers import get_linear_schedule_with_warmup
 
+    from trainwise.data.prepared import read_prepared
     from trainwise.data.samplers import make_batches
     from trainwise.data.tasks import Collator, EncodedDataset, encode
     from trainwise.models import ModelSource, build_model, load_tokenizer
-    from trainwise.trial import read_prepared
 
     s = spec.settings
     source = ModelSource(s.model_kind, s.model_ref)

@@ -61,6 +61,30 @@ def write_csv(path: Path, rows: list[dict[str, str]]) -> Path:
     return path
 
 
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests need CUDA: skipped (with the reason) where torch sees none."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (the gpu marker); run on a machine with a GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def in_process_rows(task: str, device: str = "cpu") -> list[str]:
+    """Every registry entry that runs in one process on `device` for `task` (ZeRO needs torchrun)."""
+    from trainwise import strategies
+
+    caps = {"bf16"} | ({"cuda", "fp16"} if device == "cuda" else set())
+    return [
+        name
+        for name, st in strategies.REGISTRY.items()
+        if st.requires <= caps and name not in strategies.scale.ZERO and task in st.tasks
+    ]
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _cache(tmp_path_factory):
     """Keep the built-in dataset cache inside the test session unless the caller chose one."""
@@ -106,13 +130,7 @@ def tiny_study(out: Path, data: Path, task: str, strategies: list[str], **kw):
 def cls_study(tmp_path_factory, cls_csv):
     from trainwise import strategies
 
-    # every in-process strategy this CPU can run (CUDA-only ones are recorded 'unsupported' on CPU;
-    # ZeRO rows run under torchrun: test_contract launches them)
-    rows = [
-        r
-        for r, st in strategies.REGISTRY.items()
-        if "cuda" not in st.requires and r not in strategies.scale.ZERO and "classification" in st.tasks
-    ] + list(strategies.ALIASES)
+    rows = in_process_rows("classification") + list(strategies.ALIASES)
     return tiny_study(tmp_path_factory.mktemp("cls"), cls_csv, "classification", rows, max_steps=2, warmup_steps=1)
 
 

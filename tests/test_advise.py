@@ -16,6 +16,7 @@ GiB = 1024**3
 def row(name, samples_per_s, mem_gib, metric=80.0, status="ok"):
     return {
         "strategy": name,
+        "baseline": name == "baseline",
         "status": status,
         "samples_per_s": samples_per_s,
         "peak_mem_bytes": int(mem_gib * GiB),

@@ -1,67 +1,107 @@
-"""Contract: every registered strategy trains two steps on a tiny model and its effect is visible."""
+"""Contract: every registered strategy trains through the one loop, and what `compare` measures is what
+`train` runs: the same loss at every step, for every entry this machine can run (CUDA entries under the
+`gpu` marker, ZeRO entries under torchrun). Then each strategy's effect, where it is observable."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from trainwise import strategies
+from trainwise import loop, strategies
 from trainwise.models import ModelSource, build_model
-from trainwise.plan import TrialPlan
-from trainwise.trial import apply_model_plan, frozen_parameters, make_optimizer, run_trial
+from trainwise.strategies.freezing import apply_lora, frozen_parameters, layer_stack, lower_layer_parameters
+from trainwise.strategies.optim import OPTIMIZERS
+from trainwise.train import TrainConfig, run_train
+from trainwise.trial import run_trial
 
-ROWS = list(strategies.REGISTRY) + list(strategies.ALIASES)
+from .conftest import in_process_rows, tiny_study
+
+TEXT = in_process_rows("classification") + list(strategies.ALIASES)
+CUDA_ONLY = [r for r in in_process_rows("classification", "cuda") if r not in TEXT]
+IMAGE = in_process_rows("image-classification")
+SLOW = {"compile"}  # torch.compile: tens of seconds per run on this CPU
 
 
 def _spec(study, row):
-    return next(s for s in study.specs if s.strategy == row)
+    return next(s for s in study.specs if s.row == row)
 
 
-@pytest.mark.parametrize("row", ROWS)
-def test_every_strategy_trains_two_steps(cls_study, row):
-    needs = strategies.REGISTRY[row].requires if row in strategies.REGISTRY else frozenset()
-    if "cuda" in needs and not torch.cuda.is_available():
-        pytest.skip(f"{row} needs CUDA (on CPU a study records it as 'unsupported')")
-    if row in strategies.scale.ZERO:
-        pytest.skip(f"{row} runs under torchrun: test_zero_rows_train_under_torchrun")
-    if row in strategies.REGISTRY and "classification" not in strategies.REGISTRY[row].tasks:
-        pytest.skip(f"{row} is for images: test_vision.py")
-    spec = _spec(cls_study, row)
-    r = run_trial(spec)
+def _compare_and_train(spec, out: Path) -> tuple[list[float], list[float], object]:
+    """The step losses of compare's trial and of train's run of the same spec (train evaluates every step)."""
+    measured: list[float] = []
+    r = run_trial(spec, progress=lambda e: measured.append(e["loss"]) if e.get("event") == "step" else None)
+    trained: list[float] = []
+    tc = TrainConfig(epochs=10, max_steps=spec.settings.max_steps, eval_every=1, save_every=1, checkpoints=False)
+    run_train(spec, tc, out, False, lambda e: trained.append(e["loss"]) if e["event"] == "step" else None, print)
+    return measured, trained, r
+
+
+def _check(row: str, r, measured: list[float], trained: list[float]) -> None:
     assert r.status == "ok"
-    assert r.plan == strategies.build_plan(row, 4).to_dict()
-    assert r.timed_steps == 1 and r.step_time_s > 0 and r.samples_per_s > 0
-    assert math.isfinite(r.train_loss) and 0 < r.train_loss < 10
-    # in-process, freed allocator memory is reused, so growth can be 0; test_study checks a fresh process
-    assert r.peak_mem_bytes >= 0 and r.mem_kind == "cpu_rss_delta"
-    assert 0 <= r.padding_waste < 1
+    assert r.plan == strategies.parse_row(row, 4).plan.to_dict()
+    assert r.timed_steps >= 1 and r.step_time_s > 0 and r.samples_per_s > 0
+    assert all(math.isfinite(x) and 0 < x < 10 for x in measured)
+    assert trained == measured, f"{row}: train {trained} != compare {measured}"
+
+
+@pytest.mark.parametrize("row", [pytest.param(r, marks=pytest.mark.slow) if r in SLOW else r for r in TEXT])
+def test_compare_and_train_take_the_same_steps(cls_study, tmp_path, row):
+    measured, trained, r = _compare_and_train(_spec(cls_study, row), tmp_path)
+    _check(row, r, measured, trained)
     assert r.metric_name == "accuracy" and 0 <= r.metric <= 100
     assert r.env["torch"] == torch.__version__ and r.env["device"] == "cpu"
-    trainable_share = r.n_trainable / r.n_params
+    assert 0 <= r.padding_waste < 1
     if row == "lora":
-        assert trainable_share < 0.2, "only the adapters and the head train"
+        assert r.n_trainable / r.n_params < 0.2, "only the adapters and the head train"
     else:
-        assert trainable_share < 1 if "freeze" in row else trainable_share == 1
+        assert (r.n_trainable < r.n_params) == ("freeze" in row)
+
+
+@pytest.mark.parametrize("row", [pytest.param(r, marks=pytest.mark.slow) if r in SLOW else r for r in IMAGE])
+def test_image_strategies_take_the_same_steps_in_compare_and_train(tmp_path, row):
+    from trainwise.config import StudyConfig
+    from trainwise.study import prepare_study
+
+    kw = {"batch_size": 32, "max_steps": 2, "warmup_steps": 1, "eval_samples": 32, "device": "cpu"}
+    study = prepare_study(StudyConfig(str(tmp_path / "s"), [row], task="image-classification", **kw))
+    measured, trained, r = _compare_and_train(study.specs[0], tmp_path / "t")
+    _check(row, r, measured, trained)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("row", CUDA_ONLY)
+def test_cuda_strategies_take_the_same_steps_in_compare_and_train(tmp_path, cls_csv, row):
+    study = tiny_study(tmp_path / "s", cls_csv, "classification", [row], device="cuda", max_steps=2)
+    measured, trained, r = _compare_and_train(study.specs[0], tmp_path / "t")
+    _check(row, r, measured, trained)
+    assert r.mem_kind == "cuda_allocated" and r.peak_reserved_bytes >= r.peak_mem_bytes > 0
 
 
 @pytest.mark.slow
-def test_zero_rows_train_under_torchrun(tmp_path, cls_csv):
-    """Every ZeRO strategy trains as 2 gloo ranks under DeepSpeed (zero2 is in test_distributed)."""
-    from trainwise.launcher import launch
-
-    from .conftest import tiny_study
-
-    rows = [r for r in strategies.scale.ZERO if r != "zero2"]
-    study = tiny_study(tmp_path, cls_csv, "classification", rows, nproc=2, max_steps=2, eval_samples=8)
-    for spec in study.specs:
-        r = launch(spec, study.out / "trials" / spec.key(), 600, lambda e: None)
-        assert r.status == "ok", (spec.strategy, r.message)
-        assert r.world_size == 2 and r.plan == strategies.build_plan(spec.strategy, 4).to_dict()
-        assert math.isfinite(r.train_loss) and r.metric_name == "accuracy"
-        # the state each rank holds shrinks with the stage: 16 B/param without ZeRO
-        assert r.state_bytes < 16 * r.n_params
+def test_zero_rows_take_the_same_steps_in_compare_and_train_under_torchrun(tmp_path, cls_csv):
+    """Every ZeRO entry over 2 gloo ranks (DeepSpeed on CPU): compare's trial and train's run, one torchrun."""
+    study = tiny_study(tmp_path, cls_csv, "classification", list(strategies.scale.ZERO), nproc=2, max_steps=2)
+    specs = tmp_path / "specs.json"
+    specs.write_text(json.dumps([s.to_dict() for s in study.specs]))
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    argv += ["-m", "tests.ranks", str(specs), str(tmp_path / "losses.json")]
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    losses = json.loads((tmp_path / "losses.json").read_text())
+    assert set(losses) == set(strategies.scale.ZERO)
+    for row, (measured, trained, state_bytes, n_params) in losses.items():
+        assert trained == measured and all(math.isfinite(x) for x in measured), row
+        assert state_bytes < 16 * n_params, f"{row}: the state each rank holds shrinks (16 B/param without ZeRO)"
+    assert losses["zero1"][0] == pytest.approx(losses["zero2"][0], rel=1e-5), "stages 1 and 2 take the same steps"
 
 
 @pytest.mark.parametrize("row", ["baseline", "all"])
@@ -72,35 +112,37 @@ def test_seq2seq_trains_and_reports_rouge_and_bleu(s2s_study, row):
     assert math.isfinite(r.train_loss)
 
 
+# ---- effects ------------------------------------------------------------------------------------------------
+
+
 def _tiny_model(task="classification"):
     preset = "bert-tiny" if task == "classification" else "t5-tiny"
     return build_model(ModelSource("preset", preset), task, 2, seed=0)
 
 
+def _applied(model, text: str, task: str = "classification"):
+    return loop.apply_plan(model, strategies.runtime(strategies.parse_row(text, 4).plan, task, "cpu"))
+
+
 def test_grad_ckpt_turns_on_checkpointing():
-    model = _tiny_model()
-    apply_model_plan(model, TrialPlan(grad_ckpt=True))
-    assert model.is_activation_checkpointing
+    assert _applied(_tiny_model(), "grad_ckpt").is_activation_checkpointing
+    assert not _applied(_tiny_model(), "baseline").is_activation_checkpointing
 
 
 @pytest.mark.parametrize("task", ["classification", "seq2seq"])
 def test_freezing_freezes_exactly_the_named_part(task):
-    model = _tiny_model(task)
-    apply_model_plan(model, TrialPlan(freeze=("embeddings",)))
+    model = _applied(_tiny_model(task), "freeze_embeddings", task)
     frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
     assert frozen and all("embed" in n or "shared" in n for n in frozen)
-    model = _tiny_model(task)
-    apply_model_plan(model, TrialPlan(freeze=("encoder",)))
+    model = _applied(_tiny_model(task), "freeze_encoder", task)
     encoder_ids = {id(p) for p in frozen_parameters(model, "encoder")}
     assert all(not p.requires_grad for p in model.parameters() if id(p) in encoder_ids)
     assert any(p.requires_grad for p in model.parameters()), "the head still trains"
 
 
 def test_lora_adapts_only_the_attention_projections_and_the_head():
-    from trainwise.trial import apply_lora
-
     for task in ("classification", "seq2seq"):
-        model = apply_lora(_tiny_model(task), TrialPlan(lora_r=4), task)
+        model = apply_lora(_tiny_model(task), 4, task)
         trainable = {n for n, p in model.named_parameters() if p.requires_grad}
         assert any("lora_A" in n for n in trainable) and any("lora_B" in n for n in trainable)
         assert all("lora_" in n or "classifier" in n for n in trainable), trainable
@@ -111,8 +153,6 @@ def test_lora_on_a_model_peft_cannot_target_is_one_line_before_training(tmp_path
 
     from trainwise.errors import ConfigError
     from trainwise.models import train_tokenizer
-
-    from .conftest import tiny_study
 
     model_dir = tmp_path / "distil"
     train_tokenizer(["a few words"] * 10, "bert-tiny", model_dir)
@@ -130,7 +170,7 @@ def test_optimizer_variants_take_the_same_step():
     after = {}
     for name in ("adamw", "adamw_foreach", "adamw_fused"):
         model = _tiny_model()
-        opt = make_optimizer(name, list(model.parameters()), 1e-3)
+        opt = OPTIMIZERS[name].build(list(model.parameters()), 1e-3, 0.0)
         model(input_ids=torch.ones(2, 4, dtype=torch.long)).logits.sum().backward()
         opt.step()
         after[name] = torch.cat([p.detach().flatten() for p in model.parameters()])
@@ -141,48 +181,24 @@ def test_optimizer_variants_take_the_same_step():
     torch.testing.assert_close(after["adamw_fused"], after["adamw"], rtol=1e-5, atol=1e-6)
 
 
-def test_adafactor_keeps_less_optimizer_state_than_adamw():
-    def state_numel(name):
-        model = _tiny_model()
-        opt = make_optimizer(name, list(model.parameters()), 1e-3)
-        out = model(input_ids=torch.ones(2, 4, dtype=torch.long)).logits.sum()
-        out.backward()
-        opt.step()
-        return sum(t.numel() for s in opt.state.values() for t in s.values() if torch.is_tensor(t))
-
-    assert state_numel("adafactor") < 0.6 * state_numel("adamw")
-
-
 def test_state_bytes_count_weights_grads_and_optimizer_state(tmp_path, cls_csv):
     """AdamW keeps exp_avg + exp_avg_sq (8 bytes/param) that Adafactor factors away; freezing drops the
-    frozen parameters' grads and state. The counted state must show exactly that."""
-    from .conftest import tiny_study
-
-    study = tiny_study(
-        tmp_path,
-        cls_csv,
-        "classification",
-        ["baseline", "adafactor", "freeze_encoder"],
-        eval_samples=0,
-        max_steps=2,
-        warmup_steps=1,
-    )
+    frozen parameters' grads and state. The counted state shows exactly that."""
+    rows = ["baseline", "adafactor", "freeze_encoder"]
+    study = tiny_study(tmp_path, cls_csv, "classification", rows, eval_samples=0, max_steps=2, warmup_steps=1)
     adamw, adafactor, frozen = (run_trial(spec) for spec in study.specs)
-    weights = 4 * adamw.n_params
-    assert adamw.state_bytes == pytest.approx(weights + 4 * adamw.n_params + 8 * adamw.n_params, rel=0.01)
-    assert adamw.state_bytes - adafactor.state_bytes == pytest.approx(8 * adamw.n_params, rel=0.1)
-    frozen_params = adamw.n_params - frozen.n_trainable
-    assert adamw.state_bytes - frozen.state_bytes == pytest.approx(12 * frozen_params, rel=0.01)
+    n = adamw.n_params
+    assert adamw.state_bytes == pytest.approx(4 * n + 4 * n + 8 * n, rel=0.01)
+    assert adamw.state_bytes - adafactor.state_bytes == pytest.approx(8 * n, rel=0.1)
+    assert adamw.state_bytes - frozen.state_bytes == pytest.approx(12 * (n - frozen.n_trainable), rel=0.01)
 
 
 @pytest.mark.parametrize("task, stack", [("classification", "bert.encoder.layer"), ("seq2seq", "encoder.block")])
 def test_freeze_layers_freezes_the_embeddings_and_exactly_the_first_n_layers(task, stack):
-    from trainwise.trial import layer_stack, lower_layer_parameters
-
     model = _tiny_model(task)
     layers = layer_stack(model)
     assert layers is model.get_submodule(stack) and len(layers) >= 2
-    apply_model_plan(model, TrialPlan(freeze_layers=1))
+    model = _applied(model, "freeze_layers=1", task)
     frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
     assert all(not p.requires_grad for p in layers[0].parameters())
     assert all(p.requires_grad for layer in layers[1:] for p in layer.parameters())
@@ -196,16 +212,12 @@ def test_freeze_layers_freezes_the_embeddings_and_exactly_the_first_n_layers(tas
 
 @pytest.mark.parametrize("row, attn", [("sdpa", "sdpa"), ("eager_attn", "eager")])
 def test_attention_strategies_choose_the_implementation(row, attn):
-    plan = strategies.build_plan(row, 4)
-    model = build_model(ModelSource("preset", "bert-tiny"), "classification", 2, seed=0, attn=plan.attn)
+    rt = strategies.runtime(strategies.parse_row(row, 4).plan, "classification", "cpu")
+    model = build_model(ModelSource("preset", "bert-tiny"), "classification", 2, seed=0, **rt.model_kwargs)
     assert model.config._attn_implementation == attn
 
 
 def test_profile_writes_a_chrome_trace_with_the_loop_phases(tmp_path, cls_csv):
-    import json
-
-    from .conftest import tiny_study
-
     study = tiny_study(tmp_path, cls_csv, "classification", ["baseline"], max_steps=2, eval_samples=0)
     trace = tmp_path / "trace.json"
     r = run_trial(study.specs[0], trace_path=trace)
@@ -214,3 +226,10 @@ def test_profile_writes_a_chrome_trace_with_the_loop_phases(tmp_path, cls_csv):
     names = {e.get("name") for e in events}
     assert {"data", "forward", "backward", "optimizer"} <= names
     assert sum(e.get("name") == "forward" for e in events) == 2, "one forward range per step"
+
+
+def test_the_optimizer_steps_in_one_place():
+    """One loop: `optimizer.step()` appears in trainwise/loop.py and nowhere else in the package."""
+    root = Path(loop.__file__).parent
+    places = [str(p.relative_to(root)) for p in sorted(root.rglob("*.py")) if "optimizer.step()" in p.read_text()]
+    assert places == ["loop.py"]

@@ -86,15 +86,21 @@ def _window_on_rank(rank: int, world: int, port: int, task: str, accum: int, out
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
-    from trainwise.trial import _new_accelerator, train_window
+    from types import SimpleNamespace
+
+    from trainwise import loop
 
     model, batches = _model_and_batches(task)
-    acc = _new_accelerator(strategies.build_plan("grad_accum" if accum > 1 else "baseline", accum), "cpu", 1, 1.0)
+    plan = strategies.parse_row("grad_accum" if accum > 1 else "baseline", accum).plan
+    rt = strategies.runtime(plan, task, "cpu")
+    acc = loop.new_accelerator(rt, 1, 1.0)
     model = acc.prepare(model)
     dec = acc.unwrap_model(model).prepare_decoder_input_ids_from_labels if task == "seq2seq" else None
+    spec = SimpleNamespace(settings=SimpleNamespace(task=task, label_smoothing=0.0))  # what train_window reads
+    parts = loop.Parts(spec, rt, acc, model, None, None, [], world, dec)  # type: ignore[arg-type]
     micro_size = 8 // accum
     micro = [_collate(task)(batches[i : i + micro_size][rank::world]) for i in range(0, 8, micro_size)]
-    loss = train_window(acc, model, micro, accum, world, task, dec)
+    loss = loop.train_window(parts, micro)
     grads = {n: p.grad.tolist() for n, p in acc.unwrap_model(model).named_parameters() if p.grad is not None}
     if rank == 0:
         with open(out, "w") as f:
@@ -141,7 +147,7 @@ def test_ddp_2_ranks_x_bs4_equals_1_process_x_bs8(tmp_path, task, accum):
 
 
 def _launch_all(study):
-    return {spec.strategy: launch(spec, study.out / "trials" / spec.key(), 300, lambda e: None) for spec in study.specs}
+    return {spec.row: launch(spec, study.out / "trials" / spec.key(), 300, lambda e: None) for spec in study.specs}
 
 
 @pytest.mark.slow
@@ -193,24 +199,26 @@ def test_a_zero_row_without_deepspeed_names_the_extra(tmp_path, cls_csv, monkeyp
         tiny_study(tmp_path / "s", cls_csv, "classification", ["zero2"])
 
 
-def test_zero_strategies_set_the_stage_and_offload():
-    plans = {name: strategies.build_plan(name, 4) for name in strategies.scale.ZERO}
-    assert [(p.zero_stage, p.offload) for p in plans.values()] == [
-        (1, "none"),
-        (2, "none"),
-        (3, "none"),
-        (2, "optimizer"),
-        (3, "params"),
-    ]
+def test_zero_strategies_configure_deepspeed_and_the_cpu_optimizer():
+    def rt(name):
+        return strategies.runtime(strategies.parse_row(name, 4).plan, "classification", "cpu")
+
+    zero = {name: rt(name).deepspeed["zero_optimization"] for name in strategies.scale.ZERO}
+    assert [z["stage"] for z in zero.values()] == [1, 2, 3, 2, 3]
+    assert "offload_optimizer" in zero["zero2_offload"] and "offload_param" not in zero["zero2_offload"]
+    assert "offload_param" in zero["zero3_offload"]
+    assert all(rt(name).needs_ranks for name in zero) and not rt("baseline").needs_ranks
+    assert rt("zero2_offload").optimizer.__name__ == "_cpu_adam" and rt("zero2").grads_sharded
 
 
 def test_the_report_names_every_ranks_peak_and_the_total():
     from trainwise.report.format import notes
-    from trainwise.study import aggregate
+
+    from .test_units import aggregate_of
 
     combined = combine_ranks([_rank(0, plan={"zero_stage": 2}), _rank(1, plan={"zero_stage": 2})], 2)
     combined.strategy = "zero2"
-    lines = notes(aggregate(["zero2"], [combined]))
+    lines = notes(aggregate_of(["zero2"], [combined]))
     assert "zero2: 2 ranks, peak mem per rank 1000 B, 1.95 KiB (total 2.93 KiB); DeepSpeed steps inside" in "\n".join(
         lines
     )

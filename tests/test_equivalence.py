@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from trainwise.data.tasks import Collator
+from trainwise.loop import accumulate_step
 from trainwise.models import ModelSource, build_model
-from trainwise.trial import accumulate_step, run_trial
+from trainwise.trial import run_trial
 
 
 def _grads(model):

@@ -7,19 +7,32 @@ import json
 import pytest
 import torch
 
+from trainwise import strategies
 from trainwise.estimate import (
+    FEATURES,
+    Calibration,
     Shape,
     calibrate,
     estimate,
     estimate_plan,
     model_config,
-    optimizer_bytes,
     shape_of,
     state_parts,
     step_temporaries,
+    terms_of,
 )
 from trainwise.models import ModelSource, build_model
 from trainwise.plan import TrialPlan
+from trainwise.strategies.optim import OPTIMIZERS
+
+
+def plan_of(text: str, accum: int = 4) -> TrialPlan:
+    return strategies.parse_row(text, accum).plan
+
+
+def _cal() -> Calibration:
+    """A calibration where activations are exactly tokens x hidden per layer, one byte each."""
+    return Calibration("bert", "cpu", {}, {k: 0.0 for k in FEATURES} | {"tok_hidden": 1.0}, 1, 0, "", 0)
 
 
 def _shape(**kw) -> Shape:
@@ -64,7 +77,7 @@ def test_freezing_is_read_from_the_meta_model():
     source = ModelSource("preset", "t5-tiny")
     config = model_config(source, "seq2seq", 2)
     full = shape_of(config, "seq2seq", TrialPlan())
-    frozen = shape_of(config, "seq2seq", TrialPlan(freeze=("encoder",)))
+    frozen = shape_of(config, "seq2seq", plan_of("freeze_encoder"))
     real = build_model(source, "seq2seq", 2, seed=0)
     encoder = {id(p): p.numel() for p in real.get_encoder().parameters()}
     assert full.n_trainable - frozen.n_trainable == sum(encoder.values())
@@ -76,60 +89,63 @@ def test_freezing_is_read_from_the_meta_model():
     [("adamw", 8 * 1000), ("adamw_8bit", 2 * 1000), ("adafactor", 4 * 150)],
 )
 def test_optimizer_bytes_per_parameter(optimizer, expected):
-    assert optimizer_bytes(_shape(), optimizer) == expected
+    assert OPTIMIZERS[optimizer].state(_shape(), 4) == expected
 
 
 def test_without_zero_weights_and_grads_are_fp32_even_under_autocast():
-    for precision in ("fp32", "bf16"):
-        parts, offloaded = state_parts(_shape(buffer_bytes=40), TrialPlan(precision=precision), nproc=4)
+    for row in ("baseline", "bf16"):
+        parts, offloaded = state_parts(_shape(buffer_bytes=40), terms_of(plan_of(row), "cuda", 4))
         assert parts == {"weights": 4000 + 40, "grads": 4000, "optimizer": 8000} and offloaded == 0
 
 
 def test_zero_partition_arithmetic():
     """P = 1000 params, 4 ranks, bf16: 16-bit weights and grads, fp32 master + Adam m, v = 12 B/param."""
-    s, bf16 = _shape(), TrialPlan(precision="bf16")
-    z = lambda stage, offload="none": state_parts(s, bf16.with_(zero_stage=stage, offload=offload), 4)  # noqa: E731
-    assert z(1) == ({"weights": 2000, "grads": 2000, "optimizer": 12000 // 4}, 0)
-    assert z(2) == ({"weights": 2000, "grads": 2000 // 4, "optimizer": 3000}, 0)
+    s = _shape()
+
+    def z(row: str):
+        return state_parts(s, terms_of(plan_of(row), "cuda", 4))
+
+    assert z("bf16+zero1") == ({"weights": 2000, "grads": 2000, "optimizer": 12000 // 4}, 0)
+    assert z("bf16+zero2") == ({"weights": 2000, "grads": 2000 // 4, "optimizer": 3000}, 0)
     # stage 3: a quarter of the weights plus one gathered layer (and its prefetch): 2 x 200 x 2 B
-    assert z(3) == ({"weights": 500 + 800, "grads": 500, "optimizer": 3000}, 0)
-    assert z(2, "optimizer") == ({"weights": 2000, "grads": 500, "optimizer": 0}, 3000)
-    assert z(3, "params") == ({"weights": 800, "grads": 500, "optimizer": 0}, 3000 + 500)
-    fp32 = state_parts(s, TrialPlan(zero_stage=2), 4)[0]  # no master copy in fp32
-    assert fp32 == {"weights": 4000, "grads": 1000, "optimizer": 2000}
+    assert z("bf16+zero3") == ({"weights": 500 + 800, "grads": 500, "optimizer": 3000}, 0)
+    assert z("bf16+zero2_offload") == ({"weights": 2000, "grads": 500, "optimizer": 0}, 3000)
+    assert z("bf16+zero3_offload") == ({"weights": 800, "grads": 500, "optimizer": 0}, 3000 + 500)
+    assert z("zero2")[0] == {"weights": 4000, "grads": 1000, "optimizer": 2000}  # no master copy in fp32
 
 
 def test_step_temporaries():
     s = _shape()
-    assert step_temporaries(s, TrialPlan(), "cuda", 1) == 4 * 1000  # for-each AdamW: a copy of every state
-    assert step_temporaries(s, TrialPlan(), "cpu", 1) == 2 * 4 * 300  # per-tensor loop: the largest, twice
-    assert step_temporaries(s, TrialPlan(zero_stage=2, offload="optimizer"), "cuda", 1) == 0
+    assert step_temporaries(s, terms_of(TrialPlan(), "cuda")) == 4 * 1000  # for-each AdamW: a copy of every state
+    assert step_temporaries(s, terms_of(TrialPlan(), "cpu")) == 2 * 4 * 300  # per-tensor loop: the largest, twice
+    assert step_temporaries(s, terms_of(plan_of("zero2_offload"), "cuda")) == 0
+    assert step_temporaries(s, terms_of(plan_of("adamw_fused"), "cuda")) == 0
 
 
 def test_peak_is_the_larger_phase_and_accumulation_keeps_grads():
-    from trainwise.estimate import FEATURES, Calibration
-
-    cal = Calibration("bert", "cpu", "fp32", False, {k: 0.0 for k in FEATURES} | {"tok_hidden": 1.0}, 1, 0, "", 0)
+    cal = _cal()
     s = _shape(n_params=10, n_trainable=10, largest_trainable=10)
     # activations = tokens x hidden x layers = 4 x 16 x 8 x 2 = 1024 bytes >> grads (40)
     e = estimate_plan(s, cal, TrialPlan(), 4, 16, 8, "cpu", overhead=0)
     assert e.parts["activations"] == 4 * 16 * 8 * 2 and e.phase == "forward/backward"
     assert e.peak_bytes == 40 + 80 + 1024
-    acc = estimate_plan(s, cal, TrialPlan(accum_steps=2), 4, 16, 8, "cpu", overhead=0)
+    acc = estimate_plan(s, cal, plan_of("grad_accum=2"), 4, 16, 8, "cpu", overhead=0)
     assert acc.parts["activations"] == 512 and acc.peak_bytes == 40 + 80 + 512 + 40
     tiny_batch = estimate_plan(_shape(), cal, TrialPlan(), 1, 1, 1, "cpu", overhead=0)
     assert tiny_batch.phase == "optimizer step"
     assert tiny_batch.peak_bytes == 4000 + 8000 + 4000 + 2400
 
 
+def test_what_the_estimate_does_not_model_is_said_with_it():
+    e = estimate_plan(_shape(), _cal(), plan_of("compile+dynamic_pad"), 4, 16, 8, "cpu", overhead=0)
+    assert len(e.notes) == 2 and "eager execution" in e.notes[0] and "--max-length" in e.notes[1]
+
+
 @pytest.mark.parametrize(
-    "preset, task, plan",
-    [
-        ("bert-tiny", "classification", TrialPlan()),
-        ("t5-tiny", "seq2seq", TrialPlan(grad_ckpt=True)),
-    ],
+    "preset, task, row", [("bert-tiny", "classification", "baseline"), ("t5-tiny", "seq2seq", "grad_ckpt")]
 )
-def test_estimate_is_close_to_the_measured_peak(tmp_path, cls_csv, s2s_csv, preset, task, plan):
+@pytest.mark.probe
+def test_estimate_is_close_to_the_measured_peak(tmp_path, cls_csv, s2s_csv, preset, task, row):
     """The prediction against the real loop's peak of allocated tensor memory (2 steps, CPU)."""
     from trainwise.measure.memory import AllocatedPeak
     from trainwise.trial import run_trial
@@ -137,7 +153,7 @@ def test_estimate_is_close_to_the_measured_peak(tmp_path, cls_csv, s2s_csv, pres
     from .conftest import tiny_study
 
     data = cls_csv if task == "classification" else s2s_csv
-    row = "grad_ckpt" if plan.grad_ckpt else "baseline"
+    plan = plan_of(row)
     study = tiny_study(tmp_path, data, task, [row], batch_size=32, max_length=64, max_steps=2, eval_samples=0)
     spec = study.specs[0]
     s = spec.settings
@@ -147,6 +163,7 @@ def test_estimate_is_close_to_the_measured_peak(tmp_path, cls_csv, s2s_csv, pres
     assert predicted.peak_bytes == pytest.approx(peak.peak_bytes, rel=0.25)
 
 
+@pytest.mark.probe
 def test_unknown_family_falls_back_to_probing_its_own_config(tmp_path, capsys, monkeypatch):
     """A family with no tiny-config recipe (DistilBERT) is probed on its own config, cached, and the CLI says so."""
     from transformers import DistilBertConfig, DistilBertForSequenceClassification
@@ -168,6 +185,7 @@ def test_unknown_family_falls_back_to_probing_its_own_config(tmp_path, capsys, m
     assert "family 'distilbert' has no tiny-config recipe: fell back to probing its own config" in out
 
 
+@pytest.mark.probe
 def test_calibration_is_cached(tmp_path, monkeypatch):
     import trainwise.estimate as est
 
@@ -182,6 +200,7 @@ def test_calibration_is_cached(tmp_path, monkeypatch):
 # ---- the CLI -------------------------------------------------------------------------------------
 
 
+@pytest.mark.probe
 def test_cli_table_json_and_fit(capsys):
     from trainwise.cli import main
 
@@ -202,6 +221,7 @@ def test_cli_table_json_and_fit(capsys):
     assert payload["calibration"] and payload["calibration"][0]["how"] == "tiny-config probe"
 
 
+@pytest.mark.probe
 def test_cli_impossible_budget_says_so_and_what_would_fit(capsys):
     from trainwise.cli import main
 
@@ -227,19 +247,19 @@ def test_cli_impossible_budget_says_so_and_what_would_fit(capsys):
     )
     out = " ".join(capsys.readouterr().out.split())
     assert "impossible as asked: the fp32 weights alone need 418 MiB" in out
-    assert "would fit: " in out and "ZeRO-3, offload params" in out
+    assert "would fit: " in out and "bf16+grad_ckpt+zero3_offload, micro-batch 1 x 16" in out
 
 
 @pytest.mark.parametrize(
     "args, expected",
     [
         (["--zero", "5"], "--zero must be 0, 1, 2 or 3"),
-        (["--offload", "optimizer"], "--offload optimizer needs --zero"),
-        (["--zero", "2", "--offload", "params"], "--offload params needs --zero 3"),
+        (["--offload", "optimizer"], "--zero 0 --offload optimizer: choose one of --zero 1"),
+        (["--zero", "2", "--offload", "params"], "--zero 2 --offload params: choose one of"),
         (["--device-memory", "lots"], "--device-memory 'lots'"),
         (["--batch-size", "0"], "--batch-size must be > 0"),
         (["--strategies", "warp_drive"], "unknown strategy 'warp_drive'"),
-        (["--strategies", "grad_accum", "--batch-size", "6"], "multiple of accum steps"),
+        (["--strategies", "grad_accum", "--batch-size", "6"], "multiple of the accumulation steps"),
         (["--model-preset", "gpt-9"], "unknown model preset"),
     ],
 )
@@ -255,20 +275,20 @@ def test_cli_bad_input_is_one_line_exit_2(capsys, args, expected):
 
 
 def test_largest_batch_is_the_edge_of_the_estimate():
-    from trainwise.estimate import FEATURES, Calibration, largest_batch
+    from trainwise.estimate import largest_batch
 
-    cal = Calibration("bert", "cpu", "fp32", False, {k: 0.0 for k in FEATURES} | {"tok_hidden": 1.0}, 1, 0, "", 0)
+    cal = _cal()
     s = _shape(n_params=10, n_trainable=10, largest_trainable=10)
     # peak = 40 + 80 + b * 16 * 8 * 2 (activations) -> fits 120 + 256 b <= budget
     assert largest_batch(s, cal, TrialPlan(), 120 + 256 * 37, 16, 8, "cpu", overhead=0) == 37
-    assert largest_batch(s, cal, TrialPlan(accum_steps=4), 120 + 40 + 256 * 9, 16, 8, "cpu", overhead=0) == 36
+    assert largest_batch(s, cal, plan_of("grad_accum"), 120 + 40 + 256 * 9, 16, 8, "cpu", overhead=0) == 36
     assert largest_batch(s, cal, TrialPlan(), 100, 16, 8, "cpu", overhead=0) == 0
 
 
 def test_lora_shapes_count_only_adapters_and_head_and_keep_encoder_activations():
     source = ModelSource("preset", "bert-tiny")
     config = model_config(source, "classification", 3)
-    lora = shape_of(config, "classification", TrialPlan(lora_r=8))
+    lora = shape_of(config, "classification", plan_of("lora"))
     # query and value of 2 layers: r x (in + out) each = 8 x (64 + 64); the classifier 64 x 3 + 3 (peft
     # trains the head; the pooler stays frozen)
     assert lora.n_trainable == 2 * 2 * 8 * 128 + (64 * 3 + 3)

@@ -9,14 +9,13 @@ import pytest
 import torch
 
 from trainwise import strategies
-from trainwise.export import (
-    RunSettings,
-    accelerate_config,
-    ds_config,
-    training_arguments,
-    write_export,
-)
-from trainwise.plan import TrialPlan
+from trainwise.export import RunSettings, export_doc, training_arguments, write_export
+from trainwise.strategies.optim import OPTIMIZERS
+
+
+def plan_of(text: str):
+    return strategies.parse_row(text, 4).plan
+
 
 SETTINGS = RunSettings(
     model="bert-base-uncased",
@@ -34,32 +33,32 @@ SETTINGS = RunSettings(
 def test_training_arguments_are_accepted_by_transformers(tmp_path, row):
     from transformers import TrainingArguments
 
-    plan = strategies.build_plan(row, 4)
-    kwargs = training_arguments(plan, SETTINGS, str(tmp_path))
-    if plan.precision == "bf16":
+    plan = plan_of(row).to_dict()
+    kwargs = training_arguments(plan_of(row), SETTINGS, str(tmp_path))
+    if plan["precision"] == "bf16":
         kwargs["use_cpu"] = True  # bf16 on CPU is accepted; the point is the key set, not this machine
     args = TrainingArguments(**kwargs)
     assert args.per_device_train_batch_size * args.gradient_accumulation_steps == 32
-    assert args.gradient_checkpointing == plan.grad_ckpt
-    assert args.optim.value == {"adamw": "adamw_torch", "adafactor": "adafactor"}[plan.optimizer]
-    assert (args.train_sampling_strategy == "group_by_length") == (plan.sampler == "length_grouped")
-    assert args.bf16 == (plan.precision == "bf16")
+    assert args.activation_checkpointing == plan["grad_ckpt"]
+    assert args.optim.value == OPTIMIZERS[plan["optimizer"]].hf_name
+    assert (args.train_sampling_strategy == "group_by_length") == (plan["sampler"] == "length_grouped")
+    assert args.bf16 == (plan["precision"] == "bf16")
 
 
 def test_zero_plans_get_a_deepspeed_config_and_others_do_not(tmp_path):
-    assert ds_config(TrialPlan()) is None
-    z3 = ds_config(TrialPlan(precision="bf16", zero_stage=3, offload="params"))
+    assert export_doc(plan_of("baseline"), SETTINGS).ds_config is None
+    z3 = export_doc(plan_of("bf16+zero3_offload"), SETTINGS).ds_config
     assert z3 is not None
     assert z3["zero_optimization"]["stage"] == 3
     assert z3["zero_optimization"]["offload_param"]["device"] == "cpu"
     assert z3["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
-    z2 = ds_config(TrialPlan(zero_stage=2))
+    z2 = export_doc(plan_of("zero2"), SETTINGS).ds_config
     assert z2 is not None and "offload_optimizer" not in z2["zero_optimization"]
-    files = {p.name for p in write_export(TrialPlan(zero_stage=2), SETTINGS, tmp_path / "z")}
-    assert "ds_config.json" in files
+    paths, _ = write_export(plan_of("zero2"), SETTINGS, tmp_path / "z")
+    assert "ds_config.json" in {p.name for p in paths}
     args = json.loads((tmp_path / "z" / "training_args.json").read_text())
     assert args["deepspeed"] == "ds_config.json"
-    assert accelerate_config(TrialPlan(zero_stage=2), SETTINGS)["distributed_type"] == "DEEPSPEED"
+    assert export_doc(plan_of("zero2"), SETTINGS).accelerate["distributed_type"] == "DEEPSPEED"
 
 
 def test_issue3_strategies_export_their_settings(tmp_path):
@@ -75,8 +74,16 @@ def test_issue3_strategies_export_their_settings(tmp_path):
     assert args["torch_compile"] is True and args["deepspeed"] == "ds_config.json"
     snippet = (out / "train_snippet.py").read_text()
     assert "attn_implementation='eager'" in snippet and "for layer in stack[:1]:" in snippet
-    cache = training_arguments(strategies.build_plan("empty_cache=8", 4), SETTINGS, str(tmp_path))
+    cache = training_arguments(plan_of("empty_cache=8"), SETTINGS, str(tmp_path))
     assert TrainingArguments(**cache).torch_empty_cache_steps == 8
+
+
+def test_the_exported_batch_is_per_device_and_the_study_batch_is_global():
+    import dataclasses
+
+    four = dataclasses.replace(SETTINGS, nproc=4)
+    args = training_arguments(plan_of("grad_accum=2"), four)
+    assert (args["per_device_train_batch_size"], args["gradient_accumulation_steps"]) == (4, 2)  # 4 x 2 x 4 = 32
 
 
 def test_accelerate_config_never_asks_for_the_one_process_cpu_launch():
@@ -84,15 +91,15 @@ def test_accelerate_config_never_asks_for_the_one_process_cpu_launch():
     import dataclasses
 
     cpu2 = dataclasses.replace(SETTINGS, device="cpu", nproc=2)
-    cfg = accelerate_config(TrialPlan(precision="bf16", accum_steps=2), cpu2)
+    cfg = export_doc(plan_of("bf16+grad_accum=2"), cpu2).accelerate
     assert cfg["num_processes"] == 2 and cfg["distributed_type"] == "MULTI_GPU" and cfg["use_cpu"] is False
     assert cfg["mixed_precision"] == "bf16" and cfg["gradient_accumulation_steps"] == 2
-    one = accelerate_config(TrialPlan(), dataclasses.replace(SETTINGS, device="cpu"))
+    one = export_doc(plan_of("baseline"), dataclasses.replace(SETTINGS, device="cpu")).accelerate
     assert one["distributed_type"] == "NO" and one["use_cpu"] is True
 
 
 def test_lora_plans_export_the_peft_wrapping(tmp_path):
-    write_export(strategies.build_plan("lora", 4), SETTINGS, tmp_path)
+    write_export(plan_of("lora"), SETTINGS, tmp_path)
     snippet = (tmp_path / "train_snippet.py").read_text()
     compile(snippet, "train_snippet.py", "exec")
     assert 'get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, task_type="SEQ_CLS"))' in snippet
@@ -101,7 +108,8 @@ def test_lora_plans_export_the_peft_wrapping(tmp_path):
 def test_written_files_parse(tmp_path):
     import yaml
 
-    paths = write_export(strategies.build_plan("bf16+grad_ckpt+freeze_embeddings+dynamic_pad", 4), SETTINGS, tmp_path)
+    paths, notes = write_export(plan_of("bf16+grad_ckpt+freeze_embeddings+dynamic_pad"), SETTINGS, tmp_path)
+    assert any("dynamic padding" in n for n in notes) and any("freeze" in n for n in notes)
     names = {p.name for p in paths}
     assert names == {"training_args.json", "train_snippet.py", "accelerate_config.yaml", "train_command.txt"}
     compile((tmp_path / "train_snippet.py").read_text(), "train_snippet.py", "exec")  # valid Python
@@ -125,10 +133,11 @@ def test_trainer_with_exported_arguments_reproduces_the_losses(tmp_path, row):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trainer, TrainingArguments
 
     from trainwise.config import StudyConfig
+    from trainwise.data.prepared import read_prepared
     from trainwise.data.tasks import Collator, EncodedDataset, encode
     from trainwise.models import _preset_config, train_tokenizer
     from trainwise.study import prepare_study
-    from trainwise.trial import read_prepared, run_trial
+    from trainwise.trial import run_trial
 
     from .conftest import make_rows, write_csv
 
@@ -174,14 +183,14 @@ def test_trainer_with_exported_arguments_reproduces_the_losses(tmp_path, row):
         device="cpu",
         row=row,
     )
-    args_file = write_export(plan, run, tmp_path / "export")[0]
+    args_file = write_export(plan, run, tmp_path / "export")[0][0]
     kwargs = json.loads(Path(args_file).read_text()) | {"output_dir": str(tmp_path / "hf")}
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     train_rows, _, labels = read_prepared(s.data_dir)
     encoded = EncodedDataset(
         encode(train_rows, tokenizer, "classification", 32, 8, {x: i for i, x in enumerate(labels)})
     )
-    collate = Collator("classification", tokenizer.pad_token_id, plan.padding, 32, 8)
+    collate = Collator("classification", tokenizer.pad_token_id, plan.value("padding"), 32, 8)
     features = []
     for i in range(len(encoded)):
         b = collate([encoded[i]])
@@ -200,40 +209,28 @@ def test_trainer_with_exported_arguments_reproduces_the_losses(tmp_path, row):
     trainer.train()
     logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(logged) == len(ours) == 4
-    scale = plan.accum_steps  # the Trainer's reporting quirk; 1 without accumulation
+    scale = plan.value("accum_steps")  # the Trainer's reporting quirk; 1 without accumulation
     assert [x / scale for x in logged] == pytest.approx(ours, rel=1e-5)
     assert ours[-1] < ours[0], "it trained"
 
 
 def test_export_from_a_study_takes_its_settings_and_advises_the_plan(tmp_path, capsys):
     """--study: model and settings from the study's store, the plan from advise (objective time)."""
-    import sqlite3
-
     from trainwise.cli import main
+    from trainwise.config import TrialSettings, TrialSpec
+    from trainwise.results import TrialResult
+    from trainwise.study import Store
 
     study = tmp_path / "study"
     study.mkdir()
-    settings = {
-        "model_kind": "preset",
-        "model_ref": "t5-small",
-        "model_label": "t5-small",
-        "task": "seq2seq",
-        "batch_size": 8,
-        "accum_steps": 2,
-        "max_length": 64,
-        "max_target_length": 16,
-        "lr": 1e-4,
-    }
-    con = sqlite3.connect(study / "study.sqlite")
-    con.execute(
-        "CREATE TABLE trials (key TEXT, strategy TEXT, repeat INTEGER, status TEXT, spec TEXT, result TEXT, "
-        "finished_at REAL)"
+    settings = TrialSettings(
+        "seq2seq", "preset", "t5-small", "t5-small", None, "", 0, 8, 2, 64, 16, 2, 1, 1e-4, 0, "cpu", 0, 100
     )
-    con.execute(
-        "INSERT INTO trials VALUES ('k', 'baseline', 0, 'ok', ?, '{}', 0)", (json.dumps({"settings": settings}),)
-    )
-    con.commit()
-    con.close()
+    store = Store(study / "study.sqlite")
+    for row in ("baseline", "bf16"):
+        spec = TrialSpec(row, 0, plan_of(row), settings)
+        store.put(spec, TrialResult(row, "ok"))
+    store.close()
     from .test_advise import ROWS  # bf16 is the fastest row there
 
     (study / "results.json").write_text(json.dumps(ROWS))
@@ -252,11 +249,12 @@ def test_export_from_a_study_takes_its_settings_and_advises_the_plan(tmp_path, c
         (["--strategies", "bf16,grad_ckpt"], "one plan"),
         (["--strategies", "bf16", "--zero", "4"], "--zero must be 0, 1, 2 or 3"),
         (["--strategies", "bf16", "--device", "tpu"], "--device must be cuda or cpu"),
-        (["--strategies", "fp16", "--device", "cpu"], "fp16, which needs CUDA"),
+        (["--strategies", "fp16", "--device", "cpu"], "'fp16' needs CUDA (fp16); --device cpu cannot run it"),
         (["--study", "/nonexistent/study"], "not a finished trainwise compare study"),
         (["--strategies", "bf16", "--model-preset", "gpt-9"], "unknown model preset"),
         (["--strategies", "channels_last"], "'channels_last' applies to image-classification, not classification"),
-        (["--strategies", "zero2", "--zero", "3"], "'zero2' is ZeRO-2, but --zero 3 was given"),
+        (["--strategies", "zero2", "--zero", "3"], "'zero2' is zero2, but --zero/--offload ask for zero3"),
+        (["--strategies", "bf16", "--zero", "1", "--offload", "params"], "choose one of --zero 1, --zero 2"),
     ],
 )
 def test_export_bad_input_is_one_line_exit_2(tmp_path, capsys, args, expected):

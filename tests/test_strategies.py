@@ -1,49 +1,65 @@
-"""The registry's contract and the spec parser."""
+"""The registry and the row parser: every entry documented, rows parsed once into plans, bad rows refused."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from trainwise import strategies
 from trainwise.errors import ConfigError
 from trainwise.plan import TrialPlan
-from trainwise.strategies.base import CAPABILITIES
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "strategies.md"
+
+
+def plan(text: str, accum: int = 4) -> dict:
+    return strategies.parse_row(text, accum).plan.changed()
 
 
 @pytest.mark.parametrize("name", list(strategies.REGISTRY))
-def test_every_strategy_is_documented_and_consistent(name):
+def test_every_strategy_says_its_effect_and_cost_and_sets_known_knobs(name):
     s = strategies.REGISTRY[name]
-    assert s.name == name
     assert ";" in s.summary or name == "baseline", "summary says effect; cost"
-    assert s.requires <= set(CAPABILITIES)
-    for other in s.conflicts:
-        assert other in strategies.REGISTRY
-        assert name in strategies.REGISTRY[other].conflicts, "conflicts are symmetric"
+    assert set(s.sets) <= set(strategies.KNOBS)
+    assert s.takes is None or s.takes in strategies.KNOBS
+    assert name == "baseline" or s.sets or s.takes, "a strategy that sets nothing does nothing"
 
 
-def test_plans_reflect_each_strategy():
-    plan = strategies.build_plan
-    assert plan("baseline", 4) == TrialPlan()
-    assert plan("bf16", 4).precision == "bf16"
-    assert plan("fp16", 4).precision == "fp16"
-    assert plan("grad_accum", 4).accum_steps == 4
-    assert plan("grad_ckpt", 4).grad_ckpt
-    assert plan("adafactor", 4).optimizer == "adafactor"
-    assert plan("dynamic_pad", 4).padding == "longest"
-    smart = plan("smart_batch", 4)
-    assert (smart.padding, smart.sampler) == ("longest", "length_grouped")
-    assert plan("freeze_embeddings+freeze_encoder", 4).freeze == ("embeddings", "encoder")
-    assert (plan("sortish", 4).sampler, plan("sortish", 4).padding) == ("sortish", "longest")
-    assert plan("tf32", 4).tf32
-    for name in ("adamw_foreach", "adamw_fused", "adamw_8bit"):
-        assert plan(name, 4).optimizer == name
-    combined = plan("all", 2)
-    assert (combined.precision, combined.accum_steps, combined.grad_ckpt, combined.optimizer) == (
-        "bf16",
-        2,
-        True,
-        "adafactor",
-    )
+def test_every_knob_is_set_by_some_strategy():
+    set_by = {k for s in strategies.REGISTRY.values() for k in [*s.sets, *([s.takes] if s.takes else [])]}
+    assert set_by == set(strategies.KNOBS), "a knob no strategy sets is dead code"
+
+
+def test_rows_parse_into_plans():
+    assert plan("baseline") == {}
+    assert plan("bf16") == {"precision": "bf16"}
+    assert plan("grad_accum") == {"accum_steps": 4} and plan("grad_accum=2") == {"accum_steps": 2}
+    assert plan("smart_batch") == {"padding": "longest", "sampler": "length_grouped"}
+    assert plan("freeze_embeddings+freeze_encoder") == {"freeze": ("embeddings", "encoder")}
+    assert plan("freeze_layers") == {"freeze_layers": -1} and plan("freeze_layers=3") == {"freeze_layers": 3}
+    assert plan("empty_cache") == {"empty_cache_steps": 4} and plan("empty_cache=8") == {"empty_cache_steps": 8}
+    assert plan("zero2_offload") == {"zero_stage": 2, "offload": "optimizer"}
+    assert plan("all", 2) == {
+        "precision": "bf16",
+        "accum_steps": 2,
+        "grad_ckpt": True,
+        "optimizer": "adafactor",
+        "padding": "longest",
+        "sampler": "length_grouped",
+    }
+    row = strategies.parse_row("all", 2)
+    assert row.text == "all" and [s.name for s, _ in row.parts][:2] == ["bf16", "grad_accum"]
+    assert strategies.parse_row("baseline", 4).is_baseline and not row.is_baseline
+
+
+def test_a_plan_round_trips_through_json_and_keeps_only_what_differs():
+    p = strategies.parse_row("bf16+freeze_embeddings+grad_accum=2", 4).plan
+    assert TrialPlan.from_dict(p.to_dict()) == p
+    assert p.to_dict()["freeze"] == ["embeddings"] and p.to_dict()["grad_ckpt"] is False
+    assert TrialPlan(precision="fp32", grad_ckpt=False) == TrialPlan()
+    with pytest.raises(ValueError, match="unknown plan field"):
+        TrialPlan(warp_drive=True)
 
 
 @pytest.mark.parametrize(
@@ -55,17 +71,27 @@ def test_plans_reflect_each_strategy():
         ("baseline+bf16", "cannot be combined"),
         ("bf16+bf16", "twice"),
         ("", "empty strategy"),
+        ("bf16=2", "takes no value"),
+        ("freeze_layers=x", "whole number >= 1"),
+        ("grad_accum=1", "whole number >= 2"),
     ],
 )
-def test_bad_specs_are_rejected_with_the_valid_names(spec, message):
+def test_bad_rows_are_rejected_with_the_valid_names(spec, message):
     with pytest.raises(ConfigError, match=message) as err:
-        strategies.parse_spec(spec)
+        strategies.parse_row(spec, 4)
     if "unknown" in message or "empty" in message:
         assert "grad_ckpt" in str(err.value) and "all" in str(err.value)
 
 
-def test_parse_list_keeps_order_and_drops_duplicates():
-    assert strategies.parse_list("bf16, baseline,bf16,all") == ["bf16", "baseline", "all"]
+def test_grad_accum_needs_two_or_more_micro_batches():
+    with pytest.raises(ConfigError, match="grad_accum needs --accum-steps >= 2"):
+        strategies.parse_row("grad_accum", 1)
+    assert plan("bf16", 1) == {"precision": "bf16"}, "--accum-steps 1 is fine for rows without grad_accum"
+
+
+def test_parse_rows_keeps_order_and_drops_duplicates():
+    rows = strategies.parse_rows("bf16, baseline,bf16,all", 4)
+    assert [r.text for r in rows] == ["bf16", "baseline", "all"]
 
 
 def test_a_missing_package_names_the_extra(monkeypatch):
@@ -73,14 +99,14 @@ def test_a_missing_package_names_the_extra(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name))
-    assert strategies.missing_packages("adamw_8bit") == ["bitsandbytes (pip install 'trainwise[bnb]')"]
-    assert strategies.missing_packages("bf16+adamw_fused") == []
+    assert strategies.parse_row("adamw_8bit", 4).missing_packages() == ["bitsandbytes (pip install 'trainwise[bnb]')"]
+    assert strategies.parse_row("bf16+adamw_fused", 4).missing_packages() == []
 
 
 def test_missing_capabilities():
-    assert strategies.missing_capabilities("fp16", {"bf16"}) == ["cuda", "fp16"]
-    assert strategies.missing_capabilities("bf16+grad_ckpt", {"bf16"}) == []
-    assert strategies.missing_capabilities("all", set()) == ["bf16"]
+    assert strategies.parse_row("fp16", 4).missing_capabilities({"bf16"}) == ["cuda", "fp16"]
+    assert strategies.parse_row("bf16+grad_ckpt", 4).missing_capabilities({"bf16"}) == []
+    assert strategies.parse_row("all", 4).missing_capabilities(set()) == ["bf16"]
 
 
 def test_a_study_with_a_missing_package_stops_before_writing(tmp_path, cls_csv, monkeypatch):
@@ -98,3 +124,10 @@ def test_a_study_with_a_missing_package_stops_before_writing(tmp_path, cls_csv, 
     with pytest.raises(ConfigError, match=r"'adamw_8bit' needs bitsandbytes \(pip install 'trainwise\[bnb\]'\)"):
         tiny_study(out, cls_csv, "classification", ["baseline", "adamw_8bit"])
     assert not out.exists()
+
+
+def test_docs_strategies_md_is_the_registry():
+    """docs/strategies.md is generated (`make docs`); a strategy added without regenerating it fails here."""
+    assert DOCS.read_text(encoding="utf-8") == strategies.markdown(), "run `make docs`"
+    for name in strategies.REGISTRY:
+        assert f"`{name}`" in strategies.markdown()

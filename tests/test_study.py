@@ -17,12 +17,10 @@ from .conftest import tiny_study
 pytestmark = pytest.mark.slow
 
 
-def _run(study, monkeypatch=None):
+def _run(study):
     done = []
-    results = run_study(
-        study, launch, lambda spec, e: None, lambda spec, r, cached: done.append((spec.strategy, cached))
-    )
-    return results, done
+    trials = run_study(study, launch, lambda spec, e: None, lambda spec, r, cached: done.append((spec.row, cached)))
+    return trials, done
 
 
 @pytest.mark.parametrize(
@@ -37,11 +35,12 @@ def _run(study, monkeypatch=None):
 def test_a_failing_trial_is_a_row_and_the_study_goes_on(tmp_path, cls_csv, monkeypatch, fault, status, message):
     monkeypatch.setenv("TRAINWISE_FAULT", f"grad_ckpt:{fault}")
     study = tiny_study(tmp_path, cls_csv, "classification", ["grad_ckpt", "baseline"], eval_samples=0, trial_timeout=20)
-    results, _ = _run(study)
+    trials, _ = _run(study)
+    results = [r for _, r in trials]
     assert [r.strategy for r in results] == ["grad_ckpt", "baseline"]
     assert results[0].status == status and message in results[0].message
     assert results[1].status == "ok", "the study went on after the fault"
-    table = aggregate(study.rows, results)
+    table = aggregate(study.cells, trials)
     assert table[0]["rel_time"] is None and table[1]["rel_time"] == pytest.approx(1.0)
 
 
@@ -120,14 +119,14 @@ def test_resume_runs_only_what_is_missing(tmp_path, cls_csv):
 
 def test_repeats_are_interleaved_and_reported_as_medians(tmp_path, cls_csv):
     study = tiny_study(tmp_path, cls_csv, "classification", ["baseline", "dynamic_pad"], eval_samples=0, repeat=2)
-    assert [(s.strategy, s.repeat) for s in study.specs] == [
+    assert [(s.row, s.repeat) for s in study.specs] == [
         ("baseline", 0),
         ("dynamic_pad", 0),
         ("baseline", 1),
         ("dynamic_pad", 1),
     ]
-    results, _ = _run(study)
-    table = aggregate(study.rows, results)
+    trials, _ = _run(study)
+    table = aggregate(study.cells, trials)
     assert table[0]["repeats"] == 2 and len(table[0]["step_time_s_all"]) == 2
     assert min(table[0]["step_time_s_all"]) <= table[0]["step_time_s"] <= max(table[0]["step_time_s_all"])
 

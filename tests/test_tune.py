@@ -221,7 +221,7 @@ def test_decoding_parameters_are_for_seq2seq_and_reach_generation(tmp_path, caps
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(transformers.GenerationMixin, "generate", spy)
-    spec = next(s for s in s2s_study.specs if s.strategy == "baseline")
+    spec = next(s for s in s2s_study.specs if s.row == "baseline")
     beams = dataclasses.replace(spec.settings, num_beams=3, length_penalty=0.7)
     r = run_trial(dataclasses.replace(spec, settings=beams))
     assert r.status == "ok" and seen and set(seen) == {(3, 0.7)}

@@ -14,6 +14,19 @@ from trainwise.results import TrialResult
 from trainwise.study import aggregate
 
 
+def aggregate_of(texts: list[str], results: list[TrialResult]) -> list[dict]:
+    """aggregate() over results of these rows, each one cell at batch 16 (as a study of them would give)."""
+    from trainwise import strategies
+    from trainwise.config import Cell, TrialSettings, TrialSpec
+
+    settings = TrialSettings(
+        "classification", "preset", "bert-tiny", "bert-tiny", None, "", 2, 16, 4, 8, 8, 2, 1, 1e-3, 0, "cpu", 0, 100
+    )
+    rows = {r.text: r for r in strategies.parse_rows(texts, 4)}
+    cells = [Cell(rows[t], 16, 0) for t in texts]
+    return aggregate(cells, [(TrialSpec(r.strategy, r.repeat, rows[r.strategy].plan, settings), r) for r in results])
+
+
 def test_text_metrics_perfect_and_disjoint():
     gold = ["return the sum of two numbers", "open the file for reading"]
     perfect = text_metrics(gold, gold)
@@ -39,7 +52,7 @@ def test_percentile_and_step_summary():
 def test_throughput_is_samples_over_total_time_not_mean_of_rates():
     """Two steps of 16 samples: 1 s and 3 s -> 8 samples/s, not mean(16, 5.33) = 10.67."""
     r = [TrialResult("baseline", "ok", samples_per_s=32 / 4.0, peak_mem_bytes=100, step_time_s=2.0)]
-    assert aggregate(["baseline"], r)[0]["samples_per_s"] == 8.0
+    assert aggregate_of(["baseline"], r)[0]["samples_per_s"] == 8.0
 
 
 def test_relative_columns_against_the_baseline():
@@ -48,7 +61,7 @@ def test_relative_columns_against_the_baseline():
         TrialResult("grad_ckpt", "ok", samples_per_s=8.0, peak_mem_bytes=600, step_time_s=2.0, train_loss=1.0),
         TrialResult("fp16", "unsupported", message="needs cuda"),
     ]
-    table = aggregate(["baseline", "grad_ckpt", "fp16"], results)
+    table = aggregate_of(["baseline", "grad_ckpt", "fp16"], results)
     assert table[1]["rel_time"] == pytest.approx(1.25) and table[1]["rel_mem"] == pytest.approx(0.6)
     assert table[2]["rel_time"] is None and table[2]["status"] == "unsupported"
     row = dict(zip(HEADERS, cells(table[1]), strict=True))
@@ -97,7 +110,7 @@ def test_markdown_marks_failed_rows_with_their_footnote_by_itself():
     """The report's footnote markers must not depend on another report having been rendered first."""
     from trainwise.report.write import markdown
 
-    table = aggregate(
+    table = aggregate_of(
         ["baseline", "fp16"],
         [
             TrialResult("baseline", "ok", samples_per_s=10.0, peak_mem_bytes=1000, step_time_s=1.6, train_loss=1.0),

@@ -9,8 +9,11 @@ still be advised on).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from trainwise.errors import ConfigError
 from trainwise.report.format import human_bytes
@@ -118,8 +121,8 @@ def advise(rows: list[dict], constraints: Constraints) -> Advice:
         return Advice(None, verdicts, None, ["no row finished ok; nothing to advise on", *notes])
 
     key = _objective_key(constraints.objective)
-    reference = next((r for r in ok if r["strategy"].split(" @")[0] == "baseline"), None) or min(ok, key=key)
-    if reference["strategy"].split(" @")[0] != "baseline":
+    reference = next((r for r in ok if r.get("baseline")), None) or min(ok, key=key)
+    if not reference.get("baseline"):
         notes.append(
             f"no successful baseline row: figures are relative to {reference['strategy']!r}, "
             f"the best row for {constraints.objective}"
@@ -177,3 +180,96 @@ def advise(rows: list[dict], constraints: Constraints) -> Advice:
             )
     best = min(front, key=key) if front else None
     return Advice(reference["strategy"], verdicts, best["strategy"] if best else None, notes)
+
+
+# ---- a study on disk -----------------------------------------------------------------------------
+
+
+def read_results(study: Path) -> list[dict]:
+    """A study's results.json rows (ConfigError when it is missing or not one)."""
+    path = study / "results.json"
+    if not path.is_file():
+        raise ConfigError(f"{study}: no results.json; run `trainwise compare --out {study}` first, or add --run")
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not a trainwise results file ({e})") from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and "strategy" in r for r in rows):
+        raise ConfigError(f"{path}: not a trainwise results file (expected a list of rows with 'strategy')")
+    return rows
+
+
+def study_row(study: Path, name: str | None, flag: str = "--study") -> dict:
+    """A finished study's results entry for a row (its table name or its row text), or the one advise
+    recommends (objective time, no constraints) when `name` is None."""
+    rows = read_results(study)
+    if name is None:
+        advice = advise(rows, Constraints())
+        if advice.recommended is None:
+            raise ConfigError(f"{flag} {study}: no row finished ok; pass --strategies")
+        name = advice.recommended
+    found = next((r for r in rows if r["strategy"] == name), None) or next(
+        (r for r in rows if r.get("row") == name), None
+    )
+    if found is None:
+        raise ConfigError(f"{flag} {study}: no row {name!r}; its rows: {', '.join(r['strategy'] for r in rows)}")
+    return found
+
+
+def advise_study(study: Path, constraints: Constraints) -> Advice:
+    """advise on a study's results; with a memory budget, each memory-saving row gets a batch hint."""
+    rows = read_results(study)
+    result = advise(rows, constraints)
+    if constraints.memory_budget_bytes is not None:
+        hints = batch_hints(study, rows, constraints.memory_budget_bytes)
+        result.verdicts = [
+            dataclasses.replace(v, reason=f"{v.reason}; {hints[v.strategy]}") if v.strategy in hints else v
+            for v in result.verdicts
+        ]
+    return result
+
+
+def batch_hints(study: Path, rows: list[dict], budget: int) -> dict[str, str]:
+    """Per row that lets a larger batch fit than the baseline does: up to which batch each fits the budget
+    (so when the row is needed), from `trainwise estimate` on the study's model and lengths. Empty when the
+    study's model cannot be built here (a hub id offline), since the hints add to the measured advice."""
+    from trainwise.estimate import calibrate, estimate_plan, largest_batch, model_config, runtime_overhead, shape_of
+    from trainwise.models import ModelSource
+    from trainwise.plan import TrialPlan
+    from trainwise.study import Store
+
+    if not (study / "study.sqlite").is_file():
+        return {}
+    store = Store(study / "study.sqlite")
+    try:
+        spec = store.spec()
+    finally:
+        store.close()
+    if spec is None:
+        return {}
+    s = spec.settings
+    try:
+        config = model_config(ModelSource(s.model_kind, s.model_ref), s.task, s.num_labels or 2)
+    except ConfigError:
+        return {}
+    overhead = runtime_overhead(s.device)
+
+    def estimate_of(plan: TrialPlan):
+        cal, shape = calibrate(config, s.task, plan, s.device), shape_of(config, s.task, plan)
+        peak = estimate_plan(shape, cal, plan, s.batch_size, s.max_length, s.max_target_length, s.device, 1, overhead)
+        fits = largest_batch(shape, cal, plan, budget, s.max_length, s.max_target_length, s.device, overhead)
+        return peak.peak_bytes, fits
+
+    base_peak, baseline = estimate_of(TrialPlan())
+    hints = {}
+    for row in rows:
+        if row.get("baseline") or row.get("status") != "ok" or not row.get("plan"):
+            continue
+        peak, own = estimate_of(TrialPlan.from_dict(row["plan"]))
+        if peak >= 0.99 * base_peak:
+            continue  # no memory saving the estimate can see at the study's batch
+        if baseline >= s.batch_size:
+            hints[row["strategy"]] = f"not needed for memory at batch {s.batch_size}: baseline fits up to ~{baseline}"
+        else:
+            hints[row["strategy"]] = f"only needed when batch > {baseline}; fits up to ~{own} (estimate)"
+    return hints

@@ -1,8 +1,9 @@
 """Typed, validated configuration. All bad input is rejected here, before any model is built.
 
-`StudyConfig` is what the user asked for (one `compare` command). `TrialSettings` is the resolved,
-serialisable part every trial of a study shares, and `TrialSpec` is one trial: a strategy row, a
-repeat index, the plan the strategies produced, and the shared settings.
+`StudyConfig` is what the user asked for (one `compare`, `train`, `tune` or `find-batch` command);
+its rows are parsed once, here. A `Cell` is one row at one batch size and worker count.
+`TrialSettings` is the resolved, serialisable part every trial of a study shares, and `TrialSpec`
+is one trial: a row, a repeat index, the plan the row parsed to, and the shared settings.
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ import json
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Literal
 
+from trainwise import strategies
 from trainwise.errors import ConfigError
 from trainwise.plan import TrialPlan
+from trainwise.strategies import Row
+from trainwise.strategies.memory import ACCUM
 
 TASKS = ("classification", "seq2seq", "image-classification")
 TEXT_TASKS = ("classification", "seq2seq")
@@ -58,18 +62,13 @@ class StudyConfig:
     profile: bool = False  # torch.profiler Chrome trace of every trial's training steps
     image_size: int = 32  # image folders are resized to image_size x image_size
 
-    def sweep(self) -> list[tuple[int, int]]:
-        """(batch size, workers) for every cell of a row, in order."""
-        return [(b, w) for b in (self.batch_sizes or (self.batch_size,)) for w in self.num_workers]
+    rows: list[Row] = field(init=False)  # `strategies`, parsed once
 
-    def label(self, row: str, batch_size: int, workers: int) -> str:
-        """A table row's name: the strategy spec, plus the swept values when there is a sweep."""
-        label = row
-        if len(self.batch_sizes) > 1:
-            label += f" @bs{batch_size}"
-        if len(self.num_workers) > 1:
-            label += f" @w{workers}"
-        return label
+    def cells(self) -> list[Cell]:
+        """Every row at every swept batch size and worker count, in order."""
+        sweep = Sweep(len(self.batch_sizes) > 1, len(self.num_workers) > 1)
+        sizes = self.batch_sizes or (self.batch_size,)
+        return [Cell(row, b, w, sweep) for row in self.rows for b in sizes for w in self.num_workers]
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -109,17 +108,50 @@ class StudyConfig:
             raise ConfigError(f"--nproc must be between 1 and 64, got {self.nproc}")
         if not self.num_workers or any(w < 0 for w in self.num_workers):
             raise ConfigError(f"--num-workers must all be >= 0, got {','.join(map(str, self.num_workers))}")
+        self.rows = strategies.parse_rows(self.strategies, self.accum_steps)
         for size in self.batch_sizes or (self.batch_size,):
-            check_accum(self.strategies, size, self.accum_steps)
+            for row in self.rows:
+                check_accum(row, size)
 
 
-def check_accum(rows, batch_size: int, accum_steps: int) -> None:
-    """grad_accum rows split the batch into accum_steps micro-batches: it must divide evenly."""
-    if any("grad_accum" in r or r == "all" for r in rows) and (accum_steps < 2 or batch_size % accum_steps):
+def check_accum(row: Row, batch_size: int) -> None:
+    """A row with accumulation splits the batch into its micro-batches: it must divide evenly."""
+    accum = row.plan[ACCUM]
+    if batch_size % accum:
         raise ConfigError(
-            f"grad_accum splits batch size {batch_size} into --accum-steps {accum_steps} "
-            "micro-batches: batch size must be a multiple of accum steps, and accum steps >= 2"
+            f"{row.text!r} splits batch size {batch_size} into --accum-steps {accum} micro-batches: "
+            "the batch size must be a multiple of the accumulation steps"
         )
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """Which dimensions a study sweeps (a cell's label names only those)."""
+
+    batch_sizes: bool = False
+    workers: bool = False
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell of a study: a row at one batch size and DataLoader worker count."""
+
+    row: Row
+    batch_size: int
+    workers: int
+    sweep: Sweep = Sweep()
+
+    def label(self) -> str:
+        """The cell's name in tables: the row, plus the swept values when there is a sweep."""
+        return (
+            self.row.text
+            + (f" @bs{self.batch_size}" if self.sweep.batch_sizes else "")
+            + (f" @w{self.workers}" if self.sweep.workers else "")
+        )
+
+    def matches(self, spec: TrialSpec) -> bool:
+        s = spec.settings
+        return (spec.row, s.batch_size, s.num_workers) == (self.row.text, self.batch_size, self.workers)
 
 
 @dataclass(frozen=True)
@@ -158,7 +190,7 @@ class TrialSettings:
 
 @dataclass(frozen=True)
 class TrialSpec:
-    strategy: str
+    row: str  # the row as written (Row.text); `plan` is what it parsed to
     repeat: int
     plan: TrialPlan
     settings: TrialSettings
@@ -166,7 +198,7 @@ class TrialSpec:
 
     def to_dict(self) -> dict[str, object]:
         return {
-            "strategy": self.strategy,
+            "row": self.row,
             "repeat": self.repeat,
             "plan": self.plan.to_dict(),
             "settings": asdict(self.settings),
@@ -176,7 +208,7 @@ class TrialSpec:
     @classmethod
     def from_dict(cls, d: dict) -> TrialSpec:
         return cls(
-            strategy=d["strategy"],
+            row=d["row"] if "row" in d else d["strategy"],  # stores written before 0.2 said "strategy"
             repeat=int(d["repeat"]),
             plan=TrialPlan.from_dict(d["plan"]),
             settings=TrialSettings(**d["settings"]),
@@ -187,19 +219,14 @@ class TrialSpec:
         """Stable identity of a trial: same command -> same keys, so a re-run resumes. Fields at their
         default values are left out, so adding a field (with a default) keeps existing studies' keys."""
         d = {
-            "strategy": self.strategy,
+            "strategy": self.row,  # the name keys have always used: existing studies keep their keys
             "repeat": self.repeat,
-            "plan": _non_default(TrialPlan(), self.plan.to_dict()),
+            "plan": self.plan.changed(),
             "settings": {k: v for k, v in asdict(self.settings).items() if SETTINGS_DEFAULTS.get(k, MISSING) != v},
             "extra": dict(self.extra),
         }
         blob = json.dumps(d, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def _non_default(default: TrialPlan, plan: dict) -> dict:
-    base = default.to_dict()
-    return {k: v for k, v in plan.items() if base.get(k) != v}
 
 
 # the TrialSettings fields that have defaults, with them (the others are always in a key)

@@ -3,17 +3,19 @@
 `trainwise compare --nproc N` (and every ZeRO row) launches a trial as N processes under
 `torch.distributed.run` (torchrun). Each rank reads its place from the environment torchrun sets,
 trains on its shard of every global batch, and writes its own result; the launcher combines them
-(`results.combine_ranks`).
+(`results.combine_ranks`). The DeepSpeed config is the loop's (`trainwise.loop.new_accelerator`).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from trainwise.plan import TrialPlan
+if TYPE_CHECKING:
+    from trainwise.config import TrialSpec
 
 
 @dataclass(frozen=True)
@@ -30,9 +32,12 @@ class Ranks:
         return self.rank == 0
 
 
-def is_multiprocess(nproc: int, plan: TrialPlan) -> bool:
-    """Whether a trial runs under torchrun: several ranks, or DeepSpeed (which needs a process group)."""
-    return nproc > 1 or plan.zero_stage > 0
+def is_multiprocess(spec: TrialSpec) -> bool:
+    """Whether a trial runs under torchrun: several ranks, or a plan that needs a process group (DeepSpeed)."""
+    from trainwise import strategies
+
+    s = spec.settings
+    return s.nproc > 1 or strategies.runtime(spec.plan, s.task, s.device).needs_ranks
 
 
 def group_size() -> int:
@@ -48,24 +53,3 @@ def all_sum(value: float | int, world: int) -> float:
     t = torch.tensor([float(value)], dtype=torch.float64)
     torch.distributed.all_reduce(t)
     return float(t.item())
-
-
-def ds_config(plan: TrialPlan, micro_batch_per_rank: int, max_grad_norm: float) -> dict:
-    """The DeepSpeed config of a ZeRO trial. The loop keeps its own accumulation windows and loss
-    normalisation, so DeepSpeed sees one micro-batch per step; offload targets CPU memory."""
-    zero: dict = {"stage": plan.zero_stage}
-    if plan.offload in ("optimizer", "params"):
-        zero["offload_optimizer"] = {"device": "cpu"}
-    if plan.offload == "params":
-        zero["offload_param"] = {"device": "cpu"}
-    return {
-        "train_micro_batch_size_per_gpu": micro_batch_per_rank,
-        "gradient_accumulation_steps": plan.accum_steps,
-        "gradient_clipping": max_grad_norm or 0.0,
-        "zero_optimization": zero,
-        "bf16": {"enabled": plan.precision == "bf16"},
-        "fp16": {"enabled": plan.precision == "fp16"},
-        "zero_allow_untested_optimizer": True,
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }

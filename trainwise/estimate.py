@@ -7,12 +7,10 @@ The model is built on the meta device (shapes only, no weights). Per device (ran
     forward/backward = activations (+ gradients left by earlier micro-batches under accumulation)
     optimizer step   = gradients + the step's temporaries
 
-Counted exactly from the shapes: weights (fp32: autocast keeps fp32 weights, they are the master
-copy; DeepSpeed mixed precision keeps 16-bit weights + fp32 master), gradients (one per trainable
-parameter, in the weights' dtype), optimizer state (AdamW 8 B/param, Adafactor row+column factors,
-8-bit AdamW 2 B/param), ZeRO partitioning over `nproc` ranks and offload to CPU, optimizer-step
-temporaries (the for-each AdamW of CUDA makes a copy of every state; the per-tensor loop of CPU,
-two copies of the largest tensor).
+Counted exactly from the shapes and the plan's `MemoryTerms` (what each knob's memory seam wrote:
+bytes per weight and gradient, the optimizer's state and step temporaries, autocast copies, ZeRO
+shards and offload; see `trainwise/strategies/`). The plan's model edits (freezing, LoRA, the
+weights' dtype) are applied to the meta-device model itself, so what trains is read off it.
 
 Activations are not guessed: they are a linear model over shape features (tokens x hidden, tokens
 x ffn, heads x length^2 per layer, one recomputed layer under checkpointing, logits, autocast weight
@@ -36,9 +34,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainwise import strategies
 from trainwise.errors import ConfigError
 from trainwise.models import ModelSource, _load_config, _preset_config
 from trainwise.plan import TrialPlan
+from trainwise.strategies import Row
+from trainwise.strategies.base import MemoryTerms
 
 GiB = 1024**3
 # the knobs each family names differently; families listed here are probed on tiny configs
@@ -85,7 +86,7 @@ FEATURES = (
     "logits",  # target tokens x vocab (seq2seq LM head + fp32 loss)
     "cross_kv",  # seq2seq: source tokens x hidden per decoder layer (cross-attention keys/values)
 )
-CALIBRATION_VERSION = 4  # bump when FEATURES or the probe change: cached fits are then re-probed
+CALIBRATION_VERSION = 5  # bump when FEATURES or the probe change: cached fits are then re-probed
 
 
 @dataclass(frozen=True)
@@ -114,14 +115,18 @@ class Shape:
 class Calibration:
     family: str
     device: str
-    precision: str
-    grad_ckpt: bool
+    probe: dict[str, Any]  # the knob values probed (precision, checkpointing, freezing, LoRA, attention)
     coefficients: dict[str, float]  # bytes per feature unit
     probes: int
     seconds: float
     how: str  # "tiny-config probe" | "own-config probe"
     residual: float  # median relative error of the fit over the probe points
-    freeze: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """The probed plan in words: 'bf16, grad_ckpt=True'."""
+        return ", ".join(
+            f"{k}={v}" if k != "precision" else str(v) for k, v in self.probe.items() if v or k == "precision"
+        )
 
 
 @dataclass
@@ -139,6 +144,7 @@ class MemoryEstimate:
     overhead_bytes: int  # runtime the process needs besides tensors (CUDA context, or CPU libraries)
     cpu_offload_bytes: int  # ZeRO offload: what moves to CPU memory
     calibration: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # the plan's knobs this estimate does not model, and why
 
     @property
     def total_bytes(self) -> int:
@@ -191,7 +197,7 @@ def model_config(source: ModelSource, task: str, num_labels: int):
     return config
 
 
-def meta_model(config: Any, task: str):
+def meta_model(config: Any, task: str, **model_kwargs: Any):
     """The model with every tensor on the meta device: real shapes, no memory, no init time."""
     import torch
     from transformers import AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
@@ -200,17 +206,18 @@ def meta_model(config: Any, task: str):
     hf_logging.set_verbosity_error()
     auto = AutoModelForSeq2SeqLM if task == "seq2seq" else AutoModelForSequenceClassification
     with torch.device("meta"):
-        return auto.from_config(config)
+        return auto.from_config(config, **model_kwargs)
 
 
 def shape_of(config: Any, task: str, plan: TrialPlan) -> Shape:
+    """The plan's model on the meta device: its edits (freezing, LoRA, the weights' dtype) applied, as
+    the loop applies them, so what trains is read off the model."""
     import torch
 
-    from trainwise.trial import apply_lora, apply_model_plan
+    from trainwise.loop import apply_plan
 
-    model = meta_model(config, task)
-    apply_model_plan(model, plan.with_(grad_ckpt=False))  # freezing changes what trains
-    model = apply_lora(model, plan, task)  # so does LoRA (peft builds its adapters on meta too)
+    rt = strategies.runtime(plan, task, "cpu")
+    model = apply_plan(meta_model(config, task, **rt.model_kwargs), rt)
     params = list({id(p): p for p in model.parameters()}.values())
     trainable = [p for p in params if p.requires_grad]
     linear = {id(m.weight): m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)}
@@ -238,7 +245,7 @@ def shape_of(config: Any, task: str, plan: TrialPlan) -> Shape:
     )
 
 
-def features(s: Shape, micro: int, src_len: int, tgt_len: int, plan: TrialPlan) -> dict[str, float]:
+def features(s: Shape, micro: int, src_len: int, tgt_len: int) -> dict[str, float]:
     b, Ls, Lt = micro, src_len, tgt_len if s.seq2seq else 0
     enc_layers = s.enc_layers if s.encoder_saves else 0  # a frozen encoder's activations are not kept
     enc_tokens, dec_tokens = b * Ls * enc_layers, b * Lt * s.dec_layers
@@ -258,10 +265,13 @@ def features(s: Shape, micro: int, src_len: int, tgt_len: int, plan: TrialPlan) 
     }
 
 
-def cast_bytes(s: Shape, plan: TrialPlan) -> int:
-    """Autocast's 16-bit copies of the Linear weights, kept from forward to backward (not under ZeRO,
-    whose engine casts the module itself)."""
-    return 2 * s.linear_elems if plan.precision != "fp32" and not plan.zero_stage else 0
+def terms_of(plan: TrialPlan, device: str, nproc: int = 1) -> MemoryTerms:
+    return strategies.memory_terms(plan, MemoryTerms(device, nproc))
+
+
+def cast_bytes(s: Shape, terms: MemoryTerms) -> int:
+    """Autocast's 16-bit copies of the Linear weights, kept from forward to backward."""
+    return 2 * s.linear_elems if terms.autocast_copies else 0
 
 
 # ---- calibration probe ---------------------------------------------------------------------------
@@ -300,7 +310,7 @@ def _own_config(base: Any, n: int) -> Any:
 
 
 def probe_point(config: Any, task: str, plan: TrialPlan, micro: int, src_len: int, tgt_len: int, device: str):
-    """One measured forward+backward: (shape features, activation bytes).
+    """One measured forward+backward of the plan's model (its activation-relevant knobs): (features, bytes).
 
     Activation bytes = the peak of allocated memory above weights + state, minus the autocast weight
     copies (counted exactly elsewhere). The design keeps activations far above the gradients, so the
@@ -310,18 +320,16 @@ def probe_point(config: Any, task: str, plan: TrialPlan, micro: int, src_len: in
     from transformers import AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
 
     from trainwise.data.tasks import Batch
+    from trainwise.loop import accumulate_step, apply_plan, new_accelerator
     from trainwise.measure.memory import AllocatedPeak
-    from trainwise.trial import _new_accelerator, accumulate_step, apply_lora, apply_model_plan
 
     torch.manual_seed(0)
+    rt = strategies.runtime(plan, task, device)
     auto = AutoModelForSeq2SeqLM if task == "seq2seq" else AutoModelForSequenceClassification
-    model = auto.from_config(config)
-    apply_model_plan(model, plan)
-    model = apply_lora(model, plan, task)
+    model = apply_plan(auto.from_config(config, **rt.model_kwargs), rt)
     model.train()
-    # one micro-batch, one process: ZeRO and accumulation are arithmetic on top of the probe
-    accelerator = _new_accelerator(plan.with_(accum_steps=1, zero_stage=0, offload="none"), device, micro, 1.0)
-    model = accelerator.prepare(model)
+    accelerator = new_accelerator(rt, micro, 1.0)  # one micro-batch, one process: ZeRO and accumulation are
+    model = accelerator.prepare(model)  # arithmetic on top of the probe
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(5, config.vocab_size, (micro, src_len), generator=gen)
     if task == "seq2seq":
@@ -350,7 +358,7 @@ def probe_point(config: Any, task: str, plan: TrialPlan, micro: int, src_len: in
         gc.enable()
     shape = shape_of(config, task, plan)
     del model, batch
-    return features(shape, micro, src_len, tgt_len, plan), peak.peak_bytes - cast_bytes(shape, plan)
+    return features(shape, micro, src_len, tgt_len), peak.peak_bytes - cast_bytes(shape, terms_of(plan, device))
 
 
 def _fit(rows: list[tuple[dict[str, float], int]]) -> tuple[dict[str, float], float]:
@@ -371,26 +379,24 @@ def _fit(rows: list[tuple[dict[str, float], int]]) -> tuple[dict[str, float], fl
 def calibrate(
     config: Any, task: str, plan: TrialPlan, device: str, on_probe: Callable[[int, int], None] | None = None
 ) -> Calibration:
-    """Measured activation coefficients for this family, device, precision and checkpointing (cached)."""
+    """Measured activation coefficients for this family, device and the plan's activation-relevant knobs
+    (those whose memory seam asks the probe to reproduce them), cached."""
     import torch
 
     family = config.model_type
     how = "tiny-config probe" if family in FAMILY_KEYS else "own-config probe"
-    # frozen weights change what autograd saves (no inputs kept for their weight grads): probed too
-    probe_plan = TrialPlan(precision=plan.precision, grad_ckpt=plan.grad_ckpt, freeze=plan.freeze, lora_r=plan.lora_r)
-    ckpt = "ckpt" if plan.grad_ckpt else "nockpt"
-    frozen = "-frozen-" + "+".join(plan.freeze) if plan.freeze else ""
-    frozen += f"-lora{plan.lora_r}" if plan.lora_r else ""
-    key = f"v{CALIBRATION_VERSION}-{family}-{task}-{device}-{plan.precision}-{ckpt}{frozen}-torch{torch.__version__}"
+    probe_plan = TrialPlan(terms_of(plan, device).probe)
+    probe = {k: v for k, v in probe_plan.to_dict().items() if k in terms_of(plan, device).probe}  # JSON-ready
+    knobs = "-".join(f"{k}={v}" for k, v in sorted(probe_plan.changed().items())) or "baseline"
+    key = f"v{CALIBRATION_VERSION}-{family}-{task}-{device}-{knobs}-torch{torch.__version__}"
     if how == "own-config probe":
         volatile = {"architectures", "transformers_version", "torch_dtype", "dtype", "id2label", "label2id"}
         arch = {k: v for k, v in config.to_dict().items() if k not in volatile and not k.startswith("_")}
         blob = json.dumps(arch, sort_keys=True, default=str).encode()
         key += "-" + hashlib.sha256(blob).hexdigest()[:12]  # str hash() is salted per process
-    path = _cache_dir() / f"{key}.json"
+    path = _cache_dir() / f"{key.replace('/', '_')}.json"
     if path.exists():
-        stored = json.loads(path.read_text())
-        return Calibration(**{**stored, "freeze": tuple(stored.get("freeze", ()))})
+        return Calibration(**json.loads(path.read_text()))
     t0 = time.perf_counter()
     rows = []
     for i, (h, f, H, n, vocab, b, Ls, Lt) in enumerate(PROBE_DESIGN):
@@ -403,91 +409,46 @@ def calibrate(
             b, Ls, Lt = max(1, b // 4), Ls, Lt
         rows.append(probe_point(probe_config, task, probe_plan, b, Ls, Lt, device))
     coefficients, residual = _fit(rows)
-    cal = Calibration(
-        family,
-        device,
-        plan.precision,
-        plan.grad_ckpt,
-        coefficients,
-        len(rows),
-        time.perf_counter() - t0,
-        how,
-        residual,
-        freeze=plan.freeze,
-    )
+    cal = Calibration(family, device, probe, coefficients, len(rows), time.perf_counter() - t0, how, residual)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(cal)))
+    tmp.write_text(json.dumps(asdict(cal), default=list))
     tmp.replace(path)
     return cal
 
 
 # ---- the estimate --------------------------------------------------------------------------------
 
-OPTIMIZER_BYTES_PER_PARAM = {
-    "adamw": 8.0,
-    "adamw_foreach": 8.0,
-    "adamw_fused": 8.0,
-    "adamw_8bit": 2.0,
-}  # adafactor: from the factored shapes
 
-
-def optimizer_bytes(s: Shape, optimizer: str) -> int:
-    if optimizer == "adafactor":
-        return 4 * s.adafactor_elems
-    if optimizer not in OPTIMIZER_BYTES_PER_PARAM:
-        raise ConfigError(f"no memory model for optimizer {optimizer!r}")
-    return int(OPTIMIZER_BYTES_PER_PARAM[optimizer] * s.n_trainable)
-
-
-def state_parts(s: Shape, plan: TrialPlan, nproc: int) -> tuple[dict[str, int], int]:
-    """Weights, grads and optimizer state on one device, and what ZeRO offload puts in CPU memory.
-
-    Without ZeRO: fp32 weights and grads (autocast computes in 16 bits from fp32 weights). Under
-    ZeRO the DeepSpeed engine holds 16-bit weights and grads with mixed precision and adds an fp32
-    master copy to the optimizer state; stage 1 partitions optimizer state over the ranks, stage 2
-    also the grads, stage 3 also the weights (plus one gathered layer at a time).
-    """
+def state_parts(s: Shape, terms: MemoryTerms) -> tuple[dict[str, int], int]:
+    """Weights, grads and optimizer state on one device, and what ZeRO offload puts in CPU memory."""
     P, T = s.n_params, s.n_trainable
-    optim = optimizer_bytes(s, plan.optimizer)
-    if plan.zero_stage == 0:
-        return {"weights": 4 * P + s.buffer_bytes, "grads": 4 * T, "optimizer": optim}, 0
-    half = plan.precision != "fp32"
-    wb = 2 if half else 4
-    if half:
+    assert terms.optimizer_state is not None, "the optimizer knob always sets it"
+    optim = terms.optimizer_state(s, terms.update_bytes)
+    if terms.master_weights:
         optim += 4 * T  # the fp32 master weights live with the optimizer state
-    n = max(1, nproc)
-    weights = wb * P + s.buffer_bytes
-    grads = wb * T
-    if plan.zero_stage >= 1:
-        optim = math.ceil(optim / n)
-    if plan.zero_stage >= 2:
-        grads = math.ceil(grads / n)
-    if plan.zero_stage >= 3:
-        weights = math.ceil(wb * P / n) + 2 * wb * s.layer_params + s.buffer_bytes
+    optim = math.ceil(optim / terms.optimizer_shards)
+    grads = math.ceil(terms.grad_bytes * T / terms.grad_shards)
+    wb = terms.weight_bytes
+    gathered = terms.gathered_layers * wb * s.layer_params
+    weights = math.ceil(wb * P / terms.weight_shards) + (gathered if terms.weight_shards > 1 else 0)
+    weights += s.buffer_bytes
     offloaded = 0
-    if plan.offload in ("optimizer", "params"):
+    if terms.offload_optimizer:
         offloaded += optim
         optim = 0
-    if plan.offload == "params":
-        offloaded += math.ceil(wb * P / n)
-        weights = 2 * wb * s.layer_params + s.buffer_bytes
+    if terms.offload_weights:
+        offloaded += math.ceil(wb * P / terms.weight_shards)
+        weights = gathered + s.buffer_bytes
     return {"weights": weights, "grads": grads, "optimizer": optim}, offloaded
 
 
-def step_temporaries(s: Shape, plan: TrialPlan, device: str, nproc: int) -> int:
-    """Scratch of one optimizer step: CUDA's for-each AdamW copies every state once, CPU's loop the largest."""
-    if plan.offload != "none":
+def step_temporaries(s: Shape, terms: MemoryTerms) -> int:
+    """Scratch of one optimizer step (none when the step runs on the CPU under ZeRO-Offload)."""
+    if terms.offload_optimizer:
         return 0
-    if plan.optimizer == "adamw_fused":
-        return 0  # one fused kernel updates in place
-    if plan.optimizer == "adamw_foreach" or (device == "cuda" and plan.optimizer == "adamw"):
-        n = max(1, nproc) if plan.zero_stage >= 1 else 1
-        return math.ceil(4 * s.n_trainable / n)
-    # AdamW: sqrt(v) and its quotient; HF Adafactor: the factored update and its negation (measured: 2x
-    # the embedding on bart-base, where the optimizer step is the peak)
-    per_tensor = {"adamw": 2, "adafactor": 2, "adamw_8bit": 1}.get(plan.optimizer, 2)
-    return per_tensor * 4 * s.largest_trainable
+    assert terms.step_temps is not None, "the optimizer knob always sets it"
+    return terms.step_temps(s, terms.device, terms.update_bytes, terms.optimizer_shards)
 
 
 def runtime_overhead(device: str) -> int:
@@ -510,15 +471,16 @@ def estimate_plan(
     nproc: int = 1,
     overhead: int | None = None,
 ) -> MemoryEstimate:
-    micro = plan.micro_batch_size(batch_size)
-    f = features(s, micro, max_length, max_target_length, plan)
-    act = sum(cal.coefficients[k] * f[k] for k in FEATURES) + cast_bytes(s, plan)
-    parts, offloaded = state_parts(s, plan, nproc)
+    terms = terms_of(plan, device, nproc)
+    micro = batch_size // terms.accum_steps
+    f = features(s, micro, max_length, max_target_length)
+    act = sum(cal.coefficients[k] * f[k] for k in FEATURES) + cast_bytes(s, terms)
+    parts, offloaded = state_parts(s, terms)
     # backward frees activations as it builds gradients, so the phase peaks at one end: all activations
     # (start) or all gradients (end). Under accumulation the window's first micro-batch left every
     # gradient allocated, and later micro-batches add their activations on top.
-    fwd_bwd = act + parts["grads"] if plan.accum_steps > 1 else max(act, parts["grads"])
-    temps = step_temporaries(s, plan, device, nproc)
+    fwd_bwd = act + parts["grads"] if terms.accum_steps > 1 else max(act, parts["grads"])
+    temps = step_temporaries(s, terms)
     opt_step = parts["grads"] + temps
     peak = parts["weights"] + parts["optimizer"] + max(fwd_bwd, opt_step)
     parts = {**parts, "activations": int(act), "step_temps": int(temps)}
@@ -534,6 +496,7 @@ def estimate_plan(
         overhead_bytes=runtime_overhead(device) if overhead is None else overhead,
         cpu_offload_bytes=int(offloaded),
         calibration={"family": cal.family, "how": cal.how, "probes": cal.probes, "device": cal.device},
+        notes=terms.notes,
     )
 
 
@@ -561,7 +524,7 @@ def estimate(
 
 @dataclass(frozen=True)
 class EstimateConfig:
-    """One `trainwise estimate` invocation, validated once here."""
+    """One `trainwise estimate` invocation, validated once here; its rows parsed once."""
 
     rows: tuple[str, ...]
     task: str = "classification"
@@ -575,10 +538,11 @@ class EstimateConfig:
     offload: str = "none"
     device: str = "auto"  # the device to estimate for
     device_memory: int | None = None
+    parsed: tuple[Row, ...] = field(init=False)
 
     def __post_init__(self) -> None:
-        from trainwise import strategies
         from trainwise.config import DEVICES, TEXT_TASKS, check_accum
+        from trainwise.strategies.scale import FLAGS, ZERO
 
         if self.task not in TEXT_TASKS:
             raise ConfigError(
@@ -595,40 +559,41 @@ class EstimateConfig:
             raise ConfigError(f"--zero must be 0, 1, 2 or 3, not {self.zero_stage}")
         if self.offload not in ("none", "optimizer", "params"):
             raise ConfigError(f"--offload must be none, optimizer or params, not {self.offload!r}")
-        if self.offload == "optimizer" and self.zero_stage < 1:
-            raise ConfigError("--offload optimizer needs --zero 1, 2 or 3")
-        if self.offload == "params" and self.zero_stage != 3:
-            raise ConfigError("--offload params needs --zero 3")
-        for row in self.rows:
-            for st in strategies.parse_spec(row):
-                if self.task not in st.tasks:
-                    raise ConfigError(f"strategy {st.name!r} applies to {', '.join(sorted(st.tasks))}, not {self.task}")
-            plan = strategies.build_plan(row, 2)
-            if plan.zero_stage and self.zero_stage and plan.zero_stage != self.zero_stage:
-                raise ConfigError(f"{row!r} is ZeRO-{plan.zero_stage}, but --zero {self.zero_stage} was given")
-            if strategies.build_plan(row, 2).lora_r:  # the estimate builds the adapters (on meta) with peft
-                missing = [m for m in strategies.missing_packages(row) if m.startswith("peft")]
-                if missing:
-                    raise ConfigError(f"strategy {row!r} needs {missing[0]}")
-            check_accum([row], self.batch_size, self.accum_steps)
+        zero = None
+        if self.zero_stage or self.offload != "none":
+            zero = FLAGS.get((self.zero_stage, self.offload))
+            if zero is None:
+                valid = ", ".join(f"--zero {z}" + (f" --offload {o}" if o != "none" else "") for z, o in FLAGS)
+                raise ConfigError(f"--zero {self.zero_stage} --offload {self.offload}: choose one of {valid}")
+        parsed = []
+        for text in self.rows:
+            row = strategies.parse_row(text, self.accum_steps)
+            own = next((s.name for s, _ in row.parts if s.name in ZERO), None)
+            if zero is not None and own is not None and own != zero:
+                raise ConfigError(f"{text!r} is {own}, but --zero/--offload ask for {zero}")
+            if zero is not None and own is None:
+                row = strategies.parse_row(zero if row.is_baseline else f"{text}+{zero}", self.accum_steps)
+            wrong = row.wrong_task(self.task)
+            if wrong is not None:
+                raise ConfigError(
+                    f"strategy {wrong.name!r} applies to {', '.join(sorted(wrong.tasks))}, not {self.task}"
+                )
+            missing = [m for m in row.missing_packages() if m.startswith("peft")]  # LoRA is built (on meta)
+            if missing:
+                raise ConfigError(f"strategy {text!r} needs {missing[0]}")
+            check_accum(row, self.batch_size)
+            parsed.append(row)
+        object.__setattr__(self, "parsed", tuple(parsed))
 
-    def plan(self, row: str) -> TrialPlan:
-        from trainwise import strategies
 
-        plan = strategies.build_plan(row, self.accum_steps)
-        if self.zero_stage:  # --zero/--offload apply ZeRO to every row; a zero* strategy carries its own
-            plan = plan.with_(zero_stage=self.zero_stage, offload=self.offload)
-        return plan
-
-
-# plans tried, in order of how little they change training, when a budget is too small
-RESCUE_PLANS: list[tuple[str, dict]] = [
-    ("bf16+grad_ckpt", {}),
-    ("bf16+grad_ckpt+adafactor", {}),
-    ("bf16+grad_ckpt+freeze_embeddings", {}),
-    ("bf16+grad_ckpt+freeze_encoder", {}),
-    ("bf16+grad_ckpt (ZeRO-2, optimizer offload)", {"zero_stage": 2, "offload": "optimizer"}),
-    ("bf16+grad_ckpt (ZeRO-3, offload params)", {"zero_stage": 3, "offload": "params"}),
+# rows tried, in order of how little they change training, when a budget is too small
+RESCUE_ROWS = [
+    "bf16+grad_ckpt",
+    "bf16+grad_ckpt+adafactor",
+    "bf16+grad_ckpt+freeze_embeddings",
+    "bf16+grad_ckpt+freeze_encoder",
+    "bf16+grad_ckpt+zero2_offload",
+    "bf16+grad_ckpt+zero3_offload",
 ]
 
 
@@ -641,22 +606,20 @@ def what_fits(
     overhead: int,
     micro_batch: int = 1,
 ) -> list[tuple[str, MemoryEstimate]]:
-    """The rescue plans that fit `budget` at micro-batch `micro_batch` (the batch comes back via accumulation)."""
-    from trainwise import strategies
-
+    """The rescue rows that fit `budget` at micro-batch `micro_batch` (the batch comes back via accumulation)."""
+    accum = max(1, cfg.batch_size // micro_batch)
     fits = []
-    for label, extra in RESCUE_PLANS:
-        spec = label.split(" ")[0]
-        accum = max(1, cfg.batch_size // micro_batch)
-        plan = strategies.build_plan(spec, 1).with_(accum_steps=accum, **extra)
-        batch = micro_batch * accum
-        if spec.endswith("freeze_encoder") and not _has_encoder(shape_for, plan):
+    for text in RESCUE_ROWS:
+        row = strategies.parse_row(text + (f"+grad_accum={accum}" if accum > 1 else ""), cfg.accum_steps)
+        try:
+            shape = shape_for(row.plan)
+        except ValueError:  # the plan does not apply to this model (no encoder to freeze)
             continue
         est = estimate_plan(
-            shape_for(plan),
-            cal_for(plan),
-            plan,
-            batch,
+            shape,
+            cal_for(row.plan),
+            row.plan,
+            micro_batch * accum,
             cfg.max_length,
             cfg.max_target_length,
             device,
@@ -664,23 +627,16 @@ def what_fits(
             overhead,
         )
         if est.total_bytes <= budget:
-            fits.append((f"{label}, micro-batch {micro_batch} x {accum} accumulation", est))
+            fits.append((f"{text}, micro-batch {micro_batch} x {accum} accumulation", est))
     return fits
 
 
-def _has_encoder(shape_for: Callable[[TrialPlan], Shape], plan: TrialPlan) -> bool:
-    try:
-        shape_for(plan)
-    except ValueError:
-        return False
-    return True
-
-
-def min_ranks_for_zero3(s: Shape, plan: TrialPlan, budget: int, overhead: int) -> int | None:
-    """Fewest ranks over which ZeRO-3 brings one rank's model states under the budget (activations aside)."""
+def min_ranks_for_zero3(s: Shape, budget: int, overhead: int) -> int | None:
+    """Fewest ranks over which bf16 ZeRO-3 brings one rank's model states under the budget (activations aside)."""
+    plan = strategies.parse_row("bf16+zero3", 1).plan
     n = 1
     while n <= 4096:
-        parts, _ = state_parts(s, plan.with_(zero_stage=3, offload="none"), n)
+        parts, _ = state_parts(s, terms_of(plan, "cuda", n))
         if sum(parts.values()) + overhead <= budget:
             return n
         n *= 2
@@ -704,7 +660,7 @@ def largest_batch(
         e = estimate_plan(s, cal, plan, b, max_length, max_target_length, device, overhead=overhead)
         return e.total_bytes <= budget
 
-    step = plan.accum_steps
+    step = terms_of(plan, device).accum_steps
     if not fits(step):
         return 0
     low, high = 1, 2  # in units of `step`
@@ -714,3 +670,149 @@ def largest_batch(
         mid = (low + high) // 2
         low, high = (mid, high) if fits(mid * step) else (low, mid)
     return low * step
+
+
+# ---- the verb ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class EstimateReport:
+    """What `trainwise estimate` prints: the estimates, what would fit, and the notes that explain them."""
+
+    title: str
+    model: str
+    device: str
+    n_params: int
+    budget: int | None
+    estimates: list[tuple[str, MemoryEstimate]]
+    calibrations: list[Calibration]
+    rescue: list[tuple[str, MemoryEstimate]]
+    notes: list[str]
+
+    def to_json(self) -> dict:
+        return {
+            "model": self.model,
+            "device": self.device,
+            "device_memory": self.budget,
+            "n_params": self.n_params,
+            "estimates": [{"strategy": r, **e.to_dict(), "fits": e.fits(self.budget)} for r, e in self.estimates],
+            "calibration": [asdict(c) for c in self.calibrations],
+            "would_fit": [{"plan": label, **e.to_dict()} for label, e in self.rescue],
+            "notes": self.notes,
+        }
+
+
+def run_estimate(
+    model: str | None, model_preset: str | None, cfg: EstimateConfig, on_status: Callable[[str], None]
+) -> EstimateReport:
+    """Estimate every row of `cfg`; when none fits the device memory, say why and what would."""
+    import torch
+
+    from trainwise.models import resolve_model
+    from trainwise.report.format import human_bytes
+
+    target = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
+    probe_device = target if target == "cpu" or torch.cuda.is_available() else "cpu"
+    source = resolve_model(model, model_preset, cfg.task)
+    config = model_config(source, cfg.task, cfg.num_labels)
+    shapes: dict[TrialPlan, Shape] = {}
+    cals: dict[str, Calibration] = {}
+
+    def shape_for(plan: TrialPlan) -> Shape:
+        if plan not in shapes:
+            shapes[plan] = shape_of(config, cfg.task, plan)
+        return shapes[plan]
+
+    def cal_for(plan: TrialPlan) -> Calibration:
+        key = json.dumps(terms_of(plan, probe_device).probe, sort_keys=True, default=list)
+        if key not in cals:
+
+            def on_probe(i: int, n: int) -> None:
+                on_status(f"calibrating activations: measured probe {i + 1}/{n} ({config.model_type}, {probe_device})")
+
+            cals[key] = calibrate(config, cfg.task, plan, probe_device, on_probe)
+        return cals[key]
+
+    from transformers import AutoModelForSeq2SeqLM  # noqa: F401  (loaded before the runtime is measured)
+
+    overhead = runtime_overhead(target)  # before any probe grows this process
+    estimates = []
+    for row in cfg.parsed:
+        try:
+            shape = shape_for(row.plan)
+        except ValueError as err:
+            raise ConfigError(f"{row.text}: {err}") from None
+        est = estimate_plan(
+            shape,
+            cal_for(row.plan),
+            row.plan,
+            cfg.batch_size,
+            cfg.max_length,
+            cfg.max_target_length,
+            target,
+            cfg.nproc,
+            overhead,
+        )
+        estimates.append((row.text, est))
+    base_shape = shape_for(TrialPlan())
+    budget = cfg.device_memory
+    fits_none = budget is not None and not any(e.fits(budget) for _, e in estimates)
+    rescue = what_fits(shape_for, cal_for, cfg, target, budget, overhead) if fits_none and budget else []
+    runtime_what = (
+        "CUDA context, assumed" if target == "cuda" else "this process's RSS with torch + transformers loaded"
+    )
+    notes = [
+        "peak = weights + optimizer + max(activations [+ grads under accumulation], grads + step temps); total "
+        f"adds {human_bytes(overhead)} runtime ({runtime_what})."
+    ]
+    for c in cals.values():
+        source_note = "tiny configs of the family" if c.how == "tiny-config probe" else "its own config at 1-3 layers"
+        notes.append(
+            f"activations: calibrated by a measured probe, {c.probes} forward/backward passes of {source_note} "
+            f"on {c.device} ({c.family}, {c.describe()}; fit error {100 * c.residual:.1f}%; cached)."
+        )
+        if c.how != "tiny-config probe":
+            notes.append(f"family {c.family!r} has no tiny-config recipe: fell back to probing its own config.")
+    if probe_device != target:
+        notes.append(
+            "no GPU here: activations were probed on CPU; CUDA attention kernels (flash / memory-efficient) keep less."
+        )
+    for text, e in estimates:
+        notes += [f"{text}: {n}" for n in e.notes]
+    if any(e.cpu_offload_bytes for _, e in estimates):
+        notes.append(
+            f"ZeRO offload keeps {human_bytes(max(e.cpu_offload_bytes for _, e in estimates))} in CPU memory per rank."
+        )
+    if fits_none and budget is not None:
+        notes += _impossible(base_shape, budget, overhead, rescue, cfg.nproc)
+    title = (
+        f"trainwise estimate: {source.display()} ({base_shape.n_params / 1e6:.1f}M params) / {cfg.task} / {target}, "
+        f"batch {cfg.batch_size}, length {cfg.max_length}"
+        + (f"/{cfg.max_target_length}" if cfg.task == "seq2seq" else "")
+        + (f", {cfg.nproc} ranks" if cfg.nproc > 1 else "")
+    )
+    return EstimateReport(
+        title, source.display(), target, base_shape.n_params, budget, estimates, list(cals.values()), rescue, notes
+    )
+
+
+def _impossible(base: Shape, budget: int, overhead: int, rescue: list, nproc: int) -> list[str]:
+    from trainwise.report.format import human_bytes
+
+    if overhead >= budget:
+        return [f"impossible: the runtime alone ({human_bytes(overhead)}) does not fit {human_bytes(budget)}."]
+    lines = []
+    if 4 * base.n_params + overhead > budget:
+        lines.append(
+            f"impossible as asked: the fp32 weights alone need {human_bytes(4 * base.n_params)} "
+            f"(+{human_bytes(overhead)} runtime), more than {human_bytes(budget)}."
+        )
+    else:
+        lines.append(f"no plan above fits {human_bytes(budget)}.")
+    if rescue:
+        lines.append("would fit: " + "; ".join(f"{label} ({human_bytes(e.total_bytes)})" for label, e in rescue[:3]))
+    else:
+        need = min_ranks_for_zero3(base, budget, overhead)
+        more = f"ZeRO-3 over >= {need} devices" if need else "a smaller model"
+        lines.append(f"nothing in the catalogue fits on {nproc} device(s): needs {more}, or a LoRA plan.")
+    return lines

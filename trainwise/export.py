@@ -1,14 +1,16 @@
 """trainwise export: a plan in the forms users run it.
 
-From one TrialPlan and the run's settings this writes:
-- training_args.json: `transformers.TrainingArguments` keyword arguments (checked against the installed
-  TrainingArguments signature), and train_snippet.py, the Python that uses them with the HF Trainer,
-  including what TrainingArguments cannot say (padding / collator, freezing);
+Every knob of the plan writes its own part (`trainwise.strategies.export_doc`); this module adds the
+run's settings and renders the files:
+- training_args.json: `transformers.TrainingArguments` keyword arguments, and train_snippet.py, the
+  Python that uses them with the HF Trainer, including what TrainingArguments cannot say (padding /
+  collator, freezing, LoRA, the weights' dtype), with a comment for each such knob;
 - accelerate_config.yaml: for `accelerate launch --config_file`;
 - ds_config.json: for ZeRO plans, with "auto" where the HF integration fills values from the arguments;
 - train_command.txt: the equivalent `trainwise train` command.
+The notes (what TrainingArguments cannot say, and what the snippet does instead) are printed too.
 
-Where the Trainer differs from trainwise's loop (documented in README and pinned by a test):
+Where the Trainer differs from trainwise's loop (documented in docs/export.md and pinned by a test):
 transformers 5.x logs the training loss x accumulation steps for models that accept
 `num_items_in_batch` (BERT, T5) while the optimisation itself is the same.
 """
@@ -20,16 +22,10 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainwise import strategies
 from trainwise.errors import ConfigError
 from trainwise.plan import TrialPlan
-
-OPTIM_NAMES = {
-    "adamw": "adamw_torch",
-    "adamw_foreach": "adamw_torch",  # torch's default on CUDA is for-each already
-    "adamw_fused": "adamw_torch_fused",
-    "adafactor": "adafactor",
-    "adamw_8bit": "adamw_bnb_8bit",
-}
+from trainwise.strategies.base import ExportDoc
 
 
 @dataclass(frozen=True)
@@ -38,7 +34,7 @@ class RunSettings:
 
     model: str  # what the user passes to from_pretrained / --model (or a preset name)
     task: str
-    batch_size: int  # effective, per device
+    batch_size: int  # global: samples per optimizer step over every rank
     max_length: int
     max_target_length: int
     lr: float
@@ -52,91 +48,43 @@ class RunSettings:
     row: str = "baseline"
 
 
-def training_arguments(plan: TrialPlan, s: RunSettings, output_dir: str = "out") -> dict:
-    """TrainingArguments kwargs that reproduce the plan (its loop, its schedule, its optimizer)."""
-    if plan.optimizer not in OPTIM_NAMES:
-        raise ConfigError(f"no TrainingArguments optimizer for {plan.optimizer!r}")
+def export_doc(plan: TrialPlan, s: RunSettings, output_dir: str = "out") -> ExportDoc:
+    """The run's settings, then every knob's part: the TrainingArguments, snippet and config contents."""
     args: dict = {
         "output_dir": output_dir,
-        "per_device_train_batch_size": plan.micro_batch_size(s.batch_size),
-        "gradient_accumulation_steps": plan.accum_steps,
         "learning_rate": s.lr,
         "max_steps": s.max_steps,
         "lr_scheduler_type": "linear",
         "warmup_steps": 0,
         "weight_decay": 0.0,
         "max_grad_norm": s.max_grad_norm,
-        "optim": OPTIM_NAMES[plan.optimizer],
         "seed": s.seed,
-        "bf16": plan.precision == "bf16",
-        "fp16": plan.precision == "fp16",
-        "gradient_checkpointing": plan.grad_ckpt,
         "dataloader_num_workers": s.num_workers,
         "logging_steps": 1,
         "save_strategy": "no",
         "report_to": "none",
     }
-    if plan.grad_ckpt:
-        args["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
-    if plan.sampler == "length_grouped":
-        args["train_sampling_strategy"] = "group_by_length"  # transformers 5 (was group_by_length=True)
     if s.device == "cpu":
         args["use_cpu"] = True
-    if plan.zero_stage:
-        args["deepspeed"] = "ds_config.json"
-    if plan.compile:
-        args["torch_compile"] = True
-    if plan.empty_cache_steps:
-        args["torch_empty_cache_steps"] = plan.empty_cache_steps
-    return args
-
-
-def ds_config(plan: TrialPlan) -> dict | None:
-    """DeepSpeed config for a ZeRO plan ("auto": filled in by the HF / accelerate integration)."""
-    if not plan.zero_stage:
-        return None
-    zero: dict = {"stage": plan.zero_stage, "overlap_comm": True, "contiguous_gradients": True}
-    if plan.offload in ("optimizer", "params"):
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    if plan.offload == "params":
-        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-    if plan.zero_stage == 3:
-        zero["stage3_gather_16bit_weights_on_model_save"] = True
-    return {
-        "train_micro_batch_size_per_gpu": "auto",
-        "gradient_accumulation_steps": "auto",
-        "gradient_clipping": "auto",
-        "bf16": {"enabled": "auto"},
-        "fp16": {"enabled": "auto"},
-        "zero_optimization": zero,
-    }
-
-
-def accelerate_config(plan: TrialPlan, s: RunSettings) -> dict:
-    mixed = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[plan.precision]
-    config: dict = {
+    doc = ExportDoc(s.task, s.device, s.nproc, s.batch_size, s.max_length, args)
+    doc.accelerate = {
         "compute_environment": "LOCAL_MACHINE",
-        "mixed_precision": mixed,
         "num_machines": 1,
         "num_processes": s.nproc,
         "machine_rank": 0,
-        "gradient_accumulation_steps": plan.accum_steps,
         "use_cpu": s.device == "cpu",
+        "distributed_type": "NO",
     }
-    if plan.zero_stage:
-        config["distributed_type"] = "DEEPSPEED"
-        config["deepspeed_config"] = {
-            "deepspeed_config_file": "ds_config.json",
-            "zero3_init_flag": plan.zero_stage == 3,
-        }
-    elif s.nproc > 1:
+    if s.nproc > 1:
         # MULTI_GPU launches N ranks (gloo when no GPU is visible). On CPU, use_cpu / --cpu would make
         # `accelerate launch` run ONE process despite num_processes, so it is left off.
-        config["distributed_type"] = "MULTI_GPU"
-        config["use_cpu"] = False
-    else:
-        config["distributed_type"] = "NO"
-    return config
+        doc.accelerate.update(distributed_type="MULTI_GPU", use_cpu=False)
+    return strategies.export_doc(plan, doc)
+
+
+def training_arguments(plan: TrialPlan, s: RunSettings, output_dir: str = "out") -> dict:
+    """TrainingArguments kwargs that reproduce the plan (its loop, its schedule, its optimizer)."""
+    return export_doc(plan, s, output_dir).args
 
 
 def train_command(s: RunSettings) -> str:
@@ -162,83 +110,53 @@ def train_command(s: RunSettings) -> str:
     return shlex.join(argv)
 
 
-def snippet(plan: TrialPlan, s: RunSettings) -> str:
-    """The Python that runs the plan with the HF Trainer: arguments, collator, freezing."""
+def snippet(doc: ExportDoc, s: RunSettings) -> str:
+    """The Python that runs the plan with the HF Trainer: arguments, model edits, collator, notes."""
     auto = "AutoModelForSeq2SeqLM" if s.task == "seq2seq" else "AutoModelForSequenceClassification"
-    collator = (
-        "DataCollatorForSeq2Seq(tokenizer, model=model)"
-        if s.task == "seq2seq"
-        else "DataCollatorWithPadding(tokenizer)"
-    )
-    if plan.padding == "max_length":
-        pad_line = (
-            f'# padding="max_length" (max_length={s.max_length}) in your tokenize function, as this plan measured'
-        )
-        collator = "default_data_collator"
-    else:
-        pad_line = f"# pad per batch: tokenize with truncation=True, max_length={s.max_length}, and no padding"
-    freeze_lines = []
-    for part in plan.freeze:
-        if part == "embeddings":
-            freeze_lines.append("for p in model.get_input_embeddings().parameters(): p.requires_grad_(False)")
-        elif part == "encoder":
-            enc = "model.get_encoder()" if s.task == "seq2seq" else "model.base_model.encoder"
-            freeze_lines.append(f"for p in {enc}.parameters(): p.requires_grad_(False)")
-    if plan.freeze_layers:
-        n = "len(stack) // 2" if plan.freeze_layers < 0 else str(plan.freeze_layers)
-        stack = "model.get_encoder().block" if s.task == "seq2seq" else "model.base_model.encoder.layer"
-        freeze_lines += [
-            f"stack = {stack}  # the layer list (BART: .layers)",
-            "for p in model.get_input_embeddings().parameters(): p.requires_grad_(False)",
-            f"for layer in stack[:{n}]:",
-            "    for p in layer.parameters(): p.requires_grad_(False)",
-        ]
-    if plan.offload_activations:
-        freeze_lines.append(
-            "# offload_activations: run training under torch.autograd.graph.save_on_cpu(pin_memory=True)"
-        )
-    if plan.lora_r:
-        peft_task = "SEQ_2_SEQ_LM" if s.task == "seq2seq" else "SEQ_CLS"
-        freeze_lines += [
-            "from peft import LoraConfig, get_peft_model  # pip install peft",
-            f"model = get_peft_model(model, LoraConfig(r={plan.lora_r}, lora_alpha={2 * plan.lora_r}, "
-            f'lora_dropout=0.0, task_type="{peft_task}"))  # peft picks the attention projections',
-        ]
     model_ref = s.model if not s.model_is_preset else f"<a directory with the {s.model} config>"
-    attn = "" if plan.attn == "default" else f", attn_implementation={plan.attn!r}"
-    return "\n".join(
-        [
-            f"# exported by trainwise: plan {s.row!r}",
-            "import json",
-            f"from transformers import (AutoTokenizer, Trainer, TrainingArguments, {auto}, {collator.split('(')[0]})",
-            "",
-            f"tokenizer = AutoTokenizer.from_pretrained({model_ref!r})",
-            f"model = {auto}.from_pretrained({model_ref!r}{attn})",
-            *freeze_lines,
-            pad_line,
-            "train_dataset = ...  # your tokenized dataset (input_ids, attention_mask, labels)",
-            'args = TrainingArguments(**json.load(open("training_args.json")))',
-            f"data_collator = {collator}",
-            "trainer = Trainer(model=model, args=args, train_dataset=train_dataset, data_collator=data_collator)",
-            "trainer.train()",
-            "# note: transformers 5.x logs loss x gradient_accumulation_steps for BERT/T5-style models;",
-            "# the optimisation is the same as trainwise's (see trainwise README, 'export').",
-            "",
-        ]
-    )
+    kwargs = "".join(f", {k}={v}" for k, v in doc.model_kwargs.items())
+    indent = ""
+    lines = [f"# exported by trainwise: plan {s.row!r}"]
+    lines += [f"# {note}" for note in doc.notes]
+    lines += [
+        "import json",
+        "",
+        "import torch",
+        f"from transformers import (AutoTokenizer, Trainer, TrainingArguments, {auto}, {doc.collator.split('(')[0]})",
+        "",
+        f"tokenizer = AutoTokenizer.from_pretrained({model_ref!r})",
+        f"model = {auto}.from_pretrained({model_ref!r}{kwargs})",
+        *doc.model_lines,
+        f"# tokenize with {doc.tokenize}",
+        "train_dataset = ...  # your tokenized dataset (input_ids, attention_mask, labels)",
+        'args = TrainingArguments(**json.load(open("training_args.json")))',
+        f"data_collator = {doc.collator}",
+        "trainer = Trainer(model=model, args=args, train_dataset=train_dataset, data_collator=data_collator)",
+    ]
+    for context in doc.train_contexts:
+        lines.append(f"{indent}with {context}:")
+        indent += "    "
+    lines += [
+        f"{indent}trainer.train()",
+        "# note: transformers 5.x logs loss x gradient_accumulation_steps for BERT/T5-style models;",
+        "# the optimisation is the same as trainwise's (see trainwise docs/export.md).",
+        "",
+    ]
+    return "\n".join(lines)
 
 
-def write_export(plan: TrialPlan, s: RunSettings, out: Path) -> list[Path]:
+def write_export(plan: TrialPlan, s: RunSettings, out: Path) -> tuple[list[Path], list[str]]:
+    """Write the files; returns them and the notes (what TrainingArguments cannot say)."""
+    doc = export_doc(plan, s)
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, str] = {
-        "training_args.json": json.dumps(training_arguments(plan, s), indent=2) + "\n",
-        "train_snippet.py": snippet(plan, s),
-        "accelerate_config.yaml": _yaml(accelerate_config(plan, s)),
+        "training_args.json": json.dumps(doc.args, indent=2) + "\n",
+        "train_snippet.py": snippet(doc, s),
+        "accelerate_config.yaml": _yaml(doc.accelerate),
         "train_command.txt": train_command(s) + "\n",
     }
-    ds = ds_config(plan)
-    if ds is not None:
-        files["ds_config.json"] = json.dumps(ds, indent=2) + "\n"
+    if doc.ds_config is not None:
+        files["ds_config.json"] = json.dumps(doc.ds_config, indent=2) + "\n"
     paths = []
     for name, text in files.items():
         path = out / name
@@ -246,10 +164,116 @@ def write_export(plan: TrialPlan, s: RunSettings, out: Path) -> list[Path]:
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)
         paths.append(path)
-    return paths
+    return paths, doc.notes
 
 
 def _yaml(d: dict) -> str:
     import yaml
 
     return yaml.safe_dump(d, sort_keys=False)
+
+
+# ---- the verb ------------------------------------------------------------------------------------
+
+BUNDLED_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"  # trainwise resolves it to the bundled copy offline
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """One `trainwise export`: a plan and its settings, or a study to take them from."""
+
+    study: str | None = None
+    strategies: str | None = None
+    model: str | None = None
+    model_preset: str | None = None
+    task: str = "classification"
+    batch_size: int = 16
+    accum_steps: int = 4
+    max_length: int = 128
+    max_target_length: int = 48
+    lr: float = 5e-5
+    max_steps: int = 1000
+    nproc: int = 1
+    zero: int = 0
+    offload: str = "none"
+    device: str = "cuda"
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cuda", "cpu"):
+            raise ConfigError(f"--device must be cuda or cpu, not {self.device!r}")
+        if self.max_steps <= 0 or self.lr <= 0:
+            raise ConfigError("--max-steps and --lr must be > 0")
+        if self.study is None and self.strategies is None:
+            raise ConfigError("--strategies is required without --study (e.g. --strategies bf16+grad_ckpt)")
+        if self.strategies is not None and "," in self.strategies:
+            raise ConfigError(
+                f"--strategies {self.strategies!r}: export takes one plan (a '+' combination), not a list"
+            )
+
+
+def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str]]:
+    """Resolve the plan and its settings (from the study, or from the options), then write the files."""
+    from trainwise.estimate import EstimateConfig
+    from trainwise.models import resolve_model
+
+    task, batch, accum, lengths, lr = (
+        cfg.task,
+        cfg.batch_size,
+        cfg.accum_steps,
+        (cfg.max_length, cfg.max_target_length),
+        cfg.lr,
+    )
+    if cfg.study is not None:
+        from trainwise.advise import study_row
+        from trainwise.study import Store
+
+        store = Store.of(Path(cfg.study))
+        try:
+            entry = study_row(Path(cfg.study), cfg.strategies)
+            spec = store.spec(entry.get("row", entry["strategy"]))
+        finally:
+            store.close()
+        if spec is None:
+            raise ConfigError(f"--study {cfg.study}: the store holds no trial of {entry['strategy']!r}")
+        s = spec.settings
+        text, preset = spec.row, s.model_kind == "preset"
+        model = s.model_label if preset else s.model_ref
+        if s.model_label == "all-MiniLM-L6-v2":  # the bundled copy's path is this machine's venv
+            model = BUNDLED_HUB_ID
+        task, batch, accum, lengths, lr = (
+            s.task,
+            entry.get("batch_size", s.batch_size),
+            s.accum_steps,
+            (s.max_length, s.max_target_length),
+            s.lr,
+        )
+    else:
+        assert cfg.strategies is not None, "ExportConfig requires one of them"
+        text = cfg.strategies
+        source = resolve_model(cfg.model, cfg.model_preset, cfg.task)
+        preset = source.kind == "preset"
+        model = BUNDLED_HUB_ID if source.label == "all-MiniLM-L6-v2" else source.ref
+    parsed = EstimateConfig(
+        (text,), task, batch, accum, *lengths, nproc=cfg.nproc, zero_stage=cfg.zero, offload=cfg.offload
+    )
+    row = parsed.parsed[0]
+    if cfg.device == "cpu" and "cuda" in row.requires:
+        names = ", ".join(s.name for s, _ in row.parts if "cuda" in s.requires)
+        raise ConfigError(
+            f"{row.text!r} needs CUDA ({names}); --device cpu cannot run it (on CPU the HF Trainer would silently "
+            "train fp16 in fp32)"
+        )
+    run = RunSettings(
+        model,
+        task,
+        batch,
+        *lengths,
+        lr,
+        cfg.max_steps,
+        nproc=cfg.nproc,
+        device=cfg.device,
+        model_is_preset=preset,
+        row=row.text,
+    )
+    paths, notes = write_export(row.plan, run, out)
+    return row.text, paths, notes

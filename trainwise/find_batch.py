@@ -13,11 +13,15 @@ available RAM minus a margin) with the trial's peak RSS.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from trainwise import strategies
+from trainwise.config import StudyConfig
+from trainwise.errors import ConfigError
 from trainwise.results import TrialResult
 
 CUDA_CONTEXT_BYTES = 512 * 1024**2
@@ -123,6 +127,113 @@ def default_limit(device: str) -> int:
 
     available = int(psutil.virtual_memory().available)
     return available - max(2**30, available // 10)
+
+
+@dataclass(frozen=True)
+class FindBatchConfig:
+    """The search's own options (the model, data and plan come as a StudyConfig), validated here."""
+
+    candidates: str = "4,8,16,32,64,128"
+    steps: int = 4
+    memory_limit: int | None = None
+    refine: int = 2
+    use_estimate: bool = True
+    sizes: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        try:
+            sizes = sorted({int(x) for x in self.candidates.split(",") if x.strip()})
+        except ValueError:
+            raise ConfigError(f"--candidates {self.candidates!r}: give batch sizes like 8,16,32") from None
+        if not sizes or sizes[0] <= 0:
+            raise ConfigError(f"--candidates {self.candidates!r}: give positive batch sizes like 8,16,32")
+        if self.steps < 2:
+            raise ConfigError(f"--steps must be >= 2 (the first is untimed), got {self.steps}")
+        if self.refine < 0:
+            raise ConfigError(f"--refine must be >= 0 bisection steps, got {self.refine}")
+        object.__setattr__(self, "sizes", tuple(sizes))
+
+
+@dataclass
+class FindBatchReport:
+    title: str
+    result: SearchResult
+    paths: list[Path]
+    device: str
+    too_big: list[int]  # candidates larger than the training data
+    n_train: int
+
+
+def find_batch(
+    row_text: str,
+    accum_steps: int,
+    config: Callable[[int], StudyConfig],
+    fb: FindBatchConfig,
+    launch: Callable,
+    on_status: Callable[[str], None],
+    on_point: Callable[[str], None],
+) -> FindBatchReport:
+    """Prepare the study once (`config(batch size)`: a study of the one row), then search the candidates."""
+    from trainwise.estimate import calibrate, estimate_plan, model_config, runtime_overhead, shape_of
+    from trainwise.models import ModelSource
+    from trainwise.report.format import human_bytes
+    from trainwise.study import prepare_study
+
+    rows = strategies.parse_rows(row_text, accum_steps)
+    if len(rows) != 1:
+        raise ConfigError(f"--strategies {row_text!r}: find-batch sizes one plan (a '+' combination)")
+    row = rows[0]
+    accum = strategies.runtime(row.plan, "classification", "cpu").accum_steps
+    usable = [b for b in fb.sizes if b % accum == 0]
+    if not usable:
+        raise ConfigError(f"no candidate is a multiple of --accum-steps {accum}")
+    on_status("validating input, preparing data and model...")
+    prepared = prepare_study(config(usable[0]))
+    base = prepared.specs[0]
+    s = base.settings
+    limit = fb.memory_limit if fb.memory_limit is not None else default_limit(s.device)
+    too_big = [b for b in usable if b > s.n_train]
+    usable = [b for b in usable if b <= s.n_train]
+    if not usable:
+        raise ConfigError(f"every candidate is larger than the {s.n_train} training rows")
+    model_state: dict = {}  # shapes, calibration and runtime: once per search, not once per size
+
+    def estimate_total(b: int) -> int | None:
+        if not fb.use_estimate:
+            return None
+        on_status(f"batch {b}: estimating memory (calibration probe on first use)")
+        if not model_state:
+            cfg = model_config(ModelSource(s.model_kind, s.model_ref), s.task, s.num_labels or 2)
+            model_state["shape"] = shape_of(cfg, s.task, base.plan)
+            model_state["cal"] = calibrate(cfg, s.task, base.plan, s.device)
+            model_state["overhead"] = runtime_overhead(s.device)
+        e = estimate_plan(
+            model_state["shape"],
+            model_state["cal"],
+            base.plan,
+            b,
+            s.max_length,
+            s.max_target_length,
+            s.device,
+            overhead=model_state["overhead"],
+        )
+        return e.total_bytes
+
+    def run(b: int) -> TrialResult:
+        spec = dataclasses.replace(base, settings=dataclasses.replace(s, batch_size=b))
+
+        def on_event(e: dict) -> None:
+            if e.get("event") == "step":
+                on_status(f"batch {b}: step {e['step']}/{e['total']}, {e['step_s']:.2f} s")
+
+        on_status(f"batch {b}: starting")
+        r = launch(spec, prepared.out / "trials" / f"bs{b}", prepared.config.trial_timeout, on_event)
+        on_point(f"batch {b}: " + (f"{r.samples_per_s:.1f} samples/s" if r.status == "ok" else r.status))
+        return r
+
+    result = search(usable, limit, run, s.device, estimate_total, fb.refine, multiple_of=accum)
+    title = f"trainwise find-batch: {s.model_label} / {row.text} / {s.device}, limit {human_bytes(limit)}"
+    return FindBatchReport(title, result, write_outputs(result, prepared.out, title), s.device, too_big, s.n_train)
 
 
 def write_outputs(result: SearchResult, out: Path, title: str) -> list[Path]:

@@ -40,7 +40,7 @@ def launch(spec: TrialSpec, trial_dir: Path, timeout_s: float, on_event: Callabl
     spec_path.write_text(json.dumps(spec.to_dict(), indent=1))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
     nproc = spec.settings.nproc
-    multi = is_multiprocess(nproc, spec.plan)
+    multi = is_multiprocess(spec)
     cmd = [sys.executable, "-m", "trainwise.worker", str(spec_path), str(result_path)]
     if multi:
         for old in trial_dir.glob("result.rank*.json"):
@@ -74,7 +74,7 @@ def launch(spec: TrialSpec, trial_dir: Path, timeout_s: float, on_event: Callabl
     wall = time.perf_counter() - start
 
     base: dict[str, Any] = {
-        "strategy": spec.strategy,
+        "strategy": spec.row,
         "repeat": spec.repeat,
         "plan": spec.plan.to_dict(),
         "wall_s": wall,

@@ -200,10 +200,9 @@ def load_tokenizer(source: ModelSource, tokenizer_dir: str | None):
     return AutoTokenizer.from_pretrained(tokenizer_dir or source.ref)
 
 
-def build_model(
-    source: ModelSource, task: str, num_labels: int, seed: int, config_overrides=None, attn: str = "default"
-):
-    """Build the model with a fixed seed, so every trial of a study starts from the same weights."""
+def build_model(source: ModelSource, task: str, num_labels: int, seed: int, config_overrides=None, **model_kwargs):
+    """Build the model with a fixed seed, so every trial of a study starts from the same weights.
+    `model_kwargs` go to from_pretrained / from_config (the plan's attn_implementation)."""
     import torch
     from transformers import AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
@@ -212,11 +211,10 @@ def build_model(
     torch.manual_seed(seed)
     auto = AutoModelForSeq2SeqLM if task == "seq2seq" else AutoModelForSequenceClassification
     overrides = dict(config_overrides or {})
-    kernels = {} if attn == "default" else {"attn_implementation": attn}
     if source.kind == "preset":
         config = _preset_config(source.ref, num_labels)
         for k, v in overrides.items():
             setattr(config, k, v)
-        return auto.from_config(config, **kernels)
+        return auto.from_config(config, **model_kwargs)
     extra = {"num_labels": num_labels} if task == "classification" else {}
-    return auto.from_pretrained(source.ref, **extra, **overrides, **kernels)
+    return auto.from_pretrained(source.ref, **extra, **overrides, **model_kwargs)

@@ -1,61 +1,80 @@
-"""TrialPlan: the resolved knobs one trial runs with.
+"""TrialPlan: the resolved knob values one row runs with.
 
-Strategies edit a plan (`Strategy.apply`); the training loop only reads it. Every field's default
-is the vanilla baseline of the seed case studies: fp32, no accumulation, no checkpointing, AdamW,
-padding to max length, random batches, nothing frozen.
+The knobs themselves (their defaults and what each value does) are declared next to the strategies
+that set them, in `trainwise/strategies/`; a plan only holds the values that differ from the
+defaults, which are the vanilla baseline of the seed case studies (fp32, no accumulation, no
+checkpointing, AdamW, padding to max length, random batches, nothing frozen).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
-from typing import Literal
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
-Precision = Literal["fp32", "bf16", "fp16"]
-Optimizer = Literal["adamw", "adamw_foreach", "adamw_fused", "adamw_8bit", "adafactor"]
-Padding = Literal["max_length", "longest"]
-Sampler = Literal["random", "length_grouped", "sortish"]
-Offload = Literal["none", "optimizer", "params"]
-Attention = Literal["default", "sdpa", "eager"]
+if TYPE_CHECKING:
+    from trainwise.strategies.base import Knob
+
+V = TypeVar("V")
 
 
-@dataclass(frozen=True)
+def _knobs() -> Mapping[str, Knob]:
+    from trainwise.strategies import KNOBS  # the registry imports this module: resolved on first use
+
+    return KNOBS
+
+
 class TrialPlan:
-    precision: Precision = "fp32"
-    accum_steps: int = 1
-    grad_ckpt: bool = False
-    optimizer: Optimizer = "adamw"
-    padding: Padding = "max_length"
-    sampler: Sampler = "random"
-    freeze: tuple[str, ...] = ()
-    tf32: bool = False  # CUDA: TF32 tensor-core matmuls for fp32
-    lora_r: int = 0  # LoRA adapter rank on the attention projections (0: full fine-tuning)
-    # DeepSpeed ZeRO: 0 = off; 1 partitions optimizer states, 2 + gradients, 3 + weights over the
-    # --nproc ranks. Offload moves optimizer states ("optimizer") or also weights ("params", stage 3)
-    # to CPU memory. Trials with zero_stage > 0 run under torchrun + DeepSpeed.
-    zero_stage: int = 0
-    offload: Offload = "none"
-    attn: Attention = "default"  # attn_implementation; "default": what transformers picks for the model
-    compile: bool = False  # torch.compile the model (compile time reported apart from step time)
-    offload_activations: bool = False  # CUDA: keep saved activations in pinned CPU memory until backward
-    empty_cache_steps: int = 0  # CUDA: torch.cuda.empty_cache() every N optimizer steps (0: never)
-    freeze_layers: int = 0  # freeze the embeddings and the first N layers of the stack (-1: half of them)
-    channels_last: bool = False  # images: NHWC memory format for the convolutions
+    """Immutable knob values. `plan[KNOB]` reads one (typed by the knob); unset knobs are at their default."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, object] | None = None, **more: object):
+        knobs = _knobs()
+        kept: dict[str, object] = {}
+        for name, value in {**(values or {}), **more}.items():
+            if name not in knobs:
+                raise ValueError(f"unknown plan field {name!r}")
+            knob = knobs[name]
+            if isinstance(knob.default, tuple) and isinstance(value, list):
+                value = tuple(value)  # from JSON
+            knob.check(value)
+            if value != knob.default:
+                kept[name] = value
+        self._values = dict(sorted(kept.items()))
+
+    def __getitem__(self, knob: Knob[V]) -> V:
+        return self._values.get(knob.name, knob.default)  # type: ignore[return-value]
+
+    def value(self, name: str) -> Any:
+        """A knob's value by name (for code that walks every knob)."""
+        return self._values.get(name, _knobs()[name].default)
+
+    def items(self) -> Iterator[tuple[Knob, Any]]:
+        """Every knob with its value, defaults included, in registry order."""
+        for name, knob in _knobs().items():
+            yield knob, self._values.get(name, knob.default)
+
+    def changed(self) -> dict[str, Any]:
+        """The values that differ from the baseline's."""
+        return dict(self._values)
 
     def with_(self, **changes: object) -> TrialPlan:
-        return replace(self, **changes)  # type: ignore[arg-type]
+        return TrialPlan({**self._values, **changes})
 
-    def micro_batch_size(self, batch_size: int) -> int:
-        """Samples per forward pass: the effective batch split across accumulation steps."""
-        assert batch_size % self.accum_steps == 0, "validated in StudyConfig"
-        return batch_size // self.accum_steps
-
-    def to_dict(self) -> dict[str, object]:
-        d = asdict(self)
-        d["freeze"] = list(self.freeze)
-        return d
+    def to_dict(self) -> dict[str, Any]:
+        """Every knob (defaults included), JSON-ready."""
+        return {k.name: list(v) if isinstance(v, tuple) else v for k, v in self.items()}
 
     @classmethod
-    def from_dict(cls, d: dict[str, object]) -> TrialPlan:
-        d = dict(d)
-        d["freeze"] = tuple(d.get("freeze", ()))  # type: ignore[arg-type]
-        return cls(**d)  # type: ignore[arg-type]
+    def from_dict(cls, d: Mapping[str, object]) -> TrialPlan:
+        return cls(d)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TrialPlan) and self._values == other._values
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._values.items()))
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self._values.items())
+        return f"TrialPlan({inner})"

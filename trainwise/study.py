@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from trainwise import strategies
-from trainwise.config import IMAGE_TASK, StudyConfig, TrialSettings, TrialSpec
+from trainwise.config import IMAGE_TASK, Cell, StudyConfig, TrialSettings, TrialSpec
 from trainwise.data.builtin import BUILTIN_DATASETS
 from trainwise.data.sources import load_rows
 from trainwise.errors import ConfigError
@@ -50,9 +50,12 @@ def resolve_device(device: str) -> tuple[str, set[str]]:
 class PreparedStudy:
     config: StudyConfig
     out: Path
-    specs: list[TrialSpec]
-    unsupported: dict[str, str]  # row spec -> reason, for rows the device cannot run
-    rows: list[str]  # the row specs, in order
+    specs: list[TrialSpec]  # one per (repeat, cell); repeats interleaved
+    cells: list[Cell]
+    unsupported: dict[str, str]  # row text -> why this device cannot run it
+
+    def cell_of(self, spec: TrialSpec) -> Cell:
+        return next(c for c in self.cells if c.matches(spec))
 
 
 def _check_writable(out: Path) -> None:
@@ -75,35 +78,32 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def prepare_study(cfg: StudyConfig) -> PreparedStudy:
-    rows = strategies.parse_list(",".join(cfg.strategies))
     device, caps = resolve_device(cfg.device)
     unsupported: dict[str, str] = {}
-    for spec in rows:
-        missing = strategies.missing_capabilities(spec, caps)
+    for row in cfg.rows:
+        missing = row.missing_capabilities(caps)
         if not missing:
             continue
         reason = f"needs {', '.join(missing)}; this device ({device}) lacks it"
         if cfg.device != "auto":  # asked explicitly for a device that cannot run it: bad input
-            raise ConfigError(f"strategy {spec!r} {reason}; drop it or use a device that supports it")
-        unsupported[spec] = reason
-    for spec in rows:
-        for st in strategies.parse_spec(spec):
-            if cfg.task not in st.tasks:
-                raise ConfigError(
-                    f"strategy {st.name!r} (in {spec!r}) applies to {', '.join(sorted(st.tasks))}, not {cfg.task}"
-                )
-    for spec in rows:
-        missing_pkgs = strategies.missing_packages(spec)
-        if missing_pkgs and spec not in unsupported:
-            raise ConfigError(f"strategy {spec!r} needs {', '.join(missing_pkgs)}")
-    _check_ranks(cfg, rows, device, unsupported)
+            raise ConfigError(f"strategy {row.text!r} {reason}; drop it or use a device that supports it")
+        unsupported[row.text] = reason
+    for row in cfg.rows:
+        wrong = row.wrong_task(cfg.task)
+        if wrong is not None:
+            raise ConfigError(
+                f"strategy {wrong.name!r} (in {row.text!r}) applies to {', '.join(sorted(wrong.tasks))}, not {cfg.task}"
+            )
+        missing_pkgs = row.missing_packages()
+        if missing_pkgs and row.text not in unsupported:
+            raise ConfigError(f"strategy {row.text!r} needs {', '.join(missing_pkgs)}")
+    _check_ranks(cfg, device, unsupported)
     out = Path(cfg.out)
     _check_writable(out)
     if cfg.task == IMAGE_TASK:
-        return _prepare_images(cfg, rows, device, unsupported, out)
+        return _prepare_images(cfg, device, unsupported, out)
     source = resolve_model(cfg.model, cfg.model_preset, cfg.task)
-    if any(strategies.build_plan(r, cfg.accum_steps).lora_r for r in rows if r not in unsupported):
-        _check_lora(source)
+    _check_plans_apply(source, cfg, unsupported)
 
     dataset = cfg.dataset
     if dataset is None and cfg.train_file is None:
@@ -125,7 +125,7 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
         if len(labels) > 1000:
             raise ConfigError(f"{len(labels)} distinct targets: is --target-column a class label?")
         evals = [r for r in evals if r["target"] in set(labels)]
-    largest = max(b for b, _w in cfg.sweep())
+    largest = max(c.batch_size for c in cfg.cells())
     if len(train) < largest:
         raise ConfigError(f"the training data has {len(train)} rows, fewer than the batch size {largest}")
 
@@ -146,7 +146,7 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
         tokenizer_dir = str(tok_path.resolve())
 
     settings = _settings(cfg, device, source, tokenizer_dir, data_dir, len(labels), len(train))
-    return _specs(cfg, settings, fingerprint, unsupported, out, rows)
+    return _specs(cfg, settings, fingerprint, unsupported, out)
 
 
 def _settings(cfg: StudyConfig, device: str, source, tokenizer_dir, data_dir: Path, n_labels: int, n_train: int):
@@ -175,24 +175,23 @@ def _settings(cfg: StudyConfig, device: str, source, tokenizer_dir, data_dir: Pa
     )
 
 
-def _specs(cfg: StudyConfig, settings, fingerprint: str, unsupported: dict[str, str], out: Path, rows: list[str]):
-    cells = [(row, b, w, cfg.label(row, b, w)) for row in rows for b, w in cfg.sweep()]
+def _specs(cfg: StudyConfig, settings, fingerprint: str, unsupported: dict[str, str], out: Path) -> PreparedStudy:
+    cells = cfg.cells()
     specs = [
         TrialSpec(
-            label,
+            c.row.text,
             rep,
-            strategies.build_plan(row, cfg.accum_steps),
-            dataclasses.replace(settings, batch_size=b, num_workers=w),
+            c.row.plan,
+            dataclasses.replace(settings, batch_size=c.batch_size, num_workers=c.workers),
             {"data": fingerprint},
         )
         for rep in range(cfg.repeat)  # repeats interleaved: drift on a shared machine hits every row alike
-        for row, b, w, label in cells
+        for c in cells
     ]
-    unsupported_cells = {label: unsupported[row] for row, _b, _w, label in cells if row in unsupported}
-    return PreparedStudy(cfg, out, specs, unsupported_cells, [label for *_, label in cells])
+    return PreparedStudy(cfg, out, specs, cells, unsupported)
 
 
-def _prepare_images(cfg: StudyConfig, rows: list[str], device: str, unsupported: dict[str, str], out: Path):
+def _prepare_images(cfg: StudyConfig, device: str, unsupported: dict[str, str], out: Path) -> PreparedStudy:
     """image-classification: a project ResNeXt preset on digits, CIFAR-10 or image folders."""
     from trainwise.models import ModelSource
     from trainwise.vision import VISION_PRESETS, load_image_data, save_images
@@ -207,7 +206,7 @@ def _prepare_images(cfg: StudyConfig, rows: list[str], device: str, unsupported:
     if cfg.max_train_samples:
         order = order[: cfg.max_train_samples]
     train = type(train)(train.x[order], train.y[order])
-    largest = max(b for b, _w in cfg.sweep())
+    largest = max(c.batch_size for c in cfg.cells())
     if len(train) < largest:
         raise ConfigError(f"the training data has {len(train)} images, fewer than the batch size {largest}")
     data_dir = out / "data"
@@ -219,10 +218,10 @@ def _prepare_images(cfg: StudyConfig, rows: list[str], device: str, unsupported:
         h.update(np.ascontiguousarray(a).tobytes())
     source = ModelSource("preset", preset)
     settings = _settings(cfg, device, source, None, data_dir, len(names), len(train))
-    return _specs(cfg, settings, h.hexdigest()[:16], unsupported, out, rows)
+    return _specs(cfg, settings, h.hexdigest()[:16], unsupported, out)
 
 
-def _check_ranks(cfg: StudyConfig, rows: list[str], device: str, unsupported: dict[str, str]) -> None:
+def _check_ranks(cfg: StudyConfig, device: str, unsupported: dict[str, str]) -> None:
     """--nproc: enough devices, and every micro-batch splits evenly over the ranks."""
     if cfg.nproc > 1 and device == "cuda":
         import torch
@@ -230,32 +229,39 @@ def _check_ranks(cfg: StudyConfig, rows: list[str], device: str, unsupported: di
         count = torch.cuda.device_count()
         if cfg.nproc > count:
             raise ConfigError(f"--nproc {cfg.nproc} needs {cfg.nproc} CUDA devices; this machine has {count}")
-    for row in rows:
-        if row in unsupported:
+    for c in cfg.cells():
+        if c.row.text in unsupported:
             continue
-        plan = strategies.build_plan(row, cfg.accum_steps)
-        for size in cfg.batch_sizes or (cfg.batch_size,):
-            micro = size // plan.accum_steps
-            if micro % cfg.nproc:
-                raise ConfigError(
-                    f"{row!r} at batch size {size}: each micro-batch of {micro} must split evenly over "
-                    f"--nproc {cfg.nproc} ranks; use a batch size that is a multiple of {plan.accum_steps * cfg.nproc}"
-                )
+        accum = strategies.runtime(c.row.plan, cfg.task, device).accum_steps
+        micro = c.batch_size // accum
+        if micro % cfg.nproc:
+            raise ConfigError(
+                f"{c.row.text!r} at batch size {c.batch_size}: each micro-batch of {micro} must split evenly over "
+                f"--nproc {cfg.nproc} ranks; use a batch size that is a multiple of {accum * cfg.nproc}"
+            )
 
 
-def _check_lora(source) -> None:
-    from trainwise.models import PRESETS, _load_config
-    from trainwise.trial import lora_targets
+def _check_plans_apply(source, cfg: StudyConfig, unsupported: dict[str, str]) -> None:
+    """Every row's model edits (checkpointing, freezing, LoRA) apply to this model: tried on the meta
+    device, so a row that cannot (LoRA on a model peft cannot target) is bad input, not a failed trial."""
+    from trainwise.estimate import meta_model, model_config
+    from trainwise.loop import apply_plan
 
-    model_type = PRESETS[source.ref][0] if source.kind == "preset" else _load_config(source).model_type
-    if not lora_targets(model_type):
-        raise ConfigError(
-            f"lora: peft knows no attention modules to adapt in a {model_type!r} model; drop lora for this model"
-        )
+    config = None
+    for row in cfg.rows:
+        rt = strategies.runtime(row.plan, cfg.task, "cpu")
+        if row.text in unsupported or not rt.model_edits:
+            continue
+        config = config or model_config(source, cfg.task, 2)
+        try:
+            apply_plan(meta_model(config, cfg.task, **rt.model_kwargs), rt)
+        except ValueError as e:
+            raise ConfigError(f"{row.text!r}: {e}") from None
 
 
 class Store:
-    """The study's embedded SQLite store: one row per finished trial, written as it ends."""
+    """The study's embedded SQLite store: one row per finished trial, written as it ends. The only code
+    that reads study.sqlite."""
 
     def __init__(self, path: Path):
         self.db = sqlite3.connect(path)
@@ -264,6 +270,13 @@ class Store:
             "status TEXT, spec TEXT, result TEXT, finished_at REAL)"
         )
         self.db.commit()
+
+    @classmethod
+    def of(cls, study: Path, flag: str = "--study") -> Store:
+        """The store of a finished compare study (ConfigError when `study` is not one)."""
+        if not (study / "study.sqlite").is_file() or not (study / "results.json").is_file():
+            raise ConfigError(f"{flag} {study}: not a finished trainwise compare study (no study.sqlite/results.json)")
+        return cls(study / "study.sqlite")
 
     def get(self, key: str) -> TrialResult | None:
         row = self.db.execute("SELECT result FROM trials WHERE key = ?", (key,)).fetchone()
@@ -274,7 +287,7 @@ class Store:
             "INSERT OR REPLACE INTO trials VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
                 spec.key(),
-                spec.strategy,
+                spec.row,
                 spec.repeat,
                 result.status,
                 json.dumps(spec.to_dict()),
@@ -284,39 +297,50 @@ class Store:
         )
         self.db.commit()
 
+    def rows(self) -> list[str]:
+        return [r for (r,) in self.db.execute("SELECT strategy FROM trials GROUP BY strategy ORDER BY MIN(rowid)")]
+
+    def spec(self, row: str | None = None) -> TrialSpec | None:
+        """The spec of a trial of `row` (any trial when None): the settings every trial shares, and its plan."""
+        if row is None:
+            found = self.db.execute("SELECT spec FROM trials LIMIT 1").fetchone()
+        else:
+            found = self.db.execute("SELECT spec FROM trials WHERE strategy = ? LIMIT 1", (row,)).fetchone()
+        return None if found is None else TrialSpec.from_dict(json.loads(found[0]))
+
     def close(self) -> None:
         self.db.close()
 
 
 Launch = Callable[[TrialSpec, Path, float, Callable[[dict], None]], TrialResult]
 Events = Callable[[TrialSpec, dict], None]
+Trials = list[tuple[TrialSpec, TrialResult]]
 
 
-def run_study(prepared: PreparedStudy, launch: Launch, on_event: Events, on_done: Callable) -> list[TrialResult]:
-    """Run the trials not in the store yet; return every trial result of this study, in order."""
+def run_study(prepared: PreparedStudy, launch: Launch, on_event: Events, on_done: Callable) -> Trials:
+    """Run the trials not in the store yet; return every trial of this study with its result, in order."""
     cfg, out = prepared.config, prepared.out
     store = Store(out / "study.sqlite")
-    results: list[TrialResult] = []
+    trials: Trials = []
     try:
         for spec in prepared.specs:
             done = store.get(spec.key())
             if done is not None and (done.status == "ok" or not cfg.retry_failed):
                 on_done(spec, done, True)
-                results.append(done)
+                trials.append((spec, done))
                 continue
-            if spec.strategy in prepared.unsupported:
-                result = TrialResult(
-                    spec.strategy, "unsupported", spec.repeat, prepared.unsupported[spec.strategy], spec.plan.to_dict()
-                )
+            if spec.row in prepared.unsupported:
+                why = prepared.unsupported[spec.row]
+                result = TrialResult(spec.row, "unsupported", spec.repeat, why, spec.plan.to_dict())
             else:
                 trial_dir = out / "trials" / f"{spec.key()}"
                 result = launch(spec, trial_dir, cfg.trial_timeout, _bind(on_event, spec))
             store.put(spec, result)
             on_done(spec, result, False)
-            results.append(result)
+            trials.append((spec, result))
     finally:
         store.close()
-    return results
+    return trials
 
 
 def _bind(on_event: Events, spec: TrialSpec) -> Callable[[dict], None]:
@@ -347,19 +371,19 @@ NUMERIC = (
 )
 
 
-def is_baseline(label: str) -> bool:
-    return label.split(" @")[0] == "baseline"
-
-
-def aggregate(rows: list[str], results: list[TrialResult]) -> list[dict]:
-    """One row per strategy: medians over its ok repeats, and time/memory relative to the baseline."""
+def aggregate(cells: list[Cell], trials: Trials) -> list[dict]:
+    """One entry per cell: medians over its ok repeats, and time/memory relative to the baseline."""
     table = []
-    for row in rows:
-        trials = [r for r in results if r.strategy == row]
-        ok = [r for r in trials if r.status == "ok"]
-        first = (ok or trials)[-1]
+    for cell in cells:
+        results = [r for spec, r in trials if cell.matches(spec)]
+        ok = [r for r in results if r.status == "ok"]
+        first = (ok or results)[-1]
         entry: dict = {
-            "strategy": row,
+            "strategy": cell.label(),
+            "row": cell.row.text,
+            "baseline": cell.row.is_baseline,
+            "batch_size": cell.batch_size,
+            "workers": cell.workers,
             "status": first.status,
             "message": "" if ok else first.message,
             "repeats": len(ok),
@@ -381,7 +405,7 @@ def aggregate(rows: list[str], results: list[TrialResult]) -> list[dict]:
             entry["step_time_s_all"] = [r.step_time_s for r in ok]
         table.append(entry)
     # the reference: the baseline row (with a sweep, the first baseline cell: smallest batch, fewest workers)
-    base = next((e for e in table if is_baseline(e["strategy"]) and e["status"] == "ok"), None)
+    base = next((e for e in table if e["baseline"] and e["status"] == "ok"), None)
     for e in table:
         e["rel_time"] = e["rel_mem"] = None
         if base and e["status"] == "ok":
@@ -389,3 +413,23 @@ def aggregate(rows: list[str], results: list[TrialResult]) -> list[dict]:
             if base["peak_mem_bytes"] and e["peak_mem_bytes"] is not None:
                 e["rel_mem"] = e["peak_mem_bytes"] / base["peak_mem_bytes"]
     return table
+
+
+@dataclass
+class Report:
+    title: str
+    table: list[dict]
+    paths: list[Path]
+
+
+def report(prepared: PreparedStudy, trials: Trials, price=None) -> Report:
+    """The study's table (priced when asked), written as results.json/.csv, report.md and chart.png."""
+    from trainwise.report.format import add_cost
+    from trainwise.report.write import write_reports
+
+    s = prepared.specs[0].settings
+    table = aggregate(prepared.cells, trials)
+    if price is not None:
+        add_cost(table, price)
+    title = f"trainwise compare: {s.model_label} / {s.task} / {s.device}"
+    return Report(title, table, write_reports(prepared.out, table, title))

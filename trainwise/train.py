@@ -1,6 +1,6 @@
-"""trainwise train: a full fine-tuning run with the loop and strategies of `compare`.
+"""trainwise train: a full fine-tuning run, on the loop `compare` measures (`trainwise.loop`).
 
-Periodic evaluation, best-checkpoint tracking, early stopping, and checkpoints that survive a
+Around the loop's steps: periodic evaluation, best-checkpoint tracking, early stopping, and checkpoints that survive a
 SIGKILL. A checkpoint is a directory `ckpt-<step>` holding the model (safetensors), the optimizer's
 tensors (safetensors) and its structure, the scheduler, the sampler position and the RNG states,
 plus a `state.json` with a sha256 of every file. It is written under a temporary name and renamed
@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import random
 import shutil
@@ -28,10 +27,10 @@ from pathlib import Path
 
 import torch
 
-from trainwise.config import TrialSpec
-from trainwise.data.samplers import make_batches
+from trainwise import loop, strategies
+from trainwise.config import StudyConfig, TrialSpec
+from trainwise.data.prepared import load_data
 from trainwise.errors import ConfigError
-from trainwise.trial import _new_accelerator, build_training, load_data, train_window
 
 LATEST = "latest"
 
@@ -279,22 +278,17 @@ def run_train(
 ) -> TrainResult:
     """Train; `emit` gets step, eval and checkpoint events. `adopt`: start from this checkpoint (of
     another run of the same model, plan, data and batch) with this spec's hyper-parameters (PBT)."""
-    s, plan = spec.settings, spec.plan
+    s = spec.settings
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(s.seed)
-    random.seed(s.seed)
     data = load_data(spec)
-    micro_bs = plan.micro_batch_size(s.batch_size)
-    sampler = make_batches(plan.sampler, data.lengths, micro_bs, s.seed)
-    steps_per_epoch = len(sampler) // plan.accum_steps
-    if steps_per_epoch == 0:
+    per_epoch = loop.steps_per_epoch(spec, len(data.lengths))
+    if per_epoch == 0:
         raise ConfigError(f"an epoch of {len(data.lengths)} samples has no full batch of {s.batch_size}")
-    planned = tc.epochs * steps_per_epoch if tc.max_steps is None else min(tc.max_steps, tc.epochs * steps_per_epoch)
+    planned = tc.epochs * per_epoch if tc.max_steps is None else min(tc.max_steps, tc.epochs * per_epoch)
     spec = dataclasses.replace(spec, settings=dataclasses.replace(s, max_steps=planned))
-    accelerator = _new_accelerator(plan, s.device, micro_bs, s.max_grad_norm, s.model_kind == "preset")
-    model, optimizer, scheduler, trainable, decoder_inputs = build_training(spec, data, accelerator)
-    raw = accelerator.unwrap_model(model)
+    parts = loop.build(spec, data, planned)
+    raw = parts.raw_model
 
     root = out / "checkpoints"
     state = TrainState(fingerprint=fingerprint(spec), base=fingerprint(spec, with_lr=False))
@@ -309,9 +303,9 @@ def run_train(
         if saved != state.base:
             raise ConfigError(f"{adopt} was written by a run with another model, plan, data or batch settings")
         own = state
-        state = load_checkpoint(adopt, raw, optimizer, scheduler)
+        state = load_checkpoint(adopt, raw, parts.optimizer, parts.scheduler)
         state.fingerprint, state.base = own.fingerprint, own.base  # checkpoints from here on are this run's
-        set_hyper(optimizer, scheduler, s.lr, s.weight_decay)
+        set_hyper(parts.optimizer, parts.scheduler, s.lr, s.weight_decay)
         stopper = EarlyStopping(tc.patience, tc.min_delta, higher, **state.stopper)
         resumed_from = str(adopt)
     elif resume:
@@ -325,53 +319,27 @@ def run_train(
                     f"--resume: {ckpt} was written by a run with another model, plan, data or batch settings "
                     f"(fingerprint {saved} != {state.fingerprint}); use another --out or the original options"
                 )
-            state = load_checkpoint(ckpt, raw, optimizer, scheduler)
+            state = load_checkpoint(ckpt, raw, parts.optimizer, parts.scheduler)
             stopper = EarlyStopping(tc.patience, tc.min_delta, higher, **state.stopper)
             resumed_from = ckpt.name
     elif root.exists() and any(root.glob("ckpt-*")):
         raise ConfigError(f"{out} already holds checkpoints: add --resume to continue it, or use another --out")
 
-    def micro_batches():
-        """Micro-batches from the sampler position on, epoch after epoch (deterministic per epoch)."""
-        position = state.micro
-        epoch, skip = divmod(position, len(sampler))
-        while True:
-            sampler.set_epoch(epoch)
-            remaining = list(sampler)[skip:]
-            # its own generator: a DataLoader iterator draws a base seed, which must not come from the
-            # global RNG that dropout uses (a resumed run creates its iterator at another moment)
-            loader = torch.utils.data.DataLoader(
-                data.train, batch_sampler=remaining, collate_fn=data.collate, generator=torch.Generator()
-            )
-            yield from loader
-            epoch, skip = epoch + 1, 0
-
-    batches = micro_batches()
+    parts.step = state.step
+    stream = loop.Stream(data, parts, position=state.micro)  # from the sampler position on
     stopped = False
-    while state.step < planned and not stopped:
-        micro = [next(batches).to(accelerator.device) for _ in range(plan.accum_steps)]
-        state.micro += plan.accum_steps
-        lr = optimizer.param_groups[0]["lr"]
-        loss = train_window(
-            accelerator, model, micro, plan.accum_steps, 1, s.task, decoder_inputs, label_smoothing=s.label_smoothing
-        )
-        if s.max_grad_norm and not plan.zero_stage:
-            accelerator.clip_grad_norm_(trainable, s.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"loss became {loss} at step {state.step + 1}")
-        state.step += 1
+
+    def on_step(loss: float, _micro: list) -> bool:
+        nonlocal stopped
+        state.step, state.micro = parts.step, stream.position
         state.losses.append(loss)
-        emit({"event": "step", "step": state.step, "total": planned, "loss": loss, "lr": lr})
+        emit({"event": "step", "step": state.step, "total": planned, "loss": loss, "lr": parts.lr})
         if state.step % tc.eval_every == 0 or state.step == planned:
             window = state.losses[-tc.eval_every :]
             record = {"step": state.step, "train_loss": sum(window) / len(window)}
             if data.n_eval:
-                record.update(data.evaluate(model, accelerator))
-            metric_name = "rougeL" if s.task == "seq2seq" else "accuracy"
-            value = record["train_loss"] if tc.monitor == "loss" else record.get(metric_name)
+                record.update(data.evaluate(parts.model, parts.accelerator))
+            value = record["train_loss"] if tc.monitor == "loss" else record.get(data.metric)
             if value is not None:
                 best, stopped = stopper.update(float(value), state.step)
                 record["best"] = best
@@ -381,9 +349,12 @@ def run_train(
             emit({"event": "eval", **record})
         if tc.checkpoints and (state.step % tc.save_every == 0 or state.step == planned or stopped):
             state.stopper = {"best": stopper.best, "best_step": stopper.best_step, "bad": stopper.bad}
-            saved_at = save_checkpoint(root, raw, optimizer, scheduler, state)
+            saved_at = save_checkpoint(root, raw, parts.optimizer, parts.scheduler, state)
             emit({"event": "checkpoint", "step": state.step, "path": str(saved_at)})
             _prune(root, tc.keep, protect=set())
+        return stopped
+
+    loop.run(parts, stream, planned, on_step)
     result = TrainResult(
         steps=state.step,
         planned_steps=planned,
@@ -410,3 +381,103 @@ def _save_best(out: Path, model, record: dict) -> None:
     save_model(model, str(tmp))
     os.replace(tmp, best / "model.safetensors")
     (best / "eval.json").write_text(json.dumps(record))
+
+
+# ---- the verb ------------------------------------------------------------------------------------
+
+
+def check_one_process(cfg: StudyConfig, verb: str) -> None:
+    """train and tune run one process: data parallelism and ZeRO are compare's (`--nproc`) for now."""
+    row = cfg.rows[0]
+    if cfg.nproc > 1 or strategies.runtime(row.plan, cfg.task, "cpu").needs_ranks:
+        raise ConfigError(
+            f"{row.text!r} needs {max(2, cfg.nproc)} ranks (data parallel / ZeRO); {verb} runs one process: "
+            "measure it with `trainwise compare --nproc N`"
+        )
+
+
+def study_spec(study: Path, name: str | None, on_note: Callable[[str], None]) -> TrialSpec:
+    """A compare study's trial spec for a row (default: advise's pick), for `train --plan`: the study's
+    model, data, batch, lengths, lr and seed, as its trial ran them."""
+    from trainwise.advise import study_row
+    from trainwise.distributed import is_multiprocess
+    from trainwise.study import Store
+
+    store = Store.of(study, "--plan")
+    try:
+        entry = study_row(study, name, "--plan")
+        if name is None:
+            on_note(f"trainwise train: {entry['strategy']!r}, the plan advise recommends in {study}")
+        spec = store.spec(entry.get("row", entry["strategy"]))
+    finally:
+        store.close()
+    if spec is None:
+        raise ConfigError(f"--plan {study}: the store holds no trial of {entry['strategy']!r}")
+    if "batch_size" in entry:  # the cell's own batch size and workers (a sweep's cells share a row)
+        settings = dataclasses.replace(spec.settings, batch_size=entry["batch_size"], num_workers=entry["workers"])
+        spec = dataclasses.replace(spec, settings=settings)
+    if is_multiprocess(spec):
+        raise ConfigError(
+            f"{spec.row!r} needs {max(2, spec.settings.nproc)} ranks (data parallel / ZeRO); train runs one process: "
+            "measure it with `trainwise compare --nproc N`"
+        )
+    return spec
+
+
+def train(
+    spec: TrialSpec,
+    tc: TrainConfig,
+    out: Path,
+    resume: bool,
+    report_to: tuple[str, ...],
+    emit: Callable[[dict], None],
+    warn: Callable[[str], None],
+) -> TrainResult:
+    """`run_train` with the run's curves sent to the trackers asked for (--report-to)."""
+    from trainwise.tracking import Tracker
+
+    tracker = None
+    if report_to:
+        # the spec's max_steps is a placeholder: the train config's (its cap) replaces it
+        params = {"plan": spec.row, **dataclasses.asdict(spec.settings), **dataclasses.asdict(tc)}
+        out.mkdir(parents=True, exist_ok=True)
+        tracker = Tracker(report_to, out, f"{out.name} {spec.row}", params)
+
+    def emit_all(event: dict) -> None:
+        if tracker is not None:
+            tracker.log(event)
+        emit(event)
+
+    try:
+        r = run_train(spec, tc, out, resume, emit_all, warn)
+    except BaseException:
+        if tracker is not None:
+            tracker.close(failed=True)
+        raise
+    if tracker is not None:
+        keep = ("steps", "planned_steps", "final_loss", "best_step", "best_value", "wall_s", "compute_saved")
+        tracker.close({k: getattr(r, k) for k in keep})
+    return r
+
+
+def summary(r: TrainResult, tc: TrainConfig, price) -> list[str]:
+    """What `trainwise train` prints when the run ends."""
+    lines = [
+        f"trained {r.steps}/{r.planned_steps} steps in {r.wall_s:.0f} s"
+        + (f" (resumed from {r.resumed_from})" if r.resumed_from else ""),
+        f"final train loss {r.final_loss:.4f}",
+    ]
+    if r.best_value is not None:
+        lines.append(f"best {r.monitor} {r.best_value:.4f} at step {r.best_step} (model in {r.out}/best/)")
+    if r.stopped_early:
+        lines.append(
+            f"early stop: no improvement > {tc.min_delta:g} in {tc.patience} evaluations; "
+            f"{100 * r.compute_saved:.0f}% of the planned steps not spent"
+        )
+    if price is not None:
+        # the checkpoint interval of this run, in time: save_every steps at the measured pace
+        per_step = r.wall_s / max(1, r.steps)
+        price = dataclasses.replace(price, checkpoint_hours=tc.save_every * per_step / 3600)
+        rework = f" (x{price.rework_factor():.3f} expected re-work)" if price.low_priority else ""
+        lines.append(f"cost ${price.cost(r.wall_s):.4g} at {price.label}{rework}")
+    return lines

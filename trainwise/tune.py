@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainwise.config import TrialSpec
+from trainwise.config import StudyConfig, TrialSpec
 from trainwise.errors import ConfigError
 
 # parameter -> (kind, what it sets). Ranges come from the space file.
@@ -128,12 +128,15 @@ def sample(trial, space: list[Param]) -> dict:
 
 def apply(spec: TrialSpec, values: dict) -> TrialSpec:
     """The trial's spec: the sampled values in its settings (batch_size stays a multiple of accum)."""
+    from trainwise import strategies
+
     s = spec.settings
     changes = dict(values)
     if "batch_size" in changes:
         b = int(changes["batch_size"])
-        if b % spec.plan.accum_steps:
-            raise ConfigError(f"batch_size {b} is not a multiple of the plan's accumulation {spec.plan.accum_steps}")
+        accum = strategies.runtime(spec.plan, s.task, s.device).accum_steps
+        if b % accum:
+            raise ConfigError(f"batch_size {b} is not a multiple of the plan's accumulation {accum}")
         changes["batch_size"] = b
     return dataclasses.replace(spec, settings=dataclasses.replace(s, **changes))
 
@@ -302,3 +305,111 @@ def _trial_main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(_trial_main(sys.argv[1:]))
+
+
+# ---- the verb ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """`trainwise tune`'s own options (model, data and plan come as a StudyConfig), validated here."""
+
+    space: str
+    search: str = "tpe"
+    trials: int = 8
+    max_steps: int = 60
+    eval_every: int = 20
+    monitor: str = "metric"
+    seed: int = 0
+    ray_address: str | None = None
+    cpus_per_trial: float | None = None
+    params: tuple[Param, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        check_search(self.search)
+        if self.trials <= 0:
+            raise ConfigError(f"--trials must be > 0, got {self.trials}")
+        pbt = self.search == "pbt"
+        if not pbt and (self.ray_address is not None or self.cpus_per_trial is not None):
+            raise ConfigError("--ray-address and --cpus-per-trial are for --search pbt")
+        if self.cpus_per_trial is not None and self.cpus_per_trial <= 0:
+            raise ConfigError(f"--cpus-per-trial must be > 0, got {self.cpus_per_trial:g}")
+        if pbt and self.trials < 2:
+            raise ConfigError(f"--search pbt needs a population (--trials) of at least 2, got {self.trials}")
+        if pbt and self.max_steps < 2 * self.eval_every:
+            raise ConfigError(
+                f"--search pbt perturbs every --eval-every steps: --max-steps must be >= 2 x {self.eval_every}"
+            )
+        object.__setattr__(self, "params", tuple(load_space(self.space)))
+
+    def train_config(self):
+        from trainwise.train import TrainConfig
+
+        if self.search == "pbt":  # a member checkpoints at every evaluation, where PBT exploits and explores
+            return TrainConfig(10**6, self.max_steps, self.eval_every, self.eval_every, None, 0.0, self.monitor, keep=1)
+        # every trial trains --max-steps steps (the budget unit), however many epochs that takes
+        return TrainConfig(
+            10**6, self.max_steps, self.eval_every, self.max_steps, None, 0.0, self.monitor, checkpoints=False
+        )
+
+
+def tune(
+    cfg: TuneConfig, study: StudyConfig, price, on_status: Callable[[str], None], on_line: Callable[[str], None]
+) -> tuple[TuneResult, dict]:
+    """Check, prepare the data once, search; returns the result and tune_result.json's content (cost too)."""
+    from trainwise.study import prepare_study
+    from trainwise.train import check_one_process
+
+    check_task(list(cfg.params), study.task)
+    check_one_process(study, "tune")
+    out = Path(study.out)
+    if cfg.search == "pbt":
+        from trainwise.pbt import EXPERIMENT, check_pbt
+
+        check_pbt(list(cfg.params), cfg.ray_address)
+        if (out / EXPERIMENT).exists():
+            # Ray can restore the experiment, but its synchronous PBT then waits forever for members
+            # it does not restart (seen with Ray 2.60); a half-done population is not resumed
+            raise ConfigError(f"{out} already holds a PBT study; PBT studies do not resume: use another --out")
+    on_status("trainwise tune: validating input, preparing data and model...")
+    spec = prepare_study(study).specs[0]
+    train_args = dataclasses.asdict(cfg.train_config())
+
+    def shown(values: dict) -> str:
+        return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
+
+    if cfg.search == "pbt":
+        from trainwise.pbt import run_pbt
+
+        cpus = cfg.cpus_per_trial or max(1.0, float((os.cpu_count() or 1) // cfg.trials))
+        gpus = 1.0 if spec.settings.device == "cuda" else 0.0
+
+        def on_report(r: dict) -> None:
+            on_line(f"  member {r['member']} step {r['step']}: {r['objective']:.4f}  {shown(r['config'])}")
+
+        args = (spec, list(cfg.params), cfg.trials, out, train_args, on_report, cfg.seed, cfg.ray_address, cpus, gpus)
+        result = run_pbt(*args)
+    else:
+
+        def on_trial(r: dict) -> None:
+            value = "-" if r["value"] is None else f"{r['value']:.4f}"
+            on_line(f"  trial {r['number']}: {r['state']}  {value}  {r['steps']} steps  {shown(r['params'])}")
+
+        result = run_tune(spec, list(cfg.params), cfg.search, cfg.trials, out, train_args, on_trial, cfg.seed)
+    report = dataclasses.asdict(result)
+    if price is not None:
+        # the work a preemption loses: a whole Optuna trial (it has no checkpoints, so it starts over), or
+        # one evaluation interval of the population (members run side by side and checkpoint at each)
+        if cfg.search == "pbt":
+            interval_s = result.machine_s * cfg.eval_every / cfg.max_steps
+        else:
+            interval_s = result.machine_s / max(1, len(result.trials))
+        price = dataclasses.replace(price, checkpoint_hours=interval_s / 3600)
+        report["cost"] = {
+            "usd": price.cost(result.machine_s),
+            "price": price.label,
+            "rework": price.rework_factor(),
+            "low_priority": price.low_priority,
+        }
+    (out / "tune_result.json").write_text(json.dumps(report, indent=1))
+    return result, report

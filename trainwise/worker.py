@@ -73,9 +73,7 @@ def main(argv: list[str]) -> int:
         trace = None
         if spec.settings.profile:
             trace = result_path.parent / (f"trace.rank{rank}.json" if "RANK" in os.environ else "trace.json")
-        result = run_trial(
-            spec, progress=_emitter(spec.strategy, spec.settings.batch_size, rank == 0), trace_path=trace
-        )
+        result = run_trial(spec, progress=_emitter(spec.row, spec.settings.batch_size, rank == 0), trace_path=trace)
         result.trace = str(trace) if trace else None
     except BaseException as exc:  # every failure is a row, never a lost study
         if isinstance(exc, KeyboardInterrupt):
@@ -86,7 +84,7 @@ def main(argv: list[str]) -> int:
 
         traceback.print_exc(file=sys.stderr)
         result = TrialResult(
-            strategy=spec.strategy, status=status, repeat=spec.repeat, message=message[:500], plan=spec.plan.to_dict()
+            strategy=spec.row, status=status, repeat=spec.repeat, message=message[:500], plan=spec.plan.to_dict()
         )
     tmp = result_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result.to_dict()))

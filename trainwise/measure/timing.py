@@ -7,9 +7,10 @@ per-step rates.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 
@@ -35,7 +36,7 @@ class StepTimes:
 
 @dataclass
 class StepTimer:
-    """Accumulate phase times within a step: `with timer.phase("data"): ...`."""
+    """Accumulate phase times within a step (`with timer.phase("data"): ...`); `end_step` closes the step."""
 
     sync: Callable[[], None]
     steps: list[StepTimes] = field(default_factory=list)
@@ -52,6 +53,14 @@ class StepTimer:
         elapsed = time.perf_counter() - self._t0
         attr = f"{self._name}_s"
         setattr(self._current, attr, getattr(self._current, attr) + elapsed)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        self.start(name)
+        try:
+            yield
+        finally:
+            self.stop()
 
     def end_step(self) -> StepTimes:
         done, self._current = self._current, StepTimes()

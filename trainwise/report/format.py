@@ -91,7 +91,7 @@ def cells(e: dict, note: int | None = None) -> list[str]:
 
 
 def notes(table: list[dict]) -> list[str]:
-    base = next((e for e in table if e["strategy"].split(" @")[0] == "baseline"), None)
+    base = next((e for e in table if e.get("baseline")), None)
     marks = footnotes(table)
     lines = [
         f"[{marks[e['strategy']]}] {e['strategy']}: {e['status']}: {e['message']}"

@@ -77,7 +77,7 @@ def chart(table: list[dict], path: Path, title: str) -> None:
     pts = [e for e in table if e["status"] == "ok" and e["rel_time"] is not None and e["rel_mem"] is not None]
     for e in pts:
         x, y = 100 * e["rel_time"], 100 * e["rel_mem"]
-        ax.scatter([x], [y], s=45, color="tab:red" if e["strategy"] == "baseline" else "tab:blue")
+        ax.scatter([x], [y], s=45, color="tab:red" if e.get("baseline") else "tab:blue")
         ax.annotate(f"{e['strategy']}\n{quality(e)}", (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7)
     ax.axvline(100, color="grey", lw=0.6, ls="--")
     ax.axhline(100, color="grey", lw=0.6, ls="--")

@@ -1,15 +1,32 @@
-"""The strategy catalogue: one registry, and the parser for specs like "bf16+grad_ckpt+adafactor"."""
+"""The strategy catalogue: every knob and strategy, the row parser, and the one walk of the knobs per seam.
+
+A row ("bf16+grad_ckpt", "freeze_layers=4", "all") is parsed once, by `parse_row`, into a `Row`
+(its strategies, their values and the plan). `runtime`, `export_doc` and `memory_terms` are the only
+code that walks the knobs: the loop, export and estimate each call one of them.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from trainwise.errors import ConfigError
 from trainwise.plan import TrialPlan
 from trainwise.strategies import batching, freezing, memory, optim, precision, scale
-from trainwise.strategies.base import Strategy
+from trainwise.strategies.base import (
+    ALL_TASKS,
+    NA,
+    PACKAGE_EXTRAS,
+    ExportDoc,
+    Knob,
+    MemoryTerms,
+    Runtime,
+    Strategy,
+)
 
-BASELINE = Strategy("baseline", "vanilla fp32, AdamW, pad to max length; the 100% row", lambda p, _n: p)
+BASELINE = Strategy("baseline", "vanilla fp32, AdamW, pad to max length; the 100% row")
 
 
 def _symmetric(entries: list[Strategy]) -> dict[str, Strategy]:
@@ -22,6 +39,12 @@ def _symmetric(entries: list[Strategy]) -> dict[str, Strategy]:
             registry[other] = dataclasses.replace(o, conflicts=o.conflicts | {s.name})
     return registry
 
+
+# the order the runtime applies the knobs in (model edits: layout, checkpointing, freezing, LoRA; the
+# optimizer before ZeRO-Offload replaces it; precision before ZeRO reads it)
+KNOBS: dict[str, Knob] = {
+    k.name: k for k in [*precision.KNOBS, *memory.KNOBS, *batching.KNOBS, *freezing.KNOBS, *optim.KNOBS, *scale.KNOBS]
+}
 
 REGISTRY: dict[str, Strategy] = _symmetric(
     [
@@ -46,87 +69,183 @@ def valid_names() -> str:
     return ", ".join([*REGISTRY, *ALIASES])
 
 
-def parse_spec(spec: str) -> tuple[Strategy, ...]:
-    """Parse one row's spec ("bf16+grad_ckpt", "all") into strategies; raise ConfigError if invalid."""
-    spec = spec.strip()
-    if not spec:
+@dataclass(frozen=True)
+class Row:
+    """One row of a study, parsed once: what the user wrote, its strategies with their values, its plan."""
+
+    text: str
+    parts: tuple[tuple[Strategy, int | None], ...]
+    plan: TrialPlan
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.parts == ((BASELINE, None),)
+
+    @property
+    def requires(self) -> frozenset[str]:
+        return frozenset().union(*(s.requires for s, _ in self.parts))
+
+    @property
+    def tasks(self) -> frozenset[str]:
+        return frozenset(ALL_TASKS).intersection(*(s.tasks for s, _ in self.parts))
+
+    def wrong_task(self, task: str) -> Strategy | None:
+        """The first strategy of the row that does not apply to `task`."""
+        return next((s for s, _ in self.parts if task not in s.tasks), None)
+
+    def missing_capabilities(self, capabilities: set[str]) -> list[str]:
+        """Capabilities the row needs that the device lacks (empty when it can run)."""
+        return sorted(self.requires - capabilities)
+
+    def missing_packages(self) -> list[str]:
+        """Install hints for the optional packages the row needs and this environment lacks."""
+        need = frozenset().union(*(s.packages for s, _ in self.parts))
+        return [
+            f"{pkg} (pip install 'trainwise[{PACKAGE_EXTRAS[pkg]}]')"
+            for pkg in sorted(need)
+            if importlib.util.find_spec(pkg) is None
+        ]
+
+
+def parse_row(text: str, accum_steps: int) -> Row:
+    """Parse one row ("bf16+grad_ckpt", "freeze_layers=4", "all"); raise ConfigError if it is invalid.
+
+    `accum_steps` is the study's --accum-steps: the N of a `grad_accum` written without one."""
+    text = text.strip()
+    if not text:
         raise ConfigError(f"empty strategy name; valid names: {valid_names()}")
-    parts = [p.strip().split("=")[0] for p in ALIASES.get(spec, spec).split("+")]
-    _values(spec)  # validates "name=N" parts
-    unknown = [p for p in parts if p not in REGISTRY]
-    if unknown:
-        raise ConfigError(f"unknown strategy {unknown[0]!r} in {spec!r}; valid names: {valid_names()}")
-    if len(set(parts)) != len(parts):
-        raise ConfigError(f"strategy {spec!r} names the same strategy twice")
-    if "baseline" in parts and len(parts) > 1:
-        raise ConfigError(f"{spec!r}: 'baseline' is the unmodified run and cannot be combined")
-    chosen = tuple(REGISTRY[p] for p in parts)
-    for s in chosen:
-        clash = s.conflicts & set(parts)
+    parts: list[tuple[Strategy, int | None]] = []
+    for part in ALIASES.get(text, text).split("+"):
+        name, eq, raw = part.strip().partition("=")
+        if name not in REGISTRY:
+            raise ConfigError(f"unknown strategy {name!r} in {text!r}; valid names: {valid_names()}")
+        strategy = REGISTRY[name]
+        value = _value(strategy, part.strip(), raw if eq else None, text, accum_steps)
+        parts.append((strategy, value))
+    names = [s.name for s, _ in parts]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"strategy {text!r} names the same strategy twice")
+    if "baseline" in names and len(names) > 1:
+        raise ConfigError(f"{text!r}: 'baseline' is the unmodified run and cannot be combined")
+    for s, _ in parts:
+        clash = s.conflicts & set(names)
         if clash:
-            raise ConfigError(f"strategies {s.name!r} and {sorted(clash)[0]!r} conflict in {spec!r}")
-    return chosen
+            raise ConfigError(f"strategies {s.name!r} and {sorted(clash)[0]!r} conflict in {text!r}")
+    return Row(text, tuple(parts), _plan(parts, text))
 
 
-def parse_list(specs: str) -> list[str]:
-    """Split a comma list of row specs, validate each, keep order, drop duplicates."""
-    rows: list[str] = []
-    for raw in specs.split(","):
-        spec = raw.strip()
-        parse_spec(spec)
-        if spec not in rows:
-            rows.append(spec)
+def _value(strategy: Strategy, part: str, raw: str | None, text: str, accum_steps: int) -> int | None:
+    if strategy.takes is None:
+        if raw is not None:
+            raise ConfigError(f"{part!r} in {text!r}: strategy {strategy.name!r} takes no value")
+        return None
+    if raw is None and strategy.default_value is not None:
+        return strategy.default_value
+    if raw is None:  # grad_accum: the study's --accum-steps
+        if accum_steps < strategy.min_value:
+            raise ConfigError(
+                f"{strategy.name} needs --accum-steps >= {strategy.min_value} (or write {strategy.name}=N), "
+                f"got {accum_steps}"
+            )
+        return accum_steps
+    if not raw.isdigit() or int(raw) < strategy.min_value:
+        raise ConfigError(f"{part!r} in {text!r}: the value must be a whole number >= {strategy.min_value}")
+    return int(raw)
+
+
+def _plan(parts: list[tuple[Strategy, int | None]], text: str) -> TrialPlan:
+    values: dict[str, object] = {}
+    setter: dict[str, str] = {}
+    for strategy, value in parts:
+        for name, v in strategy.settings(value).items():
+            knob = KNOBS[name]
+            if name in values and values[name] != v:
+                if knob.merge is None:
+                    raise ConfigError(f"{setter[name]!r} and {strategy.name!r} set {name} differently in {text!r}")
+                v = knob.merge(values[name], v)
+            values[name], setter[name] = v, strategy.name
+    return TrialPlan(values)
+
+
+def parse_rows(specs: str | Iterable[str], accum_steps: int) -> list[Row]:
+    """A comma list (or list) of rows, each parsed once; order kept, duplicates dropped."""
+    texts = specs.split(",") if isinstance(specs, str) else list(specs)
+    rows: dict[str, Row] = {}
+    for raw in texts:
+        row = parse_row(raw, accum_steps)
+        rows.setdefault(row.text, row)
     if not rows:
         raise ConfigError(f"no strategies given; valid names: {valid_names()}")
-    return rows
+    return list(rows.values())
 
 
-def missing_capabilities(spec: str, capabilities: set[str]) -> list[str]:
-    """Capabilities the spec needs that the device lacks (empty when it can run)."""
-    need: set[str] = set()
-    for s in parse_spec(spec):
-        need |= s.requires
-    return sorted(need - capabilities)
+# ---- the walks: each seam's composition of every knob ---------------------------------------------------
 
 
-def missing_packages(spec: str) -> list[str]:
-    """Install hints for the optional packages the spec needs and this environment lacks."""
-    import importlib.util
+def runtime(plan: TrialPlan, task: str, device: str) -> Runtime:
+    """What the loop builds a run from (`trainwise.loop`)."""
+    rt = Runtime(task, device)
+    for knob, value in plan.items():
+        knob.runtime(value, rt)
+    return rt
 
-    from trainwise.strategies.base import PACKAGE_EXTRAS
 
-    need: set[str] = set()
-    for s in parse_spec(spec):
-        need |= s.packages
-    return [
-        f"{pkg} (pip install 'trainwise[{PACKAGE_EXTRAS[pkg]}]')"
-        for pkg in sorted(need)
-        if importlib.util.find_spec(pkg) is None
+def export_doc(plan: TrialPlan, doc: ExportDoc) -> ExportDoc:
+    """The plan written into the exported files (`trainwise.export`)."""
+    for knob, value in plan.items():
+        if isinstance(knob.export, NA):
+            if value != knob.default:
+                doc.notes.append(f"{knob.name}: {knob.export.reason}")
+        else:
+            knob.export(value, doc)
+    return doc
+
+
+def memory_terms(plan: TrialPlan, terms: MemoryTerms) -> MemoryTerms:
+    """The plan's effect on the memory estimate (`trainwise.estimate`)."""
+    for knob, value in plan.items():
+        if isinstance(knob.memory, NA):
+            if value != knob.default:
+                terms.notes.append(f"{knob.name}: {knob.memory.reason}")
+        else:
+            knob.memory(value, terms)
+    return terms
+
+
+def markdown() -> str:
+    """docs/strategies.md: the catalogue as the registry has it (`make docs` writes it; a test checks it)."""
+    lines = [
+        "# Strategies",
+        "",
+        "Generated from the registry by `make docs` (`trainwise strategies --markdown`); do not edit by hand.",
+        "",
+        "| strategy | effect; cost | sets | conflicts | needs |",
+        "|---|---|---|---|---|",
     ]
-
-
-def _values(spec: str) -> dict[str, int]:
-    """The values of "name=N" parts (freeze_layers=4); only strategies with `with_value` take one."""
-    values: dict[str, int] = {}
-    for part in ALIASES.get(spec.strip(), spec.strip()).split("+"):
-        name, eq, raw = part.strip().partition("=")
-        if not eq:
-            continue
-        strategy = REGISTRY.get(name)
-        if strategy is None or strategy.with_value is None:
-            raise ConfigError(f"{part.strip()!r} in {spec!r}: strategy {name!r} takes no value")
-        if not raw.isdigit() or int(raw) <= 0:
-            raise ConfigError(f"{part.strip()!r} in {spec!r}: the value must be a whole number > 0")
-        values[name] = int(raw)
-    return values
-
-
-def build_plan(spec: str, accum_steps: int) -> TrialPlan:
-    plan = TrialPlan()
-    values = _values(spec)
-    for s in parse_spec(spec):
-        plan = s.apply(plan, accum_steps)
-        if s.name in values:
-            assert s.with_value is not None
-            plan = s.with_value(plan, values[s.name])
-    return plan
+    for s in REGISTRY.values():
+        sets = [f"{k}={v!r}" for k, v in s.sets.items()]
+        if s.takes:
+            default = "--accum-steps" if s.default_value is None else str(s.default_value)
+            sets.append(f"{s.takes}=N (`{s.name}=N`, default {default})")
+        needs = sorted(s.requires) + [f"`trainwise[{PACKAGE_EXTRAS[p]}]`" for p in sorted(s.packages)]
+        if s.tasks != ALL_TASKS:
+            needs.append("/".join(sorted(s.tasks)))
+        cells = [f"`{s.name}`", s.summary, ", ".join(sets) or "-", ", ".join(sorted(s.conflicts)) or "-"]
+        lines.append("| " + " | ".join([*cells, ", ".join(needs) or "-"]) + " |")
+    for alias, spec in ALIASES.items():
+        lines.append(f"| `{alias}` | the seed studies' 'All Applied' row: `{spec}` | - | - | - |")
+    lines += [
+        "",
+        "## Knobs",
+        "",
+        "A strategy sets knobs; each knob's module says what a value does to the run, to the exported files and "
+        "to the memory estimate, or why a seam does not apply (export and estimate print that reason).",
+        "",
+        "| knob | default | meaning | export | estimate |",
+        "|---|---|---|---|---|",
+    ]
+    for k in KNOBS.values():
+        export = f"n/a: {k.export.reason}" if isinstance(k.export, NA) else "yes"
+        estimate = f"n/a: {k.memory.reason}" if isinstance(k.memory, NA) else "yes"
+        lines.append(f"| `{k.name}` | `{k.default!r}` | {k.doc} | {export} | {estimate} |")
+    return "\n".join(lines) + "\n"

@@ -1,19 +1,77 @@
 """How samples are grouped and padded into batches (the baseline pads every batch to max length)."""
 
-from trainwise.strategies.base import TEXT_TASKS, Strategy
+from __future__ import annotations
+
+from trainwise.strategies.base import NA, TEXT_TASKS, ExportDoc, Knob, Runtime, Strategy
+
+
+def _padding_runtime(value: str, rt: Runtime) -> None:
+    rt.padding = value
+
+
+def _padding_export(value: str, doc: ExportDoc) -> None:
+    if value == "max_length":
+        doc.collator = "default_data_collator"
+        doc.tokenize = f'padding="max_length", truncation=True, max_length={doc.max_length}'
+        return
+    seq2seq = doc.task == "seq2seq"
+    doc.collator = "DataCollatorForSeq2Seq(tokenizer, model=model)" if seq2seq else "DataCollatorWithPadding(tokenizer)"
+    doc.tokenize = f"truncation=True, max_length={doc.max_length}, no padding (the collator pads each batch)"
+    doc.notes.append(
+        "dynamic padding: no TrainingArguments field; the snippet's collator pads each batch to its longest"
+    )
+
+
+PADDING = Knob(
+    "padding",
+    "max_length",
+    "pad every batch to --max-length, or to its longest sample",
+    _padding_runtime,
+    _padding_export,
+    NA("the estimate assumes padding to --max-length, the worst case; per-batch padding needs less on real data"),
+    choices=("max_length", "longest"),
+)
+
+
+def _sampler_runtime(value: str, rt: Runtime) -> None:
+    rt.sampler = value
+
+
+def _sampler_export(value: str, doc: ExportDoc) -> None:
+    if value == "random":
+        return
+    doc.args["train_sampling_strategy"] = "group_by_length"  # transformers 5 (was group_by_length=True)
+    if value == "sortish":
+        doc.notes.append(
+            "sortish: transformers 5 has no sortish sampler; exported as train_sampling_strategy='group_by_length' "
+            "(length-grouped batches, without the longest batch first)"
+        )
+
+
+SAMPLER = Knob(
+    "sampler",
+    "random",
+    "which samples share a batch: random, length-grouped (smart batching) or sortish",
+    _sampler_runtime,
+    _sampler_export,
+    NA("the sampler changes which samples share a batch, not its size"),
+    choices=("random", "length_grouped", "sortish"),
+)
+
+KNOBS: list[Knob] = [PADDING, SAMPLER]
 
 STRATEGIES = [
     Strategy(
         "dynamic_pad",
         "pad each batch to its longest sample instead of max length; less padding compute, batch shapes vary",
-        lambda plan, _n: plan.with_(padding="longest"),
+        {"padding": "longest"},
         tasks=TEXT_TASKS,
     ),
     Strategy(
         "smart_batch",
         "length-grouped batches (shuffled mega-batches sorted by length) + dynamic padding; "
         "least padding, batches less random",
-        lambda plan, _n: plan.with_(padding="longest", sampler="length_grouped"),
+        {"padding": "longest", "sampler": "length_grouped"},
         tasks=TEXT_TASKS,
         conflicts=frozenset({"sortish"}),
     ),
@@ -21,7 +79,7 @@ STRATEGIES = [
         "sortish",
         "fastai / old HF Seq2Seq sortish sampler: random chunks sorted by length, longest batch first "
         "(an OOM shows at step 1) + dynamic padding; less padding, batches less random",
-        lambda plan, _n: plan.with_(padding="longest", sampler="sortish"),
+        {"padding": "longest", "sampler": "sortish"},
         tasks=TEXT_TASKS,
         conflicts=frozenset({"smart_batch"}),
     ),

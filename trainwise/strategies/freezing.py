@@ -1,22 +1,212 @@
-"""Freeze parts of the model (or all of it but LoRA adapters): no gradients, no optimizer state for them."""
+"""Freeze parts of the model (or all of it but LoRA adapters): no gradients, no optimizer state for them.
 
-from trainwise.plan import TrialPlan
-from trainwise.strategies.base import TEXT_TASKS, Strategy
+The estimate builds the plan's model on the meta device with these same edits, so what trains (and
+so gradients and optimizer state) is counted from the model itself; the activation probe runs them
+too, since frozen weights change what autograd keeps for backward.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from trainwise.strategies.base import TEXT_TASKS, ExportDoc, Knob, MemoryTerms, Model, Runtime, Strategy
+
+if TYPE_CHECKING:
+    import torch
+
+PARTS = ("embeddings", "encoder")
 
 
-def _freeze(part: str):
-    def apply(plan: TrialPlan, _n: int) -> TrialPlan:
-        return plan.with_(freeze=tuple(sorted({*plan.freeze, part})))
+def frozen_parameters(model: Model, part: str) -> list[torch.nn.Parameter]:
+    """Parameters of a named part. Tied weights (T5's shared embedding / LM head) go together."""
+    if part == "embeddings":
+        params = list(model.get_input_embeddings().parameters())
+        params += [p for n, p in model.named_parameters() if "embed" in n]
+    elif part == "encoder":
+        if getattr(model.config, "is_encoder_decoder", False):
+            encoder = model.get_encoder()
+        else:
+            encoder = getattr(model.base_model, "encoder", None)
+        if encoder is None:
+            raise ValueError(f"{type(model).__name__} has no encoder module to freeze")
+        params = list(encoder.parameters())
+    else:
+        raise ValueError(f"unknown part to freeze: {part}")
+    return params
 
-    return apply
 
+def layer_stack(model: Model) -> torch.nn.ModuleList:
+    """The (encoder) stack of transformer layers: BERT encoder.layer, T5 encoder.block, BART encoder.layers."""
+    import torch
+
+    root = model.get_encoder() if getattr(model.config, "is_encoder_decoder", False) else model.base_model
+    stacks = [
+        m
+        for name, m in root.named_modules()
+        if isinstance(m, torch.nn.ModuleList) and name.split(".")[-1] in ("layer", "layers", "block")
+    ]
+    if not stacks:
+        raise ValueError(f"{type(model).__name__}: no stack of layers found to freeze")
+    return stacks[0]
+
+
+def lower_layer_parameters(model: Model, n: int) -> list[torch.nn.Parameter]:
+    """The embeddings and the first n layers (n = -1: the lower half)."""
+    stack = layer_stack(model)
+    n = len(stack) // 2 if n < 0 else n
+    if n > len(stack):
+        raise ValueError(f"freeze_layers={n}: the model has only {len(stack)} layers")
+    params = frozen_parameters(model, "embeddings")
+    return params + [p for layer in stack[:n] for p in layer.parameters()]
+
+
+def freezing(select: Callable[[Model], list[torch.nn.Parameter]]) -> Callable[[Model], Model]:
+    """A model edit that freezes the parameters `select` picks."""
+
+    def edit(model: Model) -> Model:
+        for p in select(model):
+            p.requires_grad_(False)
+        return model
+
+    return edit
+
+
+# ---- freeze a named part -------------------------------------------------------------------------------
+
+
+def _freeze_runtime(value: tuple[str, ...], rt: Runtime) -> None:
+    for part in value:
+        rt.model_edits.append(freezing(functools.partial(frozen_parameters, part=part)))
+
+
+def _freeze_export(value: tuple[str, ...], doc: ExportDoc) -> None:
+    for part in value:
+        if part == "embeddings":
+            doc.model_lines.append("for p in model.get_input_embeddings().parameters(): p.requires_grad_(False)")
+        else:
+            enc = "model.get_encoder()" if doc.task == "seq2seq" else "model.base_model.encoder"
+            doc.model_lines.append(f"for p in {enc}.parameters(): p.requires_grad_(False)")
+    if value:
+        doc.notes.append(
+            f"freeze {'+'.join(value)}: no TrainingArguments field; the snippet sets requires_grad_(False)"
+        )
+
+
+def _freeze_memory(value: tuple[str, ...], terms: MemoryTerms) -> None:
+    terms.probe["freeze"] = value
+
+
+FREEZE: Knob[tuple[str, ...]] = Knob(
+    "freeze",
+    (),
+    "named parts with no gradients: embeddings, encoder",
+    _freeze_runtime,
+    _freeze_export,
+    _freeze_memory,
+    merge=lambda a, b: tuple(sorted({*a, *b})),
+)
+
+# ---- freeze the lower layers ------------------------------------------------------------------------
+
+
+def _layers_runtime(value: int, rt: Runtime) -> None:
+    if value:
+        rt.model_edits.append(freezing(lambda model: lower_layer_parameters(model, value)))
+
+
+def _layers_export(value: int, doc: ExportDoc) -> None:
+    if not value:
+        return
+    n = "len(stack) // 2" if value < 0 else str(value)
+    stack = "model.get_encoder().block" if doc.task == "seq2seq" else "model.base_model.encoder.layer"
+    doc.model_lines += [
+        f"stack = {stack}  # the layer list (BART: .layers)",
+        "for p in model.get_input_embeddings().parameters(): p.requires_grad_(False)",
+        f"for layer in stack[:{n}]:",
+        "    for p in layer.parameters(): p.requires_grad_(False)",
+    ]
+    doc.notes.append("freeze_layers: no TrainingArguments field; the snippet sets requires_grad_(False)")
+
+
+def _layers_memory(value: int, terms: MemoryTerms) -> None:
+    terms.probe["freeze_layers"] = value
+
+
+FREEZE_LAYERS = Knob(
+    "freeze_layers",
+    0,
+    "freeze the embeddings and the first N layers of the stack (-1: the lower half; 0: none)",
+    _layers_runtime,
+    _layers_export,
+    _layers_memory,
+)
+
+# ---- LoRA --------------------------------------------------------------------------------------------
+
+
+def lora_targets(model_type: str) -> list[str] | None:
+    """The attention projections peft adapts for this model type (None: peft knows none)."""
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as TARGETS
+
+    targets = TARGETS.get(model_type)
+    return list(targets) if targets else None
+
+
+def apply_lora(model: Model, r: int, task: str) -> Model:
+    """Wrap the model with LoRA adapters (peft); everything else is frozen, the task head trains."""
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    targets = lora_targets(model.config.model_type)
+    if not targets:
+        kind = model.config.model_type
+        raise ValueError(
+            f"lora: peft knows no attention modules to adapt in a {kind!r} model; drop lora for this model"
+        )
+    task_type = TaskType.SEQ_2_SEQ_LM if task == "seq2seq" else TaskType.SEQ_CLS
+    config = LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules=targets, task_type=task_type)
+    return get_peft_model(model, config)
+
+
+def _lora_runtime(value: int, rt: Runtime) -> None:
+    if value:
+        rt.model_edits.append(lambda model: apply_lora(model, value, rt.task))
+
+
+def _lora_export(value: int, doc: ExportDoc) -> None:
+    if not value:
+        return
+    peft_task = "SEQ_2_SEQ_LM" if doc.task == "seq2seq" else "SEQ_CLS"
+    doc.model_lines += [
+        "from peft import LoraConfig, get_peft_model  # pip install peft",
+        f"model = get_peft_model(model, LoraConfig(r={value}, lora_alpha={2 * value}, "
+        f'lora_dropout=0.0, task_type="{peft_task}"))  # peft picks the attention projections',
+    ]
+    doc.notes.append("lora: no TrainingArguments field; the snippet wraps the model with peft")
+
+
+def _lora_memory(value: int, terms: MemoryTerms) -> None:
+    terms.probe["lora_r"] = value
+
+
+LORA = Knob(
+    "lora_r",
+    0,
+    "LoRA adapter rank on the attention projections (0: full fine-tuning)",
+    _lora_runtime,
+    _lora_export,
+    _lora_memory,
+)
+
+KNOBS: list[Knob] = [FREEZE, FREEZE_LAYERS, LORA]
 
 STRATEGIES = [
     Strategy(
         "freeze_embeddings",
         "freeze the embedding module(s); saves their grads + optimizer state, usually small quality "
         "effect (seed 000: higher ROUGE per epoch)",
-        _freeze("embeddings"),
+        {"freeze": ("embeddings",)},
         tasks=TEXT_TASKS,
         conflicts=frozenset({"lora"}),
     ),
@@ -24,7 +214,7 @@ STRATEGIES = [
         "freeze_encoder",
         "freeze the encoder stack; large cut in grads, optimizer state and backward time "
         "(seed 000: -5 GB on BART-large), quality may drop",
-        _freeze("encoder"),
+        {"freeze": ("encoder",)},
         tasks=TEXT_TASKS,
         conflicts=frozenset({"lora"}),
     ),
@@ -32,16 +222,16 @@ STRATEGIES = [
         "freeze_layers",
         "freeze the embeddings and the first N layers (freeze_layers=N, default half of them), keeping the "
         "lower layers' pretrained features; their grads and optimizer state go away, quality may drop",
-        lambda plan, _n: plan.with_(freeze_layers=-1),
+        takes="freeze_layers",
+        default_value=-1,
         tasks=TEXT_TASKS,
         conflicts=frozenset({"lora", "freeze_encoder"}),
-        with_value=lambda plan, n: plan.with_(freeze_layers=n),
     ),
     Strategy(
         "lora",
         "LoRA adapters (rank 8) on the attention query/value projections, the rest frozen (the head "
         "trains); grads and optimizer state shrink to ~1-2% of the model; adapts less than full fine-tuning",
-        lambda plan, _n: plan.with_(lora_r=8),
+        {"lora_r": 8},
         tasks=TEXT_TASKS,
         conflicts=frozenset({"freeze_embeddings", "freeze_encoder", "freeze_layers"}),
         packages=frozenset({"peft"}),

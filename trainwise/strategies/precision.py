@@ -1,14 +1,166 @@
-"""Numerics and kernels: precision of forward/backward (weights and optimizer states stay fp32),
-attention implementation, and torch.compile."""
+"""Numerics and kernels: the precision of weights and compute, TF32, the attention implementation,
+torch.compile and the image memory layout."""
 
-from trainwise.strategies.base import IMAGE_TASKS, TEXT_TASKS, Strategy
+from __future__ import annotations
+
+from trainwise.strategies.base import (
+    IMAGE_TASKS,
+    NA,
+    TEXT_TASKS,
+    ExportDoc,
+    Knob,
+    MemoryTerms,
+    Runtime,
+    Strategy,
+)
+
+# ---- precision -----------------------------------------------------------------------------------
+# fp32: everything fp32. bf16 / fp16: autocast computes in 16 bits from fp32 weights (the master copy);
+# fp16 adds a dynamic GradScaler.
+AUTOCAST = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
+
+
+def _precision_runtime(value: str, rt: Runtime) -> None:
+    rt.mixed_precision = AUTOCAST[value]
+
+
+def _precision_export(value: str, doc: ExportDoc) -> None:
+    doc.args["bf16"] = value == "bf16"
+    doc.args["fp16"] = value == "fp16"
+    doc.accelerate["mixed_precision"] = AUTOCAST[value]
+
+
+def _precision_memory(value: str, terms: MemoryTerms) -> None:
+    terms.probe["precision"] = value
+    if value in ("bf16", "fp16"):
+        terms.autocast_copies = True
+
+
+PRECISION = Knob(
+    "precision",
+    "fp32",
+    "weights and compute: fp32, or autocast bf16 / fp16 over fp32 weights",
+    _precision_runtime,
+    _precision_export,
+    _precision_memory,
+    choices=tuple(AUTOCAST),
+)
+
+
+# ---- TF32, attention, compile, channels_last -------------------------------------------------------------
+
+
+def _tf32_runtime(value: bool, rt: Runtime) -> None:
+    if rt.device != "cuda":
+        return  # a CUDA switch; the strategy requires CUDA, so on CPU the value is always False
+
+    def switch() -> None:
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = value
+
+    rt.backend[f"tf32 {'on' if value else 'off'}"] = switch  # set either way: the baseline is strict fp32
+
+
+def _tf32_export(value: bool, doc: ExportDoc) -> None:
+    if value:
+        doc.args["tf32"] = True
+
+
+TF32 = Knob(
+    "tf32",
+    False,
+    "CUDA: TF32 tensor-core matmuls and convolutions for fp32",
+    _tf32_runtime,
+    _tf32_export,
+    NA("TF32 changes the precision inside matmuls, not what is kept in memory"),
+)
+
+
+def _attn_runtime(value: str, rt: Runtime) -> None:
+    if value != "default":
+        rt.model_kwargs["attn_implementation"] = value
+
+
+def _attn_export(value: str, doc: ExportDoc) -> None:
+    if value != "default":
+        doc.model_kwargs["attn_implementation"] = repr(value)
+        doc.notes.append(f"attention {value}: no TrainingArguments field; the snippet passes attn_implementation")
+
+
+def _attn_memory(value: str, terms: MemoryTerms) -> None:
+    terms.probe["attn"] = value  # the activation probe runs the same attention kernels
+
+
+ATTN = Knob(
+    "attn",
+    "default",
+    "attn_implementation; default: what transformers picks for the model",
+    _attn_runtime,
+    _attn_export,
+    _attn_memory,
+    choices=("default", "sdpa", "eager"),
+)
+
+
+def _compile_runtime(value: bool, rt: Runtime) -> None:
+    if value:
+        import torch
+
+        rt.prepared_edits.append(torch.compile)  # lazily: the first (untimed) steps pay for the compile
+
+
+def _compile_export(value: bool, doc: ExportDoc) -> None:
+    if value:
+        doc.args["torch_compile"] = True
+
+
+COMPILE = Knob(
+    "compile",
+    False,
+    "torch.compile the model (compile time reported apart from step time)",
+    _compile_runtime,
+    _compile_export,
+    NA("not modelled: the estimate is for eager execution (compiled kernels usually keep fewer activations)"),
+)
+
+
+def _channels_last_runtime(value: bool, rt: Runtime) -> None:
+    if not value:
+        return
+    import torch
+
+    def layout(batch):
+        batch.inputs["pixel_values"] = batch.inputs["pixel_values"].contiguous(memory_format=torch.channels_last)
+        return batch
+
+    rt.model_edits.append(lambda model: model.to(memory_format=torch.channels_last))
+    rt.batch_edits.append(layout)
+
+
+def _channels_last_export(value: bool, doc: ExportDoc) -> None:
+    if value:
+        doc.model_lines.append("model = model.to(memory_format=torch.channels_last)")
+        doc.notes.append("channels_last: no TrainingArguments field; the snippet converts the model")
+
+
+CHANNELS_LAST = Knob(
+    "channels_last",
+    False,
+    "images: NHWC memory format for the convolutions",
+    _channels_last_runtime,
+    _channels_last_export,
+    NA("the estimate models transformer text models, not the image path"),
+)
+
+KNOBS: list[Knob] = [PRECISION, TF32, ATTN, COMPILE, CHANNELS_LAST]
 
 STRATEGIES = [
     Strategy(
         "bf16",
         "bf16 autocast for matmuls/activations; less activation memory, faster where bf16 units exist "
         "(~25% on this CPU), small numeric drift",
-        lambda plan, _n: plan.with_(precision="bf16"),
+        {"precision": "bf16"},
         conflicts=frozenset({"fp16"}),
         requires=frozenset({"bf16"}),
     ),
@@ -16,7 +168,7 @@ STRATEGIES = [
         "fp16",
         "fp16 autocast + dynamic GradScaler; ~2x faster on tensor-core GPUs, less activation memory; "
         "CUDA only (reported 'unsupported' on CPU, never silently fp32)",
-        lambda plan, _n: plan.with_(precision="fp16"),
+        {"precision": "fp16"},
         conflicts=frozenset({"bf16"}),
         requires=frozenset({"cuda", "fp16"}),
     ),
@@ -24,14 +176,14 @@ STRATEGIES = [
         "tf32",
         "TF32 tensor cores for fp32 matmuls/convolutions (Ampere+); ~2-3x faster fp32 matmuls, 10-bit "
         "mantissa inside them; CUDA only",
-        lambda plan, _n: plan.with_(tf32=True),
+        {"tf32": True},
         requires=frozenset({"cuda"}),
     ),
     Strategy(
         "sdpa",
         "attention through torch scaled_dot_product_attention (flash / memory-efficient kernels on CUDA); "
         "the transformers 5 default where a model supports it, so vs baseline often ~100%",
-        lambda plan, _n: plan.with_(attn="sdpa"),
+        {"attn": "sdpa"},
         tasks=TEXT_TASKS,
         conflicts=frozenset({"eager_attn"}),
     ),
@@ -39,7 +191,7 @@ STRATEGIES = [
         "eager_attn",
         "attention as plain matmul + softmax (the pre-2.0 path, every model has it); materialises the "
         "L x L score matrix: the reference sdpa is measured against",
-        lambda plan, _n: plan.with_(attn="eager"),
+        {"attn": "eager"},
         tasks=TEXT_TASKS,
         conflicts=frozenset({"sdpa"}),
     ),
@@ -47,13 +199,13 @@ STRATEGIES = [
         "compile",
         "torch.compile the model: fused kernels, faster steady steps; the compile itself (tens of seconds, "
         "again for each new input shape) is reported apart as compile (s)",
-        lambda plan, _n: plan.with_(compile=True),
+        {"compile": True},
     ),
     Strategy(
         "channels_last",
         "images: NHWC memory format for the convolutions (what cuDNN's fast kernels, tensor cores "
         "and oneDNN prefer); a layout change, no numeric change",
-        lambda plan, _n: plan.with_(channels_last=True),
+        {"channels_last": True},
         tasks=IMAGE_TASKS,
     ),
 ]

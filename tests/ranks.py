@@ -1,0 +1,43 @@
+"""Run under torchrun by tests/test_contract.py: each spec as compare's trial and as train's run, on every rank.
+
+python -m torch.distributed.run --nproc_per_node=2 -m tests.ranks SPECS.json LOSSES.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from trainwise.config import TrialSpec
+from trainwise.train import TrainConfig, run_train
+from trainwise.trial import run_trial
+
+
+def main(specs_path: str, out_path: str) -> None:
+    rank = int(os.environ["RANK"])
+    losses = {}
+    for blob in json.loads(Path(specs_path).read_text()):
+        spec = TrialSpec.from_dict(blob)
+        measured: list[float] = []
+        r = run_trial(spec, progress=lambda e, m=measured: m.append(e["loss"]) if e.get("event") == "step" else None)
+        trained: list[float] = []
+        tc = TrainConfig(epochs=10, max_steps=spec.settings.max_steps, eval_every=1, checkpoints=False)
+        with tempfile.TemporaryDirectory() as out:  # each rank its own run directory
+            run_train(
+                spec,
+                tc,
+                Path(out),
+                False,
+                lambda e, t=trained: t.append(e["loss"]) if e["event"] == "step" else None,
+                print,
+            )
+        losses[spec.row] = [measured, trained, r.state_bytes, r.n_params]
+    if rank == 0:
+        Path(out_path).write_text(json.dumps(losses))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,120 @@
+"""A study's prepared data (written by `trainwise.study`), loaded for a run: the training set, how to
+batch it, and how to score a model on the held-out rows."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainwise.config import TrialSpec
+from trainwise.data.metrics import accuracy, text_metrics
+from trainwise.data.tasks import Batch, Collator, Encoded, EncodedDataset, encode
+from trainwise.models import ModelSource, load_tokenizer
+from trainwise.vision import IMAGE_TASK, ImageDataset, Images, collate_images, read_images
+
+
+def read_prepared(data_dir: str) -> tuple[list[dict], list[dict], list[str]]:
+    root = Path(data_dir)
+    rows = [
+        [json.loads(x) for x in (root / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()]
+        for split in ("train", "eval")
+    ]
+    labels = json.loads((root / "labels.json").read_text(encoding="utf-8"))
+    return rows[0], rows[1], labels
+
+
+@dataclass
+class TrialData:
+    """What the loop needs from a task's data: the training set, how to batch it, how to score."""
+
+    train: torch.utils.data.Dataset
+    lengths: list[int]  # per training sample (what length-aware samplers sort by)
+    collate: Callable[[str], Callable[[list], Batch]]  # padding ("max_length" | "longest") -> collate function
+    n_eval: int
+    evaluate: Callable[[Any, Any], dict[str, float]]  # (model, accelerator) -> metrics
+    metric: str  # the task's headline metric, a key of what `evaluate` returns (higher is better)
+    channels: int = 0  # images: input channels
+
+
+def load_data(spec: TrialSpec) -> TrialData:
+    return _image_data(spec) if spec.settings.task == IMAGE_TASK else _text_data(spec)
+
+
+def _text_data(spec: TrialSpec) -> TrialData:
+    s = spec.settings
+    tokenizer = load_tokenizer(ModelSource(s.model_kind, s.model_ref), s.tokenizer_dir)
+    train_rows, eval_rows, labels = read_prepared(s.data_dir)
+    label2id = {label: i for i, label in enumerate(labels)}
+    train = encode(train_rows, tokenizer, s.task, s.max_length, s.max_target_length, label2id)
+    eval_rows = eval_rows[: s.eval_samples]
+    evals = encode(eval_rows, tokenizer, s.task, s.max_length, s.max_target_length, label2id)
+    gold = [r["target"] for r in eval_rows]
+    return TrialData(
+        EncodedDataset(train),
+        train.lengths(),
+        lambda padding: Collator(s.task, tokenizer.pad_token_id, padding, s.max_length, s.max_target_length),
+        len(evals),
+        lambda model, acc: evaluate_text(model, acc, evals, gold, spec, tokenizer, labels),
+        "rougeL" if s.task == "seq2seq" else "accuracy",
+    )
+
+
+def _image_data(spec: TrialSpec) -> TrialData:
+    s = spec.settings
+    train, evals = read_images(Path(s.data_dir) / "images.npz")
+    train_ds = ImageDataset(train, train=True, seed=s.seed)
+    eval_ds = ImageDataset(Images(evals.x[: s.eval_samples], evals.y[: s.eval_samples]), train=False, seed=s.seed)
+    eval_ds.mean, eval_ds.std = train_ds.mean, train_ds.std  # normalised with the training statistics
+    return TrialData(
+        train_ds,
+        [1] * len(train),
+        lambda _padding: collate_images,
+        len(eval_ds),
+        lambda model, acc: evaluate_images(model, acc, eval_ds, s.batch_size),
+        "accuracy",
+        channels=train.x.shape[-1],
+    )
+
+
+@torch.no_grad()
+def evaluate_text(model, accelerator, enc: Encoded, gold: list[str], spec: TrialSpec, tokenizer, labels) -> dict:
+    s = spec.settings
+    model.eval()
+    collate = Collator(s.task, tokenizer.pad_token_id, "longest", s.max_length, s.max_target_length)
+    ds = EncodedDataset(enc)
+    preds: list = []
+    for start in range(0, len(ds), s.batch_size):
+        batch = collate([ds[i] for i in range(start, min(start + s.batch_size, len(ds)))]).to(accelerator.device)
+        with accelerator.autocast():
+            if s.task == "classification":
+                preds += model(**batch.inputs).logits.argmax(-1).tolist()
+            else:
+                out = accelerator.unwrap_model(model).generate(
+                    **batch.inputs,
+                    max_new_tokens=s.max_target_length,
+                    num_beams=s.num_beams,
+                    length_penalty=s.length_penalty,
+                    do_sample=False,
+                )
+                preds += tokenizer.batch_decode(out, skip_special_tokens=True)
+    model.train()
+    if s.task == "classification":
+        return {"accuracy": 100 * accuracy(preds, [labels.index(g) for g in gold])}
+    return text_metrics([p.strip() for p in preds], gold)
+
+
+@torch.no_grad()
+def evaluate_images(model, accelerator, ds, batch_size: int) -> dict[str, float]:
+    model.eval()
+    correct = 0
+    for start in range(0, len(ds), batch_size):
+        batch = collate_images([ds[i] for i in range(start, min(start + batch_size, len(ds)))]).to(accelerator.device)
+        with accelerator.autocast():
+            correct += int((model(**batch.inputs).logits.argmax(-1) == batch.labels).sum())
+    model.train()
+    return {"accuracy": 100 * correct / len(ds)}

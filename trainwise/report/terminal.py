@@ -1,0 +1,214 @@
+"""What the verbs print on a terminal: progress while a study runs, and each verb's table (rich)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from trainwise.report.format import cells, footnotes, headers, human_bytes, notes
+
+# Piped or in CI, rich would wrap the table at 80 columns; give it room instead.
+out = Console() if sys.stdout.isatty() else Console(width=180)  # pipes and files: the whole table
+err = Console(stderr=True)
+
+
+def say(line: str, console: Console | None = None) -> None:
+    """One plain line (no markup, no highlighting: paths and brackets print as they are)."""
+    (console or out).print(line, markup=False, highlight=False)
+
+
+def _grid(title: str, columns: list[str]) -> Table:
+    grid = Table(title=title, header_style="bold")
+    for h in columns:
+        grid.add_column(h, overflow="fold", no_wrap=h == "strategy")
+    return grid
+
+
+# ---- compare ---------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def study_progress(prepared: Any) -> Iterator[tuple[Callable, Callable]]:
+    """A bar for the study and one for the running trial; yields (on_event, on_done) for run_study."""
+    s = prepared.specs[0].settings
+    sizes = sorted({c.batch_size for c in prepared.cells})
+    say(
+        f"model {s.model_label} ({s.model_kind})  device {s.device}  train rows {s.n_train}  "
+        f"batch {','.join(map(str, sizes))}  steps {s.max_steps} ({s.warmup_steps} untimed)"
+        + (f"  ranks {s.nproc}" if s.nproc > 1 else "")
+        + f"  trials {len(prepared.specs)}  out {prepared.out}",
+        err,
+    )
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=err) as progress:
+        study_bar = progress.add_task("study", total=len(prepared.specs))
+        trial_bar = progress.add_task("", total=s.max_steps, visible=False)
+
+        def name(spec: Any) -> str:
+            return f"{prepared.cell_of(spec).label()} #{spec.repeat + 1}"
+
+        def on_event(spec: Any, e: dict) -> None:
+            if e.get("event") == "phase" and e["phase"] == "data":  # a new trial: fresh bar and clock
+                progress.reset(trial_bar, description=f"{name(spec)}: data", visible=True)
+            elif e.get("event") == "phase":
+                progress.update(trial_bar, description=f"{name(spec)}: {e['phase']}")
+            elif e.get("event") == "step":
+                text = f"{name(spec)}: loss {e['loss']:.3f}, {e['step_s']:.2f} s/step"
+                progress.update(trial_bar, completed=e["step"], description=text)
+
+        def on_done(spec: Any, r: Any, cached: bool) -> None:
+            progress.update(trial_bar, visible=False)
+            progress.advance(study_bar)
+            what = f"{r.step_time_s:.3f} s/step, {r.samples_per_s:.1f} samples/s" if r.status == "ok" else r.message
+            say(f"  {'(stored) ' if cached else ''}{name(spec)}: {r.status}  {what}", progress.console)
+
+        yield on_event, on_done
+
+
+def compare_table(report: Any, console: Console | None = None) -> None:
+    console = console or out
+    grid = _grid(report.title, headers(report.table))
+    marks = footnotes(report.table)
+    for e in report.table:
+        grid.add_row(*cells(e, marks.get(e["strategy"])), style=None if e["status"] == "ok" else "red")
+    console.print(grid)
+    for line in notes(report.table):
+        say(f"  {line}", console)
+    say("  files: " + ", ".join(str(p) for p in report.paths), console)
+
+
+# ---- advise, estimate, find-batch, tune ---------------------------------------------------------------------
+
+
+def advise_table(advice: Any, study: str, objective: str) -> None:
+    grid = _grid(f"trainwise advise: {study} (objective: {objective})", ["rank", "strategy", "verdict"])
+    for h in ("time", "memory", "quality", "why"):
+        grid.add_column(h, overflow="fold")
+    for i, v in enumerate(advice.verdicts, 1):
+        verdict = "pareto" if v.pareto else "feasible" if v.feasible else "excluded" if v.status == "ok" else v.status
+        grid.add_row(
+            str(i),
+            v.strategy,
+            verdict,
+            "-" if v.rel_time is None else f"{100 * v.rel_time:.0f}%",
+            "-" if v.rel_mem is None else f"{100 * v.rel_mem:.0f}%",
+            "-" if v.quality_delta is None else f"{v.quality_delta:+.2f}",
+            v.reason,
+            style=None if v.feasible else "dim",
+        )
+    out.print(grid)
+    for line in advice.notes:
+        say(f"  note: {line}")
+    ref = f" (time and memory relative to {advice.reference})" if advice.reference else ""
+    say(f"  recommended: {advice.recommended or 'nothing meets the constraints'}{ref}")
+
+
+def estimate_table(report: Any) -> None:
+    heads = ["plan", "micro x accum", "weights", "grads", "optimizer", "activations", "step temps", "peak", "total"]
+    budget = report.budget
+    grid = _grid(report.title, heads + (["fits " + human_bytes(budget)] if budget is not None else []))
+    for row, e in report.estimates:
+        p = e.parts
+        row_cells = [
+            row,
+            f"{e.micro_batch} x {e.batch_size // e.micro_batch}",
+            *(human_bytes(p[k]) for k in ("weights", "grads", "optimizer", "activations", "step_temps")),
+            human_bytes(e.peak_bytes),
+            human_bytes(e.total_bytes),
+        ]
+        if budget is not None:
+            row_cells.append("yes" if e.fits(budget) else "NO")
+        grid.add_row(*row_cells, style=None if budget is None or e.fits(budget) else "red")
+    out.print(grid)
+    for line in report.notes:
+        say(f"  {line}")
+
+
+def find_batch_table(report: Any) -> None:
+    result = report.result
+    grid = _grid(report.title, ["batch", "status", "samples/s", "step time", "measured", "estimate", "note"])
+    for p in result.points:
+        mark = " (fastest)" if p.batch_size == result.fastest else ""
+        grid.add_row(
+            f"{p.batch_size}{mark}",
+            p.status,
+            "-" if p.samples_per_s is None else f"{p.samples_per_s:.1f}",
+            "-" if p.step_time_s is None else f"{p.step_time_s:.3f} s",
+            human_bytes(p.measured_bytes),
+            human_bytes(p.estimate_bytes),
+            p.note,
+            style=None if p.fits else "dim",
+        )
+    out.print(grid)
+    mem_kind = "reserved + CUDA context" if report.device == "cuda" else "peak RSS of the trial process"
+    say(f"  measured = {mem_kind}; estimate = trainwise estimate (tensors + runtime).")
+    if report.too_big:
+        say(f"  not tried: {report.too_big} (more than the {report.n_train} training rows)")
+    if result.fastest is None:
+        say("  nothing fitted: try a smaller candidate or a memory-saving plan (see `trainwise estimate`)")
+    else:
+        say(f"  fastest: batch {result.fastest}; largest that fits: {result.largest_fit}")
+    say("  files: " + ", ".join(str(p) for p in report.paths))
+
+
+def _g(v: object) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def tune_table(result: Any, report: dict, search: str, monitor: str, out_dir: str) -> None:
+    unit = "member" if search == "pbt" else "trial"
+    grid = _grid(f"trainwise tune: {search}, {len(result.trials)} {unit}s", [unit, "state", f"best {monitor}", "steps"])
+    grid.add_column("params" if search != "pbt" else "final params", overflow="fold")
+    for r in result.trials:
+        value = "-" if r["value"] is None else f"{r['value']:.4f}"
+        grid.add_row(str(r["number"]), r["state"], value, str(r["steps"]), json.dumps(r["params"]))
+    out.print(grid)
+    if result.mutations:
+        say(f"{len(result.mutations)} exploit/explore steps (all in {out_dir}/tune_result.json):")
+        for m in result.mutations[:10]:
+            changed = ", ".join(
+                f"{k} {_g(m['old'].get(k))} -> {_g(v)}" for k, v in m["new"].items() if m["old"].get(k) != v
+            )
+            at = "at the end" if m["step"] is None else f"step {m['step']}"
+            say(f"  {at}: member {m['member']} continues from member {m['from']}'s checkpoint, {changed}")
+    failed = [r for r in result.trials if r["state"] == "fail" and r.get("error")]
+    if failed:
+        say(f"trainwise: warning: {len(failed)} {unit}(s) failed: {failed[0]['error']}", err)
+    spent = result.curve[-1][0] if result.curve else sum(r["steps"] for r in result.trials)
+    say(
+        f"best {monitor} {result.best_value} with {json.dumps(result.best_params)}; {spent} optimizer steps spent, "
+        f"{result.machine_s:.0f} s of machine time (best-so-far curve in {out_dir}/tune_result.json)"
+    )
+    if "cost" in report:
+        cost = report["cost"]
+        rework = f" (x{cost['rework']:.3f} expected re-work)" if cost["low_priority"] else ""
+        say(f"cost ${cost['usd']:.4g} at {cost['price']}{rework}")
+
+
+def strategies_table() -> None:
+    from trainwise import strategies as catalogue
+
+    grid = _grid("", ["name", "effect; cost", "conflicts", "requires"])
+    for st in catalogue.REGISTRY.values():
+        needs = sorted(st.requires) + [f"pkg {p}" for p in sorted(st.packages)]
+        if st.tasks != catalogue.ALL_TASKS:
+            needs.append("tasks " + "/".join(sorted(st.tasks)))
+        if st.takes is not None:
+            needs.append(f"takes {st.name}=N")
+        grid.add_row(st.name, st.summary, ", ".join(sorted(st.conflicts)) or "-", ", ".join(needs) or "-")
+    for alias, spec in catalogue.ALIASES.items():
+        grid.add_row(alias, f"the seed studies' 'All Applied' row: {spec}", "-", "-")
+    out.print(grid)
