@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from trainwise import loop, strategies
+from trainwise.errors import ConfigError
 from trainwise.models import ModelSource, build_model
 from trainwise.strategies.freezing import apply_lora, frozen_parameters, layer_stack, lower_layer_parameters
 from trainwise.strategies.optim import OPTIMIZERS
@@ -191,6 +192,40 @@ def test_state_bytes_count_weights_grads_and_optimizer_state(tmp_path, cls_csv):
     assert adamw.state_bytes == pytest.approx(4 * n + 4 * n + 8 * n, rel=0.01)
     assert adamw.state_bytes - adafactor.state_bytes == pytest.approx(8 * n, rel=0.1)
     assert adamw.state_bytes - frozen.state_bytes == pytest.approx(12 * (n - frozen.n_trainable), rel=0.01)
+
+
+def test_bf16_pure_keeps_no_fp32_copy(cls_study):
+    """bf16_pure: weights, gradients and AdamW state in bf16, no autocast, no fp32 master; half the state."""
+    from trainwise.data.prepared import load_data
+    from trainwise.estimate import state_parts, terms_of
+
+    from .test_estimate import _shape
+
+    spec = _spec(cls_study, "bf16_pure")
+    data = load_data(spec)
+    parts = loop.build(spec, data, 2)
+    loop.run(parts, loop.Stream(data, parts), 2, lambda loss, micro: None)
+    dtypes = {p.dtype for p in parts.raw_model.parameters()}
+    states = {t.dtype for s in parts.optimizer.state.values() for t in s.values() if t.dim() > 0}
+    assert dtypes == {torch.bfloat16} and states == {torch.bfloat16}
+    assert parts.accelerator.mixed_precision == "no", "no autocast: the weights themselves are bf16"
+    pure, base = run_trial(spec), run_trial(_spec(cls_study, "baseline"))
+    assert pure.state_bytes == pytest.approx(base.state_bytes / 2, rel=0.01), "bf16 weights, grads, AdamW state"
+    # the estimate: 2 B weights and grads, AdamW's two states at 2 B; HF Adafactor keeps fp32 factors
+    shape = _shape(buffer_bytes=40)
+    terms = terms_of(strategies.parse_row("bf16_pure", 4).plan, "cpu")
+    assert state_parts(shape, terms)[0] == {"weights": 2000 + 40, "grads": 2000, "optimizer": 4000}
+    ada = terms_of(strategies.parse_row("bf16_pure+adafactor", 4).plan, "cpu")
+    assert state_parts(shape, ada)[0]["optimizer"] == 4 * 150 and not terms.autocast_copies
+    # export: the snippet loads the model in bf16 and says why TrainingArguments cannot
+    from trainwise.export import RunSettings, export_doc
+
+    doc = export_doc(strategies.parse_row("bf16_pure", 4).plan, RunSettings("m", "classification", 8, 16, 8, 1e-4, 2))
+    assert doc.model_kwargs == {"dtype": "torch.bfloat16"} and doc.args["bf16"] is False
+    assert any(n.startswith("bf16_pure: no TrainingArguments field") for n in doc.notes)
+    for clash in ("bf16+bf16_pure", "bf16_pure+zero2"):
+        with pytest.raises(ConfigError, match="conflict"):
+            strategies.parse_row(clash, 4)
 
 
 @pytest.mark.parametrize("task, stack", [("classification", "bert.encoder.layer"), ("seq2seq", "encoder.block")])
