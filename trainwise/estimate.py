@@ -777,6 +777,7 @@ def run_estimate(
         notes.append(
             "no GPU here: activations were probed on CPU; CUDA attention kernels (flash / memory-efficient) keep less."
         )
+    notes.append("padding to --max-length is assumed; dynamic padding needs less on real data.")
     for text, e in estimates:
         notes += [f"{text}: {n}" for n in e.notes]
     if any(e.cpu_offload_bytes for _, e in estimates):
