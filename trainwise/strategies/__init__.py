@@ -11,6 +11,7 @@ import dataclasses
 import importlib.util
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from trainwise.errors import ConfigError
 from trainwise.plan import TrialPlan
@@ -22,10 +23,12 @@ from trainwise.strategies.base import (
     ExportDoc,
     Knob,
     MemoryTerms,
+    Probed,
     Runtime,
     Strategy,
 )
 
+T = TypeVar("T")
 BASELINE = Strategy("baseline", "vanilla fp32, AdamW, pad to max length; the 100% row")
 
 
@@ -192,24 +195,27 @@ def runtime(plan: TrialPlan, task: str, device: str) -> Runtime:
 
 def export_doc(plan: TrialPlan, doc: ExportDoc) -> ExportDoc:
     """The plan written into the exported files (`trainwise.export`)."""
-    for knob, value in plan.items():
-        if isinstance(knob.export, NA):
-            if value != knob.default:
-                doc.notes.append(f"{knob.name}: {knob.export.reason}")
-        else:
-            knob.export(value, doc)
-    return doc
+    return _walk(plan, "export", doc, doc.notes)
 
 
 def memory_terms(plan: TrialPlan, terms: MemoryTerms) -> MemoryTerms:
     """The plan's effect on the memory estimate (`trainwise.estimate`)."""
     for knob, value in plan.items():
-        if isinstance(knob.memory, NA):
+        if isinstance(knob.memory, Probed):
+            terms.probe[knob.name] = value
+    return _walk(plan, "memory", terms, terms.notes)
+
+
+def _walk(plan: TrialPlan, seam: str, target: T, notes: list[str]) -> T:
+    """Every knob's `seam` on `target`; a knob set away from its default whose seam is NA adds its reason."""
+    for knob, value in plan.items():
+        act = getattr(knob, seam)
+        if isinstance(act, NA):
             if value != knob.default:
-                terms.notes.append(f"{knob.name}: {knob.memory.reason}")
-        else:
-            knob.memory(value, terms)
-    return terms
+                notes.append(f"{knob.name}: {act.reason}")
+        elif not isinstance(act, Probed):
+            act(value, target)
+    return target
 
 
 def markdown() -> str:
@@ -246,6 +252,12 @@ def markdown() -> str:
     ]
     for k in KNOBS.values():
         export = f"n/a: {k.export.reason}" if isinstance(k.export, NA) else "yes"
-        estimate = f"n/a: {k.memory.reason}" if isinstance(k.memory, NA) else "yes"
+        estimate = (
+            f"n/a: {k.memory.reason}"
+            if isinstance(k.memory, NA)
+            else "probed"
+            if isinstance(k.memory, Probed)
+            else "yes"
+        )
         lines.append(f"| `{k.name}` | `{k.default!r}` | {k.doc} | {export} | {estimate} |")
     return "\n".join(lines) + "\n"

@@ -119,6 +119,15 @@ class MemoryTerms:
 
 
 @dataclass(frozen=True)
+class Probed:
+    """The memory seam of a knob that changes what autograd keeps for backward (checkpointing, freezing,
+    LoRA, attention kernels): the estimate's activation probe runs the model with the knob's value."""
+
+
+PROBED = Probed()
+
+
+@dataclass(frozen=True)
 class Knob(Generic[V]):
     """One field of the plan and its behaviour at every seam (or NA and why)."""
 
@@ -127,7 +136,7 @@ class Knob(Generic[V]):
     doc: str  # what the field means, one line
     runtime: Callable[[V, Runtime], None]
     export: Callable[[V, ExportDoc], None] | NA
-    memory: Callable[[V, MemoryTerms], None] | NA
+    memory: Callable[[V, MemoryTerms], None] | Probed | NA
     choices: tuple | None = None  # the values it takes (None: any of the default's type)
     merge: Callable[[V, V], V] | None = None  # how two strategies' values combine (None: they must agree)
 

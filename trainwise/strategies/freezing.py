@@ -11,7 +11,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from trainwise.strategies.base import TEXT_TASKS, ExportDoc, Knob, MemoryTerms, Model, Runtime, Strategy
+from trainwise.strategies.base import PROBED, TEXT_TASKS, ExportDoc, Knob, Model, Runtime, Strategy
 
 if TYPE_CHECKING:
     import torch
@@ -94,17 +94,13 @@ def _freeze_export(value: tuple[str, ...], doc: ExportDoc) -> None:
         )
 
 
-def _freeze_memory(value: tuple[str, ...], terms: MemoryTerms) -> None:
-    terms.probe["freeze"] = value
-
-
 FREEZE: Knob[tuple[str, ...]] = Knob(
     "freeze",
     (),
     "named parts with no gradients: embeddings, encoder",
     _freeze_runtime,
     _freeze_export,
-    _freeze_memory,
+    PROBED,  # frozen weights change what autograd keeps for backward
     merge=lambda a, b: tuple(sorted({*a, *b})),
 )
 
@@ -130,17 +126,13 @@ def _layers_export(value: int, doc: ExportDoc) -> None:
     doc.notes.append("freeze_layers: no TrainingArguments field; the snippet sets requires_grad_(False)")
 
 
-def _layers_memory(value: int, terms: MemoryTerms) -> None:
-    terms.probe["freeze_layers"] = value
-
-
 FREEZE_LAYERS = Knob(
     "freeze_layers",
     0,
     "freeze the embeddings and the first N layers of the stack (-1: the lower half; 0: none)",
     _layers_runtime,
     _layers_export,
-    _layers_memory,
+    PROBED,
 )
 
 # ---- LoRA --------------------------------------------------------------------------------------------
@@ -186,17 +178,13 @@ def _lora_export(value: int, doc: ExportDoc) -> None:
     doc.notes.append("lora: no TrainingArguments field; the snippet wraps the model with peft")
 
 
-def _lora_memory(value: int, terms: MemoryTerms) -> None:
-    terms.probe["lora_r"] = value
-
-
 LORA = Knob(
     "lora_r",
     0,
     "LoRA adapter rank on the attention projections (0: full fine-tuning)",
     _lora_runtime,
     _lora_export,
-    _lora_memory,
+    PROBED,
 )
 
 KNOBS: list[Knob] = [FREEZE, FREEZE_LAYERS, LORA]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainwise.strategies.base import NA, ExportDoc, Knob, MemoryTerms, Model, Runtime, Strategy
+from trainwise.strategies.base import NA, PROBED, ExportDoc, Knob, MemoryTerms, Model, Runtime, Strategy
 
 # ---- gradient accumulation -----------------------------------------------------------------------------
 
@@ -56,17 +56,13 @@ def _ckpt_export(value: bool, doc: ExportDoc) -> None:
         doc.args["activation_checkpointing_kwargs"] = {"use_reentrant": False}
 
 
-def _ckpt_memory(value: bool, terms: MemoryTerms) -> None:
-    terms.probe["grad_ckpt"] = value  # the probe measures what checkpointing keeps
-
-
 GRAD_CKPT = Knob(
     "grad_ckpt",
     False,
     "recompute activations in backward (non-reentrant activation checkpointing)",
     _ckpt_runtime,
     _ckpt_export,
-    _ckpt_memory,
+    PROBED,  # the probe measures what checkpointing keeps
 )
 
 # ---- activation offload and cache release (CUDA) ---------------------------------------------------------

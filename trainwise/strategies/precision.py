@@ -6,6 +6,7 @@ from __future__ import annotations
 from trainwise.strategies.base import (
     IMAGE_TASKS,
     NA,
+    PROBED,
     TEXT_TASKS,
     ExportDoc,
     Knob,
@@ -114,17 +115,13 @@ def _attn_export(value: str, doc: ExportDoc) -> None:
         doc.notes.append(f"attention {value}: no TrainingArguments field; the snippet passes attn_implementation")
 
 
-def _attn_memory(value: str, terms: MemoryTerms) -> None:
-    terms.probe["attn"] = value  # the activation probe runs the same attention kernels
-
-
 ATTN = Knob(
     "attn",
     "default",
     "attn_implementation; default: what transformers picks for the model",
     _attn_runtime,
     _attn_export,
-    _attn_memory,
+    PROBED,  # the activation probe runs the same attention kernels
     choices=("default", "sdpa", "eager"),
 )
 
