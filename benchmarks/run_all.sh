@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every figure in BENCHMARKS.md, in the order they were taken. Run from the repo root after
+# Every figure in BENCHMARKS.md (section numbers in the comments), in the order they were taken. Run from the repo root after
 # `make venv`; nothing else should run on the machine meanwhile (timings on a shared box are noisy).
 set -euo pipefail
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -7,48 +7,55 @@ TW=.venv/bin/trainwise
 PY=.venv/bin/python
 mkdir -p runs
 
-# 1. harness overhead: plain PyTorch loop vs trainwise baseline, alternating, paired ratios
+# 1. make test wall time: see BENCHMARKS.md section 1 (two fresh clones, the commit before issue 12 and HEAD,
+#    run back to back with `python -m pytest -q` on an otherwise idle machine)
+
+# 4. bf16_pure vs bf16 vs baseline on the default study, 3 interleaved repeats
+/usr/bin/time -f "wall %e s" $TW compare --strategies baseline,bf16,bf16_pure --repeat 3 \
+  --out runs/bench-bf16-pure 2>&1 | tee runs/bench-bf16-pure.txt
+
+# 3. harness overhead: plain PyTorch loop vs trainwise baseline, alternating, paired ratios
 .venv/bin/python benchmarks/overhead.py --rounds 7 | tee runs/bench-overhead.txt
 
 # 2. the default (demo) study, 3 interleaved repeats, medians
 /usr/bin/time -f "wall %e s" $TW compare --repeat 3 --out runs/bench-demo-r3 2>&1 | tee runs/bench-demo-r3.txt
 
-# 3. seq2seq: t5-small (random init, real size) on stdlib-summarize, ROUGE/BLEU with generation
+# 7. seq2seq: t5-small (random init, real size) on stdlib-summarize, ROUGE/BLEU with generation
 /usr/bin/time -f "wall %e s" $TW compare --task seq2seq --model-preset t5-small --max-steps 12 --warmup-steps 3 \
   --eval-samples 64 \
   --strategies baseline,bf16,grad_accum,grad_ckpt,adafactor,dynamic_pad,smart_batch,freeze_embeddings,freeze_encoder,all \
   --out runs/bench-t5-small 2>&1 | tee runs/bench-t5-small.txt
 
-# 6. estimate accuracy: 26 (model, plan, batch, length) cases, predicted vs the real loop's allocated peak,
+# 10. estimate accuracy: 26 (model, plan, batch, length) cases, predicted vs the real loop's allocated peak,
 #    with accelerate's and DeepSpeed's estimates beside it (the DeepSpeed column needs the optional
 #    extra: .venv/bin/pip install --no-build-isolation 'deepspeed==0.19.8'; without it the column says n/a)
 .venv/bin/python benchmarks/estimate_accuracy.py --json runs/bench-estimate.json | tee runs/bench-estimate.txt
 
-# 7. find-batch on the default model under a 3 GB limit: throughput per batch size, estimate skips, bisection
+# 11. find-batch on the default model under a 3 GB limit: throughput per batch size, estimate skips, bisection
 /usr/bin/time -f "wall %e s" $TW find-batch --candidates 8,16,32,64,128 --steps 4 --memory-limit 3GB \
   --out runs/bench-find-batch 2>&1 | tee runs/bench-find-batch.txt
 
-# 9. data parallel and ZeRO on CPU (issue 3): the default study's baseline as 1 process, then as 2 gloo
+# 12. data parallel and ZeRO on CPU (issue 3): the default study's baseline as 1 process, then as 2 gloo
 #    ranks (same global batch 16: 8 per rank) next to the ZeRO stages over the same 2 ranks
 /usr/bin/time -f "wall %e s" $TW compare --strategies baseline --repeat 3 --eval-samples 0 \
   --out runs/bench-nproc1 2>&1 | tee runs/bench-nproc1.txt
 /usr/bin/time -f "wall %e s" $TW compare --strategies baseline,zero1,zero2,zero3,zero2_offload,zero3_offload \
   --nproc 2 --repeat 3 --eval-samples 0 --out runs/bench-nproc2 2>&1 | tee runs/bench-nproc2.txt
 
-# 10. seed 003's table: ResNeXt on the built-in digits, DataLoader workers x precision x checkpointing x batch
+# 8. seed 003's table: ResNeXt on the built-in digits, DataLoader workers x precision x checkpointing x batch
 /usr/bin/time -f "wall %e s" $TW compare --task image-classification --model-preset resnext-small \
   --strategies baseline,bf16,grad_ckpt,channels_last --num-workers 0,1,2,4,8 --batch-sizes 128,512 \
   --max-steps 8 --warmup-steps 3 --eval-samples 0 --repeat 3 --out runs/bench-seed003 2>&1 | tee runs/bench-seed003.txt
 
-# 11. the other new CPU strategies on the default study: attention kernels, torch.compile, layer freezing
+# 6. the other new CPU strategies on the default study: attention kernels, torch.compile, layer freezing
 /usr/bin/time -f "wall %e s" $TW compare --strategies baseline,sdpa,eager_attn,compile,freeze_layers,freeze_layers=5 \
   --out runs/bench-issue3-more 2>&1 | tee runs/bench-issue3-more.txt
 
-# 12. trainwise train on the default model: early stopping and checkpoints
+# 13. trainwise train on the default model: early stopping and checkpoints
 /usr/bin/time -f "wall %e s" $TW train --strategies smart_batch --epochs 1 --max-steps 60 --eval-every 10 \
   --save-every 10 --patience 2 --min-delta 0.5 --out runs/train-demo 2>&1 | tee runs/bench-train.txt
 
-# 13. tune: random search vs TPE on the same budget (12 trials x 100 steps), two seeds each
+# 14. tune: random search vs TPE on the same budget (12 trials x 100 steps), two seeds each
 for seed in 0 1; do
   for search in random tpe; do
     /usr/bin/time -f "wall %e s" $TW tune --space benchmarks/tune_space_digits.yaml --search $search --trials 12 \
@@ -57,7 +64,7 @@ for seed in 0 1; do
   done
 done
 
-# 14. tune: random vs TPE vs PBT on the same budget (8 trials / a population of 8, 100 steps each), two seeds
+# 15. tune: random vs TPE vs PBT on the same budget (8 trials / a population of 8, 100 steps each), two seeds
 #     each; benchmarks/tune_compare.py prints the table (best accuracy, steps spent, best-so-far at a budget)
 for seed in 0 1; do
   for search in random tpe pbt; do
