@@ -9,6 +9,8 @@ mkdir -p runs
 
 # 1. make test wall time: see BENCHMARKS.md section 1 (two fresh clones, the commit before issue 12 and HEAD,
 #    run back to back with `python -m pytest -q` on an otherwise idle machine)
+#    and the loop's A/B: in each clone, alternately,
+#    python -c "from trainwise.cli import app; app()" compare --strategies baseline,bf16 --repeat 2 --eval-samples 0
 
 # 4. bf16_pure vs bf16 vs baseline on the default study, 3 interleaved repeats
 /usr/bin/time -f "wall %e s" $TW compare --strategies baseline,bf16,bf16_pure --repeat 3 \
