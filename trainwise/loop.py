@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -83,6 +84,10 @@ def new_accelerator(rt: Runtime, micro_batch_per_rank: int, max_grad_norm: float
     The loop counts its own accumulation windows (`accelerator.accumulate` per micro-batch), so DDP
     skips the gradient all-reduce and DeepSpeed the step on all but a window's last micro-batch.
     """
+    if rt.device == "cpu":
+        # accelerate consults DeepSpeed when it is installed; on CPU DeepSpeed's auto-detection prints a
+        # warning ("unable to detect" a GPU) into train's output. Saying the device up front is quiet.
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
