@@ -270,3 +270,28 @@ def test_help_shows_bracketed_defaults_and_extras(capsys, monkeypatch):
         out = " ".join(capsys.readouterr().out.replace("│", " ").split())
         for text in shown:
             assert text in out, (argv, text)
+
+
+@pytest.mark.parametrize("row", ["baseline", "lora"])
+def test_the_trained_model_is_a_hugging_face_directory_a_pipeline_loads(tmp_path, row):
+    """best/ and final/ load with transformers alone and predict the data's label names (a LoRA plan's
+    adapters merged in: no peft needed), from a CSV with string labels in columns not called text/target."""
+    from transformers import AutoModelForSequenceClassification, pipeline
+
+    from .conftest import make_rows, write_csv
+
+    rows = [{"review": r["text"], "sentiment": f"label {r['target']}"} for r in make_rows(48, "classification")]
+    data = write_csv(tmp_path / "reviews.csv", rows)
+    argv = ["train", "--strategies", row, "--model-preset", "bert-tiny", "--train-file", str(data)]
+    argv += ["--text-column", "review", "--target-column", "sentiment", "--batch-size", "8", "--max-length", "32"]
+    argv += ["--max-steps", "4", "--eval-every", "2", "--eval-samples", "16", "--device", "cpu"]
+    assert main([*argv, "--out", str(tmp_path / "run")]) == 0
+    names = {r["sentiment"] for r in rows}
+    for kind in ("best", "final"):
+        where = tmp_path / "run" / kind
+        assert not (where / "adapter_config.json").exists()
+        model = AutoModelForSequenceClassification.from_pretrained(where)
+        assert set(model.config.id2label.values()) == names and model.config.label2id.keys() == names
+        classify = pipeline("text-classification", model=str(where), device="cpu")
+        predicted = classify([rows[0]["review"], rows[1]["review"]])
+        assert len(predicted) == 2 and all(p["label"] in names for p in predicted)

@@ -208,6 +208,7 @@ def build_model(source: ModelSource, task: str, num_labels: int, seed: int, conf
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # transformers 5's weight-loading bar; trainwise prints its own progress
     torch.manual_seed(seed)
     auto = AutoModelForSeq2SeqLM if task == "seq2seq" else AutoModelForSequenceClassification
     overrides = dict(config_overrides or {})

@@ -10,6 +10,8 @@ falls back to the previous good one if it is damaged (and says so), and refuses 
 another model, plan or data. Population-based training (`trainwise tune --search pbt`) starts a
 member from another member's checkpoint with new hyper-parameters (`adopt`): the same model, plan,
 data and batch, with its own learning rate, weight decay and label smoothing from then on.
+`best/` and `final/` are the models users take away: for text tasks Hugging Face model directories
+(config with the data's label names, weights, tokenizer) that `from_pretrained` and `pipeline` load.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch
 
 from trainwise import loop, strategies
 from trainwise.config import StudyConfig, TrialSpec
-from trainwise.data.prepared import load_data
+from trainwise.data.prepared import TrialData, load_data
 from trainwise.errors import ConfigError
 
 LATEST = "latest"
@@ -344,7 +346,7 @@ def run_train(
                 best, stopped = stopper.update(float(value), state.step)
                 record["best"] = best
                 if best and tc.checkpoints:
-                    _save_best(out, raw, record)
+                    save_model_dir(out / "best", raw, data, record)
             state.evals.append(record)
             emit({"event": "eval", **record})
         if tc.checkpoints and (state.step % tc.save_every == 0 or state.step == planned or stopped):
@@ -355,6 +357,9 @@ def run_train(
         return stopped
 
     loop.run(parts, stream, planned, on_step)
+    if tc.checkpoints:
+        final = {"step": state.step, "train_loss": state.losses[-1] if state.losses else None}
+        save_model_dir(out / "final", raw, data, state.evals[-1] if state.evals else final)
     result = TrainResult(
         steps=state.step,
         planned_steps=planned,
@@ -372,15 +377,31 @@ def run_train(
     return result
 
 
-def _save_best(out: Path, model, record: dict) -> None:
+def save_model_dir(dest: Path, model, data: TrialData, record: dict) -> None:
+    """Write the model where users load it (`best/`, `final/`): for text tasks a Hugging Face model
+    directory (config with the data's label names, safetensors weights, tokenizer); for images the
+    weights. LoRA adapters are merged into a copy, so the directory needs no peft. The directory is
+    built aside and swapped in, so a kill leaves the previous one whole."""
+    import copy
+
     from safetensors.torch import save_model
 
-    best = out / "best"
-    best.mkdir(parents=True, exist_ok=True)
-    tmp = best / "model.safetensors.tmp"
-    save_model(model, str(tmp))
-    os.replace(tmp, best / "model.safetensors")
-    (best / "eval.json").write_text(json.dumps(record))
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
+    if hasattr(model, "merge_and_unload"):  # a peft model
+        model = copy.deepcopy(model).merge_and_unload()
+    tmp, old = dest.with_name(dest.name + ".tmp"), dest.with_name(dest.name + ".old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    if data.save is not None:
+        data.save(model, tmp)
+    else:
+        save_model(model, str(tmp / "model.safetensors"))
+    (tmp / "eval.json").write_text(json.dumps(record))
+    shutil.rmtree(old, ignore_errors=True)
+    if dest.exists():
+        dest.rename(old)
+    tmp.rename(dest)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 # ---- the verb ------------------------------------------------------------------------------------
@@ -469,6 +490,8 @@ def summary(r: TrainResult, tc: TrainConfig, price) -> list[str]:
     ]
     if r.best_value is not None:
         lines.append(f"best {r.monitor} {r.best_value:.4f} at step {r.best_step} (model in {r.out}/best/)")
+    if tc.checkpoints:
+        lines.append(f"final model in {r.out}/final/ (a Hugging Face model directory for text tasks)")
     if r.stopped_early:
         lines.append(
             f"early stop: no improvement > {tc.min_delta:g} in {tc.patience} evaluations; "

@@ -18,14 +18,18 @@ from trainwise.models import ModelSource, load_tokenizer
 from trainwise.vision import IMAGE_TASK, ImageDataset, Images, collate_images, read_images
 
 
+def read_labels(data_dir: str) -> list[str]:
+    """The class names of a study's prepared data, in id order."""
+    return json.loads((Path(data_dir) / "labels.json").read_text(encoding="utf-8"))
+
+
 def read_prepared(data_dir: str) -> tuple[list[dict], list[dict], list[str]]:
     root = Path(data_dir)
     rows = [
         [json.loads(x) for x in (root / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()]
         for split in ("train", "eval")
     ]
-    labels = json.loads((root / "labels.json").read_text(encoding="utf-8"))
-    return rows[0], rows[1], labels
+    return rows[0], rows[1], read_labels(data_dir)
 
 
 @dataclass
@@ -39,6 +43,20 @@ class TrialData:
     evaluate: Callable[[Any, Any], dict[str, float]]  # (model, accelerator) -> metrics
     metric: str  # the task's headline metric, a key of what `evaluate` returns (higher is better)
     channels: int = 0  # images: input channels
+    save: Callable[[Any, Path], None] | None = None  # writes a model users load without trainwise
+
+
+def save_text_model(model, path: Path, tokenizer, labels: list[str], task: str) -> None:
+    """A Hugging Face model directory: config (with the data's label names), weights, tokenizer, so that
+    `from_pretrained` and `pipeline(...)` load it with no trainwise code."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the shard-writing bar, at every evaluation that improves
+    if task == "classification":
+        model.config.id2label = dict(enumerate(labels))
+        model.config.label2id = {label: i for i, label in enumerate(labels)}
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
 
 
 def load_data(spec: TrialSpec) -> TrialData:
@@ -61,6 +79,7 @@ def _text_data(spec: TrialSpec) -> TrialData:
         len(evals),
         lambda model, acc: evaluate_text(model, acc, evals, gold, spec, tokenizer, labels),
         "rougeL" if s.task == "seq2seq" else "accuracy",
+        save=lambda model, path: save_text_model(model, path, tokenizer, labels, s.task),
     )
 
 
