@@ -114,6 +114,63 @@ class StudyConfig:
                 check_accum(row, size)
 
 
+@dataclass(frozen=True)
+class DataOrigin:
+    """Where a study's data came from, as the user gave it: a study writes it beside its prepared data
+    (data/origin.json), and export writes it back into the `trainwise train` command it exports."""
+
+    dataset: str | None = None
+    train_file: str | None = None  # absolute
+    eval_file: str | None = None  # absolute
+    text_column: str | None = None
+    target_column: str | None = None
+    max_train_samples: int | None = None
+    eval_samples: int = 160
+
+    @classmethod
+    def of(cls, cfg: StudyConfig) -> DataOrigin:
+        from pathlib import Path
+
+        def absolute(path: str | None) -> str | None:
+            return None if path is None else str(Path(path).resolve())
+
+        return cls(
+            cfg.dataset,
+            absolute(cfg.train_file),
+            absolute(cfg.eval_file),
+            cfg.text_column,
+            cfg.target_column,
+            cfg.max_train_samples,
+            cfg.eval_samples,
+        )
+
+    def flags(self) -> list[str]:
+        """The command-line options that load the same data (the study's default corpus: none)."""
+        named = [
+            ("--dataset", self.dataset),
+            ("--train-file", self.train_file),
+            ("--eval-file", self.eval_file),
+            ("--text-column", self.text_column),
+            ("--target-column", self.target_column),
+            ("--max-train-samples", self.max_train_samples),
+        ]
+        return [
+            *(x for flag, value in named if value is not None for x in (flag, str(value))),
+            "--eval-samples",
+            str(self.eval_samples),
+        ]
+
+    def describe(self) -> str:
+        where = self.train_file or self.dataset or "the built-in corpus"
+        columns = (
+            f" (text {self.text_column or 'text'!r}, target {self.target_column or 'target'!r})"
+            if self.train_file
+            else ""
+        )
+        held = f", evaluated on {self.eval_file}" if self.eval_file else ""
+        return f"{where}{columns}{held}"
+
+
 def check_accum(row: Row, batch_size: int) -> None:
     """A row with accumulation splits the batch into its micro-batches: it must divide evenly."""
     accum = row.plan[ACCUM]

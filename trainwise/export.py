@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainwise import strategies
+from trainwise.config import DataOrigin
 from trainwise.errors import ConfigError
 from trainwise.plan import TrialPlan
 from trainwise.strategies.base import ExportDoc
@@ -46,6 +47,19 @@ class RunSettings:
     device: str = "cuda"
     model_is_preset: bool = False
     row: str = "baseline"
+    accum_steps: int = 4  # what a bare `grad_accum` in the row means
+    origin: DataOrigin | None = None  # a study's data, as the user gave it
+    labels: tuple[str, ...] = ()  # classification: the class names, in id order
+    train_rows: str | None = None  # a study's prepared training rows (JSONL: text, target)
+
+    def batch_line(self, doc: ExportDoc) -> str:
+        """The batch, global and per device, said once for every file."""
+        per_device = doc.args.get("per_device_train_batch_size", self.batch_size)
+        accum = doc.args.get("gradient_accumulation_steps", 1)
+        return (
+            f"batch: {self.batch_size} samples per optimizer step in all (trainwise's --batch-size is global) = "
+            f"per_device_train_batch_size {per_device} x gradient_accumulation_steps {accum} x {self.nproc} process(es)"
+        )
 
 
 def export_doc(plan: TrialPlan, s: RunSettings, output_dir: str = "out") -> ExportDoc:
@@ -88,6 +102,7 @@ def training_arguments(plan: TrialPlan, s: RunSettings, output_dir: str = "out")
 
 
 def train_command(s: RunSettings) -> str:
+    """The `trainwise train` command that trains this plan on the same model, data and settings."""
     model_flag = ["--model-preset", s.model] if s.model_is_preset else ["--model", s.model]
     argv = [
         "trainwise",
@@ -97,26 +112,70 @@ def train_command(s: RunSettings) -> str:
         *model_flag,
         "--task",
         s.task,
+        *(s.origin.flags() if s.origin is not None else []),
         "--batch-size",
         str(s.batch_size),
+        "--accum-steps",
+        str(s.accum_steps),
         "--max-length",
         str(s.max_length),
         *(["--max-target-length", str(s.max_target_length)] if s.task == "seq2seq" else []),
         "--lr",
         str(s.lr),
+        "--max-steps",
+        str(s.max_steps),
         "--seed",
         str(s.seed),
     ]
     return shlex.join(argv)
 
 
+def _data_lines(doc: ExportDoc, s: RunSettings) -> list[str]:
+    """The snippet's training set: a study's own prepared rows (the same rows, in the same held-out split,
+    that trainwise trained on), tokenized as the plan pads; without a study, a placeholder."""
+    if s.train_rows is None:
+        return [
+            f"# tokenize with {doc.tokenize}",
+            "train_dataset = ...  # your tokenized dataset (input_ids, attention_mask, labels)",
+        ]
+    lines = [
+        f"# the study's training rows, prepared by trainwise from {s.origin.describe() if s.origin else 'its data'}",
+        f"rows = [json.loads(line) for line in open({s.train_rows!r}, encoding='utf-8')]",
+    ]
+    if s.task == "classification":
+        lines += [
+            "",
+            "def encode(row):",
+            f"    features = tokenizer(row['text'], {doc.tokenize})",
+            "    features['labels'] = model.config.label2id[row['target']]",
+            "    return features",
+        ]
+    else:
+        pad = ', padding="max_length"' if "padding" in doc.tokenize else ""
+        lines += [
+            "",
+            "def encode(row):",
+            f"    features = tokenizer(row['text'], {doc.tokenize})",
+            f"    target = tokenizer(text_target=row['target'], truncation=True, "
+            f"max_length={s.max_target_length}{pad})",
+            "    features['labels'] = [t if t != tokenizer.pad_token_id else -100 for t in target['input_ids']]",
+            "    return features",
+        ]
+    return [*lines, "", "train_dataset = [encode(row) for row in rows]"]
+
+
 def snippet(doc: ExportDoc, s: RunSettings) -> str:
-    """The Python that runs the plan with the HF Trainer: arguments, model edits, collator, notes."""
+    """The Python that runs the plan with the HF Trainer: arguments, model, data, collator, notes."""
     auto = "AutoModelForSeq2SeqLM" if s.task == "seq2seq" else "AutoModelForSequenceClassification"
     model_ref = s.model if not s.model_is_preset else f"<a directory with the {s.model} config>"
-    kwargs = "".join(f", {k}={v}" for k, v in doc.model_kwargs.items())
+    kwargs = dict(doc.model_kwargs)
+    if s.task == "classification" and s.labels:
+        kwargs["num_labels"] = str(len(s.labels))
+        kwargs["id2label"] = repr(dict(enumerate(s.labels)))
+        kwargs["label2id"] = repr({label: i for i, label in enumerate(s.labels)})
+    model_args = "".join(f", {k}={v}" for k, v in kwargs.items())
     indent = ""
-    lines = [f"# exported by trainwise: plan {s.row!r}"]
+    lines = [f"# exported by trainwise: plan {s.row!r}", f"# {s.batch_line(doc)}"]
     lines += [f"# {note}" for note in doc.notes]
     lines += [
         "import json",
@@ -125,10 +184,9 @@ def snippet(doc: ExportDoc, s: RunSettings) -> str:
         f"from transformers import (AutoTokenizer, Trainer, TrainingArguments, {auto}, {doc.collator.split('(')[0]})",
         "",
         f"tokenizer = AutoTokenizer.from_pretrained({model_ref!r})",
-        f"model = {auto}.from_pretrained({model_ref!r}{kwargs})",
+        f"model = {auto}.from_pretrained({model_ref!r}{model_args})",
         *doc.model_lines,
-        f"# tokenize with {doc.tokenize}",
-        "train_dataset = ...  # your tokenized dataset (input_ids, attention_mask, labels)",
+        *_data_lines(doc, s),
         'args = TrainingArguments(**json.load(open("training_args.json")))',
         f"data_collator = {doc.collator}",
         "trainer = Trainer(model=model, args=args, train_dataset=train_dataset, data_collator=data_collator)",
@@ -164,7 +222,8 @@ def write_export(plan: TrialPlan, s: RunSettings, out: Path) -> tuple[list[Path]
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)
         paths.append(path)
-    return paths, doc.notes
+    data = [f"data: {s.origin.describe()}"] if s.origin is not None else []
+    return paths, [*data, s.batch_line(doc), *doc.notes]
 
 
 def _yaml(d: dict) -> str:
@@ -192,8 +251,8 @@ class ExportConfig:
     max_length: int = 128
     max_target_length: int = 48
     lr: float = 5e-5
-    max_steps: int = 1000
-    nproc: int = 1
+    max_steps: int | None = None  # None: the study's (with --study), else 1000
+    nproc: int | None = None  # None: the study's (with --study), else 1
     zero: int = 0
     offload: str = "none"
     device: str = "cuda"
@@ -201,8 +260,10 @@ class ExportConfig:
     def __post_init__(self) -> None:
         if self.device not in ("cuda", "cpu"):
             raise ConfigError(f"--device must be cuda or cpu, not {self.device!r}")
-        if self.max_steps <= 0 or self.lr <= 0:
+        if (self.max_steps is not None and self.max_steps <= 0) or self.lr <= 0:
             raise ConfigError("--max-steps and --lr must be > 0")
+        if self.nproc is not None and not 1 <= self.nproc <= 64:
+            raise ConfigError(f"--nproc must be between 1 and 64, got {self.nproc}")
         if self.study is None and self.strategies is None:
             raise ConfigError("--strategies is required without --study (e.g. --strategies bf16+grad_ckpt)")
         if self.strategies is not None and "," in self.strategies:
@@ -223,14 +284,19 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         (cfg.max_length, cfg.max_target_length),
         cfg.lr,
     )
+    max_steps, nproc, seed = cfg.max_steps or 1000, cfg.nproc or 1, 0
+    origin, train_rows = None, None
+    labels: tuple[str, ...] = ()
     if cfg.study is not None:
         from trainwise.advise import study_row
+        from trainwise.data.prepared import read_labels
         from trainwise.study import Store
 
         store = Store.of(Path(cfg.study))
         try:
             entry = study_row(Path(cfg.study), cfg.strategies)
             spec = store.spec(entry.get("row", entry["strategy"]))
+            origin = store.origin()
         finally:
             store.close()
         if spec is None:
@@ -247,6 +313,12 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
             (s.max_length, s.max_target_length),
             s.lr,
         )
+        max_steps = cfg.max_steps or s.max_steps
+        nproc = cfg.nproc or s.nproc
+        seed = s.seed
+        labels = tuple(read_labels(s.data_dir)) if task == "classification" else ()
+        prepared = Path(s.data_dir) / "train.jsonl"
+        train_rows = str(prepared) if prepared.is_file() else None
     else:
         assert cfg.strategies is not None, "ExportConfig requires one of them"
         text = cfg.strategies
@@ -254,7 +326,7 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         preset = source.kind == "preset"
         model = BUNDLED_HUB_ID if source.label == "all-MiniLM-L6-v2" else source.ref
     parsed = EstimateConfig(
-        (text,), task, batch, accum, *lengths, nproc=cfg.nproc, zero_stage=cfg.zero, offload=cfg.offload
+        (text,), task, batch, accum, *lengths, nproc=nproc, zero_stage=cfg.zero, offload=cfg.offload
     )
     row = parsed.parsed[0]
     if cfg.device == "cpu" and "cuda" in row.requires:
@@ -269,11 +341,22 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         batch,
         *lengths,
         lr,
-        cfg.max_steps,
-        nproc=cfg.nproc,
+        max_steps,
+        seed=seed,
+        nproc=nproc,
         device=cfg.device,
         model_is_preset=preset,
         row=row.text,
+        accum_steps=accum,
+        origin=origin,
+        labels=labels,
+        train_rows=train_rows,
     )
     paths, notes = write_export(row.plan, run, out)
+    if cfg.study is not None and origin is None:
+        notes.insert(
+            0,
+            f"{cfg.study} does not record where its data came from (written by an older trainwise): "
+            "add its --dataset or --train-file/--text-column/--target-column to train_command.txt",
+        )
     return row.text, paths, notes

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from trainwise import strategies
-from trainwise.config import IMAGE_TASK, Cell, StudyConfig, TrialSettings, TrialSpec
+from trainwise.config import IMAGE_TASK, Cell, DataOrigin, StudyConfig, TrialSettings, TrialSpec
 from trainwise.data.builtin import BUILTIN_DATASETS
 from trainwise.data.sources import load_rows
 from trainwise.errors import ConfigError
@@ -136,6 +136,7 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
     _write_jsonl(data_dir / "train.jsonl", train)
     _write_jsonl(data_dir / "eval.jsonl", evals)
     (data_dir / "labels.json").write_text(json.dumps(labels))
+    (data_dir / "origin.json").write_text(json.dumps(dataclasses.asdict(DataOrigin.of(cfg))))
     tokenizer_dir = None
     if source.kind == "preset":
         tok_path = out / "tokenizer"
@@ -213,6 +214,7 @@ def _prepare_images(cfg: StudyConfig, device: str, unsupported: dict[str, str], 
     data_dir.mkdir(parents=True, exist_ok=True)
     save_images(data_dir / "images.npz", train, evals)
     (data_dir / "labels.json").write_text(json.dumps(names))
+    (data_dir / "origin.json").write_text(json.dumps(dataclasses.asdict(DataOrigin.of(cfg))))
     h = hashlib.sha256()
     for a in (train.x, train.y, evals.x, evals.y):
         h.update(np.ascontiguousarray(a).tobytes())
@@ -264,6 +266,7 @@ class Store:
     that reads study.sqlite."""
 
     def __init__(self, path: Path):
+        self.path = path
         self.db = sqlite3.connect(path)
         self.db.execute(
             "CREATE TABLE IF NOT EXISTS trials (key TEXT PRIMARY KEY, strategy TEXT, repeat INTEGER, "
@@ -307,6 +310,13 @@ class Store:
         else:
             found = self.db.execute("SELECT spec FROM trials WHERE strategy = ? LIMIT 1", (row,)).fetchone()
         return None if found is None else TrialSpec.from_dict(json.loads(found[0]))
+
+    def origin(self) -> DataOrigin | None:
+        """Where the study's data came from (None for a study written before trainwise recorded it)."""
+        path = self.path.parent / "data" / "origin.json"
+        if not path.is_file():
+            return None
+        return DataOrigin(**json.loads(path.read_text(encoding="utf-8")))
 
     def close(self) -> None:
         self.db.close()

@@ -185,8 +185,12 @@ def export(
     max_length: o.MaxLength = 128,
     max_target_length: o.MaxTargetLength = 48,
     lr: Annotated[float, Opt(help="Peak learning rate (linear decay).")] = 5e-5,
-    max_steps: Annotated[int, Opt(help="Optimizer steps of the exported run.")] = 1000,
-    nproc: Annotated[int, Opt(help="Processes (data-parallel ranks) for the accelerate config.")] = 1,
+    max_steps: Annotated[
+        int | None, Opt(help="Optimizer steps of the exported run \\[default: the study's; without --study 1000].")
+    ] = None,
+    nproc: Annotated[
+        int | None, Opt(help="Processes (data-parallel ranks) \\[default: the study's; without --study 1].")
+    ] = None,
     zero: o.Zero = 0,
     offload: o.Offload = "none",
     device: Annotated[str, Opt(help="Where the exported run trains: cuda or cpu.")] = "cuda",
@@ -204,7 +208,7 @@ def export(
     for p in paths:
         say(f"  {p}")
     for note in notes:
-        say(f"  note: {note}")
+        say(f"  {note}" if note.startswith(("data:", "batch:")) else f"  note: {note}")
 
 
 @app.command("find-batch")

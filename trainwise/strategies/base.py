@@ -84,7 +84,7 @@ class ExportDoc:
     model_kwargs: dict[str, str] = field(default_factory=dict)  # source text of from_pretrained arguments
     model_lines: list[str] = field(default_factory=list)  # snippet lines applied to `model` once loaded
     collator: str = "default_data_collator"
-    tokenize: str = ""  # how the snippet's tokenize function must pad
+    tokenize: str = ""  # the tokenizer's keyword arguments in the snippet (source text): how it pads
     train_contexts: list[str] = field(default_factory=list)  # `with ...:` around trainer.train()
     accelerate: dict[str, Any] = field(default_factory=dict)
     ds_config: dict | None = None

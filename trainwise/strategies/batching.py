@@ -16,7 +16,7 @@ def _padding_export(value: str, doc: ExportDoc) -> None:
         return
     seq2seq = doc.task == "seq2seq"
     doc.collator = "DataCollatorForSeq2Seq(tokenizer, model=model)" if seq2seq else "DataCollatorWithPadding(tokenizer)"
-    doc.tokenize = f"truncation=True, max_length={doc.max_length}, no padding (the collator pads each batch)"
+    doc.tokenize = f"truncation=True, max_length={doc.max_length}"  # no padding: the collator pads each batch
     doc.notes.append(
         "dynamic padding: no TrainingArguments field; the snippet's collator pads each batch to its longest"
     )

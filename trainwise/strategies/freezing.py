@@ -81,10 +81,18 @@ def _freeze_runtime(value: tuple[str, ...], rt: Runtime) -> None:
         rt.model_edits.append(freezing(functools.partial(frozen_parameters, part=part)))
 
 
+# the snippet's form of frozen_parameters(model, "embeddings"): word, position and type embeddings and their norm
+EMBEDDING_LINES = [
+    "for p in model.get_input_embeddings().parameters(): p.requires_grad_(False)",
+    "for name, p in model.named_parameters():",
+    "    if 'embed' in name: p.requires_grad_(False)",
+]
+
+
 def _freeze_export(value: tuple[str, ...], doc: ExportDoc) -> None:
     for part in value:
         if part == "embeddings":
-            doc.model_lines.append("for p in model.get_input_embeddings().parameters(): p.requires_grad_(False)")
+            doc.model_lines += EMBEDDING_LINES
         else:
             enc = "model.get_encoder()" if doc.task == "seq2seq" else "model.base_model.encoder"
             doc.model_lines.append(f"for p in {enc}.parameters(): p.requires_grad_(False)")
@@ -119,7 +127,7 @@ def _layers_export(value: int, doc: ExportDoc) -> None:
     stack = "model.get_encoder().block" if doc.task == "seq2seq" else "model.base_model.encoder.layer"
     doc.model_lines += [
         f"stack = {stack}  # the layer list (BART: .layers)",
-        "for p in model.get_input_embeddings().parameters(): p.requires_grad_(False)",
+        *EMBEDDING_LINES,
         f"for layer in stack[:{n}]:",
         "    for p in layer.parameters(): p.requires_grad_(False)",
     ]

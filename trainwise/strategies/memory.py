@@ -14,7 +14,8 @@ def _accum_runtime(value: int, rt: Runtime) -> None:
 def _accum_export(value: int, doc: ExportDoc) -> None:
     doc.args["gradient_accumulation_steps"] = value
     doc.args["per_device_train_batch_size"] = doc.batch_size // (value * doc.nproc)
-    doc.accelerate["gradient_accumulation_steps"] = value
+    # not in accelerate_config.yaml: `accelerate launch` rejects the key there (the Trainer takes it from the
+    # arguments; a DeepSpeed config says "auto")
 
 
 def _accum_memory(value: int, terms: MemoryTerms) -> None:
