@@ -109,8 +109,8 @@ def test_train_bad_input_is_one_line(tmp_path, cls_csv, capsys):
     assert len(err) == 1 and "--patience must be >= 1" in err[0]
     assert main([*argv, "--strategies", "bf16,grad_ckpt"]) == 2
     assert "train runs one plan" in capsys.readouterr().err
-    assert main([*argv, "--strategies", "zero2"]) == 2
-    assert "'zero2' needs 2 ranks (data parallel / ZeRO); train runs one process" in capsys.readouterr().err
+    assert main([*argv, "--strategies", "zero2", "--nproc", "3"]) == 2  # checked before any rank starts
+    assert "each micro-batch of 16 must split evenly over --nproc 3 ranks" in capsys.readouterr().err
     space = tmp_path / "space.yaml"
     space.write_text("lr: {low: 1.0e-5, high: 1.0e-3}\n")
     assert main(["tune", "--space", str(space), "--strategies", "zero3", "--out", str(tmp_path / "x")]) == 2
@@ -295,3 +295,66 @@ def test_the_trained_model_is_a_hugging_face_directory_a_pipeline_loads(tmp_path
         classify = pipeline("text-classification", model=str(where), device="cpu")
         predicted = classify([rows[0]["review"], rows[1]["review"]])
         assert len(predicted) == 2 and all(p["label"] in names for p in predicted)
+
+
+@pytest.mark.slow
+def test_train_over_two_zero2_ranks_is_killed_resumes_and_ends_with_the_uninterrupted_loss(tmp_path, cls_csv):
+    """train --nproc 2 with ZeRO-2 on CPU (gloo): every rank checkpoints its partition; a SIGKILL of the
+    ranks at a random step, then --resume, ends with the losses of a run that was never interrupted."""
+    ranks = ("--strategies", "zero2", "--nproc", "2")
+    whole = _train(tmp_path / "whole", cls_csv, *ranks)
+    assert whole.returncode == 0, whole.stderr
+    assert "over 2 ranks" in whole.stderr
+    kill_at = random.Random(11).randint(4, 11)
+    killed = _train(tmp_path / "cut", cls_csv, *ranks, env={"TRAINWISE_FAULT": f"train:kill@{kill_at}"})
+    assert killed.returncode == 1, killed.stderr
+    error = [line for line in killed.stderr.splitlines() if line.startswith("trainwise: error:")]
+    assert len(error) == 1 and "exit code -9" in error[0] and "SIGKILL" in error[0], killed.stderr
+    ckpt = find_resumable(tmp_path / "cut" / "checkpoints", print)
+    assert ckpt is not None and verify(ckpt) is None and (ckpt / "zero").is_dir()
+    resumed = _train(tmp_path / "cut", cls_csv, *ranks, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    r, w = _result(tmp_path / "cut"), _result(tmp_path / "whole")
+    assert r["resumed_from"] == f"ckpt-{3 * ((kill_at - 1) // 3):08d}"
+    assert r["steps"] == w["steps"] == 12
+    assert r["final_loss"] == pytest.approx(w["final_loss"], abs=1e-4)
+    assert [e["train_loss"] for e in r["evals"]] == pytest.approx([e["train_loss"] for e in w["evals"]], abs=1e-4)
+
+
+@pytest.mark.slow
+def test_train_over_zero3_ranks_gathers_the_partitioned_weights_into_a_usable_model(tmp_path, cls_csv):
+    """ZeRO-3 partitions the weights over the ranks; final/ holds them whole, loadable by transformers."""
+    from transformers import AutoModelForSequenceClassification
+
+    done = _train(tmp_path / "z3", cls_csv, "--strategies", "zero3", "--nproc", "2", "--max-steps", "4")
+    assert done.returncode == 0, done.stderr
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "z3" / "final")
+    weights = model.get_input_embeddings().weight
+    assert weights.shape[0] > 100 and float(weights.abs().sum()) > 0  # not ZeRO-3's empty placeholders
+
+
+def test_a_failed_rank_is_reported_by_its_cause_not_torchruns_banner(tmp_path):
+    from trainwise.launcher import rank_failure
+
+    banner = "=" * 53
+    report = [
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        banner,
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  rank      : 0 (local_rank: 0)",
+        "  exitcode  : -9 (pid: 2366)  (SIGKILL)",
+        "  traceback : Signal 9 (SIGKILL) received by PID 2366",
+        banner,
+    ]
+    killed = tmp_path / "killed.log"
+    killed.write_text("\n".join(["some warning", *report]))
+    assert (
+        rank_failure(killed)
+        == "rank 0 (local_rank: 0): exit code -9 (pid: 2366)  (SIGKILL), Signal 9 (SIGKILL) received by PID 2366"
+    )
+    raised = tmp_path / "raised.log"
+    raised.write_text(
+        "\n".join(["Traceback (most recent call last):", "ValueError: every parameter is frozen", *report])
+    )
+    assert rank_failure(raised) == "ValueError: every parameter is frozen"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,6 +32,29 @@ def _tail(path: Path, lines: int = 1) -> str:
     except OSError:
         return ""
     return " | ".join(text[-lines:])
+
+
+def rank_failure(log: Path) -> str:
+    """Why torchrun's ranks failed, from its log: the failing rank's own exception if it printed one,
+    else the root cause torchrun reports (rank, exit code, signal), not torchrun's banner."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    lines = [re.sub(r"^\[rank\d+\]:\s?", "", line) for line in lines]  # torchrun's per-rank prefix
+    report = next((i for i, line in enumerate(lines) if "ChildFailedError" in line), len(lines))
+    raised = [line for line in lines[:report] if re.match(r"^[A-Za-z_][\w.]*(Error|Exception)\b", line)]
+    if raised:
+        return raised[-1].strip()
+    root = next((i for i, line in enumerate(lines) if line.startswith("Root Cause")), None)
+    if root is None:
+        return _tail(log)
+    fields: dict[str, str] = {}
+    for line in lines[root:]:
+        key, _, value = line.strip().partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    rank, code = fields.get("rank", "?"), fields.get("exitcode", "?")
+    return f"rank {rank}: exit code {code}, {fields.get('traceback', '')}".strip()
 
 
 def launch(spec: TrialSpec, trial_dir: Path, timeout_s: float, on_event: Callable[[dict], None]) -> TrialResult:
@@ -98,7 +122,8 @@ def launch(spec: TrialSpec, trial_dir: Path, timeout_s: float, on_event: Callabl
         why = " (the OS out-of-memory killer sends this)" if -code == signal.SIGKILL else ""
         message = f"trial process killed by {name}{why}"
     else:
-        message = f"trial process exited with code {code} and no result: {_tail(log_path)[:300]}"
+        why = rank_failure(log_path) if multi else _tail(log_path)
+        message = f"trial process exited with code {code} and no result: {why[:300]}"
     return TrialResult(status="crashed", message=message, **base)
 
 

@@ -32,6 +32,7 @@ import torch
 from trainwise import loop, strategies
 from trainwise.config import StudyConfig, TrialSpec
 from trainwise.data.prepared import TrialData, load_data
+from trainwise.distributed import Ranks
 from trainwise.errors import ConfigError
 
 LATEST = "latest"
@@ -177,37 +178,55 @@ def _optimizer_state(tensors: dict[str, torch.Tensor], rest: dict) -> dict:
     return {"state": state, "param_groups": rest["param_groups"]}
 
 
-def save_checkpoint(root: Path, model, optimizer, scheduler, state: TrainState) -> Path:
+def _barrier() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def save_checkpoint(root: Path, model, optimizer, scheduler, state: TrainState, engine=None) -> Path:
+    """Write a checkpoint (every rank calls it). One process, or data-parallel ranks whose weights and
+    optimizer state are replicas: rank 0 writes them as safetensors. ZeRO (`engine`, DeepSpeed's): every
+    rank writes its partition through the engine into `zero/`. Rank 0 then adds the schedule, the RNG
+    states and the manifest, and renames the whole into place."""
     from safetensors.torch import save_file, save_model
 
-    root.mkdir(parents=True, exist_ok=True)
+    ranks = Ranks.from_env()
     final = root / f"ckpt-{state.step:08d}"
-    tmp = root / f".tmp-{final.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_model(model, str(tmp / "model.safetensors"))
-    tensors, rest = _optimizer_tensors(optimizer.state_dict())
-    save_file(tensors, str(tmp / "optimizer.safetensors"))
-    save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
-    extra = {
-        "optimizer": rest,
-        "scheduler": scheduler.state_dict(),
-        "python_rng": random.getstate(),
-        "trainer": asdict(state),
-    }
-    (tmp / "extra.json").write_text(json.dumps(extra))
-    files = sorted(p.name for p in tmp.iterdir())
-    manifest = {"files": {name: _sha(tmp / name) for name in files}, "step": state.step}
-    (tmp / "manifest.json").write_text(json.dumps(manifest))
-    for p in tmp.iterdir():  # on disk before the rename makes it visible
-        with open(p, "rb") as f:
-            os.fsync(f.fileno())
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    pointer = root / f".{LATEST}.tmp"
-    pointer.write_text(final.name)
-    os.replace(pointer, root / LATEST)
+    tmp = root / (f".tmp-{final.name}-{os.getpid()}" if ranks.world == 1 else f".tmp-{final.name}-ranks")
+    if ranks.main:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    _barrier()
+    if engine is not None:
+        engine.save_checkpoint(str(tmp / "zero"), tag="state")
+    _barrier()
+    if ranks.main:
+        extra: dict = {
+            "scheduler": scheduler.state_dict(),
+            "python_rng": random.getstate(),
+            "trainer": asdict(state),
+        }
+        if engine is None:
+            save_model(model, str(tmp / "model.safetensors"))
+            tensors, extra["optimizer"] = _optimizer_tensors(optimizer.state_dict())
+            save_file(tensors, str(tmp / "optimizer.safetensors"))
+        save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
+        (tmp / "extra.json").write_text(json.dumps(extra))
+        files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
+        manifest = {"files": {name: _sha(tmp / name) for name in files}, "step": state.step}
+        (tmp / "manifest.json").write_text(json.dumps(manifest))
+        for p in tmp.rglob("*"):  # on disk before the rename makes it visible
+            if p.is_file():
+                with open(p, "rb") as f:
+                    os.fsync(f.fileno())
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        pointer = root / f".{LATEST}.tmp"
+        pointer.write_text(final.name)
+        os.replace(pointer, root / LATEST)
+    _barrier()
     return final
 
 
@@ -246,12 +265,18 @@ def find_resumable(root: Path, warn: Callable[[str], None]) -> Path | None:
     return None
 
 
-def load_checkpoint(ckpt: Path, model, optimizer, scheduler) -> TrainState:
+def load_checkpoint(ckpt: Path, model, optimizer, scheduler, engine=None) -> TrainState:
+    """Every rank loads the checkpoint: the replicas from the safetensors, or (ZeRO) its own partition."""
     from safetensors.torch import load_file, load_model
 
-    load_model(model, str(ckpt / "model.safetensors"))
     extra = json.loads((ckpt / "extra.json").read_text())
-    optimizer.load_state_dict(_optimizer_state(load_file(str(ckpt / "optimizer.safetensors")), extra["optimizer"]))
+    if (ckpt / "zero").is_dir() != (engine is not None):
+        raise ConfigError(f"{ckpt} was written by a run {'with' if engine is None else 'without'} ZeRO")
+    if engine is None:
+        load_model(model, str(ckpt / "model.safetensors"))
+        optimizer.load_state_dict(_optimizer_state(load_file(str(ckpt / "optimizer.safetensors")), extra["optimizer"]))
+    else:
+        engine.load_checkpoint(str(ckpt / "zero"), tag="state", load_lr_scheduler_states=False)
     scheduler.load_state_dict(extra["scheduler"])
     torch.set_rng_state(load_file(str(ckpt / "rng.safetensors"))["torch"])
     version, internal, gauss = extra["python_rng"]
@@ -291,6 +316,10 @@ def run_train(
     spec = dataclasses.replace(spec, settings=dataclasses.replace(s, max_steps=planned))
     parts = loop.build(spec, data, planned)
     raw = parts.raw_model
+    ranks = Ranks.from_env()
+    engine = parts.model if parts.rt.deepspeed is not None else None  # DeepSpeed's engine: ZeRO checkpoints
+    if not ranks.main:
+        warn = _quiet
 
     root = out / "checkpoints"
     state = TrainState(fingerprint=fingerprint(spec), base=fingerprint(spec, with_lr=False))
@@ -305,7 +334,7 @@ def run_train(
         if saved != state.base:
             raise ConfigError(f"{adopt} was written by a run with another model, plan, data or batch settings")
         own = state
-        state = load_checkpoint(adopt, raw, parts.optimizer, parts.scheduler)
+        state = load_checkpoint(adopt, raw, parts.optimizer, parts.scheduler, engine)
         state.fingerprint, state.base = own.fingerprint, own.base  # checkpoints from here on are this run's
         set_hyper(parts.optimizer, parts.scheduler, s.lr, s.weight_decay)
         stopper = EarlyStopping(tc.patience, tc.min_delta, higher, **state.stopper)
@@ -321,7 +350,7 @@ def run_train(
                     f"--resume: {ckpt} was written by a run with another model, plan, data or batch settings "
                     f"(fingerprint {saved} != {state.fingerprint}); use another --out or the original options"
                 )
-            state = load_checkpoint(ckpt, raw, parts.optimizer, parts.scheduler)
+            state = load_checkpoint(ckpt, raw, parts.optimizer, parts.scheduler, engine)
             stopper = EarlyStopping(tc.patience, tc.min_delta, higher, **state.stopper)
             resumed_from = ckpt.name
     elif root.exists() and any(root.glob("ckpt-*")):
@@ -346,20 +375,21 @@ def run_train(
                 best, stopped = stopper.update(float(value), state.step)
                 record["best"] = best
                 if best and tc.checkpoints:
-                    save_model_dir(out / "best", raw, data, record)
+                    save_model_dir(out / "best", parts, data, record)
             state.evals.append(record)
             emit({"event": "eval", **record})
         if tc.checkpoints and (state.step % tc.save_every == 0 or state.step == planned or stopped):
             state.stopper = {"best": stopper.best, "best_step": stopper.best_step, "bad": stopper.bad}
-            saved_at = save_checkpoint(root, raw, parts.optimizer, parts.scheduler, state)
+            saved_at = save_checkpoint(root, raw, parts.optimizer, parts.scheduler, state, engine)
             emit({"event": "checkpoint", "step": state.step, "path": str(saved_at)})
-            _prune(root, tc.keep, protect=set())
+            if ranks.main:
+                _prune(root, tc.keep, protect=set())
         return stopped
 
     loop.run(parts, stream, planned, on_step)
     if tc.checkpoints:
         final = {"step": state.step, "train_loss": state.losses[-1] if state.losses else None}
-        save_model_dir(out / "final", raw, data, state.evals[-1] if state.evals else final)
+        save_model_dir(out / "final", parts, data, state.evals[-1] if state.evals else final)
     result = TrainResult(
         steps=state.step,
         planned_steps=planned,
@@ -373,27 +403,46 @@ def run_train(
         wall_s=time.perf_counter() - t0,
         out=str(out),
     )
-    (out / "train_result.json").write_text(json.dumps({**asdict(result), "compute_saved": result.compute_saved}))
+    if ranks.main:
+        (out / "train_result.json").write_text(json.dumps({**asdict(result), "compute_saved": result.compute_saved}))
     return result
 
 
-def save_model_dir(dest: Path, model, data: TrialData, record: dict) -> None:
+def _quiet(_message: str) -> None:
+    """Warnings of ranks other than 0 (rank 0 says the same)."""
+
+
+def save_model_dir(dest: Path, parts: loop.Parts, data: TrialData, record: dict) -> None:
     """Write the model where users load it (`best/`, `final/`): for text tasks a Hugging Face model
     directory (config with the data's label names, safetensors weights, tokenizer); for images the
-    weights. LoRA adapters are merged into a copy, so the directory needs no peft. The directory is
-    built aside and swapped in, so a kill leaves the previous one whole."""
+    weights. LoRA adapters are merged into a copy, so the directory needs no peft. ZeRO-3's partitioned
+    weights are gathered first (every rank calls this); rank 0 writes. The directory is built aside and
+    swapped in, so a kill leaves the previous one whole."""
     import copy
 
-    from safetensors.torch import save_model
+    from safetensors.torch import save_file, save_model
 
-    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
+    model = getattr(parts.raw_model, "_orig_mod", parts.raw_model)  # torch.compile's wrapper
+    main = Ranks.from_env().main
+    state_dict = None
+    if (parts.rt.deepspeed or {}).get("zero_optimization", {}).get("stage") == 3:
+        import deepspeed
+
+        # every rank takes part in gathering the partitioned weights; rank 0 keeps a whole copy
+        with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None):
+            if main:
+                state_dict = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    if not main:
+        return
     if hasattr(model, "merge_and_unload"):  # a peft model
         model = copy.deepcopy(model).merge_and_unload()
     tmp, old = dest.with_name(dest.name + ".tmp"), dest.with_name(dest.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     if data.save is not None:
-        data.save(model, tmp)
+        data.save(model, tmp, state_dict)
+    elif state_dict is not None:
+        save_file({k: v.contiguous() for k, v in state_dict.items()}, str(tmp / "model.safetensors"))
     else:
         save_model(model, str(tmp / "model.safetensors"))
     (tmp / "eval.json").write_text(json.dumps(record))
@@ -408,12 +457,12 @@ def save_model_dir(dest: Path, model, data: TrialData, record: dict) -> None:
 
 
 def check_one_process(cfg: StudyConfig, verb: str) -> None:
-    """train and tune run one process: data parallelism and ZeRO are compare's (`--nproc`) for now."""
+    """tune runs each trial as one process: data parallelism and ZeRO are compare's and train's (`--nproc`)."""
     row = cfg.rows[0]
     if cfg.nproc > 1 or strategies.runtime(row.plan, cfg.task, "cpu").needs_ranks:
         raise ConfigError(
             f"{row.text!r} needs {max(2, cfg.nproc)} ranks (data parallel / ZeRO); {verb} runs one process: "
-            "measure it with `trainwise compare --nproc N`"
+            "measure it with `trainwise compare --nproc N`, train it with `trainwise train --nproc N`"
         )
 
 
@@ -421,7 +470,6 @@ def study_spec(study: Path, name: str | None, on_note: Callable[[str], None]) ->
     """A compare study's trial spec for a row (default: advise's pick), for `train --plan`: the study's
     model, data, batch, lengths, lr and seed, as its trial ran them."""
     from trainwise.advise import study_row
-    from trainwise.distributed import is_multiprocess
     from trainwise.study import Store
 
     store = Store.of(study, "--plan")
@@ -437,11 +485,6 @@ def study_spec(study: Path, name: str | None, on_note: Callable[[str], None]) ->
     if "batch_size" in entry:  # the cell's own batch size and workers (a sweep's cells share a row)
         settings = dataclasses.replace(spec.settings, batch_size=entry["batch_size"], num_workers=entry["workers"])
         spec = dataclasses.replace(spec, settings=settings)
-    if is_multiprocess(spec):
-        raise ConfigError(
-            f"{spec.row!r} needs {max(2, spec.settings.nproc)} ranks (data parallel / ZeRO); train runs one process: "
-            "measure it with `trainwise compare --nproc N`"
-        )
     return spec
 
 
@@ -481,6 +524,87 @@ def train(
     return r
 
 
+class RanksFailed(RuntimeError):
+    """The training ranks exited without a result (a rank died or was killed)."""
+
+
+def train_ranks(
+    spec: TrialSpec,
+    tc: TrainConfig,
+    out: Path,
+    resume: bool,
+    report_to: tuple[str, ...],
+    emit: Callable[[dict], None],
+    warn: Callable[[str], None],
+) -> TrainResult:
+    """`train` over the ranks a plan needs (data parallel, ZeRO): torchrun runs this module's `main` in
+    each, as `compare --nproc` runs its trials; rank 0's events come back as JSON lines. Checkpoints are
+    written by every rank together, so `--resume` continues a run that was killed."""
+    import subprocess
+    import sys
+
+    from trainwise.launcher import _kill_group, rank_failure
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "train_result.json").unlink(missing_ok=True)
+    args = out / "ranks.json"
+    job = {"spec": spec.to_dict(), "tc": asdict(tc), "out": str(out), "resume": resume, "report_to": list(report_to)}
+    args.write_text(json.dumps(job))
+    nproc = spec.settings.nproc
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if spec.settings.device == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"  # DeepSpeed would look for a GPU
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    cmd += ["-m", "trainwise.train", str(args)]
+    log = out / "ranks.log"
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, start_new_session=True)
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                try:
+                    event = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a library's print
+                if isinstance(event, dict) and event.get("event") == "warning":
+                    warn(event["message"])
+                elif isinstance(event, dict):
+                    emit(event)
+            code = proc.wait()
+        except BaseException:  # Ctrl-C: the ranks have their own session and would not see it
+            _kill_group(proc)
+            raise
+    result = out / "train_result.json"
+    if code != 0 or not result.is_file():
+        why = rank_failure(log)[:300]
+        raise RanksFailed(f"the {nproc} training ranks exited with code {code}: {why} (log: {log})")
+    saved = json.loads(result.read_text())
+    saved.pop("compute_saved", None)
+    return TrainResult(**saved)
+
+
+def main(argv: list[str]) -> int:
+    """One rank of `train_ranks`: `python -m trainwise.train RANKS.json` under torchrun."""
+    from trainwise.worker import _emitter
+
+    job = json.loads(Path(argv[0]).read_text())
+    spec, tc = TrialSpec.from_dict(job["spec"]), TrainConfig(**job["tc"])
+    ranks = Ranks.from_env()
+    # rank 0 prints the events; the test seam TRAINWISE_FAULT="train:kill@STEP" acts in every rank
+    emit = _emitter("train", spec.settings.batch_size, ranks.main)
+
+    def warn(message: str) -> None:
+        emit({"event": "warning", "message": message})
+
+    out, resume = Path(job["out"]), bool(job["resume"])
+    if ranks.main:
+        train(spec, tc, out, resume, tuple(job["report_to"]), emit, warn)
+    else:
+        run_train(spec, tc, out, resume, emit, warn)
+    return 0
+
+
 def summary(r: TrainResult, tc: TrainConfig, price) -> list[str]:
     """What `trainwise train` prints when the run ends."""
     lines = [
@@ -504,3 +628,9 @@ def summary(r: TrainResult, tc: TrainConfig, price) -> list[str]:
         rework = f" (x{price.rework_factor():.3f} expected re-work)" if price.low_priority else ""
         lines.append(f"cost ${price.cost(r.wall_s):.4g} at {price.label}{rework}")
     return lines
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

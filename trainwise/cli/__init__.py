@@ -289,6 +289,9 @@ def train(
     monitor: Annotated[str, Opt(help="metric (accuracy / ROUGE-L, higher is better) or loss (train loss).")] = "metric",
     eval_samples: o.EvalSamples = default("eval_samples"),
     max_train_samples: o.MaxTrainSamples = None,
+    nproc: Annotated[
+        int, Opt(help="Data-parallel ranks under torchrun (gloo on CPU), as compare --nproc; ZeRO plans need them.")
+    ] = 1,
     out: Annotated[str, Opt(help="Run directory: checkpoints/, best/, train_result.json.")] = "runs/train",
     resume: Annotated[bool, Opt("--resume", help="Continue from the last whole checkpoint in --out.")] = False,
     report_to: Annotated[str | None, Opt(help="tensorboard and/or mlflow (comma list); trainwise\\[report].")] = None,
@@ -300,6 +303,7 @@ def train(
 ) -> None:
     """Train for real with one plan: periodic eval, best checkpoint, early stopping, resumable checkpoints."""
     from trainwise import train as run
+    from trainwise.distributed import is_multiprocess
     from trainwise.report import terminal
     from trainwise.study import prepare_study
     from trainwise.tracking import parse_report_to
@@ -318,7 +322,6 @@ def train(
     else:  # max_steps: a placeholder, the run's own schedule replaces it
         rows = [strategies or "baseline"]
         cfg = study_config(ctx.params, strategies=rows, max_steps=2, warmup_steps=0, num_workers=(num_workers,))
-        run.check_one_process(cfg, "train")
         with terminal.err.status("trainwise train: validating input, preparing data and model..."):
             prepared = prepare_study(cfg)
         if prepared.unsupported:
@@ -326,17 +329,28 @@ def train(
         spec = prepared.specs[0]
     fault = _emitter("train", spec.settings.batch_size)  # the test seam: TRAINWISE_FAULT="train:kill@STEP"
 
-    def emit(event: dict) -> None:
+    def show(event: dict) -> None:
         if event.get("event") == "eval":
             shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in event.items() if k != "event"}
             terminal.say(f"  eval {shown}", terminal.err)
         elif event.get("event") == "step" and (event["step"] % 10 == 0 or event["step"] == event["total"]):
             terminal.say(f"  step {event['step']}/{event['total']}  loss {event['loss']:.4f}", terminal.err)
+
+    def emit(event: dict) -> None:
+        show(event)
         with contextlib.redirect_stdout(io.StringIO()):
             fault(event)
 
     warn = lambda msg: terminal.say(f"trainwise: warning: {msg}", terminal.err)  # noqa: E731
-    r = run.train(spec, tc, Path(out), resume, backends, emit, warn)
+    if is_multiprocess(spec):  # data parallel / ZeRO: the ranks under torchrun, as compare --nproc
+        terminal.say(f"trainwise train: {spec.row!r} over {spec.settings.nproc} ranks", terminal.err)
+        try:
+            r = run.train_ranks(spec, tc, Path(out), resume, backends, show, warn)
+        except run.RanksFailed as e:  # not bad input (exit 2): a rank died
+            print(f"trainwise: error: {_one_line(str(e))}", file=sys.stderr)
+            raise typer.Exit(1) from None
+    else:
+        r = run.train(spec, tc, Path(out), resume, backends, emit, warn)
     for line in run.summary(r, tc, cost):
         terminal.say(line)
 

@@ -43,10 +43,11 @@ class TrialData:
     evaluate: Callable[[Any, Any], dict[str, float]]  # (model, accelerator) -> metrics
     metric: str  # the task's headline metric, a key of what `evaluate` returns (higher is better)
     channels: int = 0  # images: input channels
-    save: Callable[[Any, Path], None] | None = None  # writes a model users load without trainwise
+    # writes a model users load without trainwise: (model, directory, its weights when gathered from ZeRO-3)
+    save: Callable[[Any, Path, dict | None], None] | None = None
 
 
-def save_text_model(model, path: Path, tokenizer, labels: list[str], task: str) -> None:
+def save_text_model(model, path: Path, tokenizer, labels: list[str], task: str, state_dict: dict | None) -> None:
     """A Hugging Face model directory: config (with the data's label names), weights, tokenizer, so that
     `from_pretrained` and `pipeline(...)` load it with no trainwise code."""
     from transformers.utils import logging as hf_logging
@@ -55,7 +56,7 @@ def save_text_model(model, path: Path, tokenizer, labels: list[str], task: str) 
     if task == "classification":
         model.config.id2label = dict(enumerate(labels))
         model.config.label2id = {label: i for i, label in enumerate(labels)}
-    model.save_pretrained(path)
+    model.save_pretrained(path, state_dict=state_dict)
     tokenizer.save_pretrained(path)
 
 
@@ -79,7 +80,7 @@ def _text_data(spec: TrialSpec) -> TrialData:
         len(evals),
         lambda model, acc: evaluate_text(model, acc, evals, gold, spec, tokenizer, labels),
         "rougeL" if s.task == "seq2seq" else "accuracy",
-        save=lambda model, path: save_text_model(model, path, tokenizer, labels, s.task),
+        save=lambda model, path, weights: save_text_model(model, path, tokenizer, labels, s.task, weights),
     )
 
 
