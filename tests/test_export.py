@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trainwise import strategies
-from trainwise.export import RunSettings, export_doc, training_arguments, write_export
+from trainwise.export import RunSettings, export_doc, snippet, training_arguments, write_export
 from trainwise.strategies.optim import OPTIMIZERS
 
 
@@ -307,3 +307,43 @@ def test_accelerate_launch_runs_the_exported_config_and_snippet(tmp_path, csv_st
     assert len(logged) == 4 and all(x == x for x in logged)
     if nproc == 1:
         assert [x / 2 for x in logged] == pytest.approx(ours, rel=1e-4)  # accum 2: the Trainer logs x2
+
+
+@pytest.mark.slow
+def test_the_exported_train_command_as_written_trains_the_study_csv_to_the_same_loss(tmp_path, csv_study):
+    """train_command.txt names the study's CSV, columns, batch, accumulation, steps, lr and seed: run as
+    written (plus --out), it ends at the loss of the study's trial."""
+    import shlex
+
+    from trainwise.cli import main
+    from trainwise.export import ExportConfig, export_plan
+    from trainwise.results import TrialResult
+    from trainwise.study import Store
+    from trainwise.trial import run_trial
+
+    study, data = csv_study
+    row = "grad_accum"
+    spec = next(s for s in study.specs if s.row == row)
+    ours: list[float] = []
+    run_trial(spec, progress=lambda e: ours.append(e["loss"]) if e.get("event") == "step" else None)
+    store = Store(study.out / "study.sqlite")
+    store.put(spec, TrialResult(row, "ok"))
+    store.close()
+    (study.out / "results.json").write_text(json.dumps([{"strategy": r, "row": r} for r in TRAINER_ROWS]))
+    export_plan(ExportConfig(study=str(study.out), strategies=row, device="cpu"), tmp_path / "export")
+    argv = shlex.split((tmp_path / "export" / "train_command.txt").read_text())
+    assert argv[:2] == ["trainwise", "train"] and str(data) in argv
+    assert main([*argv[1:], "--out", str(tmp_path / "run")]) == 0
+    trained = json.loads((tmp_path / "run" / "train_result.json").read_text())
+    assert trained["steps"] == len(ours) == 4
+    assert trained["final_loss"] == pytest.approx(ours[-1], rel=1e-5)
+
+
+def test_a_seq2seq_study_snippet_reads_its_rows_and_pads_its_targets():
+    import dataclasses
+
+    s2s = dataclasses.replace(SETTINGS, task="seq2seq", row="baseline", train_rows="/data/train.jsonl")
+    text = snippet(export_doc(plan_of("baseline"), s2s), s2s)
+    compile(text, "train_snippet.py", "exec")
+    assert "open('/data/train.jsonl'" in text and "text_target=row['target']" in text and "-100" in text
+    assert 'max_length=48, padding="max_length")' in text  # targets padded like the inputs

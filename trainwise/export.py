@@ -17,12 +17,14 @@ transformers 5.x logs the training loss x accumulation steps for models that acc
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainwise import strategies
+from trainwise import loop, strategies
 from trainwise.config import DataOrigin
 from trainwise.errors import ConfigError
 from trainwise.plan import TrialPlan
@@ -51,6 +53,7 @@ class RunSettings:
     origin: DataOrigin | None = None  # a study's data, as the user gave it
     labels: tuple[str, ...] = ()  # classification: the class names, in id order
     train_rows: str | None = None  # a study's prepared training rows (JSONL: text, target)
+    epochs: int = 1  # passes `trainwise train` may make (its cap on the steps), enough for max_steps
 
     def batch_line(self, doc: ExportDoc) -> str:
         """The batch, global and per device, said once for every file."""
@@ -122,6 +125,8 @@ def train_command(s: RunSettings) -> str:
         *(["--max-target-length", str(s.max_target_length)] if s.task == "seq2seq" else []),
         "--lr",
         str(s.lr),
+        "--epochs",
+        str(s.epochs),
         "--max-steps",
         str(s.max_steps),
         "--seed",
@@ -284,7 +289,7 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         (cfg.max_length, cfg.max_target_length),
         cfg.lr,
     )
-    max_steps, nproc, seed = cfg.max_steps or 1000, cfg.nproc or 1, 0
+    max_steps, nproc, seed, epochs = cfg.max_steps or 1000, cfg.nproc or 1, 0, 1
     origin, train_rows = None, None
     labels: tuple[str, ...] = ()
     if cfg.study is not None:
@@ -317,6 +322,11 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         nproc = cfg.nproc or s.nproc
         seed = s.seed
         labels = tuple(read_labels(s.data_dir)) if task == "classification" else ()
+        # a trial cycles its data for max_steps; train stops at --epochs: enough passes for the same steps
+        per_epoch = loop.steps_per_epoch(
+            dataclasses.replace(spec, settings=dataclasses.replace(s, batch_size=batch)), s.n_train
+        )
+        epochs = max(1, math.ceil(max_steps / max(1, per_epoch)))
         prepared = Path(s.data_dir) / "train.jsonl"
         train_rows = str(prepared) if prepared.is_file() else None
     else:
@@ -351,6 +361,7 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         origin=origin,
         labels=labels,
         train_rows=train_rows,
+        epochs=epochs,
     )
     paths, notes = write_export(row.plan, run, out)
     if cfg.study is not None and origin is None:
