@@ -298,10 +298,12 @@ def test_the_trained_model_is_a_hugging_face_directory_a_pipeline_loads(tmp_path
 
 
 @pytest.mark.slow
-def test_train_over_two_zero2_ranks_is_killed_resumes_and_ends_with_the_uninterrupted_loss(tmp_path, cls_csv):
-    """train --nproc 2 with ZeRO-2 on CPU (gloo): every rank checkpoints its partition; a SIGKILL of the
-    ranks at a random step, then --resume, ends with the losses of a run that was never interrupted."""
-    ranks = ("--strategies", "zero2", "--nproc", "2")
+@pytest.mark.parametrize("row", ["zero2", "baseline"])
+def test_train_over_two_ranks_is_killed_resumes_and_ends_with_the_uninterrupted_loss(tmp_path, cls_csv, row):
+    """train --nproc 2 on CPU (gloo), ZeRO-2 (every rank checkpoints its partition) and plain DDP (rank 0
+    writes the replicas): a SIGKILL of the ranks at a random step, then --resume, ends with the losses of
+    a run that was never interrupted."""
+    ranks = ("--strategies", row, "--nproc", "2")
     whole = _train(tmp_path / "whole", cls_csv, *ranks)
     assert whole.returncode == 0, whole.stderr
     assert "over 2 ranks" in whole.stderr
@@ -311,7 +313,7 @@ def test_train_over_two_zero2_ranks_is_killed_resumes_and_ends_with_the_uninterr
     error = [line for line in killed.stderr.splitlines() if line.startswith("trainwise: error:")]
     assert len(error) == 1 and "exit code -9" in error[0] and "SIGKILL" in error[0], killed.stderr
     ckpt = find_resumable(tmp_path / "cut" / "checkpoints", print)
-    assert ckpt is not None and verify(ckpt) is None and (ckpt / "zero").is_dir()
+    assert ckpt is not None and verify(ckpt) is None and (ckpt / "zero").is_dir() == (row == "zero2")
     resumed = _train(tmp_path / "cut", cls_csv, *ranks, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     r, w = _result(tmp_path / "cut"), _result(tmp_path / "whole")
