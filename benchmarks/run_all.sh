@@ -76,3 +76,11 @@ for seed in 0 1; do
   done
 done
 $PY benchmarks/tune_compare.py runs/bench-tune8-*-* | tee runs/bench-tune8.md
+
+# 16. train over ranks: one process, DDP and ZeRO-2 over 2 gloo ranks; ZeRO-2 killed at step 15 and resumed
+A="--max-steps 20 --eval-every 10 --save-every 10"
+/usr/bin/time -f "wall %e s" $TW train --strategies baseline $A --out runs/b13-one 2>&1 | tee runs/bench-train-ranks.txt
+/usr/bin/time -f "wall %e s" $TW train --strategies baseline --nproc 2 $A --out runs/b13-ddp 2>&1 | tee -a runs/bench-train-ranks.txt
+/usr/bin/time -f "wall %e s" $TW train --strategies zero2 --nproc 2 $A --out runs/b13-z2 2>&1 | tee -a runs/bench-train-ranks.txt
+TRAINWISE_FAULT=train:kill@15 $TW train --strategies zero2 --nproc 2 $A --out runs/b13-z2k 2>&1 | tee -a runs/bench-train-ranks.txt || true
+/usr/bin/time -f "wall %e s" $TW train --strategies zero2 --nproc 2 $A --out runs/b13-z2k --resume 2>&1 | tee -a runs/bench-train-ranks.txt
