@@ -23,6 +23,7 @@ from typing import Any
 
 from trainwise.config import TrialSpec
 from trainwise.distributed import is_multiprocess
+from trainwise.lifeline import bound_to_me
 from trainwise.results import TrialResult, combine_ranks
 
 
@@ -81,7 +82,7 @@ def launch(spec: TrialSpec, trial_dir: Path, timeout_s: float, on_event: Callabl
             stderr=log,
             text=True,
             env=env,
-            start_new_session=True,
+            preexec_fn=bound_to_me(),  # its own session, and it dies with this process
         )
         reader = threading.Thread(target=_read_events, args=(proc, on_event), daemon=True)
         reader.start()

@@ -544,6 +544,7 @@ def train_ranks(
     import sys
 
     from trainwise.launcher import _kill_group, rank_failure
+    from trainwise.lifeline import bound_to_me
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "train_result.json").unlink(missing_ok=True)
@@ -559,7 +560,9 @@ def train_ranks(
     cmd += ["-m", "trainwise.train", str(args)]
     log = out / "ranks.log"
     with open(log, "w") as stderr:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, start_new_session=True)
+        proc = subprocess.Popen(  # its own session, and it dies with this process
+            cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, preexec_fn=bound_to_me()
+        )
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -586,7 +589,10 @@ def train_ranks(
 
 def main(argv: list[str]) -> int:
     """One rank of `train_ranks`: `python -m trainwise.train RANKS.json` under torchrun."""
+    from trainwise.lifeline import die_with_parent
     from trainwise.worker import _emitter
+
+    die_with_parent()  # torchrun's agent: if it dies, so does this rank
 
     job = json.loads(Path(argv[0]).read_text())
     spec, tc = TrialSpec.from_dict(job["spec"]), TrainConfig(**job["tc"])

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from trainwise.config import StudyConfig, TrialSpec
 from trainwise.errors import ConfigError
+from trainwise.lifeline import bound_to_me
 
 # parameter -> (kind, what it sets). Ranges come from the space file.
 PARAMS = {
@@ -246,7 +247,7 @@ def _run_one(spec: TrialSpec, train_args: dict, trial_dir: Path, trial) -> tuple
         stderr=log,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"},
-        start_new_session=True,
+        preexec_fn=bound_to_me(),  # its own session, and it dies with this process
     )
     state, value, steps = "fail", None, 0
     key = "train_loss" if train_args["monitor"] == "loss" else None

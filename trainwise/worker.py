@@ -57,6 +57,9 @@ def _emitter(strategy: str, batch_size: int, main_rank: bool = True):
 
 
 def main(argv: list[str]) -> int:
+    from trainwise.lifeline import die_with_parent
+
+    die_with_parent()  # a trial never outlives the study (or torchrun) that started it
     spec_path, result_path = Path(argv[0]), Path(argv[1])
     from trainwise.config import TrialSpec
     from trainwise.results import TrialResult

@@ -424,11 +424,22 @@ def env(device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto"
     terminal.out.print_json(json.dumps({**environment(resolved), "capabilities": sorted(caps)}))
 
 
+def _interrupted() -> int:
+    """Ctrl-C, SIGTERM or SIGHUP: the running trial was killed with the command (`trainwise.lifeline`)."""
+    from trainwise import lifeline
+
+    print(f"trainwise: interrupted ({lifeline.received or 'SIGINT'})", file=sys.stderr)
+    return 130
+
+
 def _one_line(msg: str) -> str:
     return " ".join(msg.split())
 
 
 def main(argv: list[str] | None = None) -> int:
+    from trainwise.lifeline import signals_interrupt
+
+    signals_interrupt()  # SIGTERM / SIGHUP: clean up (kill the running trial) like Ctrl-C
     command = typer.main.get_command(app)
     try:
         code = command.main(args=argv, prog_name="trainwise", standalone_mode=False)
@@ -442,8 +453,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trainwise: error: {_one_line(e.format_message())}", file=sys.stderr)
         return 2
     except (typer.Abort, KeyboardInterrupt):
-        print("trainwise: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted()
     except typer.Exit as e:
         return int(e.exit_code)
+    if code == 130:  # typer turns Ctrl-C (and lifeline's SIGTERM / SIGHUP) into a silent exit code 130
+        return _interrupted()
     return code if isinstance(code, int) else 0

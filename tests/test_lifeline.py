@@ -1,0 +1,67 @@
+"""No orphans: whatever kills a trainwise command, its trial processes (and torchrun's ranks) die too."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+
+def _start(tmp_path, csv, *extra):
+    argv = [sys.executable, "-m", "trainwise.cli", "compare", "--model-preset", "bert-tiny", "--train-file", str(csv)]
+    argv += ["--strategies", "baseline", "--batch-size", "8", "--max-length", "32", "--max-steps", "20"]
+    argv += ["--eval-samples", "0", "--device", "cpu", "--out", str(tmp_path / "study"), *extra]
+    # the trial hangs at step 2: it would run forever if nothing killed it
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRAINWISE_FAULT": "baseline:hang@2"}
+    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _trial_processes(parent: psutil.Process, expected: int, timeout: float = 120.0) -> list[psutil.Process]:
+    """The command's descendants once the trial's processes (and torchrun's ranks) are up."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [p for p in parent.children(recursive=True) if "trainwise.worker" in " ".join(p.cmdline())]
+        if len(found) >= expected:
+            time.sleep(3)  # into the hang
+            return parent.children(recursive=True)
+        time.sleep(0.5)
+    raise AssertionError(f"the trial did not start within {timeout:g} s")
+
+
+def _all_gone(processes: list[psutil.Process], within: float = 10.0) -> list[str]:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        alive = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            return []
+        time.sleep(0.25)
+    return [" ".join(p.cmdline())[:120] for p in alive]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "how, nproc",
+    [("SIGKILL", 1), ("SIGTERM", 1), ("SIGHUP", 1), ("SIGKILL", 2)],
+)
+def test_killing_the_study_leaves_no_trial_process_behind(tmp_path, cls_csv, how, nproc):
+    """SIGKILL cannot be caught: the trial (and torchrun and its ranks) die with their parent through
+    PR_SET_PDEATHSIG. SIGTERM / SIGHUP end the command like Ctrl-C: it kills the trial's group and exits."""
+    study = _start(tmp_path, cls_csv, "--nproc", str(nproc))
+    try:
+        children = _trial_processes(psutil.Process(study.pid), expected=nproc)
+        assert children, "the study started its trial"
+        os.kill(study.pid, getattr(signal, how))
+        study.wait(timeout=30)
+        assert _all_gone(children) == [], f"orphans after {how} of the study"
+        if how != "SIGKILL":
+            assert study.returncode == 130 and f"trainwise: interrupted ({how})" in study.stderr.read()
+    finally:
+        if study.poll() is None:
+            study.kill()
+        for p in psutil.Process().children(recursive=True):
+            p.kill()
