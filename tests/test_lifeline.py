@@ -65,3 +65,63 @@ def test_killing_the_study_leaves_no_trial_process_behind(tmp_path, cls_csv, how
             study.kill()
         for p in psutil.Process().children(recursive=True):
             p.kill()
+
+
+@pytest.mark.slow
+def test_a_killed_study_keeps_readable_reports_says_it_is_partial_and_resumes(tmp_path, cls_csv):
+    """The reports are rewritten as each trial is stored: SIGKILL during the second trial leaves the first
+    in results.json (advise reads it and says the study is partial); the same command finishes the study
+    without re-running what was stored."""
+    import json
+
+    from trainwise.cli import main
+
+    argv = [
+        sys.executable,
+        "-m",
+        "trainwise.cli",
+        "compare",
+        "--model-preset",
+        "bert-tiny",
+        "--train-file",
+        str(cls_csv),
+    ]
+    argv += ["--strategies", "baseline,grad_accum,dynamic_pad", "--batch-size", "8", "--max-length", "32"]
+    argv += ["--max-steps", "4", "--warmup-steps", "1", "--eval-samples", "0", "--device", "cpu"]
+    out = tmp_path / "study"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRAINWISE_FAULT": "grad_accum:hang@2"}
+    study = subprocess.Popen([*argv, "--out", str(out)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "progress.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        children = _trial_processes(psutil.Process(study.pid), expected=1)  # the second trial, hanging
+        study.kill()
+        study.wait(timeout=30)
+        assert _all_gone(children) == []
+    finally:
+        if study.poll() is None:
+            study.kill()
+    rows = json.loads((out / "results.json").read_text())
+    assert [r["strategy"] for r in rows] == ["baseline"] and rows[0]["status"] == "ok"
+    assert json.loads((out / "progress.json").read_text()) == {"done": 1, "total": 3}
+    assert (out / "report.md").read_text().count("| baseline |") == 1 and (out / "chart.png").stat().st_size > 0
+    from trainwise.advise import partial_note
+
+    assert "1 of 3 trials finished" in (partial_note(out) or "")
+    finished = subprocess.run(
+        [*argv, "--out", str(out)],
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert finished.returncode == 0, finished.stderr
+    assert "(stored) baseline #1: ok" in finished.stderr  # not re-run
+    assert [r["strategy"] for r in json.loads((out / "results.json").read_text())] == [
+        "baseline",
+        "grad_accum",
+        "dynamic_pad",
+    ]
+    assert partial_note(out) is None
+    assert main(["advise", str(out)]) == 0

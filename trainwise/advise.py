@@ -199,6 +199,20 @@ def read_results(study: Path) -> list[dict]:
     return rows
 
 
+def partial_note(study: Path) -> str | None:
+    """A line saying the study is partial (killed or still running), or None when it is whole."""
+    from trainwise.report.write import read_progress
+
+    progress = read_progress(study)
+    if progress is None or progress[0] >= progress[1]:
+        return None
+    done, total = progress
+    return (
+        f"{study} is partial: {done} of {total} trials finished (interrupted, or still running); "
+        "the same compare command finishes it"
+    )
+
+
 def study_row(study: Path, name: str | None, flag: str = "--study") -> dict:
     """A finished study's results entry for a row (its table name or its row text), or the one advise
     recommends (objective time, no constraints) when `name` is None."""

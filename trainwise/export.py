@@ -364,6 +364,12 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         epochs=epochs,
     )
     paths, notes = write_export(row.plan, run, out)
+    if cfg.study is not None:
+        from trainwise.advise import partial_note
+
+        partial = partial_note(Path(cfg.study))
+        if partial:
+            notes.insert(0, partial)
     if cfg.study is not None and origin is None:
         notes.insert(
             0,

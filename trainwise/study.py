@@ -327,8 +327,15 @@ Events = Callable[[TrialSpec, dict], None]
 Trials = list[tuple[TrialSpec, TrialResult]]
 
 
-def run_study(prepared: PreparedStudy, launch: Launch, on_event: Events, on_done: Callable) -> Trials:
-    """Run the trials not in the store yet; return every trial of this study with its result, in order."""
+def run_study(
+    prepared: PreparedStudy,
+    launch: Launch,
+    on_event: Events,
+    on_done: Callable,
+    on_stored: Callable[[Trials], object] | None = None,
+) -> Trials:
+    """Run the trials not in the store yet; return every trial of this study with its result, in order.
+    `on_stored` gets the trials so far each time one is stored (the reports are rewritten with it)."""
     cfg, out = prepared.config, prepared.out
     store = Store(out / "study.sqlite")
     trials: Trials = []
@@ -348,6 +355,8 @@ def run_study(prepared: PreparedStudy, launch: Launch, on_event: Events, on_done
             store.put(spec, result)
             on_done(spec, result, False)
             trials.append((spec, result))
+            if on_stored is not None:
+                on_stored(trials)
     finally:
         store.close()
     return trials
@@ -386,6 +395,8 @@ def aggregate(cells: list[Cell], trials: Trials) -> list[dict]:
     table = []
     for cell in cells:
         results = [r for spec, r in trials if cell.matches(spec)]
+        if not results:  # a study in progress (or killed): only what has run
+            continue
         ok = [r for r in results if r.status == "ok"]
         first = (ok or results)[-1]
         entry: dict = {
@@ -442,4 +453,5 @@ def report(prepared: PreparedStudy, trials: Trials, price=None) -> Report:
     if price is not None:
         add_cost(table, price)
     title = f"trainwise compare: {s.model_label} / {s.task} / {s.device}"
-    return Report(title, table, write_reports(prepared.out, table, title))
+    done = len({spec.key() for spec, _ in trials})
+    return Report(title, table, write_reports(prepared.out, table, title, done, len(prepared.specs)))

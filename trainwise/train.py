@@ -469,9 +469,12 @@ def check_one_process(cfg: StudyConfig, verb: str) -> None:
 def study_spec(study: Path, name: str | None, on_note: Callable[[str], None]) -> TrialSpec:
     """A compare study's trial spec for a row (default: advise's pick), for `train --plan`: the study's
     model, data, batch, lengths, lr and seed, as its trial ran them."""
-    from trainwise.advise import study_row
+    from trainwise.advise import partial_note, study_row
     from trainwise.study import Store
 
+    partial = partial_note(study)
+    if partial:
+        on_note(f"trainwise: note: {partial}")
     store = Store.of(study, "--plan")
     try:
         entry = study_row(study, name, "--plan")

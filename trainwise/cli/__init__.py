@@ -86,7 +86,8 @@ def run_compare(cfg, cost=None, console=None) -> None:
     with terminal.err.status(f"trainwise compare: validating input, preparing data and model ({cfg.task})..."):
         prepared = prepare_study(cfg)
     with terminal.study_progress(prepared) as (on_event, on_done):
-        trials = run_study(prepared, launch, on_event, on_done)
+        # the reports are rewritten as each trial is stored: a killed study's finished trials are readable
+        trials = run_study(prepared, launch, on_event, on_done, lambda so_far: report(prepared, so_far, cost))
     terminal.compare_table(report(prepared, trials, cost), console)
 
 
@@ -116,7 +117,7 @@ def advise(
     """
     from dataclasses import asdict
 
-    from trainwise.advise import Constraints, advise_study, parse_bytes
+    from trainwise.advise import Constraints, advise_study, parse_bytes, partial_note
     from trainwise.report import terminal
 
     budget = parse_bytes(memory_budget) if memory_budget is not None else None
@@ -126,6 +127,9 @@ def advise(
         run_compare(cfg, console=terminal.err if as_json else terminal.out)
     with terminal.err.status("advising (a budget adds batch hints: an estimate, a probe on first use)..."):
         result = advise_study(Path(study), constraints)
+    partial = partial_note(Path(study))
+    if partial:
+        terminal.say(f"trainwise: note: {partial}", terminal.err)
     if as_json:
         terminal.out.print_json(json.dumps(asdict(result)))
     else:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 
 from trainwise.report.format import cells, footnotes, headers, notes, quality
+
+PROGRESS = "progress.json"  # how many of the study's trials the reports hold
 
 CSV_FIELDS = [
     "strategy",
@@ -41,16 +44,34 @@ def _atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def write_reports(out: Path, table: list[dict], title: str) -> list[Path]:
+def write_reports(
+    out: Path, table: list[dict], title: str, done: int | None = None, total: int | None = None
+) -> list[Path]:
+    """Every file replaced whole (written aside, then renamed): a reader, or a kill, never sees half of one.
+    `progress.json` says how many of the study's trials are in them (a killed study's reports are partial)."""
     paths = [out / "results.json", out / "results.csv", out / "report.md", out / "chart.png"]
     _atomic(paths[0], json.dumps(table, indent=1, default=str))
-    with open(paths[1], "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(table)
+    rows = io.StringIO()
+    writer = csv.DictWriter(rows, fieldnames=CSV_FIELDS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(table)
+    _atomic(paths[1], rows.getvalue())
     _atomic(paths[2], markdown(table, title))
-    chart(table, paths[3], title)
+    tmp = paths[3].with_name(".chart.tmp.png")
+    chart(table, tmp, title)
+    tmp.replace(paths[3])
+    if done is not None and total is not None:
+        _atomic(out / PROGRESS, json.dumps({"done": done, "total": total}))
     return paths
+
+
+def read_progress(study: Path) -> tuple[int, int] | None:
+    """(trials done, trials in the study), or None when the study does not say (written before it did)."""
+    try:
+        progress = json.loads((study / PROGRESS).read_text(encoding="utf-8"))
+        return int(progress["done"]), int(progress["total"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def markdown(table: list[dict], title: str) -> str:
