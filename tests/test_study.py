@@ -173,3 +173,16 @@ def test_batch_size_and_worker_sweep_with_an_oom_cell(tmp_path, cls_csv, monkeyp
     assert rows["baseline @bs4 @w1"]["data_wait_s"] is not None and rows["baseline @bs4 @w1"]["rel_time"] > 0
     printed = capsys.readouterr().out
     assert "data (s)" in printed and "baseline @bs8 @w1" in printed
+
+
+@pytest.mark.slow
+def test_a_study_whose_every_trial_failed_exits_1_with_a_summary(tmp_path, cls_csv, monkeypatch, capsys):
+    """Exit codes: 0 when the study produced rows, 1 when every trial failed (2 is bad input)."""
+    from trainwise.cli import main
+
+    monkeypatch.setenv("TRAINWISE_FAULT", "baseline:raise@1")
+    argv = ["compare", "--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--strategies", "baseline,fp16"]
+    argv += ["--batch-size", "8", "--max-length", "32", "--max-steps", "3", "--warmup-steps", "1"]
+    assert main([*argv, "--eval-samples", "0", "--out", str(tmp_path / "s")]) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == "trainwise: error: every trial failed (1 error, 1 unsupported); see the table above"

@@ -74,10 +74,20 @@ def compare(
     cost = price(ctx.params)
     sweeps = {"batch_sizes": int_list(batch_sizes, "--batch-sizes") if batch_sizes else ()}
     cfg = study_config(ctx.params, **sweeps, num_workers=int_list(num_workers, "--num-workers"))
-    run_compare(cfg, cost)
+    table = run_compare(cfg, cost)
+    if not any(e["status"] == "ok" for e in table):  # exit 1: the study ran, and no trial produced a result
+        print(f"trainwise: error: every trial failed ({_statuses(table)}); see the table above", file=sys.stderr)
+        raise typer.Exit(1)
 
 
-def run_compare(cfg, cost=None, console=None) -> None:
+def _statuses(table: list[dict]) -> str:
+    counts: dict[str, int] = {}
+    for e in table:
+        counts[e["status"]] = counts.get(e["status"], 0) + 1
+    return ", ".join(f"{n} {status}" for status, n in counts.items())
+
+
+def run_compare(cfg, cost=None, console=None) -> list[dict]:
     """Prepare, run (or resume) and report a study; shared by `compare` and `advise --run`."""
     from trainwise.launcher import launch
     from trainwise.report import terminal
@@ -88,7 +98,9 @@ def run_compare(cfg, cost=None, console=None) -> None:
     with terminal.study_progress(prepared) as (on_event, on_done):
         # the reports are rewritten as each trial is stored: a killed study's finished trials are readable
         trials = run_study(prepared, launch, on_event, on_done, lambda so_far: report(prepared, so_far, cost))
-    terminal.compare_table(report(prepared, trials, cost), console)
+    done = report(prepared, trials, cost)
+    terminal.compare_table(done, console)
+    return done.table
 
 
 @app.command()
