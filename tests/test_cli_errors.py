@@ -116,3 +116,42 @@ def test_a_hub_dataset_offline_is_one_line(tmp_path, capsys, monkeypatch):
     assert code == 2 and len(err) == 1
     assert "cannot load dataset 'someone/not-a-local-dataset'" in err[0] and "stdlib-topic" in err[0]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("verb", ["compare", "train"])
+def test_an_out_dir_with_the_users_files_is_refused_unless_force(tmp_path, cls_csv, capsys, verb):
+    """--out naming a folder with files trainwise did not write: one line, exit 2, the files untouched."""
+    from trainwise.cli import main
+
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "report.md").write_text("my notes")
+    argv = [verb, "--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds files trainwise did not write (report.md)" in err[0] and "--force" in err[0]
+    assert sorted(p.name for p in out.iterdir()) == ["report.md"] and (out / "report.md").read_text() == "my notes"
+
+
+def test_export_into_a_folder_with_the_users_files_is_refused_unless_force(tmp_path, capsys):
+    from trainwise.cli import main
+
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "training_args.json").write_text("{}")
+    argv = ["export", "--strategies", "bf16", "--model-preset", "bert-tiny", "--out", str(out)]
+    assert main(argv) == 2
+    assert "holds files trainwise did not write (training_args.json)" in capsys.readouterr().err
+    assert (out / "training_args.json").read_text() == "{}"
+    assert main([*argv, "--force"]) == 0 and (out / "training_args.json").read_text() != "{}"
+    assert main(argv) == 0, "trainwise's own export folder is rewritten without --force"
+
+
+def test_the_cli_stays_thin():
+    """Issue 12: the CLI parses options and prints; the work is in the library (600 lines at most)."""
+    from pathlib import Path
+
+    import trainwise.cli
+
+    package = Path(trainwise.cli.__file__).parent
+    assert sum(len(p.read_text().splitlines()) for p in package.glob("*.py")) <= 600

@@ -61,6 +61,7 @@ class StudyConfig:
     nproc: int = 1  # data-parallel processes per trial (torchrun); ZeRO rows partition over them
     profile: bool = False  # torch.profiler Chrome trace of every trial's training steps
     image_size: int = 32  # image folders are resized to image_size x image_size
+    force: bool = False  # write into an --out that holds files trainwise did not write
 
     rows: list[Row] = field(init=False)  # `strategies`, parsed once
 

@@ -208,10 +208,22 @@ def snippet(doc: ExportDoc, s: RunSettings) -> str:
     return "\n".join(lines)
 
 
-def write_export(plan: TrialPlan, s: RunSettings, out: Path) -> tuple[list[Path], list[str]]:
-    """Write the files; returns them and the notes (what TrainingArguments cannot say)."""
+def write_export(plan: TrialPlan, s: RunSettings, out: Path, force: bool = False) -> tuple[list[Path], list[str]]:
+    """Write the files; returns them and the notes (what TrainingArguments cannot say). A directory that
+    holds files trainwise did not write (say, the user's own training_args.json) is refused unless `force`."""
+    from trainwise.study import MARK
+
+    if out.is_dir() and not force and not (out / MARK).exists():
+        foreign = sorted(p.name for p in out.iterdir())
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+            raise ConfigError(
+                f"--out {out} holds files trainwise did not write ({shown}); choose another --out, "
+                "or pass --force to write into it"
+            )
     doc = export_doc(plan, s)
     out.mkdir(parents=True, exist_ok=True)
+    (out / MARK).write_text("written by trainwise\n")
     files: dict[str, str] = {
         "training_args.json": json.dumps(doc.args, indent=2) + "\n",
         "train_snippet.py": snippet(doc, s),
@@ -261,6 +273,7 @@ class ExportConfig:
     zero: int = 0
     offload: str = "none"
     device: str = "cuda"
+    force: bool = False  # write into an --out that holds files trainwise did not write
 
     def __post_init__(self) -> None:
         if self.device not in ("cuda", "cpu"):
@@ -363,7 +376,7 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         train_rows=train_rows,
         epochs=epochs,
     )
-    paths, notes = write_export(row.plan, run, out)
+    paths, notes = write_export(row.plan, run, out, cfg.force)
     if cfg.study is not None:
         from trainwise.advise import partial_note
 

@@ -60,3 +60,8 @@ def signals_interrupt() -> None:
         return  # only the main thread may set handlers (trainwise's main called from a thread: leave them)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, interrupt)
+
+
+def interrupted_line() -> str:
+    """What a command interrupted by Ctrl-C, SIGTERM or SIGHUP says (the running trial was killed with it)."""
+    return f"trainwise: interrupted ({received or 'SIGINT'})"

@@ -25,7 +25,7 @@ from trainwise import strategies
 from trainwise.config import IMAGE_TASK, Cell, DataOrigin, StudyConfig, TrialSettings, TrialSpec
 from trainwise.data.builtin import BUILTIN_DATASETS
 from trainwise.data.sources import load_rows
-from trainwise.errors import ConfigError
+from trainwise.errors import ConfigError, RunFailed
 from trainwise.models import resolve_model, train_tokenizer
 from trainwise.results import TrialResult
 
@@ -56,6 +56,23 @@ class PreparedStudy:
 
     def cell_of(self, spec: TrialSpec) -> Cell:
         return next(c for c in self.cells if c.matches(spec))
+
+
+MARK = ".trainwise"  # in every --out trainwise writes: what is there is ours to replace
+
+
+def _check_ours(out: Path, force: bool) -> None:
+    """An --out that exists with files trainwise did not write is the user's: refused unless --force."""
+    if force or not out.is_dir():
+        return
+    entries = sorted(p.name for p in out.iterdir())
+    ours = MARK in entries or "study.sqlite" in entries or (out / "data" / "labels.json").is_file()
+    if entries and not ours:
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise ConfigError(
+            f"--out {out} holds files trainwise did not write ({shown}); choose another --out, "
+            "or pass --force to write into it"
+        )
 
 
 def _check_writable(out: Path) -> None:
@@ -100,6 +117,7 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
     _check_ranks(cfg, device, unsupported)
     out = Path(cfg.out)
     _check_writable(out)
+    _check_ours(out, cfg.force)
     if cfg.task == IMAGE_TASK:
         return _prepare_images(cfg, device, unsupported, out)
     source = resolve_model(cfg.model, cfg.model_preset, cfg.task)
@@ -132,6 +150,7 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
     # Everything the user gave is valid: from here on files are written.
     data_dir = out / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
+    (out / MARK).write_text("written by trainwise\n")
     fingerprint = _fingerprint(train, evals)
     _write_jsonl(data_dir / "train.jsonl", train)
     _write_jsonl(data_dir / "eval.jsonl", evals)
@@ -212,6 +231,7 @@ def _prepare_images(cfg: StudyConfig, device: str, unsupported: dict[str, str], 
         raise ConfigError(f"the training data has {len(train)} images, fewer than the batch size {largest}")
     data_dir = out / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
+    (out / MARK).write_text("written by trainwise\n")
     save_images(data_dir / "images.npz", train, evals)
     (data_dir / "labels.json").write_text(json.dumps(names))
     (data_dir / "origin.json").write_text(json.dumps(dataclasses.asdict(DataOrigin.of(cfg))))
@@ -434,6 +454,17 @@ def aggregate(cells: list[Cell], trials: Trials) -> list[dict]:
             if base["peak_mem_bytes"] and e["peak_mem_bytes"] is not None:
                 e["rel_mem"] = e["peak_mem_bytes"] / base["peak_mem_bytes"]
     return table
+
+
+def check_some_ok(table: list[dict]) -> None:
+    """RunFailed (exit 1) when the study ran and no row produced a result, with the count per status."""
+    if any(e["status"] == "ok" for e in table):
+        return
+    counts: dict[str, int] = {}
+    for e in table:
+        counts[e["status"]] = counts.get(e["status"], 0) + 1
+    summary = ", ".join(f"{n} {status}" for status, n in counts.items())
+    raise RunFailed(f"every trial failed ({summary}); see the table above")
 
 
 @dataclass

@@ -16,8 +16,10 @@ data and batch, with its own learning rate, weight decay and label smoothing fro
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import random
@@ -33,7 +35,7 @@ from trainwise import loop, strategies
 from trainwise.config import StudyConfig, TrialSpec
 from trainwise.data.prepared import TrialData, load_data
 from trainwise.distributed import Ranks
-from trainwise.errors import ConfigError
+from trainwise.errors import ConfigError, RunFailed
 
 LATEST = "latest"
 
@@ -527,10 +529,6 @@ def train(
     return r
 
 
-class RanksFailed(RuntimeError):
-    """The training ranks exited without a result (a rank died or was killed)."""
-
-
 def train_ranks(
     spec: TrialSpec,
     tc: TrainConfig,
@@ -584,7 +582,7 @@ def train_ranks(
     result = out / "train_result.json"
     if code != 0 or not result.is_file():
         why = rank_failure(log)[:300]
-        raise RanksFailed(f"the {nproc} training ranks exited with code {code}: {why} (log: {log})")
+        raise RunFailed(f"the {nproc} training ranks exited with code {code}: {why} (log: {log})")
     saved = json.loads(result.read_text())
     saved.pop("compute_saved", None)
     return TrainResult(**saved)
@@ -612,6 +610,33 @@ def main(argv: list[str]) -> int:
     else:
         run_train(spec, tc, out, resume, emit, warn)
     return 0
+
+
+def train_any(
+    spec: TrialSpec,
+    tc: TrainConfig,
+    out: Path,
+    resume: bool,
+    report_to: tuple[str, ...],
+    show: Callable[[dict], None],
+    warn: Callable[[str], None],
+) -> TrainResult:
+    """`train` in this process, or over the ranks the plan needs (data parallel, ZeRO) under torchrun."""
+    from trainwise.distributed import is_multiprocess
+    from trainwise.worker import _emitter
+
+    if is_multiprocess(spec):
+        warn_line = f"{spec.row!r} over {spec.settings.nproc} ranks (torchrun; their output: {out}/ranks.log)"
+        show({"event": "note", "message": warn_line})
+        return train_ranks(spec, tc, out, resume, report_to, show, warn)
+    fault = _emitter("train", spec.settings.batch_size)  # the test seam: TRAINWISE_FAULT="train:kill@STEP"
+
+    def emit(event: dict) -> None:
+        show(event)
+        with contextlib.redirect_stdout(io.StringIO()):  # the seam's emitter prints JSON lines: not here
+            fault(event)
+
+    return train(spec, tc, out, resume, report_to, emit, warn)
 
 
 def summary(r: TrainResult, tc: TrainConfig, price) -> list[str]:

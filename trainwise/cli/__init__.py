@@ -5,9 +5,7 @@ Bad input (a ConfigError, or a usage error from the parser) prints one line and 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import io
 import json
 import sys
 from pathlib import Path
@@ -21,7 +19,7 @@ from typer._click.exceptions import ClickException, NoArgsIsHelpError
 from trainwise import strategies as catalogue
 from trainwise.cli import options as o
 from trainwise.cli.options import default, int_list, price, study_config
-from trainwise.errors import ConfigError
+from trainwise.errors import ConfigError, RunFailed
 
 app = typer.Typer(
     add_completion=False,
@@ -58,6 +56,7 @@ def compare(
     eval_samples: o.EvalSamples = default("eval_samples"),
     max_train_samples: o.MaxTrainSamples = None,
     retry_failed: Annotated[bool, Opt(help="On resume, run again the rows that did not end 'ok'.")] = False,
+    force: o.Force = False,
     batch_sizes: Annotated[str | None, Opt(help="Sweep: every row at each batch size, e.g. 8,16,32,64.")] = None,
     num_workers: Annotated[str, Opt(help="Sweep: DataLoader worker counts, e.g. 0,1,2,4,8.")] = "0",
     nproc: o.Nproc = 1,
@@ -74,24 +73,14 @@ def compare(
     cost = price(ctx.params)
     sweeps = {"batch_sizes": int_list(batch_sizes, "--batch-sizes") if batch_sizes else ()}
     cfg = study_config(ctx.params, **sweeps, num_workers=int_list(num_workers, "--num-workers"))
-    table = run_compare(cfg, cost)
-    if not any(e["status"] == "ok" for e in table):  # exit 1: the study ran, and no trial produced a result
-        print(f"trainwise: error: every trial failed ({_statuses(table)}); see the table above", file=sys.stderr)
-        raise typer.Exit(1)
+    run_compare(cfg, cost)
 
 
-def _statuses(table: list[dict]) -> str:
-    counts: dict[str, int] = {}
-    for e in table:
-        counts[e["status"]] = counts.get(e["status"], 0) + 1
-    return ", ".join(f"{n} {status}" for status, n in counts.items())
-
-
-def run_compare(cfg, cost=None, console=None) -> list[dict]:
+def run_compare(cfg, cost=None, console=None) -> None:
     """Prepare, run (or resume) and report a study; shared by `compare` and `advise --run`."""
     from trainwise.launcher import launch
     from trainwise.report import terminal
-    from trainwise.study import prepare_study, report, run_study
+    from trainwise.study import check_some_ok, prepare_study, report, run_study
 
     with terminal.err.status(f"trainwise compare: validating input, preparing data and model ({cfg.task})..."):
         prepared = prepare_study(cfg)
@@ -100,7 +89,7 @@ def run_compare(cfg, cost=None, console=None) -> list[dict]:
         trials = run_study(prepared, launch, on_event, on_done, lambda so_far: report(prepared, so_far, cost))
     done = report(prepared, trials, cost)
     terminal.compare_table(done, console)
-    return done.table
+    check_some_ok(done.table)  # exit 1 when the study ran and no trial produced a result
 
 
 @app.command()
@@ -139,8 +128,7 @@ def advise(
         run_compare(cfg, console=terminal.err if as_json else terminal.out)
     with terminal.err.status("advising (a budget adds batch hints: an estimate, a probe on first use)..."):
         result = advise_study(Path(study), constraints)
-    partial = partial_note(Path(study))
-    if partial:
+    if partial := partial_note(Path(study)):
         terminal.say(f"trainwise: note: {partial}", terminal.err)
     if as_json:
         terminal.out.print_json(json.dumps(asdict(result)))
@@ -210,6 +198,7 @@ def export(
     zero: o.Zero = 0,
     offload: o.Offload = "none",
     device: Annotated[str, Opt(help="Where the exported run trains: cuda or cpu.")] = "cuda",
+    force: o.Force = False,
 ) -> None:
     """Write a plan as TrainingArguments JSON + Python snippet, accelerate config, ds_config.json (ZeRO) and
     the equivalent `trainwise train` command."""
@@ -218,7 +207,7 @@ def export(
 
     lengths = (max_length, max_target_length)
     cfg = ExportConfig(study, strategies, model, model_preset, task, batch_size, accum_steps, *lengths, lr, max_steps)
-    cfg = dataclasses.replace(cfg, nproc=nproc, zero=zero, offload=offload, device=device)
+    cfg = dataclasses.replace(cfg, nproc=nproc, zero=zero, offload=offload, device=device, force=force)
     row, paths, notes = export_plan(cfg, Path(out))
     say(f"exported plan {row!r}:")
     for p in paths:
@@ -305,10 +294,9 @@ def train(
     monitor: Annotated[str, Opt(help="metric (accuracy / ROUGE-L, higher is better) or loss (train loss).")] = "metric",
     eval_samples: o.EvalSamples = default("eval_samples"),
     max_train_samples: o.MaxTrainSamples = None,
-    nproc: Annotated[
-        int, Opt(help="Data-parallel ranks under torchrun (gloo on CPU), as compare --nproc; ZeRO plans need them.")
-    ] = 1,
+    nproc: o.Nproc = 1,
     out: Annotated[str, Opt(help="Run directory: checkpoints/, best/, train_result.json.")] = "runs/train",
+    force: o.Force = False,
     resume: Annotated[bool, Opt("--resume", help="Continue from the last whole checkpoint in --out.")] = False,
     report_to: Annotated[str | None, Opt(help="tensorboard and/or mlflow (comma list); trainwise\\[report].")] = None,
     price_per_hour: o.PricePerHour = None,
@@ -319,11 +307,9 @@ def train(
 ) -> None:
     """Train for real with one plan: periodic eval, best checkpoint, early stopping, resumable checkpoints."""
     from trainwise import train as run
-    from trainwise.distributed import is_multiprocess
     from trainwise.report import terminal
     from trainwise.study import prepare_study
     from trainwise.tracking import parse_report_to
-    from trainwise.worker import _emitter
 
     tc = run.TrainConfig(epochs, max_steps, eval_every, save_every, patience, min_delta, monitor)
     backends, cost = parse_report_to(report_to), price(ctx.params, 0.0)
@@ -343,30 +329,8 @@ def train(
         if prepared.unsupported:
             raise ConfigError(f"{cfg.rows[0].text!r}: {next(iter(prepared.unsupported.values()))}")
         spec = prepared.specs[0]
-    fault = _emitter("train", spec.settings.batch_size)  # the test seam: TRAINWISE_FAULT="train:kill@STEP"
-
-    def show(event: dict) -> None:
-        if event.get("event") == "eval":
-            shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in event.items() if k != "event"}
-            terminal.say(f"  eval {shown}", terminal.err)
-        elif event.get("event") == "step" and (event["step"] % 10 == 0 or event["step"] == event["total"]):
-            terminal.say(f"  step {event['step']}/{event['total']}  loss {event['loss']:.4f}", terminal.err)
-
-    def emit(event: dict) -> None:
-        show(event)
-        with contextlib.redirect_stdout(io.StringIO()):
-            fault(event)
-
     warn = lambda msg: terminal.say(f"trainwise: warning: {msg}", terminal.err)  # noqa: E731
-    if is_multiprocess(spec):  # data parallel / ZeRO: the ranks under torchrun, as compare --nproc
-        terminal.say(f"trainwise train: {spec.row!r} over {spec.settings.nproc} ranks", terminal.err)
-        try:
-            r = run.train_ranks(spec, tc, Path(out), resume, backends, show, warn)
-        except run.RanksFailed as e:  # not bad input (exit 2): a rank died
-            print(f"trainwise: error: {_one_line(str(e))}", file=sys.stderr)
-            raise typer.Exit(1) from None
-    else:
-        r = run.train(spec, tc, Path(out), resume, backends, emit, warn)
+    r = run.train_any(spec, tc, Path(out), resume, backends, terminal.train_event, warn)
     for line in run.summary(r, tc, cost):
         terminal.say(line)
 
@@ -441,10 +405,9 @@ def env(device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto"
 
 
 def _interrupted() -> int:
-    """Ctrl-C, SIGTERM or SIGHUP: the running trial was killed with the command (`trainwise.lifeline`)."""
     from trainwise import lifeline
 
-    print(f"trainwise: interrupted ({lifeline.received or 'SIGINT'})", file=sys.stderr)
+    print(lifeline.interrupted_line(), file=sys.stderr)
     return 130
 
 
@@ -462,6 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"trainwise: error: {_one_line(str(e))}", file=sys.stderr)
         return 2
+    except RunFailed as e:
+        print(f"trainwise: error: {_one_line(str(e))}", file=sys.stderr)
+        return 1
     except NoArgsIsHelpError as e:
         print(e.format_message(), file=sys.stderr)  # the help text, several lines on purpose
         return 2

@@ -127,8 +127,8 @@ EvalSamples = Annotated[int, typer.Option(help="Evaluation samples (0: no evalua
 Nproc = Annotated[
     int,
     typer.Option(
-        help="Data-parallel processes per trial (torchrun; gloo on CPU, one GPU each on CUDA). --batch-size stays the "
-        "global batch, split over the ranks. ZeRO rows partition over them."
+        help="Data-parallel processes of each trial / of the training run (torchrun; gloo on CPU, one GPU each on "
+        "CUDA). --batch-size stays the global batch, split over the ranks. ZeRO plans partition over them."
     ),
 ]
 TrialTimeout = Annotated[float, typer.Option(help="Seconds before a trial is killed and recorded 'timeout'.")]
@@ -146,3 +146,7 @@ LowPriority = Annotated[
     bool, typer.Option("--low-priority", help="Cost: the SKU's low-priority (spot) price, plus expected re-work.")
 ]
 Preemptions = Annotated[float, typer.Option(help="Cost, low-priority: preemptions per hour (an assumption).")]
+Force = Annotated[
+    bool,
+    typer.Option("--force", help="Write into an --out that holds files trainwise did not write (refused otherwise)."),
+]

@@ -78,6 +78,17 @@ def study_progress(prepared: Any) -> Iterator[tuple[Callable, Callable]]:
         yield on_event, on_done
 
 
+def train_event(event: dict) -> None:
+    """train's progress: every evaluation, every 10th step and the last, and notes."""
+    if event.get("event") == "eval":
+        shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in event.items() if k != "event"}
+        say(f"  eval {shown}", err)
+    elif event.get("event") == "step" and (event["step"] % 10 == 0 or event["step"] == event["total"]):
+        say(f"  step {event['step']}/{event['total']}  loss {event['loss']:.4f}", err)
+    elif event.get("event") == "note":
+        say(f"trainwise train: {event['message']}", err)
+
+
 def compare_table(report: Any, console: Console | None = None) -> None:
     console = console or out
     grid = _grid(report.title, headers(report.table))
