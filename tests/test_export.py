@@ -172,6 +172,22 @@ def csv_study(tmp_path_factory):
     return prepare_study(cfg), data
 
 
+def _trial_of(study, row: str) -> tuple:
+    """Run the study's trial of `row` (its per-step losses) and store it, so export --study finds it."""
+    from trainwise.results import TrialResult
+    from trainwise.study import Store
+    from trainwise.trial import run_trial
+
+    spec = next(s for s in study.specs if s.row == row)
+    losses: list[float] = []
+    run_trial(spec, progress=lambda e: losses.append(e["loss"]) if e.get("event") == "step" else None)
+    store = Store(study.out / "study.sqlite")
+    store.put(spec, TrialResult(row, "ok"))
+    store.close()
+    (study.out / "results.json").write_text(json.dumps([{"strategy": r, "row": r} for r in TRAINER_ROWS]))
+    return spec, losses
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("row", TRAINER_ROWS)
 def test_the_exported_trainer_snippet_as_written_reproduces_the_losses(tmp_path, monkeypatch, csv_study, row):
@@ -180,18 +196,9 @@ def test_the_exported_trainer_snippet_as_written_reproduces_the_losses(tmp_path,
     gradient_accumulation_steps (num_items_in_batch); the optimisation is the same (documented in docs/export.md)."""
     from trainwise.data.prepared import read_labels
     from trainwise.export import ExportConfig, export_plan
-    from trainwise.results import TrialResult
-    from trainwise.study import Store
-    from trainwise.trial import run_trial
 
     study, data = csv_study
-    spec = next(s for s in study.specs if s.row == row)
-    ours: list[float] = []
-    run_trial(spec, progress=lambda e: ours.append(e["loss"]) if e.get("event") == "step" else None)
-    store = Store(study.out / "study.sqlite")
-    store.put(spec, TrialResult(row, "ok"))
-    store.close()
-    (study.out / "results.json").write_text(json.dumps([{"strategy": r, "row": r} for r in TRAINER_ROWS]))
+    spec, ours = _trial_of(study, row)
 
     out = tmp_path / "export"
     export_plan(ExportConfig(study=str(study.out), strategies=row, device="cpu"), out)
@@ -273,23 +280,15 @@ def test_accelerate_launch_runs_the_exported_config_and_snippet(tmp_path, csv_st
     """`accelerate launch --config_file accelerate_config.yaml train_snippet.py`, as export writes them: one
     process trains trainwise's losses; two gloo ranks (the MULTI_GPU config on CPU) train too."""
     import os
+    import socket
     import subprocess
     import sys
 
     from trainwise.export import ExportConfig, export_plan
-    from trainwise.results import TrialResult
-    from trainwise.study import Store
-    from trainwise.trial import run_trial
 
     study, _ = csv_study
     row = "grad_accum"
-    spec = next(s for s in study.specs if s.row == row)
-    ours: list[float] = []
-    run_trial(spec, progress=lambda e: ours.append(e["loss"]) if e.get("event") == "step" else None)
-    store = Store(study.out / "study.sqlite")
-    store.put(spec, TrialResult(row, "ok"))
-    store.close()
-    (study.out / "results.json").write_text(json.dumps([{"strategy": r, "row": r} for r in TRAINER_ROWS]))
+    spec, ours = _trial_of(study, row)
     out = tmp_path / "export"
     export_plan(ExportConfig(study=str(study.out), strategies=row, device="cpu", nproc=nproc), out)
     snippet = (out / "train_snippet.py").read_text()
@@ -300,7 +299,11 @@ def test_accelerate_launch_runs_the_exported_config_and_snippet(tmp_path, csv_st
     (out / "observed.py").write_text(snippet + observer)
     accelerate = Path(sys.executable).with_name("accelerate")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    argv = [str(accelerate), "launch", "--config_file", "accelerate_config.yaml", "observed.py"]
+    with socket.socket() as free:  # accelerate's default port 29500 may be held by another run
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    argv = [str(accelerate), "launch", "--config_file", "accelerate_config.yaml", "--main_process_port", str(port)]
+    argv.append("observed.py")
     done = subprocess.run(argv, cwd=out, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     logged = json.loads((out / "losses.json").read_text())
@@ -317,19 +320,10 @@ def test_the_exported_train_command_as_written_trains_the_study_csv_to_the_same_
 
     from trainwise.cli import main
     from trainwise.export import ExportConfig, export_plan
-    from trainwise.results import TrialResult
-    from trainwise.study import Store
-    from trainwise.trial import run_trial
 
     study, data = csv_study
     row = "grad_accum"
-    spec = next(s for s in study.specs if s.row == row)
-    ours: list[float] = []
-    run_trial(spec, progress=lambda e: ours.append(e["loss"]) if e.get("event") == "step" else None)
-    store = Store(study.out / "study.sqlite")
-    store.put(spec, TrialResult(row, "ok"))
-    store.close()
-    (study.out / "results.json").write_text(json.dumps([{"strategy": r, "row": r} for r in TRAINER_ROWS]))
+    spec, ours = _trial_of(study, row)
     export_plan(ExportConfig(study=str(study.out), strategies=row, device="cpu"), tmp_path / "export")
     argv = shlex.split((tmp_path / "export" / "train_command.txt").read_text())
     assert argv[:2] == ["trainwise", "train"] and str(data) in argv

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -140,12 +140,19 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _read_events(proc: subprocess.Popen, on_event: Callable[[dict], None]) -> None:
+def events(proc: subprocess.Popen) -> Iterator[dict]:
+    """The progress events a child prints on stdout, one JSON object a line (libraries' stray prints
+    skipped); trials, tune trials and training ranks all speak this way."""
     assert proc.stdout is not None
     for line in proc.stdout:
         try:
             event = json.loads(line)
         except json.JSONDecodeError:
-            continue  # stray prints from libraries
+            continue
         if isinstance(event, dict):
-            on_event(event)
+            yield event
+
+
+def _read_events(proc: subprocess.Popen, on_event: Callable[[dict], None]) -> None:
+    for event in events(proc):
+        on_event(event)

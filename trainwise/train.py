@@ -544,7 +544,7 @@ def train_ranks(
     import subprocess
     import sys
 
-    from trainwise.launcher import _kill_group, rank_failure
+    from trainwise.launcher import _kill_group, events, rank_failure
     from trainwise.lifeline import bound_to_me
 
     out.mkdir(parents=True, exist_ok=True)
@@ -565,15 +565,10 @@ def train_ranks(
             cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, preexec_fn=bound_to_me()
         )
         try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                try:
-                    event = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a library's print
-                if isinstance(event, dict) and event.get("event") == "warning":
+            for event in events(proc):
+                if event.get("event") == "warning":
                     warn(event["message"])
-                elif isinstance(event, dict):
+                else:
                     emit(event)
             code = proc.wait()
         except BaseException:  # Ctrl-C: the ranks have their own session and would not see it

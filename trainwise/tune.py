@@ -27,6 +27,7 @@ from pathlib import Path
 
 from trainwise.config import StudyConfig, TrialSpec
 from trainwise.errors import ConfigError
+from trainwise.launcher import events
 from trainwise.lifeline import bound_to_me
 
 # parameter -> (kind, what it sets). Ranges come from the space file.
@@ -252,12 +253,7 @@ def _run_one(spec: TrialSpec, train_args: dict, trial_dir: Path, trial) -> tuple
     state, value, steps = "fail", None, 0
     key = "train_loss" if train_args["monitor"] == "loss" else None
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                continue
+        for event in events(proc):
             if event.get("event") == "eval":
                 steps = event["step"]
                 v = event.get(key or _metric_key(event))
