@@ -211,16 +211,9 @@ def snippet(doc: ExportDoc, s: RunSettings) -> str:
 def write_export(plan: TrialPlan, s: RunSettings, out: Path, force: bool = False) -> tuple[list[Path], list[str]]:
     """Write the files; returns them and the notes (what TrainingArguments cannot say). A directory that
     holds files trainwise did not write (say, the user's own training_args.json) is refused unless `force`."""
-    from trainwise.study import MARK
+    from trainwise.study import MARK, check_ours
 
-    if out.is_dir() and not force and not (out / MARK).exists():
-        foreign = sorted(p.name for p in out.iterdir())
-        if foreign:
-            shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
-            raise ConfigError(
-                f"--out {out} holds files trainwise did not write ({shown}); choose another --out, "
-                "or pass --force to write into it"
-            )
+    check_ours(out, force)
     doc = export_doc(plan, s)
     out.mkdir(parents=True, exist_ok=True)
     (out / MARK).write_text("written by trainwise\n")

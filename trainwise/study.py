@@ -61,7 +61,7 @@ class PreparedStudy:
 MARK = ".trainwise"  # in every --out trainwise writes: what is there is ours to replace
 
 
-def _check_ours(out: Path, force: bool) -> None:
+def check_ours(out: Path, force: bool) -> None:
     """An --out that exists with files trainwise did not write is the user's: refused unless --force."""
     if force or not out.is_dir():
         return
@@ -117,7 +117,7 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
     _check_ranks(cfg, device, unsupported)
     out = Path(cfg.out)
     _check_writable(out)
-    _check_ours(out, cfg.force)
+    check_ours(out, cfg.force)
     if cfg.task == IMAGE_TASK:
         return _prepare_images(cfg, device, unsupported, out)
     source = resolve_model(cfg.model, cfg.model_preset, cfg.task)
