@@ -37,7 +37,7 @@ CASES = {
     "batch size 0": (["--batch-size", "0"], "--batch-size must be > 0"),
     "negative steps": (["--max-steps", "-3"], "--max-steps must be > 0"),
     "warmup >= steps": (["--warmup-steps", "2"], "--warmup-steps must be"),
-    "out not writable": (["--out", "{d}/afile/sub"], "not a writable directory"),
+    "out under a file": (["--out", "{d}/afile/sub"], "afile is a file, not a directory"),
     "unknown preset": (["--model-preset", "gpt-17"], "unknown model preset 'gpt-17'"),
     "model dir without config": (["--model", "{d}/nodir"], "has no config.json"),
     "hub id offline": (["--model", "org/not-cached-model"], "cannot load model 'org/not-cached-model'"),

@@ -38,11 +38,11 @@ def test_a_price_file_adds_and_overrides_skus(tmp_path):
     "kw, message",
     [
         ({"price_per_hour": 3.0, "sku": "ND40rs_v2"}, "either --price-per-hour or --sku"),
-        ({"price_per_hour": -1.0}, "--price-per-hour must be > 0"),
+        ({"price_per_hour": -1.0}, "--price-per-hour must be a finite number > 0"),
         ({"sku": "H100x8"}, "not in the price table .ND40rs_v2.; add it with --price-file"),
         ({"sku": "ND40rs_v2", "price_file": "/nonexistent.json"}, "not found"),
         ({"low_priority": True}, "--low-priority and --price-file need --sku"),
-        ({"sku": "ND40rs_v2", "preemptions_per_hour": -2}, "--preemptions-per-hour must be >= 0"),
+        ({"sku": "ND40rs_v2", "preemptions_per_hour": -2}, "--preemptions-per-hour must be a finite number >= 0"),
     ],
 )
 def test_bad_price_input(kw, message):
@@ -71,3 +71,23 @@ def test_compare_reports_cost_per_row(tmp_path, cls_csv, capsys):
     assert "$/epoch" in (out / "report.md").read_text()
     assert main([*argv, "--sku", "nope", "--out", str(tmp_path / "bad")]) == 2
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_sku_for_other_hardware_than_the_study_ran_on_is_said_in_the_note():
+    """Issue 17: a GPU SKU's price applied to a CPU run (or a V100's to an H100 run) says so."""
+    from trainwise.cost import resolve_price
+
+    sku = resolve_price(None, "ND40rs_v2")
+    assert sku is not None and sku.hardware == "8x V100 32GB (seed 000)"
+    rows = lambda device: [{"strategy": "baseline", "epoch_time_s": 60.0, "env": {"device_name": device}}]  # noqa: E731
+    for device in ("Intel(R) Xeon(R) Processor", "NVIDIA H100 80GB HBM3"):
+        table = rows(device)
+        add_cost(table, sku)
+        assert f"the times were measured on {device}" in table[0]["cost_note"]
+        assert "not a prediction for it" in table[0]["cost_note"]
+    table = rows("Tesla V100-SXM2-32GB")
+    add_cost(table, sku)
+    assert "note" not in table[0]["cost_note"], "the SKU's own GPU: no note"
+    table = rows("Intel(R) Xeon(R) Processor")
+    add_cost(table, resolve_price(3.0, None))
+    assert table[0]["cost_note"] == "$3/h", "a bare price names no hardware"

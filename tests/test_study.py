@@ -28,7 +28,7 @@ def _run(study):
     [
         ("raise@1", "error", "RuntimeError: injected fault at step 1"),
         ("oom@2", "oom", "out of memory"),
-        ("kill@1", "crashed", "killed by SIGKILL"),
+        ("kill@1", "crashed", "killed by SIGKILL (not the out-of-memory killer, which counted no kill"),
         ("hang@1", "timeout", "no result within --trial-timeout 20s"),
     ],
 )

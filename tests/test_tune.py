@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -43,8 +44,8 @@ def test_a_space_file_parses(tmp_path):
     [
         ("dropout: {low: 0, high: 0.5}\n", "unknown parameter 'dropout'; known: lr, batch_size"),
         ("lr: {low: 1.0e-3, high: 1.0e-3}\n", "empty range"),
-        ("lr: {low: -1.0e-3, high: 1.0e-3, log: true}\n", "a log-scale range must be > 0"),
-        ("lr: {low: 0, high: 1.0e-3, log: true}\n", "a log-scale range must be > 0"),
+        ("lr: {low: -1.0e-3, high: 1.0e-3, log: true}\n", r"lr: -0.001 is out of range \(must be > 0\)"),
+        ("weight_decay: {low: 0, high: 1.0e-3, log: true}\n", "a log-scale range must be > 0"),
         ("batch_size: {choices: []}\n", "choices must be a non-empty list"),
         ("lr: [1, 2]\n", "needs {low, high"),
         ("lr: {low: a, high: b}\n", "needs numeric low and high"),
@@ -114,7 +115,8 @@ def test_an_interrupted_optuna_study_continues_where_it_stopped(tmp_path, cls_cs
     )
     assert first.stderr is not None
     for line in first.stderr:
-        if line.startswith("  trial 1:"):  # two trials finished: stop the study the hard way
+        if line.startswith("  trial 1:"):  # two trials finished: stop the study the hard way, in trial 2
+            time.sleep(1.0)
             os.killpg(first.pid, signal.SIGKILL)
             break
     first.wait()
@@ -124,6 +126,8 @@ def test_an_interrupted_optuna_study_continues_where_it_stopped(tmp_path, cls_cs
     result = json.loads((out / "tune_result.json").read_text())
     finished = [t["number"] for t in result["trials"]]
     assert len(finished) == 4 and finished[:2] == [0, 1], "the first two trials were kept, not re-run"
+    killed = result["trials"][2]
+    assert killed["state"] == "fail" and killed["error"] == "interrupted: its tune run was killed", killed
     assert "  trial 0:" not in second.stderr and "  trial 1:" not in second.stderr
     assert result["best_value"] is not None and result["curve"][-1][0] == sum(t["steps"] for t in result["trials"])
 
@@ -167,6 +171,24 @@ def test_the_pbt_summary_counts_every_members_steps_and_dates_each_mutation():
 
 
 @pytest.mark.slow
+def test_a_tune_trial_past_its_timeout_is_killed_and_recorded(tmp_path, cls_csv):
+    """Like compare's: the trial (and all it started) is killed; a search whose every trial failed exits 1."""
+    space = _space(tmp_path, "lr: {low: 1.0e-4, high: 3.0e-3, log: true}\n")
+    out = tmp_path / "study"
+    argv = [sys.executable, "-m", "trainwise.cli", "tune", "--space", space, "--search", "random", "--trials", "1"]
+    argv += ["--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--max-length", "32", "--batch-size", "8"]
+    argv += ["--max-steps", "4", "--eval-every", "2", "--device", "cpu", "--out", str(out), "--trial-timeout", "0.5"]
+    run = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert run.stderr.strip().splitlines()[-1] == (
+        "trainwise: error: no trial of 1 produced a value; the first: no result within --trial-timeout 0.5s; killed"
+    )
+    [trial] = json.loads((out / "tune_result.json").read_text())["trials"]
+    assert trial["state"] == "fail"
+    alive = subprocess.run(["pgrep", "-f", f"trainwise.tune {out}"], capture_output=True, text=True).stdout
+    assert alive == "", "the timed-out trial was killed"
+
+
 def test_pbt_with_two_tiny_members_exploits_from_checkpoints(tmp_path, cls_csv):
     space = _space(tmp_path, "lr: {low: 1.0e-4, high: 1.0e-2, log: true}\nbatch_size: {choices: [8]}\n")
     out = tmp_path / "pbt"
@@ -212,7 +234,7 @@ def test_decoding_parameters_are_for_seq2seq_and_reach_generation(tmp_path, caps
     assert "num_beams, length_penalty: decoding parameters apply to --task seq2seq only" in err
     zero = _space(tmp_path, "num_beams: {choices: [0, 2]}\n")
     assert main(["tune", "--space", zero, "--task", "seq2seq", "--out", str(tmp_path / "t")]) == 2
-    assert "num_beams must be >= 1" in capsys.readouterr().err
+    assert "num_beams: 0 is out of range (must be >= 1" in capsys.readouterr().err
     seen = []
     real = transformers.GenerationMixin.generate
 

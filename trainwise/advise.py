@@ -10,12 +10,11 @@ still be advised on).
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainwise.errors import ConfigError
+from trainwise.errors import ConfigError, check_number, read_json
 from trainwise.report.format import human_bytes
 
 OBJECTIVES = ("time", "cost", "quality")
@@ -57,8 +56,8 @@ class Constraints:
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise ConfigError(f"--objective must be one of {', '.join(OBJECTIVES)}, not {self.objective!r}")
-        if self.max_quality_drop is not None and self.max_quality_drop < 0:
-            raise ConfigError(f"--max-quality-drop must be >= 0, got {self.max_quality_drop}")
+        if self.max_quality_drop is not None:
+            check_number("--max-quality-drop", self.max_quality_drop, inclusive=True)
 
 
 @dataclass
@@ -188,12 +187,11 @@ def advise(rows: list[dict], constraints: Constraints) -> Advice:
 def read_results(study: Path) -> list[dict]:
     """A study's results.json rows (ConfigError when it is missing or not one)."""
     path = study / "results.json"
+    if study.exists() and not study.is_dir():
+        raise ConfigError(f"{study}: not a study directory (a file); give the --out of `trainwise compare`")
     if not path.is_file():
         raise ConfigError(f"{study}: no results.json; run `trainwise compare --out {study}` first, or add --run")
-    try:
-        rows = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: not a trainwise results file ({e})") from None
+    rows = read_json(path, "a trainwise results file")
     if not isinstance(rows, list) or not all(isinstance(r, dict) and "strategy" in r for r in rows):
         raise ConfigError(f"{path}: not a trainwise results file (expected a list of rows with 'strategy')")
     return rows
@@ -254,7 +252,7 @@ def batch_hints(study: Path, rows: list[dict], budget: int) -> dict[str, str]:
 
     if not (study / "study.sqlite").is_file():
         return {}
-    store = Store(study / "study.sqlite")
+    store = Store(study / "study.sqlite", "STUDY", write=False)
     try:
         spec = store.spec()
     finally:

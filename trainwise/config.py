@@ -14,7 +14,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Literal
 
 from trainwise import strategies
-from trainwise.errors import ConfigError
+from trainwise.errors import ConfigError, check_number
 from trainwise.plan import TrialPlan
 from trainwise.strategies import Row
 from trainwise.strategies.memory import ACCUM
@@ -93,10 +93,11 @@ class StudyConfig:
             )
         if self.lr is None:
             self.lr = DEFAULT_LR[self.task]
-        if self.lr <= 0:
-            raise ConfigError(f"--lr must be > 0, got {self.lr}")
-        if self.trial_timeout <= 0:
-            raise ConfigError(f"--trial-timeout must be > 0 seconds, got {self.trial_timeout}")
+        check_number("--lr", self.lr)
+        check_number("--trial-timeout", self.trial_timeout)
+        check_seed(self.seed)
+        if not self.strategies or not any(s.strip() for s in self.strategies):
+            raise ConfigError("--strategies: no rows given; e.g. --strategies baseline,bf16")
         if self.model and self.model_preset:
             raise ConfigError("give either --model or --model-preset, not both")
         if self.dataset and self.train_file:
@@ -105,14 +106,52 @@ class StudyConfig:
             raise ConfigError("--eval-file needs --train-file")
         if any(b <= 0 for b in self.batch_sizes):
             raise ConfigError(f"--batch-sizes must all be > 0, got {','.join(map(str, self.batch_sizes))}")
-        if not 1 <= self.nproc <= 64:
-            raise ConfigError(f"--nproc must be between 1 and 64, got {self.nproc}")
+        check_nproc(self.nproc)
         if not self.num_workers or any(w < 0 for w in self.num_workers):
             raise ConfigError(f"--num-workers must all be >= 0, got {','.join(map(str, self.num_workers))}")
         self.rows = strategies.parse_rows(self.strategies, self.accum_steps)
         for size in self.batch_sizes or (self.batch_size,):
             for row in self.rows:
                 check_accum(row, size)
+
+
+def check_nproc(nproc: int) -> None:
+    if not 1 <= nproc <= 64:
+        raise ConfigError(f"--nproc must be between 1 and 64, got {nproc}")
+
+
+def check_seed(seed: int) -> None:
+    if not 0 <= seed < 2**32:  # what numpy's and torch's generators take
+        raise ConfigError(f"--seed must be between 0 and 2**32 - 1, got {seed}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """`trainwise train`'s own options (how long, evaluation, checkpoints, early stopping), validated here,
+    before torch is imported: the model, data and plan come as a StudyConfig or a study's spec."""
+
+    epochs: int = 1
+    max_steps: int | None = None  # a cap on optimizer steps (None: epochs x steps per epoch)
+    eval_every: int = 50
+    save_every: int = 50
+    patience: int | None = None  # early stopping: evaluations without improvement (None: off)
+    min_delta: float = 0.0
+    monitor: str = "metric"  # "metric" (accuracy / ROUGE-L, higher is better) or "loss" (train loss, lower)
+    keep: int = 2  # checkpoints kept besides the best
+    checkpoints: bool = True  # tune's trials run without them
+
+    def __post_init__(self) -> None:
+        if self.epochs <= 0:
+            raise ConfigError(f"--epochs must be > 0, got {self.epochs}")
+        if self.max_steps is not None and self.max_steps <= 0:
+            raise ConfigError(f"--max-steps must be > 0, got {self.max_steps}")
+        if self.eval_every <= 0 or self.save_every <= 0:
+            raise ConfigError("--eval-every and --save-every must be > 0")
+        if self.patience is not None and self.patience <= 0:
+            raise ConfigError(f"--patience must be >= 1 evaluation, got {self.patience}")
+        check_number("--min-delta", self.min_delta, inclusive=True)
+        if self.monitor not in ("metric", "loss"):
+            raise ConfigError(f"--monitor must be metric or loss, not {self.monitor!r}")
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,11 @@ per preemption, so it runs T x (1 + rate x (C/2 + R)) hours.
 
 from __future__ import annotations
 
-import json
+import dataclasses
+import re
 from dataclasses import dataclass
-from pathlib import Path
 
-from trainwise.errors import ConfigError
+from trainwise.errors import ConfigError, check_number, read_json
 
 # seed 000: Azure ND40rs_v2 (8x V100 32 GB), pay-as-you-go vs low-priority, USD per hour
 BUILTIN_PRICES: dict[str, dict] = {
@@ -32,6 +32,21 @@ class Price:
     preemptions_per_hour: float = 0.0
     checkpoint_hours: float = 0.0
     restart_hours: float = 0.0
+    hardware: str | None = None  # what the SKU is, from the price table ("8x V100 32GB"), when it says
+
+    def mismatch(self, device_name: str) -> str | None:
+        """A line when the SKU's hardware is not the device the figures were measured on (a GPU SKU's
+        price on a CPU run, a V100 machine's on an H100): the cost is then this machine's times at that
+        machine's rate, not what the SKU would cost."""
+        if not self.hardware:
+            return None
+        models = re.findall(r"[A-Z]+\d{2,4}[A-Za-z]*", self.hardware)  # V100, A100, H100, MI300X
+        if models and any(m.lower() in device_name.lower() for m in models):
+            return None
+        return (
+            f"the price is for {self.hardware}, but the times were measured on {device_name}: "
+            "$ = these times at that machine's rate, not a prediction for it"
+        )
 
     def rework_factor(self) -> float:
         """Expected wall time over the preemption-free time (1 for dedicated machines)."""
@@ -47,13 +62,7 @@ def load_prices(price_file: str | None) -> dict[str, dict]:
     prices = {k: dict(v) for k, v in BUILTIN_PRICES.items()}
     if price_file is None:
         return prices
-    path = Path(price_file)
-    try:
-        extra = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"--price-file {price_file}: not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"--price-file {price_file}: not JSON ({e})") from None
+    extra = read_json(price_file, "a price table", option="--price-file")
     if not isinstance(extra, dict):
         raise ConfigError(f'--price-file {price_file}: expected {{"SKU": {{"dedicated": USD/h, ...}}}}')
     for sku, entry in extra.items():
@@ -75,20 +84,15 @@ def resolve_price(
     """The price to report with, or None when none was asked for. Validates every input."""
     if price_per_hour is not None and sku is not None:
         raise ConfigError("give either --price-per-hour or --sku, not both")
-    for name, value in (
-        ("--preemptions-per-hour", preemptions_per_hour),
-        ("--checkpoint-minutes", checkpoint_minutes),
-        ("--restart-minutes", restart_minutes),
-    ):
-        if value < 0:
-            raise ConfigError(f"{name} must be >= 0, got {value:g}")
+    check_number("--preemptions-per-hour", preemptions_per_hour, inclusive=True)
+    check_number("--checkpoint-minutes", checkpoint_minutes, inclusive=True)
+    check_number("--restart-minutes", restart_minutes, inclusive=True)
 
     def price(per_hour: float, label: str) -> Price:
         return Price(per_hour, label, low_priority, preemptions_per_hour, checkpoint_minutes / 60, restart_minutes / 60)
 
     if price_per_hour is not None:
-        if price_per_hour <= 0:
-            raise ConfigError(f"--price-per-hour must be > 0, got {price_per_hour:g}")
+        check_number("--price-per-hour", price_per_hour)
         tier = " low-priority" if low_priority else ""
         return price(price_per_hour, f"${price_per_hour:g}/h{tier}")
     if sku is None:
@@ -105,4 +109,5 @@ def resolve_price(
     if key not in entry:
         raise ConfigError(f"--sku {sku!r} has no {key.replace('_', '-')} price; add one with --price-file")
     per_hour = float(entry[key])
-    return price(per_hour, f"${per_hour:g}/h {sku} {key.replace('_', '-')}")
+    priced = price(per_hour, f"${per_hour:g}/h {sku} {key.replace('_', '-')}")
+    return dataclasses.replace(priced, hardware=entry.get("device"))

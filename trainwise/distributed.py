@@ -12,8 +12,6 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
-
 if TYPE_CHECKING:
     from trainwise.config import TrialSpec
 
@@ -42,6 +40,8 @@ def is_multiprocess(spec: TrialSpec) -> bool:
 
 def group_size() -> int:
     """The world size the process group really has (1 when there is none)."""
+    import torch
+
     dist = torch.distributed
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
@@ -50,6 +50,8 @@ def all_sum(value: float | int, world: int) -> float:
     """Sum a number over the ranks (identity for one process)."""
     if world == 1:
         return float(value)
+    import torch
+
     t = torch.tensor([float(value)], dtype=torch.float64)
     torch.distributed.all_reduce(t)
     return float(t.item())

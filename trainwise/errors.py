@@ -13,3 +13,35 @@ class ConfigError(ValueError):
 class RunFailed(RuntimeError):
     """The input was fine but the work failed as a whole (every trial of a study, or training ranks that
     died): the CLI prints the message as one line and exits with code 1."""
+
+
+def check_number(option: str, value: float, low: float = 0.0, *, inclusive: bool = False) -> None:
+    """A numeric option must be finite and above `low` (at least `low` when inclusive): NaN and inf,
+    which compare false with everything, are refused here rather than trained with."""
+    import math
+
+    if not (math.isfinite(value) and (value >= low if inclusive else value > low)):
+        raise ConfigError(f"{option} must be a finite number {'>=' if inclusive else '>'} {low:g}, got {value:g}")
+
+
+def read_json(path, what: str, missing: str | None = None, option: str | None = None):
+    """A JSON file the user points at, parsed; every way it can be wrong is one ConfigError naming the
+    file (and the option that gave it): missing (`missing`, when given, says what to do), unreadable,
+    not UTF-8, not JSON, nested too deeply."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    name = f"{option} {path}" if option else str(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{name}: not found" + (f"; {missing}" if missing else "")) from None
+    except OSError as e:
+        raise ConfigError(f"{name}: cannot read it ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{name}: not {what} (not UTF-8: byte 0x{e.object[e.start]:02x} at {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{name}: not {what} (not JSON: {e.msg} at line {e.lineno} column {e.colno})") from None
+    except RecursionError:
+        raise ConfigError(f"{name}: not {what} (JSON nested too deeply)") from None

@@ -541,7 +541,7 @@ class EstimateConfig:
     parsed: tuple[Row, ...] = field(init=False)
 
     def __post_init__(self) -> None:
-        from trainwise.config import DEVICES, TEXT_TASKS, check_accum
+        from trainwise.config import DEVICES, TEXT_TASKS, check_accum, check_nproc
         from trainwise.strategies.scale import FLAGS, ZERO
 
         if self.task not in TEXT_TASKS:
@@ -550,7 +550,8 @@ class EstimateConfig:
             )
         if self.device not in DEVICES:
             raise ConfigError(f"--device must be one of {', '.join(DEVICES)}, not {self.device!r}")
-        for name in ("batch_size", "accum_steps", "max_length", "max_target_length", "nproc"):
+        check_nproc(self.nproc)
+        for name in ("batch_size", "accum_steps", "max_length", "max_target_length"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
         if self.num_labels < 2:
@@ -713,7 +714,7 @@ def run_estimate(
 
     target = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
     probe_device = target if target == "cpu" or torch.cuda.is_available() else "cpu"
-    source = resolve_model(model, model_preset, cfg.task)
+    source = resolve_model(model, model_preset, cfg.task, (cfg.max_length, cfg.max_target_length))
     config = model_config(source, cfg.task, cfg.num_labels)
     shapes: dict[TrialPlan, Shape] = {}
     cals: dict[str, Calibration] = {}

@@ -24,9 +24,9 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainwise import loop, strategies
-from trainwise.config import DataOrigin
-from trainwise.errors import ConfigError
+from trainwise import strategies
+from trainwise.config import DataOrigin, check_nproc
+from trainwise.errors import ConfigError, check_number
 from trainwise.plan import TrialPlan
 from trainwise.strategies.base import ExportDoc
 
@@ -271,10 +271,11 @@ class ExportConfig:
     def __post_init__(self) -> None:
         if self.device not in ("cuda", "cpu"):
             raise ConfigError(f"--device must be cuda or cpu, not {self.device!r}")
-        if (self.max_steps is not None and self.max_steps <= 0) or self.lr <= 0:
-            raise ConfigError("--max-steps and --lr must be > 0")
-        if self.nproc is not None and not 1 <= self.nproc <= 64:
-            raise ConfigError(f"--nproc must be between 1 and 64, got {self.nproc}")
+        if self.max_steps is not None and self.max_steps <= 0:
+            raise ConfigError(f"--max-steps must be > 0, got {self.max_steps}")
+        check_number("--lr", self.lr)
+        if self.nproc is not None:
+            check_nproc(self.nproc)
         if self.study is None and self.strategies is None:
             raise ConfigError("--strategies is required without --study (e.g. --strategies bf16+grad_ckpt)")
         if self.strategies is not None and "," in self.strategies:
@@ -285,6 +286,7 @@ class ExportConfig:
 
 def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str]]:
     """Resolve the plan and its settings (from the study, or from the options), then write the files."""
+    from trainwise import loop
     from trainwise.estimate import EstimateConfig
     from trainwise.models import resolve_model
 
@@ -338,7 +340,7 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
     else:
         assert cfg.strategies is not None, "ExportConfig requires one of them"
         text = cfg.strategies
-        source = resolve_model(cfg.model, cfg.model_preset, cfg.task)
+        source = resolve_model(cfg.model, cfg.model_preset, cfg.task, (cfg.max_length, cfg.max_target_length))
         preset = source.kind == "preset"
         model = BUNDLED_HUB_ID if source.label == "all-MiniLM-L6-v2" else source.ref
     parsed = EstimateConfig(

@@ -74,7 +74,7 @@ def launch(spec: TrialSpec, trial_dir: Path, timeout_s: float, on_event: Callabl
         if spec.settings.device == "cpu":
             env["DS_ACCELERATOR"] = "cpu"  # DeepSpeed would look for a GPU
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    start = time.perf_counter()
+    start, ooms = time.perf_counter(), oom_kills()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             cmd,
@@ -120,12 +120,32 @@ def launch(spec: TrialSpec, trial_dir: Path, timeout_s: float, on_event: Callabl
     code = proc.returncode
     if code is not None and code < 0:
         name = signal.Signals(-code).name
-        why = " (the OS out-of-memory killer sends this)" if -code == signal.SIGKILL else ""
-        message = f"trial process killed by {name}{why}"
+        message = f"trial process killed by {name}{killer(ooms) if -code == signal.SIGKILL else ''}"
     else:
         why = rank_failure(log_path) if multi else _tail(log_path)
         message = f"trial process exited with code {code} and no result: {why[:300]}"
     return TrialResult(status="crashed", message=message, **base)
+
+
+def oom_kills() -> int | None:
+    """The kernel's count of out-of-memory kills so far (/proc/vmstat), None where it cannot be read."""
+    try:
+        for line in Path("/proc/vmstat").read_text().splitlines():
+            if line.startswith("oom_kill "):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def killer(before: int | None) -> str:
+    """Who sent a SIGKILL: the out-of-memory killer only when the kernel counted a kill meanwhile."""
+    after = oom_kills()
+    if before is None or after is None:
+        return " (the out-of-memory killer, or another process)"
+    if after > before:
+        return " (the kernel's out-of-memory killer: it counted a kill during the trial)"
+    return " (not the out-of-memory killer, which counted no kill: another process, or a scheduler)"
 
 
 def rank_result_path(result_path: Path, rank: int) -> Path:

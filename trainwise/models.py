@@ -88,14 +88,18 @@ def bundled_minilm_dir() -> Path | None:
     return path if (path / "config.json").exists() else None
 
 
-def resolve_model(model: str | None, preset: str | None, task: str) -> ModelSource:
-    """Validate the model choice (configs only, no weights) and say where it comes from."""
+def resolve_model(
+    model: str | None, preset: str | None, task: str, lengths: tuple[int, int] | None = None
+) -> ModelSource:
+    """Validate the model choice (configs only, no weights) and say where it comes from. `lengths`
+    (--max-length, --max-target-length) must fit the model's learned positions."""
     if preset is not None:
         if preset not in PRESETS:
             raise ConfigError(f"unknown model preset {preset!r}; presets: {', '.join(PRESETS)}")
-        family = PRESETS[preset][0]
+        family, kwargs = PRESETS[preset]
         if task == "seq2seq" and family not in SEQ2SEQ_FAMILIES:
             raise ConfigError(f"preset {preset!r} is encoder-only; seq2seq needs a t5-* or bart-* preset")
+        _check_lengths(preset, kwargs.get("max_position_embeddings", FAMILY_POSITIONS[family]), task, lengths)
         return ModelSource("preset", preset)
     if model is None:  # the defaults: a real pretrained encoder offline, or t5-small for seq2seq
         if task == "seq2seq":
@@ -113,7 +117,35 @@ def resolve_model(model: str | None, preset: str | None, task: str) -> ModelSour
     config = _load_config(source)
     if task == "seq2seq" and not getattr(config, "is_encoder_decoder", False):
         raise ConfigError(f"model {model!r} ({config.model_type}) is not encoder-decoder; seq2seq needs one")
+    _check_lengths(source.display(), _positions(config), task, lengths)
     return source
+
+
+# learned position embeddings of the presets' families (T5's are relative: no limit)
+FAMILY_POSITIONS: dict[str, int | None] = {"bert": 512, "bart": 1024, "t5": None}
+
+
+def _positions(config) -> int | None:
+    """How many positions the model has learned embeddings for; None when its positions are relative."""
+    if getattr(config, "relative_attention_num_buckets", None) is not None:
+        return None
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _check_lengths(name: str, positions: int | None, task: str, lengths: tuple[int, int] | None) -> None:
+    if positions is None or lengths is None:
+        return
+    options = [("--max-length", lengths[0])] + ([("--max-target-length", lengths[1])] if task == "seq2seq" else [])
+    for option, length in options:
+        if length > positions:
+            raise ConfigError(
+                f"{option} {length} is more than {name} reads (max_position_embeddings {positions}); "
+                f"use {option} {positions} or less"
+            )
 
 
 def _resolve_path_or_hub(model: str) -> ModelSource:
@@ -133,6 +165,11 @@ def _resolve_path_or_hub(model: str) -> ModelSource:
 def _load_config(source: ModelSource):
     from transformers import AutoConfig
 
+    if source.kind == "hub" and os.environ.get("HF_HUB_OFFLINE") != "1":
+        try:  # the local Hugging Face cache first: no network needed for a model already fetched
+            return AutoConfig.from_pretrained(source.ref, local_files_only=True)
+        except Exception:
+            check_hub_reachable(source.ref, "model")
     try:
         return AutoConfig.from_pretrained(source.ref)
     except Exception as e:
@@ -144,6 +181,29 @@ def _load_config(source: ModelSource):
                 "or all-MiniLM-L6-v2"
             ) from None
         raise ConfigError(f"cannot read the config of {source.ref}: {str(e).splitlines()[0][:200]}") from None
+
+
+def check_hub_reachable(repo: str, kind: str) -> None:
+    """One quick request to the Hub (no retries), so that an unreachable network is one line at once
+    rather than a storm of retries and warnings before the same failure."""
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        getattr(HfApi(), f"{kind}_info")(repo, timeout=10)
+    except HfHubHTTPError:  # an answer (not found, gated, unauthorized): the Hub is reachable, loading says more
+        return
+    except Exception as e:
+        raise ConfigError(
+            f"cannot fetch {kind} {repo!r}: the Hugging Face Hub ({constants.ENDPOINT}) is unreachable "
+            f"({type(e).__name__}); set HF_HUB_OFFLINE=1 to use what is cached, or {INSTEAD[kind]}"
+        ) from None
+
+
+INSTEAD = {
+    "model": "pass a local directory, --model-preset, or all-MiniLM-L6-v2",
+    "dataset": "use --train-file or a built-in dataset (stdlib-topic, stdlib-summarize, digits)",
+}
 
 
 def train_tokenizer(texts: list[str], preset: str, out_dir: Path) -> None:

@@ -79,7 +79,7 @@ def domains(space: list[Param]) -> dict:
             out[p.name] = tune.choice(list(p.choices))
             continue
         assert p.low is not None and p.high is not None, "load_space gives ranges their bounds"
-        if PARAMS[p.name] == "int":
+        if PARAMS[p.name].kind == "int":
             low, high = int(p.low), int(p.high) + 1  # randint excludes its upper bound
             out[p.name] = tune.lograndint(low, high) if p.log else tune.randint(low, high)
         else:
@@ -96,7 +96,7 @@ def objective(record: dict, monitor: str) -> float | None:
 # ---- a member, in a Ray worker ------------------------------------------------------------------
 
 
-def _member(config: dict, spec_blob: dict, train_args: dict) -> None:
+def _member(config: dict, spec_blob: dict, train_args: dict, scratch: str) -> None:
     """One member's run: from scratch, or from the checkpoint PBT hands it (with a new config)."""
     import ray
     import torch
@@ -109,11 +109,10 @@ def _member(config: dict, spec_blob: dict, train_args: dict) -> None:
     spec = apply(TrialSpec.from_dict(spec_blob), config)
     tc = TrainConfig(**train_args)
     trial_id = tune.get_context().get_trial_id()
-    scratch = Path(tempfile.gettempdir()) / "trainwise-pbt"
-    for stale in scratch.glob(f"{trial_id}-*"):  # an earlier run of this member that was killed
+    for stale in Path(scratch).glob(f"{trial_id}-*"):  # an earlier run of this member that was killed
         if not _alive(int(stale.name.split("-")[1])):
             shutil.rmtree(stale, ignore_errors=True)
-    work = scratch / f"{trial_id}-{os.getpid()}-{time.time_ns()}"
+    work = Path(scratch) / f"{trial_id}-{os.getpid()}-{time.time_ns()}"
     work.mkdir(parents=True)
     last: dict = {}
     start: list[int] = []
@@ -147,6 +146,14 @@ def _member(config: dict, spec_blob: dict, train_args: dict) -> None:
         run_train(spec, tc, work / "run", False, emit, lambda msg: None, adopt=adopt)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def member_scratch(out: Path, ray_address: str | None) -> Path:
+    """Where members train: under --out on this machine; on a cluster (whose nodes may not see --out),
+    a folder of this user's in the node's temporary directory, never one shared between users."""
+    if ray_address is None:
+        return out / "pbt-members"
+    return Path(tempfile.gettempdir()) / f"trainwise-pbt-{os.getuid()}"
 
 
 def _alive(pid: int) -> bool:
@@ -216,7 +223,9 @@ def run_pbt(
         )
         random.seed(seed)  # PBT's explore draws from the driver's `random`
         member = tune.with_resources(
-            partial(_member, spec_blob=spec.to_dict(), train_args=train_args),
+            partial(
+                _member, spec_blob=spec.to_dict(), train_args=train_args, scratch=str(member_scratch(out, ray_address))
+            ),
             {"cpu": cpus_per_member, "gpu": gpus_per_member},
         )
 

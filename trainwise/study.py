@@ -10,10 +10,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import random
 import sqlite3
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,7 +62,9 @@ MARK = ".trainwise"  # in every --out trainwise writes: what is there is ours to
 
 
 def check_ours(out: Path, force: bool) -> None:
-    """An --out that exists with files trainwise did not write is the user's: refused unless --force."""
+    """--out must be a directory this process can write (or one it can create), and one trainwise wrote:
+    an --out that exists with files trainwise did not write is the user's, refused unless --force."""
+    _check_writable(out)
     if force or not out.is_dir():
         return
     entries = sorted(p.name for p in out.iterdir())
@@ -76,11 +78,20 @@ def check_ours(out: Path, force: bool) -> None:
 
 
 def _check_writable(out: Path) -> None:
+    """Tried for real (a temporary file in the nearest existing folder, removed at once): permission bits
+    say nothing for root, and /proc or a read-only mount refuse writes whatever they say."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a directory; choose a directory")
     probe = out
     while not probe.exists():
         probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {out}: {probe} is not a writable directory")
+    if not probe.is_dir():
+        raise ConfigError(f"--out {out}: {probe} is a file, not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as e:
+        raise ConfigError(f"--out {out}: cannot write in {probe} ({e.strerror}); choose a writable directory") from None
 
 
 def _fingerprint(train: list[dict], evals: list[dict]) -> str:
@@ -116,11 +127,11 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
             raise ConfigError(f"strategy {row.text!r} needs {', '.join(missing_pkgs)}")
     _check_ranks(cfg, device, unsupported)
     out = Path(cfg.out)
-    _check_writable(out)
     check_ours(out, cfg.force)
+    Store.check(out / "study.sqlite", "--out")  # resuming: a damaged or newer store is refused before any write
     if cfg.task == IMAGE_TASK:
         return _prepare_images(cfg, device, unsupported, out)
-    source = resolve_model(cfg.model, cfg.model_preset, cfg.task)
+    source = resolve_model(cfg.model, cfg.model_preset, cfg.task, (cfg.max_length, cfg.max_target_length))
     _check_plans_apply(source, cfg, unsupported)
 
     dataset = cfg.dataset
@@ -285,21 +296,56 @@ class Store:
     """The study's embedded SQLite store: one row per finished trial, written as it ends. The only code
     that reads study.sqlite."""
 
-    def __init__(self, path: Path):
+    VERSION = 1  # PRAGMA user_version of study.sqlite: a store written by a newer trainwise is refused
+
+    def __init__(self, path: Path, flag: str = "--out", write: bool = True):
         self.path = path
+        self.check(path, flag)
         self.db = sqlite3.connect(path)
-        self.db.execute(
-            "CREATE TABLE IF NOT EXISTS trials (key TEXT PRIMARY KEY, strategy TEXT, repeat INTEGER, "
-            "status TEXT, spec TEXT, result TEXT, finished_at REAL)"
-        )
-        self.db.commit()
+        if write:
+            self.db.execute(
+                "CREATE TABLE IF NOT EXISTS trials (key TEXT PRIMARY KEY, strategy TEXT, repeat INTEGER, "
+                "status TEXT, spec TEXT, result TEXT, finished_at REAL)"
+            )
+            self.db.execute(f"PRAGMA user_version = {self.VERSION}")
+            self.db.commit()
+
+    @classmethod
+    def check(cls, path: Path, flag: str) -> None:
+        """An existing study.sqlite must be a store this trainwise reads (opened read-only: nothing is
+        written); ConfigError when it is damaged, not a database, or from a newer trainwise."""
+        if not path.exists():
+            return
+        try:
+            db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+            try:
+                version = db.execute("PRAGMA user_version").fetchone()[0]
+                tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                if "trials" in tables:
+                    db.execute("SELECT key, strategy, status, spec FROM trials LIMIT 1").fetchall()
+            finally:
+                db.close()
+        except sqlite3.Error as e:
+            raise ConfigError(
+                f"{path} is not a trainwise store ({e}); move it away, or choose another {flag}"
+            ) from None
+        if version > cls.VERSION:
+            raise ConfigError(
+                f"{path} was written by a newer trainwise (store version {version}; this one reads up to "
+                f"{cls.VERSION}): upgrade trainwise to read it"
+            )
+        if tables - {"trials"}:
+            raise ConfigError(
+                f"{path} is not a trainwise store (it holds tables {', '.join(sorted(tables))}); move it away, "
+                f"or choose another {flag}"
+            )
 
     @classmethod
     def of(cls, study: Path, flag: str = "--study") -> Store:
         """The store of a finished compare study (ConfigError when `study` is not one)."""
         if not (study / "study.sqlite").is_file() or not (study / "results.json").is_file():
             raise ConfigError(f"{flag} {study}: not a finished trainwise compare study (no study.sqlite/results.json)")
-        return cls(study / "study.sqlite")
+        return cls(study / "study.sqlite", flag, write=False)
 
     def get(self, key: str) -> TrialResult | None:
         row = self.db.execute("SELECT result FROM trials WHERE key = ?", (key,)).fetchone()
@@ -486,3 +532,32 @@ def report(prepared: PreparedStudy, trials: Trials, price=None) -> Report:
     title = f"trainwise compare: {s.model_label} / {s.task} / {s.device}"
     done = len({spec.key() for spec, _ in trials})
     return Report(title, table, write_reports(prepared.out, table, title, done, len(prepared.specs)))
+
+
+def study_spec(study: Path, name: str | None, on_note: Callable[[str], None], options: dict | None = None) -> TrialSpec:
+    """A compare study's trial spec for a row (default: advise's pick), for `train --plan`: the study's
+    model, data, batch, lengths, lr and seed, as its trial ran them (`options` may not give them again)."""
+    from trainwise.advise import partial_note, study_row
+
+    taken = ("model", "model_preset", "dataset", "train_file", "eval_file", "lr")
+    given = [f"--{k.replace('_', '-')}" for k in taken if (options or {}).get(k)]
+    if given:
+        raise ConfigError(f"--plan takes the model, data and settings from the study: leave out {', '.join(given)}")
+
+    partial = partial_note(study)
+    if partial:
+        on_note(f"trainwise: note: {partial}")
+    store = Store.of(study, "--plan")
+    try:
+        entry = study_row(study, name, "--plan")
+        if name is None:
+            on_note(f"trainwise train: {entry['strategy']!r}, the plan advise recommends in {study}")
+        spec = store.spec(entry.get("row", entry["strategy"]))
+    finally:
+        store.close()
+    if spec is None:
+        raise ConfigError(f"--plan {study}: the store holds no trial of {entry['strategy']!r}")
+    if "batch_size" in entry:  # the cell's own batch size and workers (a sweep's cells share a row)
+        settings = dataclasses.replace(spec.settings, batch_size=entry["batch_size"], num_workers=entry["workers"])
+        spec = dataclasses.replace(spec, settings=settings)
+    return spec

@@ -32,39 +32,12 @@ from pathlib import Path
 import torch
 
 from trainwise import loop, strategies
-from trainwise.config import StudyConfig, TrialSpec
+from trainwise.config import StudyConfig, TrainConfig, TrialSpec
 from trainwise.data.prepared import TrialData, load_data
 from trainwise.distributed import Ranks
 from trainwise.errors import ConfigError, RunFailed
 
 LATEST = "latest"
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    epochs: int = 1
-    max_steps: int | None = None  # a cap on optimizer steps (None: epochs x steps per epoch)
-    eval_every: int = 50
-    save_every: int = 50
-    patience: int | None = None  # early stopping: evaluations without improvement (None: off)
-    min_delta: float = 0.0
-    monitor: str = "metric"  # "metric" (accuracy / ROUGE-L, higher is better) or "loss" (train loss, lower)
-    keep: int = 2  # checkpoints kept besides the best
-    checkpoints: bool = True  # tune's trials run without them
-
-    def __post_init__(self) -> None:
-        if self.epochs <= 0:
-            raise ConfigError(f"--epochs must be > 0, got {self.epochs}")
-        if self.max_steps is not None and self.max_steps <= 0:
-            raise ConfigError(f"--max-steps must be > 0, got {self.max_steps}")
-        if self.eval_every <= 0 or self.save_every <= 0:
-            raise ConfigError("--eval-every and --save-every must be > 0")
-        if self.patience is not None and self.patience <= 0:
-            raise ConfigError(f"--patience must be >= 1 evaluation, got {self.patience}")
-        if self.min_delta < 0:
-            raise ConfigError(f"--min-delta must be >= 0, got {self.min_delta}")
-        if self.monitor not in ("metric", "loss"):
-            raise ConfigError(f"--monitor must be metric or loss, not {self.monitor!r}")
 
 
 @dataclass
@@ -466,31 +439,6 @@ def check_one_process(cfg: StudyConfig, verb: str) -> None:
             f"{row.text!r} needs {max(2, cfg.nproc)} ranks (data parallel / ZeRO); {verb} runs one process: "
             "measure it with `trainwise compare --nproc N`, train it with `trainwise train --nproc N`"
         )
-
-
-def study_spec(study: Path, name: str | None, on_note: Callable[[str], None]) -> TrialSpec:
-    """A compare study's trial spec for a row (default: advise's pick), for `train --plan`: the study's
-    model, data, batch, lengths, lr and seed, as its trial ran them."""
-    from trainwise.advise import partial_note, study_row
-    from trainwise.study import Store
-
-    partial = partial_note(study)
-    if partial:
-        on_note(f"trainwise: note: {partial}")
-    store = Store.of(study, "--plan")
-    try:
-        entry = study_row(study, name, "--plan")
-        if name is None:
-            on_note(f"trainwise train: {entry['strategy']!r}, the plan advise recommends in {study}")
-        spec = store.spec(entry.get("row", entry["strategy"]))
-    finally:
-        store.close()
-    if spec is None:
-        raise ConfigError(f"--plan {study}: the store holds no trial of {entry['strategy']!r}")
-    if "batch_size" in entry:  # the cell's own batch size and workers (a sweep's cells share a row)
-        settings = dataclasses.replace(spec.settings, batch_size=entry["batch_size"], num_workers=entry["workers"])
-        spec = dataclasses.replace(spec, settings=settings)
-    return spec
 
 
 def train(

@@ -20,26 +20,61 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainwise.config import StudyConfig, TrialSpec
-from trainwise.errors import ConfigError
+from trainwise.errors import ConfigError, RunFailed, check_number
 from trainwise.launcher import events
 from trainwise.lifeline import bound_to_me
 
-# parameter -> (kind, what it sets). Ranges come from the space file.
+
+@dataclass(frozen=True)
+class Domain:
+    """What values a tunable takes: its kind and the bounds any value in a space file must respect."""
+
+    kind: str  # "float" | "int"
+    low: float = -math.inf
+    low_inclusive: bool = True
+    high: float = math.inf
+    high_inclusive: bool = True
+
+    def check(self, path: str, name: str, value: object) -> float:
+        """`value` as a number of this domain; ConfigError naming the file, the parameter and the value."""
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"--space {path}: {name}: {value!r} is not a number")
+        if not math.isfinite(value):
+            raise ConfigError(f"--space {path}: {name}: {value!r} is not a finite number")
+        if self.kind == "int" and value != int(value):
+            raise ConfigError(f"--space {path}: {name}: {value!r} is not a whole number")
+        above = value >= self.low if self.low_inclusive else value > self.low
+        below = value <= self.high if self.high_inclusive else value < self.high
+        if not (above and below):
+            raise ConfigError(f"--space {path}: {name}: {value!r} is out of range (must be {self.describe()})")
+        return float(value)
+
+    def describe(self) -> str:
+        parts = []
+        if self.low > -math.inf:
+            parts.append(f"{'>=' if self.low_inclusive else '>'} {self.low:g}")
+        if self.high < math.inf:
+            parts.append(f"{'<=' if self.high_inclusive else '<'} {self.high:g}")
+        return " and ".join(parts) or "finite"
+
+
+# parameter -> the values it takes. Ranges come from the space file, within these domains.
 PARAMS = {
-    "lr": "float",
-    "batch_size": "int",
-    "weight_decay": "float",
-    "warmup_ratio": "float",
-    "label_smoothing": "float",
+    "lr": Domain("float", 0.0, low_inclusive=False),
+    "batch_size": Domain("int", 1),
+    "weight_decay": Domain("float", 0.0),
+    "warmup_ratio": Domain("float", 0.0, high=1.0, high_inclusive=False),
+    "label_smoothing": Domain("float", 0.0, high=1.0, high_inclusive=False),
     # seq2seq decoding at evaluation (what ROUGE/BLEU is measured with)
-    "num_beams": "int",
-    "length_penalty": "float",
+    "num_beams": Domain("int", 1, high=64),
+    "length_penalty": Domain("float"),
 }
 DECODING = ("num_beams", "length_penalty")
 SEARCHES = ("random", "tpe", "pbt")
@@ -78,23 +113,27 @@ def load_space(path: str) -> list[Param]:
             raise ConfigError(f"--space {path}: unknown parameter {name!r}; known: {', '.join(PARAMS)}")
         if not isinstance(spec, dict):
             raise ConfigError(f"--space {path}: {name} needs {{low, high[, log]}} or {{choices: [...]}}")
+        domain = PARAMS[name]
+        fields = {"choices"} if "choices" in spec else {"low", "high", "log"}
+        unknown = sorted(map(str, set(spec) - fields))
+        if unknown:
+            raise ConfigError(f"--space {path}: {name}: unknown field {unknown[0]!r}; use {', '.join(sorted(fields))}")
         if "choices" in spec:
             choices = spec["choices"]
             if not isinstance(choices, list) or not choices:
                 raise ConfigError(f"--space {path}: {name}: choices must be a non-empty list")
+            for choice in choices:
+                domain.check(path, name, choice)
             space.append(Param(name, choices=tuple(choices)))
             continue
-        try:
-            low, high = float(spec["low"]), float(spec["high"])
-        except (KeyError, TypeError, ValueError):
-            raise ConfigError(f"--space {path}: {name} needs numeric low and high") from None
+        if not all(isinstance(spec.get(k), int | float) and not isinstance(spec.get(k), bool) for k in ("low", "high")):
+            raise ConfigError(f"--space {path}: {name} needs numeric low and high")
+        low, high = domain.check(path, name, spec["low"]), domain.check(path, name, spec["high"])
         if not low < high:
             raise ConfigError(f"--space {path}: {name}: empty range (low {low:g} >= high {high:g})")
         log = bool(spec.get("log", False))
         if log and low <= 0:
             raise ConfigError(f"--space {path}: {name}: a log-scale range must be > 0, got [{low:g}, {high:g}]")
-        if PARAMS[name] == "int" and (low != int(low) or high != int(high)):
-            raise ConfigError(f"--space {path}: {name} takes whole numbers")
         space.append(Param(name, low, high, log))
     return space
 
@@ -108,10 +147,6 @@ def check_task(space: list[Param], task: str) -> None:
     decoding = [p.name for p in space if p.name in DECODING]
     if decoding and task != "seq2seq":
         raise ConfigError(f"{', '.join(decoding)}: decoding parameters apply to --task seq2seq only, not {task}")
-    for p in space:
-        lowest = min(p.choices) if p.choices is not None else p.low
-        if p.name == "num_beams" and (lowest is None or lowest < 1):
-            raise ConfigError("num_beams must be >= 1")
 
 
 def sample(trial, space: list[Param]) -> dict:
@@ -121,7 +156,7 @@ def sample(trial, space: list[Param]) -> dict:
             values[p.name] = trial.suggest_categorical(p.name, list(p.choices))
             continue
         assert p.low is not None and p.high is not None, "load_space gives ranges their bounds"
-        if PARAMS[p.name] == "int":
+        if PARAMS[p.name].kind == "int":
             values[p.name] = trial.suggest_int(p.name, int(p.low), int(p.high), log=p.log)
         else:
             values[p.name] = trial.suggest_float(p.name, p.low, p.high, log=p.log)
@@ -172,6 +207,7 @@ def run_tune(
     train_args: dict,
     on_trial: Callable[[dict], None],
     seed: int = 0,
+    trial_timeout: float = 900.0,
 ) -> TuneResult:
     if search not in ("random", "tpe"):
         raise ValueError(f"run_tune runs Optuna's random or tpe, not {search!r} (pbt: trainwise.pbt)")
@@ -191,12 +227,18 @@ def run_tune(
         direction="maximize" if train_args["monitor"] == "metric" else "minimize",
         load_if_exists=True,
     )
+    for killed in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        # a trial of a tune run that was killed (SIGKILL, a lost machine): this run holds --out, so it is
+        # not running anywhere; it failed, and says why
+        study._storage.set_trial_user_attr(killed._trial_id, "error", "interrupted: its tune run was killed")
+        study.tell(killed.number, state=optuna.trial.TrialState.FAIL)
     done = lambda: [t for t in study.trials if t.state.is_finished()]  # noqa: E731
     while len(done()) < n_trials:
         trial = study.ask()
         values = sample(trial, space)
         started = time.perf_counter()
-        state, value, steps = _run_one(apply(spec, values), train_args, out / "trials" / f"{trial.number:04d}", trial)
+        trial_dir = out / "trials" / f"{trial.number:04d}"
+        state, value, steps = _run_one(apply(spec, values), train_args, trial_dir, trial, trial_timeout)
         trial.set_user_attr("steps", steps)
         trial.set_user_attr("wall_s", time.perf_counter() - started)
         if state == "complete":
@@ -204,6 +246,8 @@ def run_tune(
         elif state == "pruned":
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         else:
+            why = f"no result within --trial-timeout {trial_timeout:g}s; killed" if state == "timeout" else None
+            trial.set_user_attr("error", why or _last_line(trial_dir / "stderr.log"))
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
         on_trial({"number": trial.number, "state": state, "value": value, "params": values, "steps": steps})
     return _summarise(study)
@@ -222,9 +266,8 @@ def _summarise(study) -> TuneResult:
         complete = t.state == optuna.trial.TrialState.COMPLETE and t.value is not None
         if complete and (best is None or (t.value > best if maximize else t.value < best)):
             best = t.value
-        rows.append(
-            {"number": t.number, "state": t.state.name.lower(), "value": t.value, "params": t.params, "steps": steps}
-        )
+        row = {"number": t.number, "state": t.state.name.lower(), "value": t.value, "params": t.params, "steps": steps}
+        rows.append({**row, **({"error": t.user_attrs["error"]} if "error" in t.user_attrs else {})})
         if best is not None:
             curve.append((spent, best))
     complete = [t for t in finished if t.state == optuna.trial.TrialState.COMPLETE]
@@ -237,8 +280,11 @@ def _summarise(study) -> TuneResult:
     )
 
 
-def _run_one(spec: TrialSpec, train_args: dict, trial_dir: Path, trial) -> tuple[str, float | None, int]:
-    """One training run in its own process; its evaluations are reported to Optuna as they come."""
+def _run_one(
+    spec: TrialSpec, train_args: dict, trial_dir: Path, trial, timeout_s: float = 900.0
+) -> tuple[str, float | None, int]:
+    """One training run in its own process; its evaluations are reported to Optuna as they come. A run
+    that outlives `timeout_s` is killed (with whatever it started) and ends 'timeout'."""
     trial_dir.mkdir(parents=True, exist_ok=True)
     (trial_dir / "spec.json").write_text(json.dumps({"spec": spec.to_dict(), "train": train_args}))
     log = open(trial_dir / "stderr.log", "w")  # noqa: SIM115 (closed below)
@@ -252,6 +298,9 @@ def _run_one(spec: TrialSpec, train_args: dict, trial_dir: Path, trial) -> tuple
     )
     state, value, steps = "fail", None, 0
     key = "train_loss" if train_args["monitor"] == "loss" else None
+    expired = threading.Event()
+    timer = threading.Timer(timeout_s, lambda: (expired.set(), _kill_group(proc)))
+    timer.start()
     try:
         for event in events(proc):
             if event.get("event") == "eval":
@@ -262,21 +311,34 @@ def _run_one(spec: TrialSpec, train_args: dict, trial_dir: Path, trial) -> tuple
                     trial.report(v, steps)
                     if trial.should_prune():
                         state = "pruned"
-                        with contextlib.suppress(ProcessLookupError):
-                            os.killpg(proc.pid, signal.SIGKILL)
+                        _kill_group(proc)
                         break
             elif event.get("event") == "done":
                 steps = event["steps"]
         proc.wait()
     except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        _kill_group(proc)
         raise
     finally:
+        timer.cancel()
         log.close()
     if state != "pruned":
-        state = "complete" if proc.returncode == 0 and value is not None else "fail"
+        state = "timeout" if expired.is_set() else "complete" if proc.returncode == 0 and value is not None else "fail"
     return state, value, steps
+
+
+def _last_line(log: Path) -> str:
+    """Why a trial failed: the last line its process wrote to stderr (the exception, usually)."""
+    try:
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "no stderr.log"
+    return lines[-1][:300] if lines else "it exited without a word"
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _metric_key(event: dict) -> str:
@@ -320,12 +382,27 @@ class TuneConfig:
     seed: int = 0
     ray_address: str | None = None
     cpus_per_trial: float | None = None
+    trial_timeout: float = 900.0  # seconds before a trial (random / tpe) is killed and recorded 'timeout'
     params: tuple[Param, ...] = field(init=False)
+
+    @classmethod
+    def of(cls, options: dict) -> TuneConfig:
+        """From the command's options (named like the fields)."""
+        return cls(**{f.name: options[f.name] for f in dataclasses.fields(cls) if f.init})
 
     def __post_init__(self) -> None:
         check_search(self.search)
         if self.trials <= 0:
             raise ConfigError(f"--trials must be > 0, got {self.trials}")
+        check_number("--trial-timeout", self.trial_timeout)
+        for option, value in (("--max-steps", self.max_steps), ("--eval-every", self.eval_every)):
+            if value <= 0:
+                raise ConfigError(f"{option} must be > 0, got {value}")
+        if self.eval_every > self.max_steps:
+            raise ConfigError(
+                f"--eval-every {self.eval_every} is more than --max-steps {self.max_steps}: no trial would be "
+                "evaluated before it ends; lower --eval-every"
+            )
         pbt = self.search == "pbt"
         if not pbt and (self.ray_address is not None or self.cpus_per_trial is not None):
             raise ConfigError("--ray-address and --cpus-per-trial are for --search pbt")
@@ -348,6 +425,14 @@ class TuneConfig:
         return TrainConfig(
             10**6, self.max_steps, self.eval_every, self.max_steps, None, 0.0, self.monitor, checkpoints=False
         )
+
+
+def check_some_complete(result: TuneResult) -> None:
+    """Exit 1 (RunFailed) when the search ran and no trial produced a value."""
+    if result.best_value is None:
+        errors = [t["error"] for t in result.trials if t.get("error")]
+        why = f"; the first: {errors[0]}" if errors else ""
+        raise RunFailed(f"no trial of {len(result.trials)} produced a value{why}")
 
 
 def tune(
@@ -392,7 +477,8 @@ def tune(
             value = "-" if r["value"] is None else f"{r['value']:.4f}"
             on_line(f"  trial {r['number']}: {r['state']}  {value}  {r['steps']} steps  {shown(r['params'])}")
 
-        result = run_tune(spec, list(cfg.params), cfg.search, cfg.trials, out, train_args, on_trial, cfg.seed)
+        args = (spec, list(cfg.params), cfg.search, cfg.trials, out, train_args, on_trial, cfg.seed, cfg.trial_timeout)
+        result = run_tune(*args)
     report = dataclasses.asdict(result)
     if price is not None:
         # the work a preemption loses: a whole Optuna trial (it has no checkpoints, so it starts over), or

@@ -306,21 +306,17 @@ def train(
     preemptions_per_hour: o.Preemptions = 0.5,
 ) -> None:
     """Train for real with one plan: periodic eval, best checkpoint, early stopping, resumable checkpoints."""
-    from trainwise import train as run
+    from trainwise.config import TrainConfig
     from trainwise.report import terminal
-    from trainwise.study import prepare_study
+    from trainwise.study import prepare_study, study_spec
     from trainwise.tracking import parse_report_to
 
-    tc = run.TrainConfig(epochs, max_steps, eval_every, save_every, patience, min_delta, monitor)
+    tc = TrainConfig(epochs, max_steps, eval_every, save_every, patience, min_delta, monitor)
     backends, cost = parse_report_to(report_to), price(ctx.params, 0.0)
     if strategies is not None and "," in strategies:
         raise ConfigError(f"--strategies {strategies!r}: train runs one plan (a '+' combination)")
     if plan_study is not None:
-        taken = ("model", "model_preset", "dataset", "train_file", "eval_file", "lr")
-        given = [f"--{k.replace('_', '-')}" for k in taken if ctx.params[k]]
-        if given:
-            raise ConfigError(f"--plan takes the model, data and settings from the study: leave out {', '.join(given)}")
-        spec = run.study_spec(Path(plan_study), strategies, lambda note: terminal.say(note, terminal.err))
+        spec = study_spec(Path(plan_study), strategies, lambda note: terminal.say(note, terminal.err), ctx.params)
     else:  # max_steps: a placeholder, the run's own schedule replaces it
         rows = [strategies or "baseline"]
         cfg = study_config(ctx.params, strategies=rows, max_steps=2, warmup_steps=0, num_workers=(num_workers,))
@@ -329,6 +325,8 @@ def train(
         if prepared.unsupported:
             raise ConfigError(f"{cfg.rows[0].text!r}: {next(iter(prepared.unsupported.values()))}")
         spec = prepared.specs[0]
+    from trainwise import train as run  # torch: after every check of the input
+
     warn = lambda msg: terminal.say(f"trainwise: warning: {msg}", terminal.err)  # noqa: E731
     r = run.train_any(spec, tc, Path(out), resume, backends, terminal.train_event, warn)
     for line in run.summary(r, tc, cost):
@@ -362,6 +360,7 @@ def tune(
     out: Annotated[str, Opt(help="Study directory: tune.sqlite or pbt/, trials/, tune_result.json.")] = "runs/tune",
     ray_address: Annotated[str | None, Opt(help="pbt: a Ray cluster (ray://head:10001 or auto).")] = None,
     cpus_per_trial: Annotated[float | None, Opt(help="pbt: CPUs per member (default: cores / population).")] = None,
+    trial_timeout: Annotated[float, Opt(help="random/tpe: seconds before a trial is killed ('timeout').")] = 900.0,
     price_per_hour: o.PricePerHour = None,
     sku: o.Sku = None,
     price_file: o.PriceFile = None,
@@ -371,15 +370,16 @@ def tune(
     """Search lr, batch size, weight decay, warm-up, label smoothing (seq2seq: decoding): Optuna random
     search or TPE (resumable, with pruning), or population-based training with Ray Tune."""
     from trainwise.report import terminal
-    from trainwise.tune import TuneConfig
+    from trainwise.tune import TuneConfig, check_some_complete
     from trainwise.tune import tune as search_space
 
-    cfg = TuneConfig(space, search, trials, max_steps, eval_every, monitor, seed, ray_address, cpus_per_trial)
+    cfg = TuneConfig.of(ctx.params)
     cost = price(ctx.params, 0.0)
     study = study_config(ctx.params, strategies=[strategies], max_steps=2, warmup_steps=0)
     with terminal.err.status("trainwise tune: ...") as status:
         result, report = search_space(cfg, study, cost, status.update, lambda line: terminal.say(line, terminal.err))
     terminal.tune_table(result, report, search, monitor, out)
+    check_some_complete(result)  # exit 1 when no trial produced a value
 
 
 @app.command("strategies")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from pathlib import Path
 
 from trainwise.data.builtin import BUILTIN_DATASETS, _is_eval, load_builtin
@@ -23,11 +24,14 @@ def _read_text(path: Path) -> str:
     except OSError as e:
         raise ConfigError(f"cannot read data file {path}: {e.strerror}") from None
     try:
-        return raw.decode("utf-8-sig")
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise ConfigError(
             f"{path} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); re-save it as UTF-8"
         ) from None
+    if "\0" in text:
+        raise ConfigError(f"{path} is not text (a NUL byte at offset {raw.index(0)}): is it a binary file?")
+    return text
 
 
 def _records(path: Path) -> list[dict]:
@@ -39,14 +43,16 @@ def _records(path: Path) -> list[dict]:
     if suffix not in FILE_SUFFIXES:
         raise ConfigError(f"{path}: unsupported file type {suffix!r}; use one of {', '.join(FILE_SUFFIXES)}")
     text = _read_text(path)
+    if suffix == ".jsonl":
+        return _jsonl(path, text)
     try:
         if suffix == ".csv":
             return list(csv.DictReader(io.StringIO(text)))
-        if suffix == ".jsonl":
-            return [json.loads(line) for line in text.splitlines() if line.strip()]
         data = json.loads(text) if text.strip() else []
     except (json.JSONDecodeError, csv.Error) as e:
         raise ConfigError(f"{path}: not valid {suffix[1:].upper()}: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a table of records") from None
     if isinstance(data, dict):  # {"data": [...]} or {"train": [...]}: take the single list value
         lists = [v for v in data.values() if isinstance(v, list)]
         if len(lists) != 1:
@@ -55,6 +61,24 @@ def _records(path: Path) -> list[dict]:
     if not isinstance(data, list):
         raise ConfigError(f"{path}: expected a list of objects")
     return data
+
+
+def _jsonl(path: Path, text: str) -> list[dict]:
+    """One JSON object per line; an error names the file's own line number."""
+    records = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path} line {number}: not valid JSON ({e.msg}, column {e.colno})") from None
+        except RecursionError:
+            raise ConfigError(f"{path} line {number}: nested too deeply to be a record") from None
+        if not isinstance(record, dict):
+            raise ConfigError(f"{path} line {number}: every record must be an object with named columns")
+        records.append(record)
+    return records
 
 
 def _columns(records: list[dict], path: Path, text_col: str, target_col: str) -> Rows:
@@ -82,6 +106,10 @@ def _load_hub(name: str, text_col: str, target_col: str) -> tuple[Rows, Rows]:
             f"dataset {name!r} is not built in ({', '.join(BUILTIN_DATASETS)}); loading hub datasets "
             "needs the 'datasets' package: pip install 'trainwise[hub]'"
         ) from None
+    if "1" not in (os.environ.get("HF_HUB_OFFLINE"), os.environ.get("HF_DATASETS_OFFLINE")):
+        from trainwise.models import check_hub_reachable
+
+        check_hub_reachable(name, "dataset")  # one line now, not a minute of retries
     try:
         ds = datasets.load_dataset(name)
     except Exception as e:  # offline, unknown name, auth: all the same to the user

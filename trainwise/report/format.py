@@ -35,6 +35,9 @@ def add_cost(table: list[dict], price) -> None:
             if price.low_priority
             else ""
         )
+        device = (e.get("env") or {}).get("device_name")
+        if device and (mismatch := price.mismatch(str(device))):
+            e["cost_note"] += f"; note: {mismatch}"
 
 
 def human_bytes(n: float | None) -> str:

@@ -70,7 +70,7 @@ def read_progress(study: Path) -> tuple[int, int] | None:
     try:
         progress = json.loads((study / PROGRESS).read_text(encoding="utf-8"))
         return int(progress["done"]), int(progress["total"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
 
 

@@ -1,0 +1,331 @@
+"""Every verb, every kind of bad input (issue 17): one line on stderr, exit code 2, no traceback, and
+nothing written — neither the --out the command names nor any input it was given.
+
+Each case is a row of the table: the command line, and what its one line must say. `{d}` is a folder of
+bad (and some good) inputs built fresh for every case, `{w}` the --out that must not appear.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from trainwise.cli import main
+
+from .conftest import make_rows, write_csv
+
+# the common heads of each verb's command line: a tiny model, the good CSV, {w} as --out
+COMPARE = ["compare", "--model-preset", "bert-tiny", "--max-steps", "2", "--warmup-steps", "1", "--out", "{w}"]
+C = [*COMPARE, "--train-file", "{d}/ok.csv"]
+E = ["estimate", "--model-preset", "bert-tiny"]
+F = ["find-batch", "--model-preset", "bert-tiny", "--train-file", "{d}/ok.csv", "--out", "{w}"]
+X = ["export", "--out", "{w}"]
+XP = [*X, "--strategies", "bf16", "--model-preset", "bert-tiny"]
+T = ["train", "--model-preset", "bert-tiny", "--train-file", "{d}/ok.csv", "--out", "{w}"]
+U = ["tune", "--model-preset", "bert-tiny", "--train-file", "{d}/ok.csv", "--out", "{w}", "--max-steps", "4"]
+US = [*U, "--eval-every", "2", "--space"]
+FINITE = "must be a finite number"
+
+CASES: dict[str, tuple[list[str], str]] = {
+    # ---- compare: numbers ----
+    "compare --lr nan": ([*C, "--lr", "nan"], f"--lr {FINITE} > 0, got nan"),
+    "compare --lr inf": ([*C, "--lr", "inf"], f"--lr {FINITE} > 0, got inf"),
+    "compare --lr negative": ([*C, "--lr", "-0.1"], f"--lr {FINITE} > 0"),
+    "compare --trial-timeout nan": ([*C, "--trial-timeout", "nan"], f"--trial-timeout {FINITE} > 0"),
+    "compare --trial-timeout 0": ([*C, "--trial-timeout", "0"], f"--trial-timeout {FINITE} > 0"),
+    "compare --max-length beyond positions": (
+        [*C, "--max-length", "100000"],
+        "--max-length 100000 is more than bert-tiny reads .max_position_embeddings 512.",
+    ),
+    "compare --max-length 0": ([*C, "--max-length", "0"], "--max-length must be > 0"),
+    "compare --repeat 0": ([*C, "--repeat", "0"], "--repeat must be > 0"),
+    "compare --eval-samples -1": ([*C, "--eval-samples", "-1"], "--eval-samples must be >= 0"),
+    "compare --max-train-samples 0": ([*C, "--max-train-samples", "0"], "--max-train-samples must be > 0"),
+    "compare --seed -1": ([*C, "--seed", "-1"], r"--seed must be between 0 and 2\*\*32 - 1"),
+    "compare --image-size 0": ([*C, "--image-size", "0"], "--image-size must be > 0"),
+    "compare --task regression": ([*C, "--task", "regression"], "--task must be one of"),
+    "compare --strategies empty": ([*C, "--strategies", ","], "--strategies: no rows"),
+    # ---- compare: cost ----
+    "compare --price-per-hour nan": ([*C, "--price-per-hour", "nan"], f"--price-per-hour {FINITE} > 0"),
+    "compare --price-per-hour -1": ([*C, "--price-per-hour", "-1"], f"--price-per-hour {FINITE} > 0"),
+    "compare --sku unknown": ([*C, "--sku", "NoSuchVM"], "--sku 'NoSuchVM': not in the price table"),
+    "compare --price-file missing": (
+        [*C, "--sku", "ND40rs_v2", "--price-file", "{d}/missing.json"],
+        "--price-file .*missing.json: not found",
+    ),
+    "compare --price-file not JSON": (
+        [*C, "--sku", "ND40rs_v2", "--price-file", "{d}/data.txt"],
+        "--price-file .*data.txt: not a price table .not JSON",
+    ),
+    "compare --preemptions -1": (
+        [*C, "--sku", "ND40rs_v2", "--low-priority", "--preemptions-per-hour", "-1"],
+        f"--preemptions-per-hour {FINITE} >= 0",
+    ),
+    "compare --checkpoint-minutes nan": (
+        [*C, "--sku", "ND40rs_v2", "--low-priority", "--checkpoint-minutes", "nan"],
+        f"--checkpoint-minutes {FINITE} >= 0",
+    ),
+    # ---- compare: data files ----
+    "compare JSONL bad line 51": (
+        [*COMPARE, "--train-file", "{d}/bad51.jsonl"],
+        r"bad51.jsonl line 51: not valid JSON",
+    ),
+    "compare JSONL record not an object": (
+        [*COMPARE, "--train-file", "{d}/records.jsonl"],
+        "records.jsonl line 2: every record must be an object",
+    ),
+    "compare JSON nested too deeply": ([*COMPARE, "--train-file", "{d}/deep.json"], "deep.json: nested too deeply"),
+    "compare binary data": ([*COMPARE, "--train-file", "{d}/binary.csv"], "binary.csv is not UTF-8 text"),
+    "compare NUL in CSV": ([*COMPARE, "--train-file", "{d}/nul.csv"], "nul.csv is not text .a NUL byte at offset 14."),
+    "compare 0-byte file": ([*COMPARE, "--train-file", "{d}/zero.csv"], "zero.csv: no usable rows"),
+    "compare header-only CSV": ([*COMPARE, "--train-file", "{d}/header.csv"], "header.csv: no usable rows"),
+    "compare a .txt data file": ([*COMPARE, "--train-file", "{d}/data.txt"], "unsupported file type '.txt'"),
+    "compare --eval-file missing": ([*C, "--eval-file", "{d}/missing.csv"], "data file not found: .*missing.csv"),
+    "compare one class": ([*COMPARE, "--train-file", "{d}/oneclass.csv"], "at least 2 distinct targets"),
+    # ---- compare: --out ----
+    "compare --out a corrupt study": (
+        [*COMPARE[:-1], "{d}/corrupt-out", "--train-file", "{d}/ok.csv"],
+        r"corrupt-out/study.sqlite is not a trainwise store .file is not a database.",
+    ),
+    "compare --out a newer study": (
+        [*COMPARE[:-1], "{d}/newer-out", "--train-file", "{d}/ok.csv"],
+        "newer-out/study.sqlite was written by a newer trainwise",
+    ),
+    "compare --out in /proc": ([*C, "--out", "/proc/trainwise-test/x"], "--out /proc/trainwise-test/x: .* writ"),
+    "compare --out a file": ([*C, "--out", "{d}/ok.csv"], "--out .*ok.csv is a file, not a directory"),
+    "compare --out a foreign dir": ([*C, "--out", "{d}/foreign"], "holds files trainwise did not write"),
+    # ---- estimate ----
+    "estimate --max-length 1e7": (
+        [*E, "--max-length", "10000000"],
+        "--max-length 10000000 is more than bert-tiny reads .max_position_embeddings 512.",
+    ),
+    "estimate --max-length 1e7 as float": ([*E, "--max-length", "1e7"], "Invalid value for '--max-length'"),
+    "estimate --max-target-length beyond bart": (
+        ["estimate", "--model-preset", "bart-tiny", "--task", "seq2seq", "--max-target-length", "5000"],
+        "--max-target-length 5000 is more than bart-tiny reads",
+    ),
+    "estimate --batch-size 0": ([*E, "--batch-size", "0"], "--batch-size must be > 0"),
+    "estimate --num-labels 0": ([*E, "--num-labels", "0"], "--num-labels must be >= 2"),
+    "estimate --zero 5": ([*E, "--zero", "5"], "--zero must be"),
+    "estimate --offload disk": ([*E, "--zero", "2", "--offload", "disk"], "--offload must be"),
+    "estimate --device-memory lots": ([*E, "--device-memory", "lots"], "--device-memory 'lots'"),
+    "estimate --device-memory nan": ([*E, "--device-memory", "nanGB"], "--device-memory 'nanGB'"),
+    "estimate --nproc 0": ([*E, "--nproc", "0"], "--nproc must be between 1 and 64"),
+    "estimate unknown strategy": ([*E, "--strategies", "turbo"], "unknown strategy 'turbo'"),
+    "estimate --accum-steps 0": ([*E, "--accum-steps", "0"], "--accum-steps must be > 0"),
+    "estimate --device tpu": ([*E, "--device", "tpu"], "--device must be one of"),
+    "estimate preset unknown": (["estimate", "--model-preset", "gpt-17"], "unknown model preset 'gpt-17'"),
+    # ---- find-batch ----
+    "find-batch --refine -3": ([*F, "--refine", "-3"], "--refine must be >= 0"),
+    "find-batch --candidates words": (
+        [*F, "--candidates", "8,lots"],
+        "--candidates '8,lots': give batch sizes like 8,16,32",
+    ),
+    "find-batch --candidates 0": ([*F, "--candidates", "0,8"], "--candidates '0,8': give positive batch sizes"),
+    "find-batch --candidates empty": ([*F, "--candidates", ","], "--candidates ',': give positive batch sizes"),
+    "find-batch --steps 0": ([*F, "--steps", "0"], "--steps must be >= 2"),
+    "find-batch --memory-limit words": ([*F, "--memory-limit", "abc"], "--memory-limit 'abc'"),
+    "find-batch --memory-limit 0": ([*F, "--memory-limit", "0GB"], "--memory-limit must be > 0"),
+    "find-batch a list of plans": ([*F, "--strategies", "baseline,bf16"], "one plan"),
+    "find-batch --max-length beyond positions": ([*F, "--max-length", "100000"], "--max-length 100000 is more than"),
+    "find-batch --out in /proc": ([*F, "--out", "/proc/trainwise-test/x"], "--out /proc/trainwise-test/x: .* writ"),
+    "find-batch bad data": ([*F[:4], "{d}/bad51.jsonl", *F[5:]], "line 51"),
+    # ---- advise ----
+    "advise missing study": (["advise", "{d}/missing-study"], "missing-study: no results.json"),
+    "advise an empty dir": (["advise", "{d}/emptydir"], "emptydir: no results.json"),
+    "advise a file": (["advise", "{d}/ok.csv"], "ok.csv: not a study directory"),
+    "advise results not UTF-8": (["advise", "{d}/latin1-study"], "results.json: not a trainwise results file"),
+    "advise results not JSON": (["advise", "{d}/notjson-study"], "results.json: not a trainwise results file"),
+    "advise results nested deeply": (["advise", "{d}/deep-study"], "results.json: not a trainwise results file"),
+    "advise results not rows": (["advise", "{d}/rows-study"], "results.json: not a trainwise results file"),
+    "advise --objective speed": (["advise", "{d}/good-study", "--objective", "speed"], "--objective must be one of"),
+    "advise --memory-budget words": (["advise", "{d}/good-study", "--memory-budget", "lots"], "--memory-budget 'lots'"),
+    "advise --max-quality-drop nan": (
+        ["advise", "{d}/good-study", "--max-quality-drop", "nan"],
+        f"--max-quality-drop {FINITE} >= 0",
+    ),
+    "advise --max-quality-drop -1": (
+        ["advise", "{d}/good-study", "--max-quality-drop", "-1"],
+        f"--max-quality-drop {FINITE} >= 0",
+    ),
+    "advise --run bad option": (["advise", "{w}", "--run", "--max-steps", "0"], "--max-steps must be > 0"),
+    # ---- export ----
+    "export --lr nan": ([*XP, "--lr", "nan"], f"--lr {FINITE} > 0"),
+    "export unknown strategy": ([*X, "--strategies", "turbo", "--model-preset", "bert-tiny"], "unknown strategy"),
+    "export --out a file": ([*XP[:1], "--out", "{d}/ok.csv", *XP[3:]], "--out .*ok.csv is a file, not a directory"),
+    "export --out in /proc": ([*XP[:1], "--out", "/proc/trainwise-test/x", *XP[3:]], "--out /proc/trainwise-test/x"),
+    "export --study missing": ([*X, "--study", "{d}/missing-study"], "--study .*missing-study: not a finished"),
+    "export --study results not JSON": ([*X, "--study", "{d}/notjson-study"], "not a trainwise results file"),
+    "export --study corrupt store": ([*X, "--study", "{d}/corrupt-study"], "study.sqlite is not a trainwise store"),
+    "export --study newer store": ([*X, "--study", "{d}/newer-study"], "written by a newer trainwise"),
+    "export --zero 4": ([*XP, "--zero", "4"], "--zero must be"),
+    "export --offload params with zero 2": ([*XP, "--zero", "2", "--offload", "params"], "--offload params"),
+    "export --max-steps 0": ([*XP, "--max-steps", "0"], "--max-steps must be > 0"),
+    "export --nproc 0": ([*XP, "--nproc", "0"], "--nproc must be between 1 and 64"),
+    "export --max-length beyond positions": ([*XP, "--max-length", "100000"], "--max-length 100000 is more than"),
+    "export --device tpu": ([*XP, "--device", "tpu"], "--device must be"),
+    "export --batch-size 0": ([*XP, "--batch-size", "0"], "--batch-size must be > 0"),
+    # ---- train ----
+    "train --lr nan": ([*T, "--lr", "nan"], f"--lr {FINITE} > 0"),
+    "train --epochs 0": ([*T, "--epochs", "0"], "--epochs must be > 0"),
+    "train --eval-every 0": ([*T, "--eval-every", "0"], "--eval-every and --save-every must be > 0"),
+    "train --patience 0": ([*T, "--patience", "0"], "--patience must be >= 1"),
+    "train --min-delta nan": ([*T, "--min-delta", "nan"], f"--min-delta {FINITE} >= 0"),
+    "train --monitor accuracy": ([*T, "--monitor", "accuracy"], "--monitor must be metric or loss"),
+    "train --report-to wandb": ([*T, "--report-to", "wandb"], "--report-to"),
+    "train --max-length beyond positions": ([*T, "--max-length", "100000"], "--max-length 100000 is more than"),
+    "train a list of plans": ([*T, "--strategies", "baseline,bf16"], "train runs one plan"),
+    "train --num-workers -1": ([*T, "--num-workers", "-1"], "--num-workers must all be >= 0"),
+    "train --seed -1": ([*T, "--seed", "-1"], "--seed must be between"),
+    "train --out in /proc": ([*T[:-1], "/proc/trainwise-test/x"], "--out /proc/trainwise-test/x"),
+    "train bad data": ([*T[:4], "{d}/deep.json", *T[5:]], "nested too deeply"),
+    "train --plan missing": (["train", "--out", "{w}", "--plan", "{d}/missing-study"], "not a finished"),
+    "train --plan not JSON": (["train", "--out", "{w}", "--plan", "{d}/notjson-study"], "not a trainwise results"),
+    "train --plan corrupt store": (
+        ["train", "--out", "{w}", "--plan", "{d}/corrupt-study"],
+        "is not a trainwise store",
+    ),
+    "train --plan with a model": (
+        ["train", "--out", "{w}", "--plan", "{d}/good-study", "--model-preset", "bert-tiny"],
+        "leave out --model-preset",
+    ),
+    # ---- tune ----
+    "tune --space missing": ([*US, "{d}/missing.yaml"], "--space .*missing.yaml: not found"),
+    "tune --space not YAML": ([*US, "{d}/notyaml.yaml"], "not YAML"),
+    "tune --space empty": ([*US, "{d}/zero.csv"], "expected a mapping of parameters"),
+    "tune --space unknown parameter": ([*US, "{d}/unknown.yaml"], "unknown parameter 'momentum'"),
+    "tune --space unknown field": ([*US, "{d}/lg.yaml"], "lr: unknown field 'lg'"),
+    "tune --space negative lr": ([*US, "{d}/neglr.yaml"], r"lr: -0.001 is out of range .must be > 0"),
+    "tune --space nan lr": ([*US, "{d}/nanlr.yaml"], r"lr: nan is not a finite number"),
+    "tune --space negative batch": ([*US, "{d}/negbatch.yaml"], r"batch_size: -8 is out of range .must be >= 1"),
+    "tune --space string batch": ([*US, "{d}/strbatch.yaml"], r"batch_size: 'big' is not a number"),
+    "tune --space fractional batch": ([*US, "{d}/fracbatch.yaml"], r"batch_size: 8.5 is not a whole number"),
+    "tune --space string lr": ([*US, "{d}/strlr.yaml"], r"lr needs numeric low and high"),
+    "tune --space empty choices": ([*US, "{d}/nochoices.yaml"], "choices must be a non-empty list"),
+    "tune --space empty range": ([*US, "{d}/emptyrange.yaml"], "empty range"),
+    "tune --space warmup_ratio 1.5": (
+        [*US, "{d}/warmup.yaml"],
+        r"warmup_ratio: 1.5 is out of range .must be >= 0 and < 1",
+    ),
+    "tune --search grid": ([*U, "--space", "{d}/good.yaml", "--search", "grid"], "--search must be one of"),
+    "tune --trials 0": ([*U, "--space", "{d}/good.yaml", "--trials", "0"], "--trials must be > 0"),
+    "tune --eval-every 0": ([*U, "--space", "{d}/good.yaml", "--eval-every", "0"], "--eval-every must be > 0"),
+    "tune --eval-every beyond steps": (
+        [*U, "--space", "{d}/good.yaml", "--eval-every", "5"],
+        r"--eval-every 5 is more than --max-steps 4",
+    ),
+    "tune --cpus-per-trial 0": (
+        [*U, "--space", "{d}/good.yaml", "--search", "pbt", "--eval-every", "2", "--cpus-per-trial", "0"],
+        "--cpus-per-trial must be > 0",
+    ),
+    "tune --seed -1": ([*U, "--space", "{d}/good.yaml", "--eval-every", "2", "--seed", "-1"], "--seed must be between"),
+    "tune --out in /proc": (
+        [*U[:6], "/proc/trainwise-test/x", *U[7:], "--space", "{d}/good.yaml", "--eval-every", "2"],
+        "--out /proc/trainwise-test/x",
+    ),
+}
+
+SPACES = {
+    "good.yaml": "lr: {low: 1.0e-5, high: 1.0e-3, log: true}\n",
+    "notyaml.yaml": "lr: {low: 1e-5, high\n  - : [\n",
+    "unknown.yaml": "momentum: {low: 0.8, high: 0.99}\n",
+    "lg.yaml": "lr: {low: 1.0e-5, high: 1.0e-3, lg: true}\n",
+    "neglr.yaml": "lr: {low: -1.0e-3, high: 1.0e-3}\n",
+    "nanlr.yaml": "lr: {choices: [.nan, 1.0e-4]}\n",
+    "negbatch.yaml": "batch_size: {choices: [-8, 16]}\n",
+    "strbatch.yaml": "batch_size: {choices: [big, 16]}\n",
+    "fracbatch.yaml": "batch_size: {choices: [8.5, 16]}\n",
+    "strlr.yaml": "lr: {low: fast, high: 1.0e-3}\n",
+    "nochoices.yaml": "batch_size: {choices: []}\n",
+    "emptyrange.yaml": "lr: {low: 1.0e-3, high: 1.0e-5}\n",
+    "warmup.yaml": "warmup_ratio: {low: 0.0, high: 1.5}\n",
+}
+
+
+def _store(path: Path, version: int = 0, garbage: bool = False) -> None:
+    if garbage:
+        path.write_bytes(b"this is not a database, it only looks like one\n" * 40)
+        return
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE trials (key TEXT PRIMARY KEY, strategy TEXT, repeat INTEGER, status TEXT, spec TEXT)")
+    if version:
+        db.execute(f"PRAGMA user_version = {version}")
+    db.commit()
+    db.close()
+
+
+def _study(root: Path, name: str, results: bytes, store: dict | None = None) -> None:
+    study = root / name
+    study.mkdir()
+    (study / ".trainwise").write_text("written by trainwise\n")
+    (study / "results.json").write_bytes(results)
+    _store(study / "study.sqlite", **(store or {}))
+
+
+GOOD_ROW = json.dumps([{"strategy": "baseline", "row": "baseline", "status": "ok"}]).encode()
+
+
+@pytest.fixture
+def inputs(tmp_path: Path) -> Path:
+    d = tmp_path / "inputs"
+    d.mkdir()
+    write_csv(d / "ok.csv", make_rows(40, "classification"))
+    write_csv(d / "oneclass.csv", [{"text": f"row {i}", "target": "a"} for i in range(40)])
+    good = [json.dumps(r) for r in make_rows(60, "classification")]
+    (d / "bad51.jsonl").write_text("\n".join([*good[:50], '{"text": "x", "target": }', *good[50:]]) + "\n")
+    (d / "records.jsonl").write_text(good[0] + "\n3\n")
+    (d / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (d / "binary.csv").write_bytes(bytes(range(256)) * 8)
+    (d / "nul.csv").write_text("text,target\nab\0cd,a\n")
+    (d / "zero.csv").write_text("")
+    (d / "header.csv").write_text("text,target\n")
+    (d / "data.txt").write_text("just some words\n")
+    (d / "emptydir").mkdir()
+    (d / "foreign").mkdir()
+    (d / "foreign" / "notes.md").write_text("mine")
+    for name, text in SPACES.items():
+        (d / name).write_text(text)
+    _study(d, "good-study", GOOD_ROW)
+    _study(d, "notjson-study", b"[{not json")
+    _study(d, "latin1-study", b'[{"strategy": "caf\xe9"}]')
+    _study(d, "deep-study", b"[" * 100_000 + b"]" * 100_000)
+    _study(d, "rows-study", b"[1, 2]")
+    _study(d, "corrupt-study", GOOD_ROW, {"garbage": True})
+    _study(d, "newer-study", GOOD_ROW, {"version": 99})
+    for name, store in (("corrupt-out", {"garbage": True}), ("newer-out", {"version": 99})):
+        (d / name).mkdir()
+        (d / name / ".trainwise").write_text("written by trainwise\n")
+        _store(d / name / "study.sqlite", **store)
+    return d
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))}
+
+
+def test_the_table_covers_every_verb_with_at_least_60_cases():
+    verbs = {args[0] for args, _ in CASES.values()}
+    assert verbs == {"compare", "estimate", "find-batch", "advise", "export", "train", "tune"}
+    assert len(CASES) >= 60
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_one_line_exit_2_and_nothing_written(case, inputs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    args, expected = CASES[case]
+    out = tmp_path / "out"
+    before = _snapshot(inputs)
+    code = main([a.format(d=inputs, w=out) for a in args])
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert code == 2, captured.err[-2000:]
+    assert len(lines) == 1, captured.err[-2000:]
+    assert lines[0].startswith("trainwise: error: "), lines[0]
+    assert re.search(expected, lines[0]), lines[0]
+    assert "Traceback" not in captured.err + captured.out
+    assert not out.exists(), "nothing half-written into --out"
+    assert _snapshot(inputs) == before, "the inputs are untouched"
