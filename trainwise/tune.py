@@ -477,8 +477,8 @@ def tune(
             value = "-" if r["value"] is None else f"{r['value']:.4f}"
             on_line(f"  trial {r['number']}: {r['state']}  {value}  {r['steps']} steps  {shown(r['params'])}")
 
-        args = (spec, list(cfg.params), cfg.search, cfg.trials, out, train_args, on_trial, cfg.seed, cfg.trial_timeout)
-        result = run_tune(*args)
+        params = list(cfg.params)
+        result = run_tune(spec, params, cfg.search, cfg.trials, out, train_args, on_trial, cfg.seed, cfg.trial_timeout)
     report = dataclasses.asdict(result)
     if price is not None:
         # the work a preemption loses: a whole Optuna trial (it has no checkpoints, so it starts over), or
