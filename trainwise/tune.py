@@ -299,7 +299,12 @@ def _run_one(
     state, value, steps = "fail", None, 0
     key = "train_loss" if train_args["monitor"] == "loss" else None
     expired = threading.Event()
-    timer = threading.Timer(timeout_s, lambda: (expired.set(), _kill_group(proc)))
+
+    def expire() -> None:
+        expired.set()
+        _kill_group(proc)
+
+    timer = threading.Timer(timeout_s, expire)
     timer.start()
     try:
         for event in events(proc):
