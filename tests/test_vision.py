@@ -90,6 +90,39 @@ def test_image_folders_and_cifar_directories_load(tmp_path):
     assert (len(train), len(evals)) == (40, 10) and train.x.shape[1:] == (32, 32, 3) and names[0] == "c0"
 
 
+class _Payload:
+    """What a hostile 'CIFAR batch' carries: unpickling it would run a command."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_cifar_directory_that_would_run_code_is_refused_without_running_it(tmp_path, capsys):
+    """Issue 17: a user-supplied CIFAR directory is read with an allow-list unpickler (arrays, dicts,
+    lists, strings), so a batch that names anything else is one line, exit 2, and nothing is run."""
+    from trainwise.cli import main
+
+    cifar = tmp_path / "cifar-10-batches-py"
+    cifar.mkdir()
+    marker = tmp_path / "ran"
+    with open(cifar / "data_batch_1", "wb") as f:
+        pickle.dump({"data": _Payload(marker), "labels": [0]}, f)
+    with open(cifar / "batches.meta", "wb") as f:
+        pickle.dump({"label_names": ["a", "b"]}, f)
+    argv = ["compare", "--task", "image-classification", "--strategies", "baseline", "--train-file", str(cifar)]
+    argv += ["--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a CIFAR-10 python batch, refused (it names posix.system" in err[0], err
+    assert not marker.exists(), "the payload did not run"
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize(
     "kw, message",
     [

@@ -119,11 +119,41 @@ def load_digits_images() -> tuple[Images, list[str]]:
     return Images(x, d.target.astype(np.int64)), [str(i) for i in range(10)]
 
 
+class _CifarUnpickler(pickle.Unpickler):
+    """A CIFAR batch is a dict of bytes, strings, lists and numpy arrays: those are the only classes a
+    batch may name. Plain `pickle.load` would run whatever a file from an untrusted directory says."""
+
+    ALLOWED = {
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+    }
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which no CIFAR batch holds")
+        return super().find_class(module, name)
+
+
+def _unpickle(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            d = _CifarUnpickler(f, encoding="latin1").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as e:
+        raise ConfigError(f"{path}: not a CIFAR-10 python batch, refused ({e})") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"{path}: not a CIFAR-10 python batch (a {type(d).__name__}, not a dict)")
+    return d
+
+
 def _cifar_batch(path: Path) -> Images:
-    with open(path, "rb") as f:
-        d = pickle.load(f, encoding="latin1")
-    x = np.asarray(d["data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
-    return Images(x, np.asarray(d["labels"], dtype=np.int64))
+    d = _unpickle(path)
+    try:
+        x = np.asarray(d["data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+        return Images(x, np.asarray(d["labels"], dtype=np.int64))
+    except (KeyError, ValueError, TypeError) as e:
+        raise ConfigError(f"{path}: not a CIFAR-10 python batch ({type(e).__name__}: {e})") from None
 
 
 def is_cifar_dir(path: Path) -> bool:
@@ -135,9 +165,10 @@ def load_cifar10(path: Path) -> tuple[Images, Images, list[str]]:
     parts = [_cifar_batch(p) for p in sorted(path.glob("data_batch_*"))]
     train = Images(np.concatenate([p.x for p in parts]), np.concatenate([p.y for p in parts]))
     test = _cifar_batch(path / "test_batch") if (path / "test_batch").is_file() else Images(train.x[:0], train.y[:0])
-    with open(path / "batches.meta", "rb") as f:
-        names = pickle.load(f, encoding="latin1")["label_names"]
-    return train, test, list(names)
+    names = _unpickle(path / "batches.meta").get("label_names")
+    if not isinstance(names, list):
+        raise ConfigError(f"{path / 'batches.meta'}: no label_names list; not a CIFAR-10 python directory")
+    return train, test, [str(n) for n in names]
 
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")

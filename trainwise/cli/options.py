@@ -81,8 +81,8 @@ Dataset = Annotated[
 TrainFile = Annotated[
     str | None,
     typer.Option(
-        help="Training data: .csv, .json or .jsonl; image-classification: a CIFAR-10 cifar-10-batches-py directory or "
-        "an image folder (one sub-directory per class)."
+        help="Training data: .csv, .json or .jsonl; image-classification: a CIFAR-10 cifar-10-batches-py directory "
+        "(its pickles may hold only arrays, lists and strings) or an image folder (one sub-directory per class)."
     ),
 ]
 EvalFile = Annotated[str | None, typer.Option(help="Evaluation data (default: a deterministic 10% of --train-file).")]
