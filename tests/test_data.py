@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -121,3 +122,29 @@ def test_sortish_puts_the_longest_batch_first_and_keeps_the_samples():
             return sum(len(b) * max(lengths[i] for i in b) - sum(lengths[i] for i in b) for b in bs)
 
         assert padding(batches) < 0.5 * padding(list(rnd))
+
+
+def test_a_checkpoint_with_another_head_gets_a_new_head_and_one_line(tmp_path, cls_csv, capsys):
+    """Issue 17: a local classifier saved with 2 labels, fine-tuned on data with more: the head is
+    re-initialised and said so in one line (it used to be an error row per trial)."""
+    from trainwise.cli import main
+    from trainwise.models import PRESETS, train_tokenizer
+
+    model_dir = tmp_path / "two-label-bert"
+    train_tokenizer(["some words to learn a vocabulary from"] * 20, "bert-tiny", model_dir)
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    config = AutoConfig.for_model("bert", **PRESETS["bert-tiny"][1], pad_token_id=0, num_labels=2)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(model_dir)
+    out = tmp_path / "study"
+    argv = ["compare", "--model", str(model_dir), "--train-file", str(cls_csv), "--strategies", "baseline"]
+    argv += ["--max-steps", "2", "--warmup-steps", "1", "--batch-size", "8", "--max-length", "32", "--out", str(out)]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    notes = [line for line in captured.err.splitlines() if "classification head" in line]
+    n = len({r["target"] for r in csv.DictReader(open(cls_csv))})
+    assert notes == [
+        f"trainwise: note: two-label-bert was saved with a 2-label classification head and the data has {n} labels: "
+        "the head is re-initialised (its other weights are kept)"
+    ]
+    assert json.loads((out / "results.json").read_text())[0]["status"] == "ok"

@@ -277,5 +277,22 @@ def build_model(source: ModelSource, task: str, num_labels: int, seed: int, conf
         for k, v in overrides.items():
             setattr(config, k, v)
         return auto.from_config(config, **model_kwargs)
-    extra = {"num_labels": num_labels} if task == "classification" else {}
+    # a checkpoint whose classification head has another number of labels: a new head, the rest kept
+    # (prepare_study said so in one line; see head_note)
+    extra = {"num_labels": num_labels, "ignore_mismatched_sizes": True} if task == "classification" else {}
     return auto.from_pretrained(source.ref, **extra, **overrides, **model_kwargs)
+
+
+def head_note(source: ModelSource, num_labels: int) -> str | None:
+    """The line to say when a saved classifier's head does not fit the data's labels: it is re-initialised,
+    as fine-tuning a checkpoint on a new label set does (HF's ignore_mismatched_sizes)."""
+    if source.kind == "preset":
+        return None
+    config = _load_config(source)
+    trained = any(a.endswith("ForSequenceClassification") for a in getattr(config, "architectures", None) or [])
+    if not trained or config.num_labels == num_labels:
+        return None
+    return (
+        f"{source.display()} was saved with a {config.num_labels}-label classification head and the data has "
+        f"{num_labels} labels: the head is re-initialised (its other weights are kept)"
+    )

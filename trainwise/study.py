@@ -26,7 +26,7 @@ from trainwise.config import IMAGE_TASK, Cell, DataOrigin, StudyConfig, TrialSet
 from trainwise.data.builtin import BUILTIN_DATASETS
 from trainwise.data.sources import load_rows
 from trainwise.errors import ConfigError, RunFailed
-from trainwise.models import resolve_model, train_tokenizer
+from trainwise.models import head_note, resolve_model, train_tokenizer
 from trainwise.results import TrialResult
 
 
@@ -154,6 +154,10 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
         if len(labels) > 1000:
             raise ConfigError(f"{len(labels)} distinct targets: is --target-column a class label?")
         evals = [r for r in evals if r["target"] in set(labels)]
+    if cfg.task == "classification" and (note := head_note(source, len(labels))):
+        from trainwise.report.terminal import err, say
+
+        say(f"trainwise: note: {note}", err)
     largest = max(c.batch_size for c in cfg.cells())
     if len(train) < largest:
         raise ConfigError(f"the training data has {len(train)} rows, fewer than the batch size {largest}")
@@ -237,6 +241,10 @@ def _prepare_images(cfg: StudyConfig, device: str, unsupported: dict[str, str], 
     if cfg.max_train_samples:
         order = order[: cfg.max_train_samples]
     train = type(train)(train.x[order], train.y[order])
+    if cfg.task == "classification" and (note := head_note(source, len(labels))):
+        from trainwise.report.terminal import err, say
+
+        say(f"trainwise: note: {note}", err)
     largest = max(c.batch_size for c in cfg.cells())
     if len(train) < largest:
         raise ConfigError(f"the training data has {len(train)} images, fewer than the batch size {largest}")

@@ -21,7 +21,7 @@ err = Console(stderr=True)
 
 def say(line: str, console: Console | None = None) -> None:
     """One plain line (no markup, no highlighting: paths and brackets print as they are)."""
-    (console or out).print(line, markup=False, highlight=False)
+    (console or out).print(line, markup=False, highlight=False, soft_wrap=True)  # one line, however long
 
 
 def _grid(title: str, columns: list[str]) -> Table:
