@@ -241,10 +241,6 @@ def _prepare_images(cfg: StudyConfig, device: str, unsupported: dict[str, str], 
     if cfg.max_train_samples:
         order = order[: cfg.max_train_samples]
     train = type(train)(train.x[order], train.y[order])
-    if cfg.task == "classification" and (note := head_note(source, len(labels))):
-        from trainwise.report.terminal import err, say
-
-        say(f"trainwise: note: {note}", err)
     largest = max(c.batch_size for c in cfg.cells())
     if len(train) < largest:
         raise ConfigError(f"the training data has {len(train)} images, fewer than the batch size {largest}")
