@@ -142,7 +142,7 @@ def test_a_checkpoint_with_another_head_gets_a_new_head_and_one_line(tmp_path, c
     assert main(argv) == 0
     captured = capsys.readouterr()
     notes = [line for line in captured.err.splitlines() if "classification head" in line]
-    n = len({r["target"] for r in csv.DictReader(open(cls_csv))})
+    n = len({r["target"] for r in csv.DictReader(cls_csv.read_text().splitlines())})
     assert notes == [
         f"trainwise: note: two-label-bert was saved with a 2-label classification head and the data has {n} labels: "
         "the head is re-initialised (its other weights are kept)"
