@@ -125,3 +125,49 @@ def test_a_killed_study_keeps_readable_reports_says_it_is_partial_and_resumes(tm
     ]
     assert partial_note(out) is None
     assert main(["advise", str(out)]) == 0
+
+
+@pytest.mark.slow
+def test_killed_at_random_moments_and_resumed_the_study_ends_as_if_never_killed(tmp_path, cls_csv):
+    """Issue 17: SIGKILL of the process group and SIGTERM of the command, in turn, at random moments;
+    each time the same command resumes. The finished study has the rows an uninterrupted one has, no
+    trial ran again after it was stored, and no process outlived a kill. (benchmarks/reliability.py
+    runs the same with many more kills.)"""
+    from .killing import finished_rows, kill_until_done
+
+    def argv(out):
+        cmd = [sys.executable, "-m", "trainwise.cli", "compare", "--model-preset", "bert-tiny", "--device", "cpu"]
+        cmd += ["--train-file", str(cls_csv), "--strategies", "baseline,grad_accum,dynamic_pad", "--batch-size", "8"]
+        return [*cmd, "--max-length", "32", "--max-steps", "3", "--warmup-steps", "1", "--out", str(out)]
+
+    whole = subprocess.run(argv(tmp_path / "whole"), capture_output=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    report = kill_until_done(argv(tmp_path / "killed"), tmp_path / "killed", kills=4, seed=17, window=(2.0, 9.0))
+    assert report.kills >= 2, report
+    assert report.orphans == [] and report.reruns == [], report
+    assert report.rows == finished_rows(tmp_path / "whole") == [
+        ("baseline", "ok"),
+        ("grad_accum", "ok"),
+        ("dynamic_pad", "ok"),
+    ]
+
+
+@pytest.mark.parametrize("verb", ["compare", "train"])
+def test_a_second_command_on_an_out_in_use_is_refused(tmp_path, cls_csv, capsys, verb):
+    """Issue 17: two commands never share a study's trial directories and store: while one runs in --out
+    (it holds a lock on the folder's mark), another one there is refused in one line."""
+    from trainwise.cli import main
+    from trainwise.study import hold
+
+    out = tmp_path / "busy"
+    argv = [verb, "--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--strategies", "baseline"]
+    argv += ["--batch-size", "8", "--max-length", "32", "--max-steps", "2", "--out", str(out)]
+    argv += ["--warmup-steps", "1"] if verb == "compare" else []
+    with hold(out):
+        assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        f"trainwise: error: --out {out} is in use by another trainwise command running now; wait for it to end, "
+        "or choose another --out"
+    )
+    assert not (out / "trials").exists() and not (out / "checkpoints").exists()

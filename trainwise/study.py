@@ -7,15 +7,18 @@ in the store (so re-running the same command resumes), and writes the reports fr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
+import os
 import random
 import sqlite3
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,6 +78,28 @@ def check_ours(out: Path, force: bool) -> None:
             f"--out {out} holds files trainwise did not write ({shown}); choose another --out, "
             "or pass --force to write into it"
         )
+
+
+@contextlib.contextmanager
+def hold(out: Path) -> Iterator[None]:
+    """Run a command's trials (or its training) in `out` alone: a second trainwise command on the same
+    --out, while this one runs, is refused in one line rather than sharing trial directories and the
+    store. An advisory lock (flock) on the folder's mark file; the kernel drops it when the holder dies."""
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out / MARK, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by the trial processes
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(
+                f"--out {out} is in use by another trainwise command running now; wait for it to end, "
+                "or choose another --out"
+            ) from None
+        if os.fstat(fd).st_size == 0:
+            os.write(fd, b"written by trainwise\n")
+        yield
+    finally:
+        os.close(fd)
 
 
 def _check_writable(out: Path) -> None:
@@ -406,6 +431,11 @@ def run_study(
 ) -> Trials:
     """Run the trials not in the store yet; return every trial of this study with its result, in order.
     `on_stored` gets the trials so far each time one is stored (the reports are rewritten with it)."""
+    with hold(prepared.out):
+        return _run_trials(prepared, launch, on_event, on_done, on_stored)
+
+
+def _run_trials(prepared: PreparedStudy, launch: Launch, on_event: Events, on_done: Callable, on_stored) -> Trials:
     cfg, out = prepared.config, prepared.out
     store = Store(out / "study.sqlite")
     trials: Trials = []
@@ -547,6 +577,8 @@ def study_spec(study: Path, name: str | None, on_note: Callable[[str], None], op
     given = [f"--{k.replace('_', '-')}" for k in taken if (options or {}).get(k)]
     if given:
         raise ConfigError(f"--plan takes the model, data and settings from the study: leave out {', '.join(given)}")
+    if options is not None:  # the run's --out: checked as prepare_study checks it for the other path
+        check_ours(Path(options["out"]), options["force"])
 
     partial = partial_note(study)
     if partial:

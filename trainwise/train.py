@@ -565,6 +565,13 @@ def train_any(
     warn: Callable[[str], None],
 ) -> TrainResult:
     """`train` in this process, or over the ranks the plan needs (data parallel, ZeRO) under torchrun."""
+    from trainwise.study import hold
+
+    with hold(out):  # one command at a time in --out (and the folder is marked trainwise's)
+        return _train_any(spec, tc, out, resume, report_to, show, warn)
+
+
+def _train_any(spec, tc, out, resume, report_to, show, warn) -> TrainResult:
     from trainwise.distributed import is_multiprocess
     from trainwise.worker import _emitter
 

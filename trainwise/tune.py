@@ -444,7 +444,7 @@ def tune(
     cfg: TuneConfig, study: StudyConfig, price, on_status: Callable[[str], None], on_line: Callable[[str], None]
 ) -> tuple[TuneResult, dict]:
     """Check, prepare the data once, search; returns the result and tune_result.json's content (cost too)."""
-    from trainwise.study import prepare_study
+    from trainwise.study import hold, prepare_study
     from trainwise.train import check_one_process
 
     check_task(list(cfg.params), study.task)
@@ -460,6 +460,13 @@ def tune(
             raise ConfigError(f"{out} already holds a PBT study; PBT studies do not resume: use another --out")
     on_status("trainwise tune: validating input, preparing data and model...")
     spec = prepare_study(study).specs[0]
+    with hold(out):  # one command at a time in --out
+        return _search(cfg, spec, out, price, on_line)
+
+
+def _search(
+    cfg: TuneConfig, spec: TrialSpec, out: Path, price, on_line: Callable[[str], None]
+) -> tuple[TuneResult, dict]:
     train_args = dataclasses.asdict(cfg.train_config())
 
     def shown(values: dict) -> str:

@@ -1,0 +1,92 @@
+"""Kill a trainwise command at random moments and resume it until it is done (issue 17's random-kill
+check). Used by tests/test_lifeline.py (a few kills) and benchmarks/reliability.py (many)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+
+@dataclass
+class KillReport:
+    kills: int = 0  # the command was killed this many times before it finished
+    by_signal: dict[str, int] = field(default_factory=dict)
+    orphans: list[str] = field(default_factory=list)  # processes that outlived a killed command
+    reruns: list[str] = field(default_factory=list)  # trials stored, then run (and stored) again
+    rows: list[tuple[str, str]] = field(default_factory=list)  # (row, status) of the finished study
+    runs: int = 0  # commands started, the last one finishing
+
+
+def stored(out: Path) -> dict[str, float]:
+    """Every stored trial's key and when it was stored."""
+    path = out / "study.sqlite"
+    if not path.exists():
+        return {}
+    db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        return dict(db.execute("SELECT key, finished_at FROM trials").fetchall())
+    except sqlite3.OperationalError:  # killed before the table was made
+        return {}
+    finally:
+        db.close()
+
+
+def alive_after(processes: list[psutil.Process], within: float = 10.0) -> list[str]:
+    """The processes still running `within` seconds from now (zombies count as gone)."""
+    deadline = time.monotonic() + within
+    alive = processes
+    while time.monotonic() < deadline:
+        alive = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            return []
+        time.sleep(0.25)
+    return [" ".join(p.cmdline())[:160] for p in alive]
+
+
+def finished_rows(out: Path) -> list[tuple[str, str]]:
+    return [(r["strategy"], r["status"]) for r in json.loads((out / "results.json").read_text())]
+
+
+def kill_until_done(argv: list[str], out: Path, kills: int, seed: int, window=(1.0, 10.0)) -> KillReport:
+    """Start `argv` (a compare into `out`); kill it after a random delay in `window` seconds — the
+    process group with SIGKILL, or the command with SIGTERM, in turn — `kills` times (fewer when it
+    finishes first); then run it to the end. Records orphans and trials re-run after they were stored."""
+    rng = random.Random(seed)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    report = KillReport()
+    seen: dict[str, float] = {}
+    for i in range(kills + 1):
+        last = i == kills
+        proc = subprocess.Popen(
+            argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        report.runs += 1
+        try:
+            proc.wait(timeout=900 if last else rng.uniform(*window))
+        except subprocess.TimeoutExpired:
+            how = "SIGKILL of the group" if i % 2 == 0 else "SIGTERM"
+            descendants = psutil.Process(proc.pid).children(recursive=True)
+            if how == "SIGTERM":
+                proc.send_signal(signal.SIGTERM)
+            else:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+            report.kills += 1
+            report.by_signal[how] = report.by_signal.get(how, 0) + 1
+            report.orphans += alive_after(descendants)
+        now = stored(out)
+        report.reruns += [key for key, at in seen.items() if now.get(key) != at]
+        seen.update(now)
+        if proc.returncode == 0:
+            break
+    report.rows = finished_rows(out)
+    return report
