@@ -145,11 +145,15 @@ def test_killed_at_random_moments_and_resumed_the_study_ends_as_if_never_killed(
     report = kill_until_done(argv(tmp_path / "killed"), tmp_path / "killed", kills=4, seed=17, window=(2.0, 9.0))
     assert report.kills >= 2, report
     assert report.orphans == [] and report.reruns == [], report
-    assert report.rows == finished_rows(tmp_path / "whole") == [
-        ("baseline", "ok"),
-        ("grad_accum", "ok"),
-        ("dynamic_pad", "ok"),
-    ]
+    assert (
+        report.rows
+        == finished_rows(tmp_path / "whole")
+        == [
+            ("baseline", "ok"),
+            ("grad_accum", "ok"),
+            ("dynamic_pad", "ok"),
+        ]
+    )
 
 
 @pytest.mark.parametrize("verb", ["compare", "train"])
