@@ -133,10 +133,12 @@ CASES: dict[str, tuple[list[str], str]] = {
     "find-batch a list of plans": ([*F, "--strategies", "baseline,bf16"], "one plan"),
     "find-batch --max-length beyond positions": ([*F, "--max-length", "100000"], "--max-length 100000 is more than"),
     "find-batch --out in /proc": ([*F, "--out", "/proc/trainwise-test/x"], "--out /proc/trainwise-test/x: .* writ"),
+    "find-batch --out a foreign dir": ([*F[:-1], "{d}/foreign"], "holds files trainwise did not write .notes.md."),
     "find-batch bad data": ([*F[:4], "{d}/bad51.jsonl", *F[5:]], "line 51"),
     # ---- advise ----
     "advise missing study": (["advise", "{d}/missing-study"], "missing-study: no results.json"),
     "advise an empty dir": (["advise", "{d}/emptydir"], "emptydir: no results.json"),
+    "advise a foreign dir": (["advise", "{d}/foreign"], "foreign: no results.json"),
     "advise a file": (["advise", "{d}/ok.csv"], "ok.csv: not a study directory"),
     "advise results not UTF-8": (["advise", "{d}/latin1-study"], "results.json: not a trainwise results file"),
     "advise results not JSON": (["advise", "{d}/notjson-study"], "results.json: not a trainwise results file"),
@@ -189,6 +191,14 @@ CASES: dict[str, tuple[list[str], str]] = {
         ["train", "--out", "{w}", "--plan", "{d}/corrupt-study"],
         "is not a trainwise store",
     ),
+    "train --plan --out a foreign dir": (
+        ["train", "--out", "{d}/foreign", "--plan", "{d}/good-study"],
+        "holds files trainwise did not write .notes.md.",
+    ),
+    "train --plan --out in /proc": (
+        ["train", "--out", "/proc/trainwise-test/x", "--plan", "{d}/good-study"],
+        "--out /proc/trainwise-test/x: cannot write",
+    ),
     "train --plan with a model": (
         ["train", "--out", "{w}", "--plan", "{d}/good-study", "--model-preset", "bert-tiny"],
         "leave out --model-preset",
@@ -223,6 +233,10 @@ CASES: dict[str, tuple[list[str], str]] = {
         "--cpus-per-trial must be > 0",
     ),
     "tune --seed -1": ([*U, "--space", "{d}/good.yaml", "--eval-every", "2", "--seed", "-1"], "--seed must be between"),
+    "tune --out a foreign dir": (
+        [*U[:6], "{d}/foreign", *U[7:], "--space", "{d}/good.yaml", "--eval-every", "2"],
+        "holds files trainwise did not write .notes.md.",
+    ),
     "tune --out in /proc": (
         [*U[:6], "/proc/trainwise-test/x", *U[7:], "--space", "{d}/good.yaml", "--eval-every", "2"],
         "--out /proc/trainwise-test/x",

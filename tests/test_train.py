@@ -100,6 +100,10 @@ def test_a_damaged_checkpoint_falls_back_and_another_plan_is_refused(tmp_path, c
     assert other.returncode == 2 and "another model, plan, data" in other.stderr
     fresh = _train(out, cls_csv, "--max-steps", "6")
     assert fresh.returncode == 2 and "add --resume" in fresh.stderr
+    (root / "ckpt-00000003" / "model.safetensors").write_bytes(b"garbage")  # now none is whole
+    anew = _train(out, cls_csv, "--max-steps", "2", "--resume")
+    assert anew.returncode == 0, anew.stderr
+    assert "--resume: no whole checkpoint (damaged: ckpt-00000003, ckpt-00000006)" in anew.stderr, anew.stderr
 
 
 def test_train_bad_input_is_one_line(tmp_path, cls_csv, capsys):

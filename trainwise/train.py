@@ -317,7 +317,9 @@ def run_train(
     elif resume:
         ckpt = find_resumable(root, warn)
         if ckpt is None:
-            warn(f"--resume: no checkpoint in {root}; starting from step 0")
+            damaged = sorted(p.name for p in root.glob("ckpt-*")) if root.is_dir() else []
+            what = f"no whole checkpoint (damaged: {', '.join(damaged)})" if damaged else "no checkpoint"
+            warn(f"--resume: {what} in {root}; starting from step 0")
         else:
             saved = json.loads((ckpt / "extra.json").read_text())["trainer"]["fingerprint"]
             if saved != state.fingerprint:
