@@ -84,3 +84,16 @@ A="--max-steps 20 --eval-every 10 --save-every 10"
 /usr/bin/time -f "wall %e s" $TW train --strategies zero2 --nproc 2 $A --out runs/b13-z2 2>&1 | tee -a runs/bench-train-ranks.txt
 TRAINWISE_FAULT=train:kill@15 $TW train --strategies zero2 --nproc 2 $A --out runs/b13-z2k 2>&1 | tee -a runs/bench-train-ranks.txt || true
 /usr/bin/time -f "wall %e s" $TW train --strategies zero2 --nproc 2 $A --out runs/b13-z2k --resume 2>&1 | tee -a runs/bench-train-ranks.txt
+
+# 18. reliability: bad inputs per verb (the table-driven tests), a study killed at random 20 times x 3 and
+#     resumed (rows lost, re-runs, orphans), then how fast a flag error and an unreachable Hub are said
+$PY benchmarks/reliability.py --kills 20 --seeds 3 --json runs/bench-reliability.json | tee runs/bench-reliability.txt
+for v in "compare --lr nan" "estimate --batch-size 0" "find-batch --refine -3" "advise x --objective speed" \
+  "export --strategies bf16 --lr nan" "train --epochs 0" "tune --space missing.yaml"; do
+  for i in 1 2 3; do /usr/bin/time -f "$v: %e s" $TW $v >/dev/null 2>>runs/bench-fail-fast.txt || true; done
+done
+for i in 1 2 3; do
+  env -u HF_HUB_OFFLINE /usr/bin/time -f "hub model: %e s" $TW compare --model org/not-cached-model \
+    --out runs/hub-x 2>>runs/bench-fail-fast.txt || true
+done
+grep ": .* s$" runs/bench-fail-fast.txt

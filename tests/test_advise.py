@@ -110,7 +110,7 @@ def test_advise_cli(tmp_path, capsys):
         (["{d}/missing"], "no results.json"),
         (["{d}", "--objective", "fun"], "--objective must be one of"),
         (["{d}", "--memory-budget", "big"], "--memory-budget 'big'"),
-        (["{d}", "--max-quality-drop", "-1"], "--max-quality-drop must be >= 0"),
+        (["{d}", "--max-quality-drop", "-1"], "--max-quality-drop must be a finite number >= 0"),
         (["{d}/bad"], "not a trainwise results file"),
     ],
 )

@@ -29,12 +29,12 @@ def _run(study):
         ("raise@1", "error", "RuntimeError: injected fault at step 1"),
         ("oom@2", "oom", "out of memory"),
         ("kill@1", "crashed", "killed by SIGKILL (not the out-of-memory killer, which counted no kill"),
-        ("hang@1", "timeout", "no result within --trial-timeout 20s"),
+        ("hang@1", "timeout", "no result within --trial-timeout 12s"),
     ],
 )
 def test_a_failing_trial_is_a_row_and_the_study_goes_on(tmp_path, cls_csv, monkeypatch, fault, status, message):
     monkeypatch.setenv("TRAINWISE_FAULT", f"grad_ckpt:{fault}")
-    study = tiny_study(tmp_path, cls_csv, "classification", ["grad_ckpt", "baseline"], eval_samples=0, trial_timeout=20)
+    study = tiny_study(tmp_path, cls_csv, "classification", ["grad_ckpt", "baseline"], eval_samples=0, trial_timeout=12)
     trials, _ = _run(study)
     results = [r for _, r in trials]
     assert [r.strategy for r in results] == ["grad_ckpt", "baseline"]

@@ -33,7 +33,7 @@ def test_early_stopping_triggers_on_a_plateau():
     "kw, message",
     [
         ({"patience": 0}, "--patience must be >= 1"),
-        ({"min_delta": -1.0}, "--min-delta must be >= 0"),
+        ({"min_delta": -1.0}, "--min-delta must be a finite number >= 0"),
         ({"monitor": "vibes"}, "--monitor must be metric or loss"),
         ({"epochs": 0}, "--epochs must be > 0"),
     ],

@@ -97,7 +97,7 @@ def test_the_bundled_pretrained_encoder_is_found_offline():
         ({"dataset": "stdlib-topic", "train_file": "a.csv"}, "not both"),
         ({"eval_file": "e.csv"}, "needs --train-file"),
         ({"repeat": 0}, "--repeat must be > 0"),
-        ({"lr": -1.0}, "--lr must be > 0"),
+        ({"lr": -1.0}, "--lr must be a finite number > 0"),
         ({"task": "translation"}, "--task must be one of"),
     ],
 )
