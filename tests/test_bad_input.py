@@ -214,7 +214,7 @@ CASES: dict[str, tuple[list[str], str]] = {
     "tune --space negative batch": ([*US, "{d}/negbatch.yaml"], r"batch_size: -8 is out of range .must be >= 1"),
     "tune --space string batch": ([*US, "{d}/strbatch.yaml"], r"batch_size: 'big' is not a number"),
     "tune --space fractional batch": ([*US, "{d}/fracbatch.yaml"], r"batch_size: 8.5 is not a whole number"),
-    "tune --space string lr": ([*US, "{d}/strlr.yaml"], r"lr needs numeric low and high"),
+    "tune --space string lr": ([*US, "{d}/strlr.yaml"], r"lr: .fast. is not a number"),
     "tune --space empty choices": ([*US, "{d}/nochoices.yaml"], "choices must be a non-empty list"),
     "tune --space empty range": ([*US, "{d}/emptyrange.yaml"], "empty range"),
     "tune --space warmup_ratio 1.5": (

@@ -37,6 +37,9 @@ def test_a_space_file_parses(tmp_path):
         ("batch_size", False, (8, 16)),
         ("warmup_ratio", False, None),
     ]
+    # YAML 1.1 reads 1e-5 (no dot) as a string, and a quoted "32" is one too: both are numbers here
+    [lr, batch] = load_space(_space(tmp_path, 'lr: {low: 1e-5, high: 1e-3}\nbatch_size: {choices: [16, "32"]}\n'))
+    assert (lr.low, lr.high, batch.choices) == (1e-5, 1e-3, (16, 32))
 
 
 @pytest.mark.parametrize(
@@ -48,7 +51,8 @@ def test_a_space_file_parses(tmp_path):
         ("weight_decay: {low: 0, high: 1.0e-3, log: true}\n", "a log-scale range must be > 0"),
         ("batch_size: {choices: []}\n", "choices must be a non-empty list"),
         ("lr: [1, 2]\n", "needs {low, high"),
-        ("lr: {low: a, high: b}\n", "needs numeric low and high"),
+        ("lr: {low: a, high: b}\n", "lr: .a. is not a number"),
+        ("lr: {high: 1.0e-3}\n", "lr needs numeric low and high"),
         ("{{{\n", "not YAML"),
         ("", "expected a mapping"),
     ],

@@ -42,8 +42,12 @@ class Domain:
     high: float = math.inf
     high_inclusive: bool = True
 
-    def check(self, path: str, name: str, value: object) -> float:
-        """`value` as a number of this domain; ConfigError naming the file, the parameter and the value."""
+    def check(self, path: str, name: str, value: object) -> float | int:
+        """`value` as a number of this domain; ConfigError naming the file, the parameter and the value.
+        A string that reads as a number is one: YAML 1.1 loads `1e-5` (no dot) as the string '1e-5'."""
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                value = float(value)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"--space {path}: {name}: {value!r} is not a number")
         if not math.isfinite(value):
@@ -54,7 +58,7 @@ class Domain:
         below = value <= self.high if self.high_inclusive else value < self.high
         if not (above and below):
             raise ConfigError(f"--space {path}: {name}: {value!r} is out of range (must be {self.describe()})")
-        return float(value)
+        return int(value) if self.kind == "int" else float(value)
 
     def describe(self) -> str:
         parts = []
@@ -122,11 +126,9 @@ def load_space(path: str) -> list[Param]:
             choices = spec["choices"]
             if not isinstance(choices, list) or not choices:
                 raise ConfigError(f"--space {path}: {name}: choices must be a non-empty list")
-            for choice in choices:
-                domain.check(path, name, choice)
-            space.append(Param(name, choices=tuple(choices)))
+            space.append(Param(name, choices=tuple(domain.check(path, name, choice) for choice in choices)))
             continue
-        if not all(isinstance(spec.get(k), int | float) and not isinstance(spec.get(k), bool) for k in ("low", "high")):
+        if "low" not in spec or "high" not in spec:
             raise ConfigError(f"--space {path}: {name} needs numeric low and high")
         low, high = domain.check(path, name, spec["low"]), domain.check(path, name, spec["high"])
         if not low < high:
