@@ -11,6 +11,8 @@ import time
 import psutil
 import pytest
 
+from .killing import alive_after
+
 
 def _start(tmp_path, csv, *extra):
     argv = [sys.executable, "-m", "trainwise.cli", "compare", "--model-preset", "bert-tiny", "--train-file", str(csv)]
@@ -33,16 +35,6 @@ def _trial_processes(parent: psutil.Process, expected: int, timeout: float = 120
     raise AssertionError(f"the trial did not start within {timeout:g} s")
 
 
-def _all_gone(processes: list[psutil.Process], within: float = 10.0) -> list[str]:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        alive = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        if not alive:
-            return []
-        time.sleep(0.25)
-    return [" ".join(p.cmdline())[:120] for p in alive]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "how, nproc",
@@ -57,7 +49,7 @@ def test_killing_the_study_leaves_no_trial_process_behind(tmp_path, cls_csv, how
         assert children, "the study started its trial"
         os.kill(study.pid, getattr(signal, how))
         study.wait(timeout=30)
-        assert _all_gone(children) == [], f"orphans after {how} of the study"
+        assert alive_after(children) == [], f"orphans after {how} of the study"
         if how != "SIGKILL":
             assert study.returncode == 130 and f"trainwise: interrupted ({how})" in study.stderr.read()
     finally:
@@ -98,7 +90,7 @@ def test_a_killed_study_keeps_readable_reports_says_it_is_partial_and_resumes(tm
         children = _trial_processes(psutil.Process(study.pid), expected=1)  # the second trial, hanging
         study.kill()
         study.wait(timeout=30)
-        assert _all_gone(children) == []
+        assert alive_after(children) == []
     finally:
         if study.poll() is None:
             study.kill()
