@@ -131,6 +131,38 @@ def test_repeats_are_interleaved_and_reported_as_medians(tmp_path, cls_csv):
     assert min(table[0]["step_time_s_all"]) <= table[0]["step_time_s"] <= max(table[0]["step_time_s_all"])
 
 
+def test_time_epoch_and_cost_of_a_row_come_from_one_repeat_and_agree(tmp_path, cls_csv):
+    """Issue 14, part 3: with repeats, every timing column and what derives from it (time %, epoch time,
+    $/epoch) is the median-throughput repeat's, never each column's own median (which mixed repeats: a
+    row could read slower per step yet cheaper per epoch)."""
+    from trainwise.cost import Price
+    from trainwise.report.format import add_cost
+    from trainwise.results import TrialResult
+
+    study = tiny_study(tmp_path, cls_csv, "classification", ["baseline", "grad_ckpt"], eval_samples=0, repeat=3)
+    n = 600  # training samples: epoch = n / throughput
+    # (samples/s, step s) per repeat; grad_ckpt's step times do not follow its throughput (data waits)
+    made = {"baseline": [(10.0, 0.8), (10.0, 0.8), (10.0, 0.8)], "grad_ckpt": [(9.0, 0.2), (5.0, 0.9), (11.0, 0.5)]}
+    trials = []
+    for spec in study.specs:
+        sps, step = made[spec.row][spec.repeat]
+        r = TrialResult(spec.row, "ok", spec.repeat, samples_per_s=sps, step_time_s=step, epoch_time_s=n / sps)
+        trials.append((spec, r))
+    table = aggregate(study.cells, trials)
+    add_cost(table, Price(36.0, "$36/h"))
+    ckpt = table[1]
+    assert ckpt["timing_repeat"] == 0 and (ckpt["samples_per_s"], ckpt["step_time_s"]) == (9.0, 0.2)
+    assert ckpt["rel_time"] == pytest.approx(10.0 / 9.0)
+    assert ckpt["epoch_time_s"] == pytest.approx(n / 9.0) and ckpt["cost_per_epoch"] == pytest.approx(n / 9.0 / 100)
+    # they agree: slower than the baseline per sample, so a longer and dearer epoch
+    base = table[0]
+    assert (
+        (ckpt["rel_time"] > 1)
+        == (ckpt["epoch_time_s"] > base["epoch_time_s"])
+        == (ckpt["cost_per_epoch"] > base["cost_per_epoch"])
+    )
+
+
 @pytest.mark.slow
 def test_batch_size_and_worker_sweep_with_an_oom_cell(tmp_path, cls_csv, monkeypatch, capsys):
     """--batch-sizes x --num-workers: one cell per combination; an OOM at a size is a cell, not an abort."""
