@@ -51,6 +51,10 @@ class TrialResult:
     timed_s: float | None = None  # total timed seconds (the slowest rank's, when combined)
     rank_peak_mem_bytes: list | None = None  # peak_mem_bytes of each rank, in rank order
     trace: str | None = None  # --profile: the Chrome/Perfetto trace of the training steps (rank 0's)
+    # contention: what other processes took while the timed steps ran (trainwise.measure.contention)
+    other_cpu_share: float | None = None  # of all CPUs' time
+    steal_share: float | None = None  # stolen by the hypervisor
+    contended: bool | None = None  # either beyond its threshold: the timings are unreliable
 
     def __post_init__(self) -> None:
         assert self.status in STATUSES, self.status

@@ -481,6 +481,9 @@ TIMING = (
     "tokens_per_s",
     "epoch_time_s",
     "timed_s",
+    "other_cpu_share",
+    "steal_share",
+    "contended",
 )
 # the others: medians over the repeats, each on its own (memory and quality are not timings)
 NUMERIC = (

@@ -17,7 +17,7 @@ import torch
 from trainwise import loop
 from trainwise.config import TrialSpec
 from trainwise.data.prepared import load_data
-from trainwise.measure import memory
+from trainwise.measure import contention, memory
 from trainwise.measure.env import environment
 from trainwise.measure.timing import StepTimer, summarize_steps
 from trainwise.measure.trace import Tracer
@@ -61,8 +61,12 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Pat
     counts = {"samples": 0, "real": 0, "padded": 0}
     losses: list[float] = []
 
+    load = [contention.sample()] if s.warmup_steps == 0 else []  # what else ran during the timed steps
+
     def on_step(loss: float, micro: list) -> None:
         times = timer.end_step()
+        if parts.step == s.warmup_steps:  # the last untimed step: the timed ones start now
+            load.append(contention.sample())
         losses.append(loss)
         if parts.step > s.warmup_steps:
             counts["samples"] += sum(b.n_samples for b in micro)
@@ -72,6 +76,7 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Pat
 
     tracer.start()  # a no-op without --profile; with it, one trace of all training steps
     loop.run(parts, stream, s.max_steps, on_step, Measured(timer, tracer))
+    loaded = contention.between(load[0] if load else None, contention.sample())
     tracer.stop()
 
     # weights + gradients + optimizer state, counted exactly (what strategies like adafactor or freezing
@@ -136,6 +141,7 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Pat
         world_size=parts.world,
         timed_s=summary["timed_s"],
         rank_peak_mem_bytes=[int(peak)],
+        **loaded,
     )
 
 

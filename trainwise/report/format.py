@@ -83,7 +83,7 @@ def cells(e: dict, note: int | None = None) -> list[str]:
         f"{e['optimizer_s']:.3f}" if ok and e.get("optimizer_s") is not None else "-",
         f"{e['samples_per_s']:.1f}" if ok else "-",
         _seconds(e.get("epoch_time_s")) if ok else "-",
-        _pct(e["rel_time"]),
+        _pct(e["rel_time"]) + (" (loaded)" if ok and e.get("contended") else ""),
         human_bytes(e["peak_mem_bytes"]) if ok else "-",
         _pct(e["rel_mem"]),
         human_bytes(e["state_bytes"]) if ok else "-",
@@ -103,6 +103,13 @@ def notes(table: list[dict]) -> list[str]:
     ]
     if base is None or base["status"] != "ok":
         lines.append("No successful baseline row: time % and mem % are not available.")
+    loaded = [e for e in table if e["status"] == "ok" and e.get("contended")]
+    if loaded:
+        lines.append(
+            "measured under load — timings unreliable (other processes' share of the CPUs during the timed "
+            "steps; run again on a quiet machine): "
+            + ", ".join(f"{e['strategy']} {_pct(e.get('other_cpu_share'))}" for e in loaded)
+        )
     kinds = {e["mem_kind"] for e in table if e.get("mem_kind")}
     if "cpu_rss_delta" in kinds:
         lines.append(

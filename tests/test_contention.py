@@ -1,0 +1,69 @@
+"""Contention detected (issue 14, part 2): trials timed while other processes load the CPUs are flagged,
+in results and in the table; the arithmetic is checked on made-up samples, the detection on real load."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from trainwise.measure.contention import CONTENDED_SHARE, CpuSample, between
+
+from .conftest import tiny_study
+
+
+def _s(at, busy, steal=0.0, own=0.0):
+    return CpuSample(at_s=at, busy_s=busy, steal_s=steal, own_s=own)
+
+
+@pytest.mark.parametrize(
+    "b, share, contended",
+    [
+        (_s(10, 19.0, own=18.0), 0.05, False),  # 2 CPUs x 10 s: the trial used 18 s, others 1 s
+        (_s(10, 19.0, own=8.0), 0.55, True),  # others used 11 s of the 20
+        (_s(10, 10.0, steal=3.0, own=10.0), 0.0, True),  # the hypervisor took 15%
+    ],
+)
+def test_the_share_of_the_cpus_others_used_and_the_flag(b, share, contended):
+    r = between(_s(0, 0.0), b, cpus=2)
+    assert r["other_cpu_share"] == pytest.approx(share) and r["contended"] is contended
+
+
+def test_no_proc_stat_no_figure():
+    assert between(None, _s(1, 1.0)) == {"other_cpu_share": None, "steal_share": None, "contended": None}
+
+
+def test_a_busy_process_beside_the_measured_one_is_seen():
+    """Measured in a child while a sibling spins: the child sees another process take about a core."""
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        code = (
+            "import json, time; from trainwise.measure.contention import sample, between; "
+            "a = sample(); time.sleep(1.5); print(json.dumps(between(a, sample())))"
+        )
+        seen = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout)
+    finally:
+        busy.kill()
+    assert seen["other_cpu_share"] > CONTENDED_SHARE and seen["contended"] is True, seen
+
+
+@pytest.mark.slow
+def test_a_trial_timed_under_load_is_flagged_in_results_and_table(tmp_path, cls_csv):
+    from trainwise.launcher import launch
+    from trainwise.report.format import cells, notes
+    from trainwise.study import aggregate, run_study
+
+    study = tiny_study(tmp_path, cls_csv, "classification", ["baseline"], eval_samples=0, max_steps=40)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        trials = run_study(study, launch, lambda spec, e: None, lambda spec, r, cached: None)
+    finally:
+        for p in busy:
+            p.kill()
+    [(_, r)] = trials
+    assert r.status == "ok" and r.contended is True and r.other_cpu_share > CONTENDED_SHARE, r
+    [row] = aggregate(study.cells, trials)
+    assert row["contended"] is True and cells(row)[7].endswith("(loaded)")
+    assert any(line.startswith("measured under load — timings unreliable") for line in notes([row]))

@@ -1,0 +1,65 @@
+"""What else used the machine while a trial's timed steps ran (issue 14: contention detected).
+
+Timings from a shared machine are only as good as the quiet they were taken in. Around the timed steps
+the trial reads the kernel's CPU accounting (/proc/stat: every CPU's busy and stolen time) and its own
+CPU time (its process and its children, e.g. DataLoader workers, via psutil); the difference is what
+other processes used. A trial where others took more than CONTENDED_SHARE of the machine's CPU time, or
+the hypervisor stole more than STOLEN_SHARE, is flagged: its timings are unreliable.
+
+GPU: other processes on the device (NVML) are not read yet; the flag is about the CPUs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CONTENDED_SHARE = 0.25  # other processes' share of all CPUs' time during the timed steps
+STOLEN_SHARE = 0.10  # the hypervisor's
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    at_s: float  # monotonic clock
+    busy_s: float  # all CPUs' busy time (user, nice, system, irq, softirq), seconds
+    steal_s: float  # time the hypervisor ran something else on our virtual CPUs
+    own_s: float  # this process's and its children's CPU time
+
+
+def sample() -> CpuSample | None:
+    """Now, or None where /proc/stat cannot be read (not Linux)."""
+    import psutil
+
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] != "cpu" or len(fields) < 9:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+    me = psutil.Process()
+    if "LOCAL_RANK" in os.environ:  # a rank under torchrun: the other ranks are this trial, not contention
+        me = me.parent() or me
+    own = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):  # gone meanwhile
+            own += sum(child.cpu_times()[:2])
+    return CpuSample(time.monotonic(), (user + nice + system + irq + softirq) / tick, steal / tick, own)
+
+
+def between(a: CpuSample | None, b: CpuSample | None, cpus: int | None = None) -> dict:
+    """The load others put on the machine between two samples: the TrialResult fields."""
+    if a is None or b is None or b.at_s <= a.at_s:
+        return {"other_cpu_share": None, "steal_share": None, "contended": None}
+    capacity = (b.at_s - a.at_s) * (cpus or os.cpu_count() or 1)
+    others = max(0.0, (b.busy_s - a.busy_s) - (b.own_s - a.own_s)) / capacity
+    stolen = max(0.0, b.steal_s - a.steal_s) / capacity
+    return {
+        "other_cpu_share": round(min(1.0, others), 4),
+        "steal_share": round(min(1.0, stolen), 4),
+        "contended": others > CONTENDED_SHARE or stolen > STOLEN_SHARE,
+    }
