@@ -163,6 +163,41 @@ def test_time_epoch_and_cost_of_a_row_come_from_one_repeat_and_agree(tmp_path, c
     )
 
 
+def test_rows_inside_the_noise_read_as_such(tmp_path, cls_csv):
+    """Issue 14, part 1: with --repeat 3 the baseline's repeats give the noise floor (their spread); a row
+    whose time % is inside it reads '≈ baseline', one outside keeps its percentage; with one repeat the
+    floor comes from the baseline's step-to-step variation, and says so."""
+    from trainwise.report.format import cells, notes
+    from trainwise.results import TrialResult
+
+    study = tiny_study(
+        tmp_path, cls_csv, "classification", ["baseline", "bf16", "grad_accum"], eval_samples=0, repeat=3
+    )
+    made = {"baseline": [10.0, 10.8, 9.6], "bf16": [9.7, 9.9, 10.2], "grad_accum": [5.0, 5.2, 4.9]}
+    trials = [
+        (
+            spec,
+            TrialResult(
+                spec.row, "ok", spec.repeat, samples_per_s=made[spec.row][spec.repeat], step_time_s=0.1, train_loss=1.0
+            ),
+        )
+        for spec in study.specs
+    ]
+    base, bf16, accum = aggregate(study.cells, trials)
+    assert base["noise_floor"] == pytest.approx((10.8 - 9.6) / 10.0)
+    assert bf16["within_noise"] is True and cells(bf16)[7] == "≈ baseline"
+    assert accum["within_noise"] is False and cells(accum)[7] == f"{100 * 10.0 / 5.0:.0f}%"
+    assert any(
+        "noise floor ±12.0% (the spread of the baseline's 3 repeats)" in line for line in notes([base, bf16, accum])
+    )
+    one = [(spec, r) for spec, r in trials if spec.repeat == 0]
+    for _, r in one:
+        r.step_time_iqr_s, r.timed_steps = 0.01, 16
+    base1 = aggregate(study.cells, one)[0]
+    assert base1["noise_floor"] == pytest.approx(2 * 2**0.5 * 1.253 * 0.01 / 1.349 / 0.1 / 4)
+    assert "one repeat" in base1["noise_source"]
+
+
 @pytest.mark.slow
 def test_batch_size_and_worker_sweep_with_an_oom_cell(tmp_path, cls_csv, monkeypatch, capsys):
     """--batch-sizes x --num-workers: one cell per combination; an OOM at a size is a cell, not an abort."""

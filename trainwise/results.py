@@ -18,6 +18,7 @@ class TrialResult:
     # timing over the timed (post-warm-up) optimizer steps
     step_time_s: float | None = None  # median
     step_time_p90_s: float | None = None
+    step_time_iqr_s: float | None = None  # interquartile range of the timed steps: their noise
     data_wait_s: float | None = None  # median per step
     compute_s: float | None = None  # median forward+backward per step
     optimizer_s: float | None = None  # median clip+step+zero_grad per step

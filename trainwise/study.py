@@ -12,6 +12,7 @@ import dataclasses
 import fcntl
 import hashlib
 import json
+import math
 import os
 import random
 import sqlite3
@@ -472,6 +473,8 @@ def _bind(on_event: Events, spec: TrialSpec) -> Callable[[dict], None]:
 TIMING = (
     "step_time_s",
     "step_time_p90_s",
+    "step_time_iqr_s",
+    "timed_steps",
     "data_wait_s",
     "compute_s",
     "optimizer_s",
@@ -542,13 +545,39 @@ def aggregate(cells: list[Cell], trials: Trials) -> list[dict]:
         table.append(entry)
     # the reference: the baseline row (with a sweep, the first baseline cell: smallest batch, fewest workers)
     base = next((e for e in table if e["baseline"] and e["status"] == "ok"), None)
+    floor, source = noise_floor(
+        base, [r for spec, r in trials if base and r.status == "ok" and base["row"] == spec.row]
+    )
     for e in table:
         e["rel_time"] = e["rel_mem"] = None
+        e["noise_floor"], e["noise_source"], e["within_noise"] = floor, source, None
         if base and e["status"] == "ok":
             e["rel_time"] = base["samples_per_s"] / e["samples_per_s"]
+            if floor is not None and not e["baseline"]:
+                e["within_noise"] = abs(e["rel_time"] - 1) <= floor
             if base["peak_mem_bytes"] and e["peak_mem_bytes"] is not None:
                 e["rel_mem"] = e["peak_mem_bytes"] / base["peak_mem_bytes"]
     return table
+
+
+def noise_floor(base: dict | None, repeats: list[TrialResult]) -> tuple[float | None, str]:
+    """How far a row's time % may stray from 100% by noise alone, relative, and where that comes from:
+    the spread (max - min over the median) of the baseline's repeats when it has 2 or more; with one,
+    twice the standard error of its median step from the step-to-step variation (IQR), which misses the
+    run-to-run noise (usually larger): --repeat 3 measures that."""
+    speeds = [r.samples_per_s for r in repeats if r.samples_per_s]
+    if base is None:
+        return None, ""
+    if len(speeds) >= 2:
+        spread = (max(speeds) - min(speeds)) / statistics.median(speeds)
+        return spread, f"the spread of the baseline's {len(speeds)} repeats"
+    iqr, step, n = base.get("step_time_iqr_s"), base.get("step_time_s"), base.get("timed_steps") or 0
+    if iqr is None or not step or n < 2:
+        return None, ""
+    sigma = iqr / 1.349  # a normal's IQR is 1.349 sigma; the median's standard error is 1.253 sigma / sqrt(n)
+    return 2 * math.sqrt(2) * 1.253 * sigma / step / math.sqrt(n), (
+        "the baseline's step-to-step variation (one repeat: run-to-run noise is not in it; --repeat 3 measures it)"
+    )
 
 
 def check_some_ok(table: list[dict]) -> None:

@@ -108,6 +108,7 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Pat
         plan=spec.plan.to_dict(),
         step_time_s=summary["step_time_s"],
         step_time_p90_s=summary["step_time_p90_s"],
+        step_time_iqr_s=summary["step_time_iqr_s"],
         data_wait_s=summary["data_wait_s"],
         compute_s=summary["compute_s"],
         optimizer_s=summary["optimizer_s"],

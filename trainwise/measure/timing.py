@@ -73,6 +73,7 @@ def summarize_steps(steps: list[StepTimes]) -> dict[str, float]:
     return {
         "step_time_s": statistics.median(totals),
         "step_time_p90_s": percentile(totals, 90),
+        "step_time_iqr_s": percentile(totals, 75) - percentile(totals, 25),  # the step-to-step noise
         "data_wait_s": statistics.median([s.data_s for s in steps]),
         "compute_s": statistics.median([s.compute_s for s in steps]),
         "optimizer_s": statistics.median([s.optim_s for s in steps]),

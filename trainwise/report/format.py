@@ -83,7 +83,8 @@ def cells(e: dict, note: int | None = None) -> list[str]:
         f"{e['optimizer_s']:.3f}" if ok and e.get("optimizer_s") is not None else "-",
         f"{e['samples_per_s']:.1f}" if ok else "-",
         _seconds(e.get("epoch_time_s")) if ok else "-",
-        _pct(e["rel_time"]) + (" (loaded)" if ok and e.get("contended") else ""),
+        ("≈ baseline" if ok and e.get("within_noise") else _pct(e["rel_time"]))
+        + (" (loaded)" if ok and e.get("contended") else ""),
         human_bytes(e["peak_mem_bytes"]) if ok else "-",
         _pct(e["rel_mem"]),
         human_bytes(e["state_bytes"]) if ok else "-",
@@ -103,6 +104,13 @@ def notes(table: list[dict]) -> list[str]:
     ]
     if base is None or base["status"] != "ok":
         lines.append("No successful baseline row: time % and mem % are not available.")
+    floor = next((e for e in table if e.get("noise_floor") is not None), None)
+    if floor is not None:
+        close = [e["strategy"] for e in table if e.get("within_noise")]
+        lines.append(
+            f"noise floor ±{100 * floor['noise_floor']:.1f}% ({floor['noise_source']}): time % reads "
+            f"'≈ baseline' inside it" + (f" ({', '.join(close)})" if close else "; no row is inside it")
+        )
     loaded = [e for e in table if e["status"] == "ok" and e.get("contended")]
     if loaded:
         lines.append(
