@@ -97,3 +97,6 @@ for i in 1 2 3; do
     --out runs/hub-x 2>>runs/bench-fail-fast.txt || true
 done
 grep ": .* s$" runs/bench-fail-fast.txt
+
+# 19. noise and contention: the default study's baseline 5 times, quiet and beside one busy process
+$PY benchmarks/noise.py --repeat 5 --busy 1 | tee runs/bench-noise.txt
