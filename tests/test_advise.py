@@ -50,6 +50,22 @@ def test_pareto_front_and_ranking_by_time():
     assert bf16.quality_delta == pytest.approx(-2.0) and "-60% time" in bf16.reason
 
 
+def test_rows_timed_under_load_or_inside_the_noise_are_said_so():
+    """Issue 14: advise does not present a ranking by time as firm when the times were measured under load,
+    or when the winner's lead over the reference is inside the study's noise floor."""
+    rows = [row("baseline", 10.0, 7.0), row("bf16", 10.3, 5.5), row("grad_ckpt", 7.3, 3.5)]
+    rows[1].update(within_noise=True, noise_floor=0.05)
+    rows[2].update(contended=True)
+    a = advise(rows, Constraints(objective="time"))
+    assert a.recommended == "bf16"
+    assert any("'bf16' is within the noise floor (±5.0%) of 'baseline' in time" in n for n in a.notes), a.notes
+    assert any(n.startswith("timed under load, so their times are unreliable: grad_ckpt") for n in a.notes)
+    ckpt = next(v for v in a.verdicts if v.strategy == "grad_ckpt")
+    assert ckpt.reason.endswith("; timed under load (unreliable)")
+    quiet = advise([row("baseline", 10.0, 7.0), row("bf16", 25.0, 5.5)], Constraints(objective="time"))
+    assert not any("noise" in n or "load" in n for n in quiet.notes)
+
+
 def test_memory_budget_and_quality_drop_exclude_rows():
     a = advise(ROWS, Constraints(memory_budget_bytes=4 * GiB))
     assert a.recommended == "grad_ckpt"

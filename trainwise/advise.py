@@ -164,6 +164,8 @@ def advise(rows: list[dict], constraints: Constraints) -> Advice:
             reason = f"dominated by {by['strategy']} (no slower, no more memory, no worse quality): {effect}"
         if r is reference:
             reason = f"reference row; {reason}"
+        if r.get("contended"):
+            reason += "; timed under load (unreliable)"
         verdicts.append(Verdict(r["strategy"], "ok", why is None, r in front, reason, rel_t, rel_m, dq))
     verdicts.sort(key=lambda v: (not v.pareto, not v.feasible))  # stable: keeps the objective order inside
     for r in rows:
@@ -178,6 +180,17 @@ def advise(rows: list[dict], constraints: Constraints) -> Advice:
                 )
             )
     best = min(front, key=key) if front else None
+    loaded = [r["strategy"] for r in ok if r.get("contended")]
+    if loaded:
+        notes.append(
+            f"timed under load, so their times are unreliable: {', '.join(loaded)}; run the study again on a "
+            "quiet machine before trusting a ranking by time or cost"
+        )
+    if best is not None and best is not reference and best.get("within_noise") and constraints.objective != "quality":
+        notes.append(
+            f"{best['strategy']!r} is within the noise floor (±{100 * best['noise_floor']:.1f}%) of "
+            f"{reference['strategy']!r} in time: its lead may be noise (--repeat 3 narrows it)"
+        )
     return Advice(reference["strategy"], verdicts, best["strategy"] if best else None, notes)
 
 
