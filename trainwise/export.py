@@ -201,6 +201,8 @@ def snippet(doc: ExportDoc, s: RunSettings) -> str:
         indent += "    "
     lines += [
         f"{indent}trainer.train()",
+        "if torch.distributed.is_initialized():  # every rank leaves cleanly (gloo may abort at exit otherwise)",
+        "    torch.distributed.destroy_process_group()",
         "# note: transformers 5.x logs loss x gradient_accumulation_steps for BERT/T5-style models;",
         "# the optimisation is the same as trainwise's (see trainwise docs/export.md).",
         "",
