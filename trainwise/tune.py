@@ -17,7 +17,6 @@ import dataclasses
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -28,7 +27,7 @@ from pathlib import Path
 
 from trainwise.config import StudyConfig, TrialSpec
 from trainwise.errors import ConfigError, RunFailed, check_number
-from trainwise.launcher import events
+from trainwise.launcher import _kill_group, events
 from trainwise.lifeline import bound_to_me
 
 
@@ -341,11 +340,6 @@ def _last_line(log: Path) -> str:
     except OSError:
         return "no stderr.log"
     return lines[-1][:300] if lines else "it exited without a word"
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _metric_key(event: dict) -> str:
