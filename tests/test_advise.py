@@ -70,10 +70,26 @@ def test_memory_budget_and_quality_drop_exclude_rows():
     a = advise(ROWS, Constraints(memory_budget_bytes=4 * GiB))
     assert a.recommended == "grad_ckpt"
     assert {v.strategy for v in a.verdicts if v.feasible} == {"grad_ckpt"}
-    assert "exceeds the budget 4.00 GiB" in next(v for v in a.verdicts if v.strategy == "bf16").reason
+    assert (
+        "(peak tensors 5.50 GiB + runtime), more than the budget 4.00 GiB"
+        in next(v for v in a.verdicts if v.strategy == "bf16").reason
+    )
     a = advise(ROWS, Constraints(max_quality_drop=1.0))
     assert a.recommended == "baseline", "bf16 loses 2 points, more than allowed"
     assert "more than 1 below" in next(v for v in a.verdicts if v.strategy == "bf16").reason
+
+
+def test_the_budget_is_compared_with_tensors_plus_runtime_like_the_estimates_total():
+    """Issue 14: one basis. A row's measured peak of live tensors plus its runtime (CPU: the process's RSS
+    before the model; CUDA: the context) against the budget, as `estimate`'s total is."""
+    from trainwise.advise import needs
+
+    cpu = {**row("grad_ckpt", 7.3, 3.5), "mem_kind": "cpu_allocated", "rss_before_model_bytes": GiB}
+    cuda = {**row("grad_ckpt", 7.3, 3.5), "mem_kind": "cuda_allocated"}
+    assert needs(cpu) == int(4.5 * GiB) and needs(cuda) == int(4.0 * GiB)
+    rows = [{**r, "mem_kind": "cpu_allocated", "rss_before_model_bytes": GiB} for r in ROWS]
+    assert advise(rows, Constraints(memory_budget_bytes=4 * GiB)).recommended is None, "3.5 GiB + 1 GiB > 4 GiB"
+    assert advise(rows, Constraints(memory_budget_bytes=5 * GiB)).recommended == "grad_ckpt"
 
 
 def test_quality_objective_and_impossible_budget():
@@ -115,7 +131,7 @@ def test_advise_cli(tmp_path, capsys):
     (tmp_path / "results.json").write_text(json.dumps(ROWS))
     assert main(["advise", str(tmp_path), "--memory-budget", "4GiB"]) == 0
     out = capsys.readouterr().out
-    assert "recommended: grad_ckpt" in out and "exceeds the budget" in out
+    assert "recommended: grad_ckpt" in out and "more than the budget" in out
     assert main(["advise", str(tmp_path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["recommended"] == "bf16"
 

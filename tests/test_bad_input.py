@@ -119,6 +119,17 @@ CASES: dict[str, tuple[list[str], str]] = {
     "estimate --accum-steps 0": ([*E, "--accum-steps", "0"], "--accum-steps must be > 0"),
     "estimate --device tpu": ([*E, "--device", "tpu"], "--device must be one of"),
     "estimate preset unknown": (["estimate", "--model-preset", "gpt-17"], "unknown model preset 'gpt-17'"),
+    "estimate --num-labels with data": (
+        [*E, "--train-file", "{d}/ok.csv", "--num-labels", "3"],
+        "--num-labels comes from the data",
+    ),
+    "estimate --dataset and --train-file": (
+        [*E, "--train-file", "{d}/ok.csv", "--dataset", "stdlib-topic"],
+        "either --dataset or --train-file",
+    ),
+    "estimate --train-file missing": ([*E, "--train-file", "{d}/nope.csv"], "nope.csv"),
+    "estimate --text-column missing": ([*E, "--train-file", "{d}/ok.csv", "--text-column", "body"], "body"),
+    "estimate seq2seq dataset for classification": ([*E, "--dataset", "stdlib-summarize"], "seq2seq dataset"),
     # ---- find-batch ----
     "find-batch --refine -3": ([*F, "--refine", "-3"], "--refine must be >= 0"),
     "find-batch --candidates words": (

@@ -56,7 +56,7 @@ def test_priced_tables_get_a_cost_column_and_a_note():
     add_cost(table, Price(10.0, "$10/h"))
     assert headers(table)[-1] == "$/epoch" and table[0]["cost_per_epoch"] == pytest.approx(5.0)
     assert table[1]["cost_per_epoch"] is None
-    assert headers([{"strategy": "a"}])[-1] == "quality", "no price, no column"
+    assert headers([{"strategy": "a"}])[-1] == "MFU", "no price, no column"
 
 
 def test_compare_reports_cost_per_row(tmp_path, cls_csv, capsys):

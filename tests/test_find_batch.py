@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -26,6 +27,7 @@ def fake_runner(oom_from: int, speed: dict[int, float], rss: dict[int, int] | No
             samples_per_s=speed.get(b, 1.0),
             step_time_s=b / speed.get(b, 1.0),
             peak_rss_bytes=(rss or {}).get(b, GiB),
+            peak_mem_bytes=GiB // 4,
             peak_reserved_bytes=(rss or {}).get(b, GiB),
         )
 
@@ -44,7 +46,14 @@ def test_fastest_is_not_the_largest_and_the_edge_is_bisected():
 
 def test_sizes_the_estimate_rules_out_are_never_run():
     run, calls = fake_runner(oom_from=10**9, speed={4: 1.0, 8: 2.0, 16: 3.0})
-    r = search([4, 8, 16, 32], 8 * GiB, run, "cpu", estimate=lambda b: b * GiB // 2, refine=0)
+    r = search(
+        [4, 8, 16, 32],
+        8 * GiB,
+        run,
+        "cpu",
+        estimate=lambda b: SimpleNamespace(total_bytes=b * GiB // 2, peak_bytes=b * GiB // 3),
+        refine=0,
+    )
     assert calls == [4, 8, 16]
     assert [p.status for p in r.points] == ["ok", "ok", "ok", "skipped"]
     assert "estimate" in r.points[-1].note and r.fastest == 16

@@ -9,7 +9,7 @@ from trainwise.data.metrics import accuracy, text_metrics
 from trainwise.errors import ConfigError
 from trainwise.measure.timing import StepTimes, percentile, summarize_steps
 from trainwise.models import PRESETS, bundled_minilm_dir, resolve_model
-from trainwise.report.format import HEADERS, cells, human_bytes
+from trainwise.report.format import cells, headers, human_bytes
 from trainwise.results import TrialResult
 from trainwise.study import aggregate
 
@@ -64,8 +64,29 @@ def test_relative_columns_against_the_baseline():
     table = aggregate_of(["baseline", "grad_ckpt", "fp16"], results)
     assert table[1]["rel_time"] == pytest.approx(1.25) and table[1]["rel_mem"] == pytest.approx(0.6)
     assert table[2]["rel_time"] is None and table[2]["status"] == "unsupported"
-    row = dict(zip(HEADERS, cells(table[1]), strict=True))
-    assert (row["time %"], row["peak mem"], row["mem %"]) == ("125%", "600 B", "60%")
+    row = dict(zip(headers(table), cells(table[1]), strict=True))
+    assert (row["time %"], row["peak mem"], row["mem %"], row["MFU"]) == ("125%", "600 B", "60%", "-")
+    assert "RSS" not in headers(table)  # no CPU allocator rows here
+
+
+def test_cpu_rows_show_rss_beside_the_tensor_peak_and_mfu():
+    results = [
+        TrialResult(
+            "baseline",
+            "ok",
+            samples_per_s=10.0,
+            peak_mem_bytes=1024**2,
+            mem_kind="cpu_allocated",
+            peak_rss_bytes=3 * 1024**2,
+            step_time_s=1.0,
+            train_loss=1.0,
+            mfu=0.123,
+        )
+    ]
+    table = aggregate_of(["baseline"], results)
+    row = dict(zip(headers(table), cells(table[0], with_rss=True), strict=True))
+    assert (row["peak mem"], row["RSS"], row["MFU"]) == ("1.00 MiB", "3.00 MiB", "12%")
+    assert list(headers(table)).index("RSS") == list(headers(table)).index("mem %") + 1
 
 
 def test_human_bytes():

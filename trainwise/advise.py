@@ -84,6 +84,17 @@ def _time(row: dict) -> float:
     return 1.0 / row["samples_per_s"]  # seconds per sample: epoch time up to a constant
 
 
+CUDA_CONTEXT_BYTES = 512 * 1024**2  # what `trainwise estimate` adds on CUDA (its runtime term)
+
+
+def needs(row: dict) -> int:
+    """What a row needs of a device, on the basis `trainwise estimate`'s total uses: the peak of live
+    tensors plus the runtime (CUDA: the context; CPU: the trial process's RSS before the model was built,
+    i.e. torch + transformers + the data). Compared with --memory-budget."""
+    runtime = CUDA_CONTEXT_BYTES if row.get("mem_kind") == "cuda_allocated" else row.get("rss_before_model_bytes") or 0
+    return int(row["peak_mem_bytes"]) + int(runtime)
+
+
 def _dominates(a: dict, b: dict) -> bool:
     """a is no worse than b in time, memory and quality (when both have one), and better in one."""
     qa, qb = a.get("metric"), b.get("metric")
@@ -130,8 +141,11 @@ def advise(rows: list[dict], constraints: Constraints) -> Advice:
     ref_q = reference.get("metric")
 
     def infeasible_reason(r: dict) -> str | None:
-        if budget is not None and r["peak_mem_bytes"] > budget:
-            return f"peak memory {human_bytes(r['peak_mem_bytes'])} exceeds the budget {human_bytes(budget)}"
+        if budget is not None and needs(r) > budget:
+            return (
+                f"needs {human_bytes(needs(r))} (peak tensors {human_bytes(r['peak_mem_bytes'])} + runtime), "
+                f"more than the budget {human_bytes(budget)}"
+            )
         drop = constraints.max_quality_drop
         if drop is not None and ref_q is not None and r.get("metric") is not None and ref_q - r["metric"] > drop:
             return f"{r['metric_name']} {r['metric']:.2f} is more than {drop:g} below the reference ({ref_q:.2f})"
@@ -140,10 +154,10 @@ def advise(rows: list[dict], constraints: Constraints) -> Advice:
     feasible = [r for r in ok if infeasible_reason(r) is None]
     front = [r for r in feasible if not any(_dominates(o, r) for o in feasible if o is not r)]
     if budget is not None and not feasible:
-        smallest = min(ok, key=lambda r: r["peak_mem_bytes"])
+        smallest = min(ok, key=needs)
         notes.append(
-            f"nothing fits {human_bytes(budget)}: the smallest row, {smallest['strategy']!r}, peaked at "
-            f"{human_bytes(smallest['peak_mem_bytes'])}; try a smaller batch, grad_ckpt + grad_accum, "
+            f"nothing fits {human_bytes(budget)}: the smallest row, {smallest['strategy']!r}, needs "
+            f"{human_bytes(needs(smallest))}; try a smaller batch, grad_ckpt + grad_accum, "
             "freezing, or (issue 3) ZeRO offload / LoRA"
         )
 
@@ -285,16 +299,26 @@ def batch_hints(study: Path, rows: list[dict], budget: int) -> dict[str, str]:
         fits = largest_batch(shape, cal, plan, budget, s.max_length, s.max_target_length, s.device, overhead)
         return peak.peak_bytes, fits
 
+    def measured_fit(row: dict | None) -> bool:  # a row measured within the budget at the study's batch
+        return bool(row and row.get("status") == "ok" and row.get("peak_mem_bytes") and needs(row) <= budget)
+
+    # a measurement outranks the estimate: a row measured to fit at the study's batch fits up to at least it
+    base_row = next((r for r in rows if r.get("baseline")), None)
     base_peak, baseline = estimate_of(TrialPlan())
+    baseline = max(baseline, s.batch_size) if measured_fit(base_row) else baseline
     hints = {}
     for row in rows:
         if row.get("baseline") or row.get("status") != "ok" or not row.get("plan"):
             continue
         peak, own = estimate_of(TrialPlan.from_dict(row["plan"]))
+        own = max(own, s.batch_size) if measured_fit(row) else own
         if peak >= 0.99 * base_peak:
             continue  # no memory saving the estimate can see at the study's batch
         if baseline >= s.batch_size:
             hints[row["strategy"]] = f"not needed for memory at batch {s.batch_size}: baseline fits up to ~{baseline}"
+        elif own == 0:
+            hints[row["strategy"]] = "does not fit the budget at any batch (estimate)"
         else:
-            hints[row["strategy"]] = f"only needed when batch > {baseline}; fits up to ~{own} (estimate)"
+            hint = f"fits up to ~{own}" if baseline == 0 else f"only needed when batch > {baseline}; fits up to ~{own}"
+            hints[row["strategy"]] = f"{hint} (estimate)"
     return hints

@@ -23,6 +23,7 @@ recipe is probed on its own config at 1-3 layers instead, and the estimate says 
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import hashlib
 import json
@@ -523,6 +524,49 @@ def estimate(
 
 
 @dataclass(frozen=True)
+class DataFacts:
+    """What an estimate takes from the user's data, read the way `compare` reads it: the classes, and the
+    longest training sequences after truncation (what a dynamically padded batch grows to)."""
+
+    where: str
+    rows: int
+    num_labels: int
+    longest: int  # input tokens
+    longest_target: int  # seq2seq target tokens
+
+    @classmethod
+    def read(cls, cfg: EstimateConfig, source: ModelSource) -> DataFacts:
+        import tempfile
+
+        from trainwise.data.sources import BUILTIN_DATASETS, load_rows
+        from trainwise.data.tasks import encode
+        from trainwise.models import load_tokenizer, train_tokenizer
+
+        if cfg.dataset in BUILTIN_DATASETS and BUILTIN_DATASETS[cfg.dataset] != cfg.task:
+            raise ConfigError(f"dataset {cfg.dataset!r} is a {BUILTIN_DATASETS[cfg.dataset]} dataset, not {cfg.task}")
+        train, _ = load_rows(cfg.dataset, cfg.train_file, None, cfg.text_column, cfg.target_column)
+        labels = sorted({r["target"] for r in train}) if cfg.task == "classification" else []
+        if cfg.task == "classification" and len(labels) < 2:
+            raise ConfigError(f"classification needs at least 2 distinct targets, found {len(labels)}")
+        with tempfile.TemporaryDirectory(prefix="trainwise-estimate-") as tmp:
+            if source.kind == "preset":  # compare trains the preset's tokenizer on the data: so does this
+                train_tokenizer([t for r in train for t in (r["text"], r["target"])], source.ref, Path(tmp))
+            tokenizer = load_tokenizer(source, tmp if source.kind == "preset" else None)
+            enc = encode(
+                train, tokenizer, cfg.task, cfg.max_length, cfg.max_target_length, {x: i for i, x in enumerate(labels)}
+            )
+        targets = [len(t) for t in enc.labels if isinstance(t, list)] or [0]  # seq2seq: target token ids
+        where = cfg.train_file or cfg.dataset or ""
+        return cls(where, len(train), len(labels) or 2, max(enc.lengths()), max(targets))
+
+    def lengths(self, plan: TrialPlan, cfg: EstimateConfig) -> tuple[int, int]:
+        """The widest batch a plan pads to: --max-length, or the longest example under dynamic padding."""
+        if terms_of(plan, "cpu").padding == "max_length":
+            return cfg.max_length, cfg.max_target_length
+        return min(self.longest, cfg.max_length), min(self.longest_target, cfg.max_target_length)
+
+
+@dataclass(frozen=True)
 class EstimateConfig:
     """One `trainwise estimate` invocation, validated once here; its rows parsed once."""
 
@@ -532,8 +576,12 @@ class EstimateConfig:
     accum_steps: int = 4
     max_length: int = 128
     max_target_length: int = 48
-    num_labels: int = 2
+    num_labels: int | None = None  # None: 2, or the data's classes
     nproc: int = 1
+    dataset: str | None = None  # the user's data (like compare's): classes and lengths come from it
+    train_file: str | None = None
+    text_column: str | None = None
+    target_column: str | None = None
     zero_stage: int = 0
     offload: str = "none"
     device: str = "auto"  # the device to estimate for
@@ -554,8 +602,12 @@ class EstimateConfig:
         for name in ("batch_size", "accum_steps", "max_length", "max_target_length"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
-        if self.num_labels < 2:
+        if self.num_labels is not None and self.num_labels < 2:
             raise ConfigError(f"--num-labels must be >= 2, got {self.num_labels}")
+        if self.dataset and self.train_file:
+            raise ConfigError("give either --dataset or --train-file, not both")
+        if self.num_labels is not None and (self.dataset or self.train_file):
+            raise ConfigError("--num-labels comes from the data when --dataset or --train-file is given")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ConfigError(f"--zero must be 0, 1, 2 or 3, not {self.zero_stage}")
         if self.offload not in ("none", "optimizer", "params"):
@@ -585,6 +637,20 @@ class EstimateConfig:
             check_accum(row, self.batch_size)
             parsed.append(row)
         object.__setattr__(self, "parsed", tuple(parsed))
+
+    @classmethod
+    def of(cls, params: dict[str, Any]) -> EstimateConfig:
+        """From the `estimate` command's options."""
+        from trainwise.advise import parse_bytes
+
+        memory = params.get("device_memory")
+        names = {f.name for f in dataclasses.fields(cls) if f.init} - {"rows", "device_memory", "zero_stage"}
+        return cls(
+            rows=tuple(params["strategies"].split(",")),
+            device_memory=parse_bytes(memory, "--device-memory") if memory is not None else None,
+            zero_stage=params.get("zero", 0),
+            **{k: v for k, v in params.items() if k in names},
+        )
 
 
 # rows tried, in order of how little they change training, when a budget is too small
@@ -715,7 +781,12 @@ def run_estimate(
     target = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
     probe_device = target if target == "cpu" or torch.cuda.is_available() else "cpu"
     source = resolve_model(model, model_preset, cfg.task, (cfg.max_length, cfg.max_target_length))
-    config = model_config(source, cfg.task, cfg.num_labels)
+    facts = None
+    if cfg.dataset or cfg.train_file:
+        on_status("reading the data (classes, token lengths)...")
+        facts = DataFacts.read(cfg, source)
+    num_labels = facts.num_labels if facts else cfg.num_labels or 2
+    config = model_config(source, cfg.task, num_labels)
     shapes: dict[TrialPlan, Shape] = {}
     cals: dict[str, Calibration] = {}
 
@@ -743,17 +814,8 @@ def run_estimate(
             shape = shape_for(row.plan)
         except ValueError as err:
             raise ConfigError(f"{row.text}: {err}") from None
-        est = estimate_plan(
-            shape,
-            cal_for(row.plan),
-            row.plan,
-            cfg.batch_size,
-            cfg.max_length,
-            cfg.max_target_length,
-            target,
-            cfg.nproc,
-            overhead,
-        )
+        lengths = facts.lengths(row.plan, cfg) if facts else (cfg.max_length, cfg.max_target_length)
+        est = estimate_plan(shape, cal_for(row.plan), row.plan, cfg.batch_size, *lengths, target, cfg.nproc, overhead)
         estimates.append((row.text, est))
     base_shape = shape_for(TrialPlan())
     budget = cfg.device_memory
@@ -778,7 +840,25 @@ def run_estimate(
         notes.append(
             "no GPU here: activations were probed on CPU; CUDA attention kernels (flash / memory-efficient) keep less."
         )
-    notes.append("padding to --max-length is assumed; dynamic padding needs less on real data.")
+    if facts is None:
+        dynamic = [row.text for row in cfg.parsed if terms_of(row.plan, target).padding != "max_length"]
+        notes.append(
+            "padding to --max-length is assumed"
+            + (
+                f" (also for {', '.join(dynamic)}: the worst case; give --train-file for the data's longest)"
+                if dynamic
+                else ""
+            )
+            + "."
+        )
+    else:
+        target_part = f", targets {facts.longest_target}" if cfg.task == "seq2seq" else ""
+        notes.append(
+            f"data: {facts.where}, {facts.rows} training rows"
+            + (f", {facts.num_labels} classes" if cfg.task == "classification" else "")
+            + f"; longest input {facts.longest} tokens{target_part} after truncation: rows with dynamic padding "
+            "are estimated for a batch that holds it, the others for padding to --max-length."
+        )
     for text, e in estimates:
         notes += [f"{text}: {n}" for n in e.notes]
     if any(e.cpu_offload_bytes for _, e in estimates):

@@ -8,7 +8,8 @@ between the largest fit and the first failure, then picks the size with the high
 
 "Fits" on CUDA: no OOM and the trial's reserved memory + CUDA context under the limit. On CPU, where
 an OOM means the kernel's OOM killer, fitting is judged against `--memory-limit` (default: the
-available RAM minus a margin) with the trial's peak RSS.
+available RAM minus a margin) with the trial's peak RSS. Beside the process's total each size shows
+the peak of live tensors, measured and estimated: the one quantity `compare` and `estimate` share.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from trainwise import strategies
 from trainwise.config import StudyConfig
@@ -34,8 +36,10 @@ class BatchPoint:
     note: str = ""
     samples_per_s: float | None = None
     step_time_s: float | None = None
-    measured_bytes: int | None = None  # CPU: peak RSS of the trial process; CUDA: reserved + context
+    measured_bytes: int | None = None  # the process's total: CPU peak RSS; CUDA reserved + context
     estimate_bytes: int | None = None  # predicted total (tensors + runtime), when an estimate was made
+    tensor_bytes: int | None = None  # measured peak of live tensors (compare's peak mem)
+    estimate_tensor_bytes: int | None = None  # the estimate of the same (estimate's peak)
 
     @property
     def fits(self) -> bool:
@@ -64,7 +68,7 @@ def search(
     limit: int,
     run: Callable[[int], TrialResult],
     device: str,
-    estimate: Callable[[int], int | None] | None = None,
+    estimate: Callable[[int], Any] | None = None,
     refine: int = 2,
     multiple_of: int = 1,
 ) -> SearchResult:
@@ -72,14 +76,21 @@ def search(
     points: dict[int, BatchPoint] = {}
 
     def try_size(b: int) -> BatchPoint:
-        est = estimate(b) if estimate else None
-        if est is not None and est > limit:
-            return BatchPoint(b, "skipped", f"estimate {est / 2**30:.2f} GiB > limit", estimate_bytes=est)
+        est = estimate(b) if estimate else None  # a MemoryEstimate (total_bytes, peak_bytes)
+        total, tensors = (est.total_bytes, est.peak_bytes) if est is not None else (None, None)
+        if total is not None and total > limit:
+            return BatchPoint(
+                b,
+                "skipped",
+                f"estimate {total / 2**30:.2f} GiB > limit",
+                estimate_bytes=total,
+                estimate_tensor_bytes=tensors,
+            )
         r = run(b)
-        point = BatchPoint(b, r.status, r.message, estimate_bytes=est)
+        point = BatchPoint(b, r.status, r.message, estimate_bytes=total, estimate_tensor_bytes=tensors)
         if r.status == "ok":
             point.samples_per_s, point.step_time_s = r.samples_per_s, r.step_time_s
-            point.measured_bytes = measured_bytes(r, device)
+            point.measured_bytes, point.tensor_bytes = measured_bytes(r, device), r.peak_mem_bytes
             if point.measured_bytes is not None and point.measured_bytes > limit:
                 point.status, point.note = "over_limit", f"measured {point.measured_bytes / 2**30:.2f} GiB > limit"
         return point
@@ -198,7 +209,7 @@ def find_batch(
         raise ConfigError(f"every candidate is larger than the {s.n_train} training rows")
     model_state: dict = {}  # shapes, calibration and runtime: once per search, not once per size
 
-    def estimate_total(b: int) -> int | None:
+    def estimate_of(b: int) -> Any:
         if not fb.use_estimate:
             return None
         on_status(f"batch {b}: estimating memory (calibration probe on first use)")
@@ -207,7 +218,7 @@ def find_batch(
             model_state["shape"] = shape_of(cfg, s.task, base.plan)
             model_state["cal"] = calibrate(cfg, s.task, base.plan, s.device)
             model_state["overhead"] = runtime_overhead(s.device)
-        e = estimate_plan(
+        return estimate_plan(
             model_state["shape"],
             model_state["cal"],
             base.plan,
@@ -217,7 +228,6 @@ def find_batch(
             s.device,
             overhead=model_state["overhead"],
         )
-        return e.total_bytes
 
     def run(b: int) -> TrialResult:
         spec = dataclasses.replace(base, settings=dataclasses.replace(s, batch_size=b))
@@ -231,7 +241,7 @@ def find_batch(
         on_point(f"batch {b}: " + (f"{r.samples_per_s:.1f} samples/s" if r.status == "ok" else r.status))
         return r
 
-    result = search(usable, limit, run, s.device, estimate_total, fb.refine, multiple_of=accum)
+    result = search(usable, limit, run, s.device, estimate_of, fb.refine, multiple_of=accum)
     title = f"trainwise find-batch: {s.model_label} / {row.text} / {s.device}, limit {human_bytes(limit)}"
     return FindBatchReport(title, result, write_outputs(result, prepared.out, title), s.device, too_big, s.n_train)
 

@@ -30,12 +30,21 @@ class TrialResult:
     padding_waste: float | None = None  # fraction of computed positions that are padding
     epoch_time_s: float | None = None  # projected: training samples / samples_per_s
     # memory
-    peak_mem_bytes: int | None = None  # CUDA max allocated, or CPU peak RSS minus pre-model RSS
-    mem_kind: str | None = None  # "cuda_allocated" | "cpu_rss_delta"
+    # peak of live tensor bytes (the allocator's peak, what `estimate` predicts): CUDA max_memory_allocated
+    # over the training steps; CPU: one extra step on the largest window, profiled (trial.measure_step).
+    # Stores from before 2026-11-24 hold "cpu_rss_delta" here: peak RSS minus the RSS before the model.
+    peak_mem_bytes: int | None = None
+    mem_kind: str | None = None  # "cuda_allocated" | "cpu_allocated" (| "cpu_rss_delta", older stores)
     peak_reserved_bytes: int | None = None  # CUDA max reserved
     peak_rss_bytes: int | None = None  # CPU: peak RSS of the whole trial process over its training steps
     state_bytes: int | None = None  # weights + grads + optimizer state, counted (not measured)
     rss_before_model_bytes: int | None = None
+    # MFU (trainwise.measure.flops): counted FLOPs of an average timed step over the measured matmul peak
+    flops_per_step: float | None = None
+    peak_flops_per_s: float | None = None  # this device's dense matmul in the plan's compute dtype, measured
+    mfu: float | None = None  # flops_per_step x timed steps / timed seconds / peak_flops_per_s
+    compute_dtype: str | None = None  # fp32 | bf16 | fp16: the dtype of the peak MFU is measured against
+    mfu_note: str = ""  # why FLOPs were not counted, when they were not
     # quality
     train_loss: float | None = None  # true mean loss over the last 5 optimizer steps
     final_loss: float | None = None  # loss of the last optimizer step

@@ -487,6 +487,7 @@ TIMING = (
     "other_cpu_share",
     "steal_share",
     "contended",
+    "mfu",
 )
 # the others: medians over the repeats, each on its own (memory and quality are not timings)
 NUMERIC = (
@@ -495,6 +496,9 @@ NUMERIC = (
     "peak_reserved_bytes",
     "peak_rss_bytes",
     "state_bytes",
+    "rss_before_model_bytes",
+    "flops_per_step",
+    "peak_flops_per_s",
     "train_loss",
     "final_loss",
     "metric",
@@ -522,6 +526,8 @@ def aggregate(cells: list[Cell], trials: Trials) -> list[dict]:
             "message": "" if ok else first.message,
             "repeats": len(ok),
             "mem_kind": first.mem_kind,
+            "compute_dtype": first.compute_dtype,
+            "mfu_note": first.mfu_note,
             "metric_name": first.metric_name,
             "plan": first.plan,
             "env": first.env,

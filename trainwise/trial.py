@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -17,7 +18,7 @@ import torch
 from trainwise import loop
 from trainwise.config import TrialSpec
 from trainwise.data.prepared import load_data
-from trainwise.measure import contention, memory
+from trainwise.measure import contention, flops, memory
 from trainwise.measure.env import environment
 from trainwise.measure.timing import StepTimer, summarize_steps
 from trainwise.measure.trace import Tracer
@@ -62,9 +63,12 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Pat
     losses: list[float] = []
 
     load = [contention.sample()] if s.warmup_steps == 0 else []  # what else ran during the timed steps
+    largest: list = []  # the window with the most padded tokens: its step is the trial's memory peak
 
     def on_step(loss: float, micro: list) -> None:
         times = timer.end_step()
+        if not largest or sum(b.padded_tokens for b in micro) > sum(b.padded_tokens for b in largest):
+            largest[:] = micro
         if parts.step == s.warmup_steps:  # the last untimed step: the timed ones start now
             load.append(contention.sample())
         losses.append(loss)
@@ -85,10 +89,8 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Pat
     peak_rss = reserved = None
     if s.device == "cuda":
         peak, reserved = memory.cuda_peaks()
-        mem_kind = "cuda_allocated"
     else:
         peak_rss = memory.peak_rss_bytes()
-        peak, mem_kind = peak_rss - rss_before, "cpu_rss_delta"
 
     metrics: dict[str, float] = {}
     eval_s = None
@@ -98,9 +100,18 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Pat
         metrics = data.evaluate(parts.model, parts.accelerator)
         eval_s = time.perf_counter() - t0
 
+    # after the timed steps and the evaluation (so neither is slowed nor changed): more steps on the
+    # largest window, one profiled for the peak of live tensors (CPU), one counted for FLOPs
+    emit({"event": "phase", "phase": "measure"})
+    measured = measure_step(parts, largest, s.device)
+    if s.device != "cuda":
+        peak = measured.peak_bytes
+    mem_kind = "cuda_allocated" if s.device == "cuda" else "cpu_allocated"
+
     timed = timer.steps[s.warmup_steps :]
     summary = summarize_steps(timed)
     samples_per_s = counts["samples"] / summary["timed_s"]
+    flops_per_step = measured.per_step(counts["padded"], len(timed))
     return TrialResult(
         strategy=spec.row,
         status="ok",
@@ -126,6 +137,11 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Pat
         epoch_time_s=s.n_train / samples_per_s,
         peak_mem_bytes=int(peak),
         mem_kind=mem_kind,
+        flops_per_step=flops_per_step,
+        peak_flops_per_s=measured.peak_flops_per_s,
+        mfu=flops_per_step * len(timed) / summary["timed_s"] / measured.peak_flops_per_s if flops_per_step else None,
+        compute_dtype=measured.dtype,
+        mfu_note=measured.note,
         peak_reserved_bytes=reserved,
         peak_rss_bytes=peak_rss,
         state_bytes=state_bytes,
@@ -146,7 +162,58 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Pat
     )
 
 
+@dataclass
+class StepMeasure:
+    """Extra optimizer steps on one window, measured: the peak of live tensors (CPU) and the FLOPs."""
+
+    peak_bytes: int
+    flops: int | None  # of this one step
+    tokens: int  # padded positions in its window (what the FLOPs scale with)
+    peak_flops_per_s: float  # the device's measured matmul peak in the plan's compute dtype
+    dtype: str
+    note: str = ""
+
+    def per_step(self, padded_tokens: int, steps: int) -> float | None:
+        """FLOPs of an average timed step: this step's, scaled by the padded positions computed."""
+        return self.flops * padded_tokens / self.tokens / steps if self.flops and self.tokens and steps else None
+
+
+def measure_step(parts: loop.Parts, window: list, device: str) -> StepMeasure:
+    """Live tensors at the step's start (weights, buffers, optimizer state: counted; gradients are freed
+    between steps) plus the peak of what the step allocates (torch.profiler's memory events, CPU; on
+    CUDA the trial's max_memory_allocated is used instead), and the FLOPs torch's counter sees."""
+    parts.model.train()
+    weights, _, opt_state = _state_parts(parts)
+    at_start = weights + memory.tensor_bytes(parts.raw_model.buffers()) + opt_state
+
+    grown = 0
+    if device != "cuda":  # CUDA: the trial's max_memory_allocated already holds the peak
+        with memory.AllocatedPeak(device) as peak:
+            loop.train_step(parts, window)
+        grown = peak.peak_bytes
+    # FLOPs on a step of their own: under the counter (a dispatch mode) checkpointing keeps its
+    # activations (grad_ckpt's step measured 1.2 GiB instead of 253 MiB), so memory is not read there
+    n, note = None, ""
+    if parts.rt.prepared_edits:  # torch.compile: the counter would make dynamo trace and compile again
+        note = "FLOPs not counted: torch.compile'd model"
+    else:
+        try:
+            with flops.counting() as counted:
+                loop.train_step(parts, window)
+            n = counted.flops
+        except Exception as err:  # the counter cannot follow every op (DeepSpeed's hooks, custom kernels)
+            parts.optimizer.zero_grad(set_to_none=True)
+            note = f"FLOPs not counted ({type(err).__name__}: {err})"
+    dtype = flops.compute_dtype(parts.rt.mixed_precision, parts.rt.weights_dtype)
+    tokens = sum(b.padded_tokens for b in window)
+    return StepMeasure(at_start + grown, n, tokens, flops.matmul_peak(device, dtype), dtype, note)
+
+
 def _state_bytes(parts: loop.Parts) -> int:
+    return sum(_state_parts(parts))
+
+
+def _state_parts(parts: loop.Parts) -> tuple[int, int, int]:
     """This rank's weights + gradients + optimizer state. Counted from the tensors it holds, except
     the gradients under ZeRO-2/3, which DeepSpeed keeps in its own buckets: 1/world of the full size."""
     weights = sum(  # ZeRO-3 keeps this rank's partition of each weight in ds_tensor (a view of a flat buffer)
@@ -158,4 +225,4 @@ def _state_bytes(parts: loop.Parts) -> int:
     opt_state = memory.tensor_bytes(
         t for state in parts.optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)
     )
-    return weights + grads + opt_state
+    return weights, grads, opt_state

@@ -138,10 +138,15 @@ def advise(
 
 @app.command()
 def estimate(
+    ctx: typer.Context,
     model: o.Model = None,
     model_preset: o.Preset = None,
     task: o.TextTask = "classification",
-    num_labels: Annotated[int, Opt(help="Classes of the classification head.")] = 2,
+    dataset: o.Dataset = None,
+    train_file: o.TrainFile = None,
+    text_column: o.TextColumn = None,
+    target_column: o.TargetColumn = None,
+    num_labels: Annotated[int | None, Opt(help="Classes of the head, without data \\[default: 2].")] = None,
     strategies: o.Rows = "baseline,bf16,grad_ckpt,adafactor,grad_accum,bf16+grad_ckpt",
     batch_size: Annotated[int, Opt(help="Effective batch size per device (per optimizer step).")] = 16,
     accum_steps: o.AccumSteps = 4,
@@ -158,22 +163,16 @@ def estimate(
 
     Shapes come from the model built on the meta device (no weights are loaded). Activations come from
     a measured calibration probe (about 16 tiny forward/backward passes of the model family on this
-    machine, ~5-10 s, cached), never from a guess.
+    machine, ~5-10 s, cached), never from a guess. With the data compare trains on (--train-file or
+    --dataset) the classes and, for dynamically padded rows, the lengths come from it.
     """
-    from trainwise.advise import parse_bytes
     from trainwise.estimate import EstimateConfig, run_estimate
     from trainwise.report import terminal
 
-    budget = parse_bytes(device_memory, "--device-memory") if device_memory is not None else None
-    lengths = (max_length, max_target_length)
-    cfg = EstimateConfig(tuple(strategies.split(",")), task, batch_size, accum_steps, *lengths, num_labels, nproc)
-    cfg = dataclasses.replace(cfg, zero_stage=zero, offload=offload, device=device, device_memory=budget)
+    cfg = EstimateConfig.of(ctx.params)
     with terminal.err.status("calibrating...") as status:
         report = run_estimate(model, model_preset, cfg, status.update)
-    if as_json:
-        terminal.out.print_json(json.dumps(report.to_json()))
-    else:
-        terminal.estimate_table(report)
+    terminal.out.print_json(json.dumps(report.to_json())) if as_json else terminal.estimate_table(report)
 
 
 @app.command()

@@ -21,8 +21,16 @@ HEADERS = [
 
 
 def headers(table: list[dict]) -> list[str]:
-    """The table's columns: HEADERS, plus $/epoch when the study was priced (see add_cost)."""
-    return HEADERS + (["$/epoch"] if any("cost_per_epoch" in e for e in table) else [])
+    """The table's columns: HEADERS with RSS after peak mem on CPU, then MFU, and $/epoch when the study
+    was priced (see add_cost)."""
+    cols = list(HEADERS)
+    if has_rss(table):
+        cols.insert(cols.index("mem %") + 1, "RSS")
+    return cols + ["MFU"] + (["$/epoch"] if any("cost_per_epoch" in e for e in table) else [])
+
+
+def has_rss(table: list[dict]) -> bool:
+    return any(e.get("mem_kind") == "cpu_allocated" for e in table)
 
 
 def add_cost(table: list[dict], price) -> None:
@@ -73,9 +81,10 @@ def footnotes(table: list[dict]) -> dict[str, int]:
     return {name: i for i, name in enumerate(failed, 1)}
 
 
-def cells(e: dict, note: int | None = None) -> list[str]:
+def cells(e: dict, note: int | None = None, with_rss: bool = False) -> list[str]:
+    """A row's cells under `headers(table)` (`with_rss`: the table has the RSS column)."""
     ok = e["status"] == "ok"
-    return [
+    row = [
         e["strategy"],
         e["status"] if note is None else f"{e['status']} [{note}]",
         f"{e['step_time_s']:.3f}" if ok else "-",
@@ -87,11 +96,37 @@ def cells(e: dict, note: int | None = None) -> list[str]:
         + (" (loaded)" if ok and e.get("contended") else ""),
         human_bytes(e["peak_mem_bytes"]) if ok else "-",
         _pct(e["rel_mem"]),
+    ]
+    rest = [
         human_bytes(e["state_bytes"]) if ok else "-",
         _pct(e["padding_waste"]) if ok else "-",
         f"{e['train_loss']:.3f}" if ok else "-",
         quality(e) if ok else "-",
+        _mfu(e.get("mfu")) if ok else "-",
     ] + ([f"{e['cost_per_epoch']:.4g}" if e["cost_per_epoch"] is not None else "-"] if "cost_per_epoch" in e else [])
+    rss = [human_bytes(e.get("peak_rss_bytes")) if ok else "-"] if with_rss else []
+    return row + rss + rest
+
+
+def _mfu(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%" if x < 0.1 else f"{100 * x:.0f}%"
+
+
+def _mfu_notes(table: list[dict]) -> list[str]:
+    counted = [e for e in table if e["status"] == "ok" and e.get("mfu") is not None]
+    if not counted:
+        return []
+    peaks = sorted(
+        {(e.get("compute_dtype") or "?", e["peak_flops_per_s"]) for e in counted if e.get("peak_flops_per_s")}
+    )
+    lines = [
+        "MFU: FLOPs of a step counted by torch.utils.flop_counter (matmuls, convolutions, attention; on one "
+        "extra step, scaled to the average step by padded positions) / step time / this device's matmul peak "
+        "measured by a probe (" + ", ".join(f"{d} {p / 1e9:.0f} GFLOP/s" for d, p in peaks) + "; cached). "
+        "Recomputed forwards (grad_ckpt) and padding count as executed FLOPs."
+    ]
+    lines += [f"{e['strategy']}: {e['mfu_note']}" for e in table if e["status"] == "ok" and e.get("mfu_note")]
+    return lines
 
 
 def notes(table: list[dict]) -> list[str]:
@@ -119,6 +154,13 @@ def notes(table: list[dict]) -> list[str]:
             + ", ".join(f"{e['strategy']} {_pct(e.get('other_cpu_share'))}" for e in loaded)
         )
     kinds = {e["mem_kind"] for e in table if e.get("mem_kind")}
+    if "cpu_allocated" in kinds:
+        lines.append(
+            "peak mem (CPU): the peak of live tensor bytes in a training step (the allocator's peak, what "
+            "`trainwise estimate` predicts), read by torch.profiler on one extra step on the trial's largest "
+            "batch after the timed ones; RSS: the trial process's peak resident memory (what the OS sees: "
+            "libraries, data, and memory glibc keeps after tensors are freed)."
+        )
     if "cpu_rss_delta" in kinds:
         lines.append(
             "peak mem (CPU): the trial process's peak RSS minus its RSS just before the model was built "
@@ -127,6 +169,7 @@ def notes(table: list[dict]) -> list[str]:
     if "cuda_allocated" in kinds:
         lines.append("peak mem (CUDA): torch.cuda.max_memory_allocated over the training steps.")
     lines.append("state: weights + gradients + optimizer state bytes, counted from the tensors.")
+    lines += _mfu_notes(table)
     priced = next((e for e in table if e.get("cost_note")), None)
     if priced:
         lines.append(f"$/epoch: USD for one projected epoch at {priced['cost_note']}.")

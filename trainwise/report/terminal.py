@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from trainwise.report.format import cells, footnotes, headers, human_bytes, notes
+from trainwise.report.format import cells, footnotes, has_rss, headers, human_bytes, notes
 
 # Piped or in CI, rich would wrap the table at 80 columns; give it room instead.
 out = Console() if sys.stdout.isatty() else Console(width=180)  # pipes and files: the whole table
@@ -94,7 +94,9 @@ def compare_table(report: Any, console: Console | None = None) -> None:
     grid = _grid(report.title, headers(report.table))
     marks = footnotes(report.table)
     for e in report.table:
-        grid.add_row(*cells(e, marks.get(e["strategy"])), style=None if e["status"] == "ok" else "red")
+        grid.add_row(
+            *cells(e, marks.get(e["strategy"]), has_rss(report.table)), style=None if e["status"] == "ok" else "red"
+        )
     console.print(grid)
     for line in notes(report.table):
         say(f"  {line}", console)
@@ -150,7 +152,9 @@ def estimate_table(report: Any) -> None:
 
 def find_batch_table(report: Any) -> None:
     result = report.result
-    grid = _grid(report.title, ["batch", "status", "samples/s", "step time", "measured", "estimate", "note"])
+    process = "reserved+ctx" if report.device == "cuda" else "RSS"
+    cols = ["batch", "status", "samples/s", "step time", "tensors", "est. tensors", process, "est. total", "note"]
+    grid = _grid(report.title, cols)
     for p in result.points:
         mark = " (fastest)" if p.batch_size == result.fastest else ""
         grid.add_row(
@@ -158,14 +162,19 @@ def find_batch_table(report: Any) -> None:
             p.status,
             "-" if p.samples_per_s is None else f"{p.samples_per_s:.1f}",
             "-" if p.step_time_s is None else f"{p.step_time_s:.3f} s",
+            human_bytes(p.tensor_bytes),
+            human_bytes(p.estimate_tensor_bytes),
             human_bytes(p.measured_bytes),
             human_bytes(p.estimate_bytes),
             p.note,
             style=None if p.fits else "dim",
         )
     out.print(grid)
-    mem_kind = "reserved + CUDA context" if report.device == "cuda" else "peak RSS of the trial process"
-    say(f"  measured = {mem_kind}; estimate = trainwise estimate (tensors + runtime).")
+    mem_kind = "reserved memory + CUDA context" if report.device == "cuda" else "the trial process's peak RSS"
+    say(
+        f"  tensors: peak of live tensors, measured (compare's peak mem) and estimated (trainwise estimate's peak); "
+        f"{process}: {mem_kind}, what the limit is judged on; est. total: the estimate's tensors + runtime."
+    )
     if report.too_big:
         say(f"  not tried: {report.too_big} (more than the {report.n_train} training rows)")
     if result.fastest is None:

@@ -7,7 +7,7 @@ import io
 import json
 from pathlib import Path
 
-from trainwise.report.format import cells, footnotes, headers, notes, quality
+from trainwise.report.format import cells, footnotes, has_rss, headers, notes, quality
 
 PROGRESS = "progress.json"  # how many of the study's trials the reports hold
 
@@ -28,7 +28,10 @@ CSV_FIELDS = [
     "epoch_time_s",
     "peak_mem_bytes",
     "mem_kind",
+    "peak_rss_bytes",
     "state_bytes",
+    "flops_per_step",
+    "mfu",
     "train_loss",
     "metric_name",
     "metric",
@@ -78,7 +81,10 @@ def markdown(table: list[dict], title: str) -> str:
     marks = footnotes(table)
     cols = headers(table)
     lines = [f"# {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(c.replace("|", "/") for c in cells(e, marks.get(e["strategy"]))) + " |" for e in table]
+    lines += [
+        "| " + " | ".join(c.replace("|", "/") for c in cells(e, marks.get(e["strategy"]), has_rss(table))) + " |"
+        for e in table
+    ]
     env: dict = next((e["env"] for e in table if e.get("env")), {})
     lines += ["", *[f"- {n}" for n in notes(table)]]
     if env:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainwise.strategies.base import NA, TEXT_TASKS, ExportDoc, Knob, Runtime, Strategy
+from trainwise.strategies.base import NA, TEXT_TASKS, ExportDoc, Knob, MemoryTerms, Runtime, Strategy
 
 
 def _padding_runtime(value: str, rt: Runtime) -> None:
@@ -22,13 +22,17 @@ def _padding_export(value: str, doc: ExportDoc) -> None:
     )
 
 
+def _padding_memory(value: str, terms: MemoryTerms) -> None:
+    terms.padding = value  # the estimate takes the data's longest sample when it has the data
+
+
 PADDING = Knob(
     "padding",
     "max_length",
     "pad every batch to --max-length, or to its longest sample",
     _padding_runtime,
     _padding_export,
-    NA("the estimate assumes padding to --max-length, the worst case; per-batch padding needs less on real data"),
+    _padding_memory,
     choices=("max_length", "longest"),
 )
 
