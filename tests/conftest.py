@@ -121,6 +121,7 @@ def tiny_study(out: Path, data: Path, task: str, strategies: list[str], **kw):
         eval_samples=kw.pop("eval_samples", 8),
         device="cpu",
         accum_steps=kw.pop("accum_steps", 4),
+        remeasure=kw.pop("remeasure", False),  # one spec per row: these tests run the specs themselves
         **kw,
     )
     return prepare_study(cfg)

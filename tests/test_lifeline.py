@@ -96,11 +96,11 @@ def test_a_killed_study_keeps_readable_reports_says_it_is_partial_and_resumes(tm
             study.kill()
     rows = json.loads((out / "results.json").read_text())
     assert [r["strategy"] for r in rows] == ["baseline"] and rows[0]["status"] == "ok"
-    assert json.loads((out / "progress.json").read_text()) == {"done": 1, "total": 3}
+    assert json.loads((out / "progress.json").read_text()) == {"done": 1, "total": 4}  # + the baseline again, last
     assert (out / "report.md").read_text().count("| baseline |") == 1 and (out / "chart.png").stat().st_size > 0
     from trainwise.advise import partial_note
 
-    assert "1 of 3 trials finished" in (partial_note(out) or "")
+    assert "1 of 4 trials finished" in (partial_note(out) or "")
     finished = subprocess.run(
         [*argv, "--out", str(out)],
         env={**os.environ, "HF_HUB_OFFLINE": "1"},

@@ -198,6 +198,29 @@ def test_rows_inside_the_noise_read_as_such(tmp_path, cls_csv):
     assert "one repeat" in base1["noise_source"]
 
 
+def test_one_repeat_runs_the_baseline_again_last_for_the_noise_floor(tmp_path, cls_csv):
+    """--repeat 1 (the default): the baseline runs first and again as the last trial; the noise floor is the
+    spread of those two runs, and says so. Not with --no-remeasure, --repeat 2, or a lone row."""
+    from trainwise.results import TrialResult
+
+    rows = ["baseline", "bf16", "grad_accum"]
+    study = tiny_study(tmp_path / "a", cls_csv, "classification", rows, eval_samples=0, remeasure=True)
+    assert [(s.row, s.repeat) for s in study.specs] == [*((r, 0) for r in rows), ("baseline", 1)]
+    speeds = {("baseline", 0): 10.0, ("bf16", 0): 9.4, ("grad_accum", 0): 5.0, ("baseline", 1): 9.0}
+    trials = [
+        (s, TrialResult(s.row, "ok", s.repeat, samples_per_s=speeds[s.row, s.repeat], step_time_s=0.1, train_loss=1.0))
+        for s in study.specs
+    ]
+    base, bf16, _ = aggregate(study.cells, trials)
+    assert base["repeats"] == 2 and base["noise_floor"] == pytest.approx(1.0 / 9.5)
+    assert "run first and again last" in base["noise_source"] and bf16["within_noise"] is True
+    for i, kw in enumerate([dict(remeasure=False), dict(remeasure=True, repeat=2)]):
+        other = tiny_study(tmp_path / str(i), cls_csv, "classification", rows, eval_samples=0, **kw)
+        assert len(other.specs) == 3 * other.config.repeat
+    alone = tiny_study(tmp_path / "alone", cls_csv, "classification", ["baseline"], eval_samples=0, remeasure=True)
+    assert len(alone.specs) == 1
+
+
 @pytest.mark.slow
 def test_batch_size_and_worker_sweep_with_an_oom_cell(tmp_path, cls_csv, monkeypatch, capsys):
     """--batch-sizes x --num-workers: one cell per combination; an OOM at a size is a cell, not an abort."""

@@ -26,6 +26,7 @@ def _study(tmp_path, rows, **kw):
         warmup_steps=kw.pop("warmup_steps", 1),
         eval_samples=kw.pop("eval_samples", 64),
         device="cpu",
+        remeasure=kw.pop("remeasure", False),
         **kw,
     )
     return prepare_study(cfg)

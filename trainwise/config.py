@@ -48,6 +48,7 @@ class StudyConfig:
     max_steps: int = 16
     warmup_steps: int = 3
     repeat: int = 1
+    remeasure: bool = True  # --repeat 1: run the baseline again as the last trial (noise floor, drift)
     lr: float | None = None  # None: DEFAULT_LR of the task
     seed: int = 0
     device: str = "auto"

@@ -249,6 +249,12 @@ def _specs(cfg: StudyConfig, settings, fingerprint: str, unsupported: dict[str, 
         for rep in range(cfg.repeat)  # repeats interleaved: drift on a shared machine hits every row alike
         for c in cells
     ]
+    base = next((c for c in cells if c.row.is_baseline), None)
+    if cfg.repeat == 1 and cfg.remeasure and base is not None and len(cells) > 1:
+        # the reference again, as the last trial: with one repeat the study still measures its noise floor
+        # (run-to-run, which the step-to-step spread misses) and sees the machine drift between first and last
+        base_settings = dataclasses.replace(settings, batch_size=base.batch_size, num_workers=base.workers)
+        specs.append(TrialSpec(base.row.text, 1, base.row.plan, base_settings, {"data": fingerprint}))
     return PreparedStudy(cfg, out, specs, cells, unsupported)
 
 
@@ -551,9 +557,11 @@ def aggregate(cells: list[Cell], trials: Trials) -> list[dict]:
         table.append(entry)
     # the reference: the baseline row (with a sweep, the first baseline cell: smallest batch, fewest workers)
     base = next((e for e in table if e["baseline"] and e["status"] == "ok"), None)
-    floor, source = noise_floor(
-        base, [r for spec, r in trials if base and r.status == "ok" and base["row"] == spec.row]
-    )
+    ref = next((c for c in cells if base and c.label() == base["strategy"]), None)
+    repeats = [r for spec, r in trials if ref and ref.matches(spec) and r.status == "ok"]
+    floor, source = noise_floor(base, repeats)
+    if len(repeats) == 2 and not any(spec.repeat for spec, _ in trials if ref and not ref.matches(spec)):
+        source = "the baseline run first and again last (--repeat 1: the other rows ran once)"
     for e in table:
         e["rel_time"] = e["rel_mem"] = None
         e["noise_floor"], e["noise_source"], e["within_noise"] = floor, source, None

@@ -48,6 +48,7 @@ def compare(
     max_steps: Annotated[int, Opt(help="Optimizer steps per trial, warm-up included.")] = default("max_steps"),
     warmup_steps: Annotated[int, Opt(help="First steps excluded from timing.")] = default("warmup_steps"),
     repeat: Annotated[int, Opt(help="Trials per row; the table shows medians.")] = default("repeat"),
+    remeasure: Annotated[bool, Opt(help="With --repeat 1: the baseline again last (noise floor, drift).")] = True,
     lr: o.Lr = None,
     seed: o.Seed = default("seed"),
     device: o.Device = "auto",
