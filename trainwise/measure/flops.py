@@ -59,8 +59,11 @@ def _cache_file(device: str, dtype: str) -> Path:
     return Path(root) / "peak" / f"{key}.json"
 
 
-def matmul_peak(device: str, dtype: str, budget_s: float = 0.6) -> float:
-    """FLOP/s of this device's dense matmul in `dtype`: measured once (best of several runs), then cached."""
+def matmul_peak(device: str, dtype: str, budget_s: float = 1.0) -> float:
+    """FLOP/s of this device's dense matmul in `dtype`: measured once (best of several runs), then cached,
+    unless other processes used the CPUs meanwhile (a probe beside a busy process read 102 GFLOP/s for
+    this machine's ~315; cached, every MFU after it would have been 3x too high): then the next trial
+    measures again."""
     path = _cache_file(device, dtype)
     try:
         return float(json.loads(path.read_text())["flops_per_s"])
@@ -68,7 +71,10 @@ def matmul_peak(device: str, dtype: str, budget_s: float = 0.6) -> float:
         pass
     import torch
 
-    n = 4096 if device == "cuda" else 1024
+    from trainwise.measure import contention
+
+    before = contention.sample()
+    n = 4096 if device == "cuda" else 2048
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     a = torch.randn(n, n, device=device).to(torch_dtype)
     b = torch.randn(n, n, device=device).to(torch_dtype)
@@ -87,8 +93,11 @@ def matmul_peak(device: str, dtype: str, budget_s: float = 0.6) -> float:
         best = max(best, 2 * n**3 * reps / dt)
         if dt < 0.05:
             reps *= 2
+    load = contention.between(before, contention.sample())
+    if load["contended"]:
+        return best
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"flops_per_s": best, "n": n, "dtype": dtype, "device": device}))
+    tmp.write_text(json.dumps({"flops_per_s": best, "n": n, "dtype": dtype, "device": device, **load}))
     tmp.replace(path)
     return best

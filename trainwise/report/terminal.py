@@ -15,7 +15,7 @@ from rich.table import Table
 from trainwise.report.format import cells, footnotes, has_rss, headers, human_bytes, notes
 
 # Piped or in CI, rich would wrap the table at 80 columns; give it room instead.
-out = Console() if sys.stdout.isatty() else Console(width=180)  # pipes and files: the whole table
+out = Console() if sys.stdout.isatty() else Console(width=240)  # pipes and files: the whole table
 err = Console(stderr=True)
 
 
