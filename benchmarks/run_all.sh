@@ -100,3 +100,9 @@ grep ": .* s$" runs/bench-fail-fast.txt
 
 # 19. noise and contention: the default study's baseline 5 times, quiet and beside one busy process
 $PY benchmarks/noise.py --repeat 5 --busy 1 | tee runs/bench-noise.txt
+
+# 20. estimate vs compare on one memory basis (live tensors), 24 pairs on two CSVs from /var/lib/dpkg/status
+$PY benchmarks/memory_basis.py --out runs/bench-memory | tee runs/bench-memory.txt
+
+# 21. MFU of the demo rows: the default study (its table has the MFU column and the probe's peaks)
+$TW compare --out runs/demo-readme --force | tee runs/bench-mfu.txt

@@ -561,7 +561,7 @@ def aggregate(cells: list[Cell], trials: Trials) -> list[dict]:
     repeats = [r for spec, r in trials if ref and ref.matches(spec) and r.status == "ok"]
     floor, source = noise_floor(base, repeats)
     if len(repeats) == 2 and not any(spec.repeat for spec, _ in trials if ref and not ref.matches(spec)):
-        source = "the baseline run first and again last (--repeat 1: the other rows ran once)"
+        source = "the baseline run first and again last, --repeat 1"
     for e in table:
         e["rel_time"] = e["rel_mem"] = None
         e["noise_floor"], e["noise_source"], e["within_noise"] = floor, source, None
