@@ -32,7 +32,27 @@ def test_the_share_of_the_cpus_others_used_and_the_flag(b, share, contended):
 
 
 def test_no_proc_stat_no_figure():
-    assert between(None, _s(1, 1.0)) == {"other_cpu_share": None, "steal_share": None, "contended": None}
+    empty = {"other_cpu_share": None, "steal_share": None, "contended": None, "cpu_mhz": None}
+    assert between(None, _s(1, 1.0)) == empty
+
+
+def test_the_cpu_clock_at_the_start_and_the_end_is_kept():
+    """A clock that fell between the start and the end of the timed steps (throttling) is on record."""
+    from dataclasses import replace
+
+    from trainwise.measure.contention import cpu_mhz, sample
+
+    r = between(replace(_s(0, 0.0), mhz=3000.0), replace(_s(10, 10.0, own=10.0), mhz=2100.0), cpus=2)
+    assert r["cpu_mhz"] == [3000.0, 2100.0]
+    from trainwise.report.format import notes
+
+    rows = [{"strategy": "baseline", "status": "ok", "baseline": True, "cpu_mhz": [3000.0, 2100.0]}]
+    assert any("clock fell" in line and "3000 -> 2100 MHz" in line for line in notes(rows))
+    rows[0]["cpu_mhz"] = [2300.0, 2300.0]
+    assert not any("clock fell" in line for line in notes(rows))
+    if cpu_mhz() is not None:  # Linux reports it (cpufreq or /proc/cpuinfo)
+        here = sample()
+        assert here is not None and here.mhz is not None and 100 < here.mhz < 10_000
 
 
 def test_a_busy_process_beside_the_measured_one_is_seen():

@@ -65,6 +65,7 @@ class TrialResult:
     other_cpu_share: float | None = None  # of all CPUs' time
     steal_share: float | None = None  # stolen by the hypervisor
     contended: bool | None = None  # either beyond its threshold: the timings are unreliable
+    cpu_mhz: list | None = None  # the CPUs' mean clock at the start and the end of the timed steps
 
     def __post_init__(self) -> None:
         assert self.status in STATUSES, self.status

@@ -493,6 +493,7 @@ TIMING = (
     "other_cpu_share",
     "steal_share",
     "contended",
+    "cpu_mhz",
     "mfu",
 )
 # the others: medians over the repeats, each on its own (memory and quality are not timings)

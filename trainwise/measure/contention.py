@@ -6,6 +6,10 @@ CPU time (its process and its children, e.g. DataLoader workers, via psutil); th
 other processes used. A trial where others took more than CONTENDED_SHARE of the machine's CPU time, or
 the hypervisor stole more than STOLEN_SHARE, is flagged: its timings are unreliable.
 
+The CPUs' clock is read too (cpufreq's scaling_cur_freq, else /proc/cpuinfo's "cpu MHz"), at the start
+and the end of the timed steps: a clock that fell (thermal or power throttling) slows every step without
+any other process; results.json keeps both. (On virtual machines the reported clock is often constant.)
+
 GPU: other processes on the device (NVML) are not read yet; the flag is about the CPUs.
 """
 
@@ -27,6 +31,7 @@ class CpuSample:
     busy_s: float  # all CPUs' busy time (user, nice, system, irq, softirq), seconds
     steal_s: float  # time the hypervisor ran something else on our virtual CPUs
     own_s: float  # this process's and its children's CPU time
+    mhz: float | None = None  # the CPUs' mean clock, where the kernel reports it
 
 
 def sample() -> CpuSample | None:
@@ -48,13 +53,29 @@ def sample() -> CpuSample | None:
     for child in me.children(recursive=True):
         with contextlib.suppress(psutil.Error):  # gone meanwhile
             own += sum(child.cpu_times()[:2])
-    return CpuSample(time.monotonic(), (user + nice + system + irq + softirq) / tick, steal / tick, own)
+    return CpuSample(time.monotonic(), (user + nice + system + irq + softirq) / tick, steal / tick, own, cpu_mhz())
+
+
+def cpu_mhz() -> float | None:
+    """The CPUs' mean current clock in MHz: cpufreq where the kernel has it, else /proc/cpuinfo, else None."""
+    freqs = []
+    for f in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpufreq/scaling_cur_freq"):
+        with contextlib.suppress(OSError, ValueError):
+            freqs.append(int(f.read_text()) / 1000)
+    if not freqs:
+        with contextlib.suppress(OSError):
+            freqs = [
+                float(line.split(":", 1)[1])
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("cpu MHz")
+            ]
+    return round(sum(freqs) / len(freqs), 1) if freqs else None
 
 
 def between(a: CpuSample | None, b: CpuSample | None, cpus: int | None = None) -> dict:
     """The load others put on the machine between two samples: the TrialResult fields."""
     if a is None or b is None or b.at_s <= a.at_s:
-        return {"other_cpu_share": None, "steal_share": None, "contended": None}
+        return {"other_cpu_share": None, "steal_share": None, "contended": None, "cpu_mhz": None}
     capacity = (b.at_s - a.at_s) * (cpus or os.cpu_count() or 1)
     others = max(0.0, (b.busy_s - a.busy_s) - (b.own_s - a.own_s)) / capacity
     stolen = max(0.0, b.steal_s - a.steal_s) / capacity
@@ -62,4 +83,5 @@ def between(a: CpuSample | None, b: CpuSample | None, cpus: int | None = None) -
         "other_cpu_share": round(min(1.0, others), 4),
         "steal_share": round(min(1.0, stolen), 4),
         "contended": others > CONTENDED_SHARE or stolen > STOLEN_SHARE,
+        "cpu_mhz": [a.mhz, b.mhz] if a.mhz is not None and b.mhz is not None else None,
     }

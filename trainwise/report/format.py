@@ -112,6 +112,10 @@ def _mfu(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%" if x < 0.1 else f"{100 * x:.0f}%"
 
 
+def _clock_fell(mhz: list | None) -> bool:
+    return bool(mhz and mhz[0] and mhz[1] < 0.9 * mhz[0])
+
+
 def _mfu_notes(table: list[dict]) -> list[str]:
     counted = [e for e in table if e["status"] == "ok" and e.get("mfu") is not None]
     if not counted:
@@ -152,6 +156,12 @@ def notes(table: list[dict]) -> list[str]:
             "measured under load — timings unreliable (other processes' share of the CPUs during the timed "
             "steps; run again on a quiet machine): "
             + ", ".join(f"{e['strategy']} {_pct(e.get('other_cpu_share'))}" for e in loaded)
+        )
+    throttled = [e for e in table if e["status"] == "ok" and _clock_fell(e.get("cpu_mhz"))]
+    if throttled:
+        lines.append(
+            "the CPU clock fell during the timed steps (throttling: slower steps with no other process): "
+            + ", ".join(f"{e['strategy']} {e['cpu_mhz'][0]:.0f} -> {e['cpu_mhz'][1]:.0f} MHz" for e in throttled)
         )
     kinds = {e["mem_kind"] for e in table if e.get("mem_kind")}
     if "cpu_allocated" in kinds:
