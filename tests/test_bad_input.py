@@ -188,7 +188,12 @@ CASES: dict[str, tuple[list[str], str]] = {
     "train --eval-every 0": ([*T, "--eval-every", "0"], "--eval-every and --save-every must be > 0"),
     "train --patience 0": ([*T, "--patience", "0"], "--patience must be >= 1"),
     "train --min-delta nan": ([*T, "--min-delta", "nan"], f"--min-delta {FINITE} >= 0"),
-    "train --monitor accuracy": ([*T, "--monitor", "accuracy"], "--monitor must be metric or loss"),
+    "train --monitor accuracy": (
+        [*T, "--monitor", "accuracy"],
+        "--monitor must be one of metric, eval_loss, train_loss",
+    ),
+    "train --monitor loss": ([*T, "--monitor", "loss"], "--monitor loss: say which, eval_loss .* or train_loss"),
+    "tune --monitor vibes": ([*US, "{d}/good.yaml", "--monitor", "vibes"], "--monitor must be one of"),
     "train --report-to wandb": ([*T, "--report-to", "wandb"], "--report-to"),
     "train --max-length beyond positions": ([*T, "--max-length", "100000"], "--max-length 100000 is more than"),
     "train a list of plans": ([*T, "--strategies", "baseline,bf16"], "train runs one plan"),

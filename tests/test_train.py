@@ -34,7 +34,7 @@ def test_early_stopping_triggers_on_a_plateau():
     [
         ({"patience": 0}, "--patience must be >= 1"),
         ({"min_delta": -1.0}, "--min-delta must be a finite number >= 0"),
-        ({"monitor": "vibes"}, "--monitor must be metric or loss"),
+        ({"monitor": "vibes"}, "--monitor must be one of metric, eval_loss, train_loss"),
         ({"epochs": 0}, "--epochs must be > 0"),
     ],
 )
@@ -150,6 +150,28 @@ def _run(tmp_path, cls_csv, name, adopt=None, max_steps=8, **settings):
     emit = lambda e: steps.append(e) if e["event"] == "step" else None  # noqa: E731
     r = run_train(spec, tc, Path(tmp_path / name), False, emit, print, adopt=adopt)
     return r, steps
+
+
+def test_early_stopping_watches_the_evaluation_loss_when_asked(tmp_path, cls_csv):
+    """--monitor eval_loss (issue 15): every evaluation records the held-out loss, and the best step is the
+    one with the lowest; --monitor metric keeps the highest accuracy."""
+    import dataclasses
+    from pathlib import Path
+
+    from trainwise.train import run_train
+
+    from .conftest import tiny_study
+
+    spec = tiny_study(tmp_path / "s", cls_csv, "classification", ["baseline"], accum_steps=1, eval_samples=16).specs[0]
+    spec = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, lr=3e-3))
+    for monitor, pick in (("eval_loss", min), ("metric", max)):
+        tc = TrainConfig(epochs=10, max_steps=8, eval_every=2, save_every=8, monitor=monitor)
+        r = run_train(spec, tc, Path(tmp_path / monitor), False, lambda e: None, print)
+        key = "eval_loss" if monitor == "eval_loss" else "accuracy"
+        values = [e[key] for e in r.evals]
+        assert len(values) == 4 and all(v == v and v >= 0 for v in values)
+        assert r.best_value == pick(values) and r.best_step == r.evals[values.index(pick(values))]["step"]
+    assert all(0 < e["eval_loss"] < 10 for e in r.evals)  # a mean cross-entropy over 2 classes, not a sum
 
 
 def test_label_smoothing_reaches_the_training_loss(tmp_path, cls_csv):

@@ -170,7 +170,7 @@ def test_the_pbt_summary_counts_every_members_steps_and_dates_each_mutation():
     rows = {t["number"]: t for t in r.trials}
     assert rows[0]["steps"] == rows[1]["steps"] == 30 and rows[0]["value"] == 62.0
     assert rows[1]["state"] == "fail" and rows[1]["error"] == "boom" and rows[-1]["steps"] == 0
-    loss = summarise_pbt(reports[:2], [], "loss")
+    loss = summarise_pbt(reports[:2], [], "train_loss")
     assert loss.best_value == 40.0 and loss.curve == [(10, 50.0), (20, 40.0)]
 
 
@@ -197,7 +197,16 @@ def test_pbt_with_two_tiny_members_exploits_from_checkpoints(tmp_path, cls_csv):
     space = _space(tmp_path, "lr: {low: 1.0e-4, high: 1.0e-2, log: true}\nbatch_size: {choices: [8]}\n")
     out = tmp_path / "pbt"
     argv = [sys.executable, "-m", "trainwise.cli", "tune", "--space", space, "--search", "pbt", "--trials", "2"]
-    argv += ["--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--max-length", "32", "--monitor", "loss"]
+    argv += [
+        "--model-preset",
+        "bert-tiny",
+        "--train-file",
+        str(cls_csv),
+        "--max-length",
+        "32",
+        "--monitor",
+        "eval_loss",
+    ]
     argv += ["--max-steps", "6", "--eval-every", "2", "--eval-samples", "16", "--device", "cpu", "--out", str(out)]
     argv += ["--price-per-hour", "3.6"]
     run = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
@@ -269,7 +278,7 @@ def test_pbt_runs_its_members_on_a_ray_cluster_given_by_address(tmp_path, cls_cs
         space = _space(tmp_path, "lr: {low: 1.0e-4, high: 1.0e-2, log: true}\n")
         argv = [sys.executable, "-m", "trainwise.cli", "tune", "--space", space, "--search", "pbt", "--trials", "2"]
         argv += ["--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--max-length", "32", "--max-steps", "4"]
-        argv += ["--eval-every", "2", "--eval-samples", "8", "--device", "cpu", "--monitor", "loss"]
+        argv += ["--eval-every", "2", "--eval-samples", "8", "--device", "cpu", "--monitor", "train_loss"]
         argv += ["--ray-address", f"127.0.0.1:{port}", "--out", str(tmp_path / "pbt")]
         sessions = set(glob.glob("/tmp/ray/session_2*"))
         run = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)

@@ -137,7 +137,7 @@ class TrainConfig:
     save_every: int = 50
     patience: int | None = None  # early stopping: evaluations without improvement (None: off)
     min_delta: float = 0.0
-    monitor: str = "metric"  # "metric" (accuracy / ROUGE-L, higher is better) or "loss" (train loss, lower)
+    monitor: str = "metric"  # one of MONITORS: the metric (higher is better), or a loss (lower)
     keep: int = 2  # checkpoints kept besides the best
     checkpoints: bool = True  # tune's trials run without them
 
@@ -151,8 +151,33 @@ class TrainConfig:
         if self.patience is not None and self.patience <= 0:
             raise ConfigError(f"--patience must be >= 1 evaluation, got {self.patience}")
         check_number("--min-delta", self.min_delta, inclusive=True)
-        if self.monitor not in ("metric", "loss"):
-            raise ConfigError(f"--monitor must be metric or loss, not {self.monitor!r}")
+        check_monitor(self.monitor)
+
+
+# what early stopping, the best checkpoint and tune watch in an evaluation record
+MONITORS = {
+    "metric": "the task's metric on the held-out rows (accuracy / ROUGE-L), higher is better",
+    "eval_loss": "the mean loss on the held-out rows, lower is better",
+    "train_loss": "the mean training loss since the last evaluation, lower is better",
+}
+
+
+def check_monitor(monitor: str) -> None:
+    if monitor == "loss":
+        raise ConfigError("--monitor loss: say which, eval_loss (held-out rows) or train_loss (training batches)")
+    if monitor not in MONITORS:
+        raise ConfigError(f"--monitor must be one of {', '.join(MONITORS)}, not {monitor!r}")
+
+
+def maximize(monitor: str) -> bool:
+    return monitor == "metric"
+
+
+def monitored(record: dict, monitor: str) -> float | None:
+    """The watched value in an evaluation record (None when the record has none, e.g. no held-out rows)."""
+    if monitor == "metric":
+        return record.get("rougeL", record.get("accuracy"))
+    return record.get(monitor)
 
 
 @dataclass(frozen=True)

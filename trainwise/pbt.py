@@ -30,7 +30,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from trainwise.config import TrialSpec
+from trainwise.config import TrialSpec, maximize, monitored
 from trainwise.errors import ConfigError
 from trainwise.tune import PARAMS, Param, TuneResult, apply
 
@@ -88,9 +88,7 @@ def domains(space: list[Param]) -> dict:
 
 
 def objective(record: dict, monitor: str) -> float | None:
-    if monitor == "loss":
-        return record.get("train_loss")
-    return record.get("rougeL", record.get("accuracy"))
+    return monitored(record, monitor)
 
 
 # ---- a member, in a Ray worker ------------------------------------------------------------------
@@ -249,7 +247,7 @@ def run_pbt(
             param_space=space_domains,
             tune_config=tune.TuneConfig(
                 metric="objective",
-                mode="max" if train_args["monitor"] == "metric" else "min",
+                mode="max" if maximize(train_args["monitor"]) else "min",
                 scheduler=scheduler,
                 num_samples=population,
                 search_alg=BasicVariantGenerator(random_state=seed),
@@ -322,8 +320,8 @@ def summarise(
 ) -> TuneResult:
     """Rows per member, best-so-far against the steps the whole population has run, the best config
     (the one in effect when the best evaluation was made)."""
-    maximize = monitor == "metric"
-    better = (lambda a, b: a > b) if maximize else (lambda a, b: a < b)
+    higher = maximize(monitor)
+    better = (lambda a, b: a > b) if higher else (lambda a, b: a < b)
     curve: list[tuple[int, float]] = []
     spent, best_row = 0, None
     members: dict[int, dict] = {}

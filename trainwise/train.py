@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from trainwise import loop, strategies
-from trainwise.config import StudyConfig, TrainConfig, TrialSpec
+from trainwise.config import StudyConfig, TrainConfig, TrialSpec, maximize, monitored
 from trainwise.data.prepared import TrialData, load_data
 from trainwise.distributed import Ranks
 from trainwise.errors import ConfigError, RunFailed
@@ -298,7 +298,7 @@ def run_train(
 
     root = out / "checkpoints"
     state = TrainState(fingerprint=fingerprint(spec), base=fingerprint(spec, with_lr=False))
-    higher = tc.monitor == "metric"
+    higher = maximize(tc.monitor)
     stopper = EarlyStopping(tc.patience, tc.min_delta, higher)
     resumed_from = None
     if adopt is not None:
@@ -347,7 +347,7 @@ def run_train(
             record = {"step": state.step, "train_loss": sum(window) / len(window)}
             if data.n_eval:
                 record.update(data.evaluate(parts.model, parts.accelerator))
-            value = record["train_loss"] if tc.monitor == "loss" else record.get(data.metric)
+            value = monitored(record, tc.monitor)
             if value is not None:
                 best, stopped = stopper.update(float(value), state.step)
                 record["best"] = best

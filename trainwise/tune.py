@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainwise.config import StudyConfig, TrialSpec
+from trainwise.config import StudyConfig, TrialSpec, check_monitor, maximize, monitored
 from trainwise.errors import ConfigError, RunFailed, check_number
 from trainwise.launcher import _kill_group, events
 from trainwise.lifeline import bound_to_me
@@ -225,7 +225,7 @@ def run_tune(
         storage=f"sqlite:///{out / 'tune.sqlite'}",
         sampler=sampler,
         pruner=pruner,
-        direction="maximize" if train_args["monitor"] == "metric" else "minimize",
+        direction="maximize" if maximize(train_args["monitor"]) else "minimize",
         load_if_exists=True,
     )
     for killed in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
@@ -259,13 +259,13 @@ def _summarise(study) -> TuneResult:
 
     finished = [t for t in study.trials if t.state.is_finished()]
     rows, curve, spent, best, machine_s = [], [], 0, None, 0.0
-    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    higher = study.direction == optuna.study.StudyDirection.MAXIMIZE
     for t in sorted(finished, key=lambda t: t.number):
         steps = int(t.user_attrs.get("steps", 0))
         spent += steps
         machine_s += float(t.user_attrs.get("wall_s", 0.0))
         complete = t.state == optuna.trial.TrialState.COMPLETE and t.value is not None
-        if complete and (best is None or (t.value > best if maximize else t.value < best)):
+        if complete and (best is None or (t.value > best if higher else t.value < best)):
             best = t.value
         row = {"number": t.number, "state": t.state.name.lower(), "value": t.value, "params": t.params, "steps": steps}
         rows.append({**row, **({"error": t.user_attrs["error"]} if "error" in t.user_attrs else {})})
@@ -298,7 +298,7 @@ def _run_one(
         preexec_fn=bound_to_me(),  # its own session, and it dies with this process
     )
     state, value, steps = "fail", None, 0
-    key = "train_loss" if train_args["monitor"] == "loss" else None
+    monitor = train_args["monitor"]
     expired = threading.Event()
 
     def expire() -> None:
@@ -311,9 +311,9 @@ def _run_one(
         for event in events(proc):
             if event.get("event") == "eval":
                 steps = event["step"]
-                v = event.get(key or _metric_key(event))
+                v = monitored(event, monitor)
                 if v is not None and math.isfinite(v):
-                    value = v if value is None else (max(value, v) if key is None else min(value, v))
+                    value = v if value is None else (max(value, v) if maximize(monitor) else min(value, v))
                     trial.report(v, steps)
                     if trial.should_prune():
                         state = "pruned"
@@ -340,10 +340,6 @@ def _last_line(log: Path) -> str:
     except OSError:
         return "no stderr.log"
     return lines[-1][:300] if lines else "it exited without a word"
-
-
-def _metric_key(event: dict) -> str:
-    return "rougeL" if "rougeL" in event else "accuracy"
 
 
 def _trial_main(argv: list[str]) -> int:
@@ -393,6 +389,7 @@ class TuneConfig:
 
     def __post_init__(self) -> None:
         check_search(self.search)
+        check_monitor(self.monitor)
         if self.trials <= 0:
             raise ConfigError(f"--trials must be > 0, got {self.trials}")
         check_number("--trial-timeout", self.trial_timeout)

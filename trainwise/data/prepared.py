@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from trainwise.config import TrialSpec
 from trainwise.data.metrics import accuracy, text_metrics
-from trainwise.data.tasks import Batch, Collator, Encoded, EncodedDataset, encode
+from trainwise.data.tasks import IGNORE_INDEX, Batch, Collator, Encoded, EncodedDataset, encode
 from trainwise.models import ModelSource, load_tokenizer
 from trainwise.vision import IMAGE_TASK, ImageDataset, Images, collate_images, read_images
 
@@ -103,18 +104,34 @@ def _image_data(spec: TrialSpec) -> TrialData:
 
 @torch.no_grad()
 def evaluate_text(model, accelerator, enc: Encoded, gold: list[str], spec: TrialSpec, tokenizer, labels) -> dict:
+    """The task's metric on the held-out rows, and their loss (`eval_loss`: the mean cross-entropy per
+    item, with teacher forcing for seq2seq), what early stopping on the evaluation loss watches."""
     s = spec.settings
     model.eval()
     collate = Collator(s.task, tokenizer.pad_token_id, "longest", s.max_length, s.max_target_length)
     ds = EncodedDataset(enc)
     preds: list = []
+    loss_sum, items = 0.0, 0
     for start in range(0, len(ds), s.batch_size):
         batch = collate([ds[i] for i in range(start, min(start + s.batch_size, len(ds)))]).to(accelerator.device)
         with accelerator.autocast():
             if s.task == "classification":
-                preds += model(**batch.inputs).logits.argmax(-1).tolist()
+                logits = model(**batch.inputs).logits
+                preds += logits.argmax(-1).tolist()
+                loss_sum += float(F.cross_entropy(logits.float(), batch.labels, reduction="sum"))
             else:
-                out = accelerator.unwrap_model(model).generate(
+                raw = accelerator.unwrap_model(model)
+                decoder_ids = raw.prepare_decoder_input_ids_from_labels(labels=batch.labels)
+                logits = model(**batch.inputs, decoder_input_ids=decoder_ids).logits
+                loss_sum += float(
+                    F.cross_entropy(
+                        logits.float().reshape(-1, logits.shape[-1]),
+                        batch.labels.reshape(-1),
+                        ignore_index=IGNORE_INDEX,
+                        reduction="sum",
+                    )
+                )
+                out = raw.generate(
                     **batch.inputs,
                     max_new_tokens=s.max_target_length,
                     num_beams=s.num_beams,
@@ -122,19 +139,23 @@ def evaluate_text(model, accelerator, enc: Encoded, gold: list[str], spec: Trial
                     do_sample=False,
                 )
                 preds += tokenizer.batch_decode(out, skip_special_tokens=True)
+        items += batch.loss_items
     model.train()
+    eval_loss = {"eval_loss": loss_sum / items} if items else {}
     if s.task == "classification":
-        return {"accuracy": 100 * accuracy(preds, [labels.index(g) for g in gold])}
-    return text_metrics([p.strip() for p in preds], gold)
+        return {"accuracy": 100 * accuracy(preds, [labels.index(g) for g in gold]), **eval_loss}
+    return {**text_metrics([p.strip() for p in preds], gold), **eval_loss}
 
 
 @torch.no_grad()
 def evaluate_images(model, accelerator, ds, batch_size: int) -> dict[str, float]:
     model.eval()
-    correct = 0
+    correct, loss_sum = 0, 0.0
     for start in range(0, len(ds), batch_size):
         batch = collate_images([ds[i] for i in range(start, min(start + batch_size, len(ds)))]).to(accelerator.device)
         with accelerator.autocast():
-            correct += int((model(**batch.inputs).logits.argmax(-1) == batch.labels).sum())
+            logits = model(**batch.inputs).logits
+            correct += int((logits.argmax(-1) == batch.labels).sum())
+            loss_sum += float(F.cross_entropy(logits.float(), batch.labels, reduction="sum"))
     model.train()
-    return {"accuracy": 100 * correct / len(ds)}
+    return {"accuracy": 100 * correct / len(ds), "eval_loss": loss_sum / len(ds)}
