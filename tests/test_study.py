@@ -221,6 +221,41 @@ def test_one_repeat_runs_the_baseline_again_last_for_the_noise_floor(tmp_path, c
     assert len(alone.specs) == 1
 
 
+def test_quality_from_random_weights_is_said_to_be_so(tmp_path, cls_csv):
+    """Issue 15, part 4: a text size preset has random weights; its quality cells, the notes and advise say
+    "random init: quality not meaningful". A pretrained model's (a local directory) are not marked."""
+    import dataclasses
+
+    from trainwise.advise import Constraints, advise
+    from trainwise.report.format import cells, headers, notes
+    from trainwise.results import TrialResult
+
+    study = tiny_study(tmp_path, cls_csv, "classification", ["baseline", "bf16"], eval_samples=0)
+    made = lambda s: TrialResult(  # noqa: E731
+        s.row,
+        "ok",
+        samples_per_s=10.0,
+        step_time_s=0.1,
+        train_loss=1.0,
+        peak_mem_bytes=10,
+        metric=40.0,
+        metric_name="accuracy",
+    )
+    table = aggregate(study.cells, [(s, made(s)) for s in study.specs])
+    assert all(e["random_init"] for e in table)
+    assert dict(zip(headers(table), cells(table[0]), strict=True))["quality"] == "acc 40.0% (random init)"
+    assert any(line.startswith("random init: quality not meaningful") for line in notes(table))
+    assert any(n.startswith("random init: quality not meaningful") for n in advise(table, Constraints()).notes)
+    pretrained = [
+        (dataclasses.replace(s, settings=dataclasses.replace(s.settings, model_kind="dir")), made(s))
+        for s in study.specs
+    ]
+    table = aggregate(study.cells, pretrained)
+    assert not any(e["random_init"] for e in table)
+    assert not any("random init" in line for line in notes(table))
+    assert dict(zip(headers(table), cells(table[0]), strict=True))["quality"] == "acc 40.0%"
+
+
 @pytest.mark.slow
 def test_batch_size_and_worker_sweep_with_an_oom_cell(tmp_path, cls_csv, monkeypatch, capsys):
     """--batch-sizes x --num-workers: one cell per combination; an OOM at a size is a cell, not an abort."""

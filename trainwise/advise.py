@@ -130,6 +130,10 @@ def advise(rows: list[dict], constraints: Constraints) -> Advice:
         ]
         return Advice(None, verdicts, None, ["no row finished ok; nothing to advise on", *notes])
 
+    if any(r.get("random_init") and r.get("metric") is not None for r in ok):
+        from trainwise.report.format import RANDOM_INIT_NOTE
+
+        notes.append(RANDOM_INIT_NOTE)
     key = _objective_key(constraints.objective)
     reference = next((r for r in ok if r.get("baseline")), None) or min(ok, key=key)
     if not reference.get("baseline"):

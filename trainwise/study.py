@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from trainwise import strategies
-from trainwise.config import IMAGE_TASK, Cell, DataOrigin, StudyConfig, TrialSettings, TrialSpec
+from trainwise.config import IMAGE_TASK, TEXT_TASKS, Cell, DataOrigin, StudyConfig, TrialSettings, TrialSpec
 from trainwise.data.builtin import BUILTIN_DATASETS
 from trainwise.data.sources import load_rows
 from trainwise.errors import ConfigError, RunFailed
@@ -523,8 +523,11 @@ def aggregate(cells: list[Cell], trials: Trials) -> list[dict]:
             continue
         ok = [r for r in results if r.status == "ok"]
         first = (ok or results)[-1]
+        settings = next(spec.settings for spec, _ in trials if cell.matches(spec))
         entry: dict = {
             "strategy": cell.label(),
+            # a text size preset: random weights, so a few steps' quality says nothing about fine-tuning
+            "random_init": settings.model_kind == "preset" and settings.task in TEXT_TASKS,
             "row": cell.row.text,
             "baseline": cell.row.is_baseline,
             "batch_size": cell.batch_size,

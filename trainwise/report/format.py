@@ -69,10 +69,18 @@ def _pct(x: float | None) -> str:
 def quality(e: dict) -> str:
     if e.get("metric") is None:
         return "-"
+    mark = " (random init)" if e.get("random_init") else ""
     if e["metric_name"] == "accuracy":
-        return f"acc {e['metric']:.1f}%"
+        return f"acc {e['metric']:.1f}%{mark}"
     m = e.get("metrics", {})
-    return f"R-L {e['metric']:.1f} / BLEU {m.get('bleu', 0):.1f}"
+    return f"R-L {e['metric']:.1f} / BLEU {m.get('bleu', 0):.1f}{mark}"
+
+
+RANDOM_INIT_NOTE = (
+    "random init: quality not meaningful — the model is a size preset with random weights, so its quality "
+    "after a short trial measures learning from scratch, not what fine-tuning a pretrained model reaches; "
+    "pass --model with pretrained weights (a local directory, a hub id, all-MiniLM-L6-v2) to compare quality."
+)
 
 
 def footnotes(table: list[dict]) -> dict[str, int]:
@@ -180,6 +188,8 @@ def notes(table: list[dict]) -> list[str]:
         lines.append("peak mem (CUDA): torch.cuda.max_memory_allocated over the training steps.")
     lines.append("state: weights + gradients + optimizer state bytes, counted from the tensors.")
     lines += _mfu_notes(table)
+    if any(e.get("random_init") and e.get("metric") is not None for e in table):
+        lines.append(RANDOM_INIT_NOTE)
     priced = next((e for e in table if e.get("cost_note")), None)
     if priced:
         lines.append(f"$/epoch: USD for one projected epoch at {priced['cost_note']}.")
