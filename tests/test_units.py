@@ -36,6 +36,16 @@ def test_text_metrics_perfect_and_disjoint():
     assert none["rouge1"] == 0 and none["bleu"] < 1
 
 
+def test_bleu_1_to_4_are_cumulative_n_gram_scores():
+    """Seed 002's BLEU-1..4: right words in the wrong order score BLEU-1 100 and lose from BLEU-2 on."""
+    gold = ["return the sum of two numbers"]
+    shuffled = text_metrics(["numbers two of sum the return"], gold)
+    assert shuffled["bleu1"] == pytest.approx(100)
+    assert shuffled["bleu1"] > shuffled["bleu2"] > shuffled["bleu3"] >= shuffled["bleu4"]
+    assert shuffled["bleu4"] == pytest.approx(shuffled["bleu"])  # sacrebleu's BLEU is BLEU-4
+    assert text_metrics(gold, gold)["bleu2"] == pytest.approx(100)
+
+
 def test_accuracy():
     assert accuracy([1, 2, 3, 4], [1, 2, 0, 0]) == 0.5
 
