@@ -92,6 +92,23 @@ def test_the_budget_is_compared_with_tensors_plus_runtime_like_the_estimates_tot
     assert advise(rows, Constraints(memory_budget_bytes=5 * GiB)).recommended == "grad_ckpt"
 
 
+def test_time_and_cost_budgets_exclude_rows_by_their_epoch():
+    """Issue 15, part 3: --max-epoch-time against the projected epoch, --max-epoch-cost against $/epoch."""
+    rows = [{**r, "epoch_time_s": 1000 / r["samples_per_s"]} for r in ROWS if r["status"] == "ok"]
+    a = advise(rows, Constraints.of({"max_epoch_time": "120s"}))  # baseline 100 s, grad_ckpt 137 s
+    assert "grad_ckpt" not in {v.strategy for v in a.verdicts if v.feasible} and a.recommended == "bf16"
+    reason = next(v for v in a.verdicts if v.strategy == "grad_ckpt").reason
+    assert "an epoch takes 2.3 min, more than --max-epoch-time 2.0 min" in reason
+    priced = [{**r, "cost_per_epoch": r["epoch_time_s"] * 0.01} for r in rows]  # $36/h
+    a = advise(priced, Constraints.of({"max_epoch_cost": 0.5}))  # bf16 $0.40; the others $1.00 and more
+    assert {v.strategy for v in a.verdicts if v.feasible} == {"bf16"}
+    with pytest.raises(ConfigError, match="the study has no prices"):
+        advise(rows, Constraints.of({"max_epoch_cost": 0.5}))
+    for bad in ("soon", "-3m", "0s"):
+        with pytest.raises(ConfigError, match="--max-epoch-time"):
+            Constraints.of({"max_epoch_time": bad})
+
+
 def test_quality_objective_and_impossible_budget():
     a = advise(ROWS, Constraints(objective="quality"))
     assert a.recommended == "baseline"  # of the 80-point rows, the fastest

@@ -151,6 +151,11 @@ CASES: dict[str, tuple[list[str], str]] = {
     "advise an empty dir": (["advise", "{d}/emptydir"], "emptydir: no results.json"),
     "advise a foreign dir": (["advise", "{d}/foreign"], "foreign: no results.json"),
     "advise a file": (["advise", "{d}/ok.csv"], "ok.csv: not a study directory"),
+    "advise --max-epoch-time soon": (["advise", "{d}/emptydir", "--max-epoch-time", "soon"], "--max-epoch-time 'soon'"),
+    "advise --max-epoch-cost nan": (
+        ["advise", "{d}/emptydir", "--max-epoch-cost", "nan"],
+        f"--max-epoch-cost {FINITE}",
+    ),
     "advise results not UTF-8": (["advise", "{d}/latin1-study"], "results.json: not a trainwise results file"),
     "advise results not JSON": (["advise", "{d}/notjson-study"], "results.json: not a trainwise results file"),
     "advise results nested deeply": (["advise", "{d}/deep-study"], "results.json: not a trainwise results file"),

@@ -47,17 +47,44 @@ def parse_bytes(text: str, option: str = "--memory-budget") -> int:
     return int(value)
 
 
+_SECONDS = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+
+
+def parse_seconds(text: str, option: str) -> float:
+    """'90s' -> 90, '30m' -> 1800, '2.5h' -> 9000, '120' -> 120; ConfigError on anything else."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _SECONDS or float(m.group(1)) <= 0:
+        raise ConfigError(f"{option} {text!r}: give a positive duration such as 90s, 30m or 2h")
+    return float(m.group(1)) * _SECONDS[m.group(2).lower()]
+
+
 @dataclass(frozen=True)
 class Constraints:
     objective: str = "time"
     memory_budget_bytes: int | None = None
     max_quality_drop: float | None = None  # in the metric's own units (accuracy points, ROUGE points)
+    max_epoch_s: float | None = None  # time budget: the projected epoch of a row
+    max_epoch_usd: float | None = None  # cost budget: a row's $/epoch (a priced study)
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise ConfigError(f"--objective must be one of {', '.join(OBJECTIVES)}, not {self.objective!r}")
         if self.max_quality_drop is not None:
             check_number("--max-quality-drop", self.max_quality_drop, inclusive=True)
+        if self.max_epoch_usd is not None:
+            check_number("--max-epoch-cost", self.max_epoch_usd)
+
+    @classmethod
+    def of(cls, params: dict) -> Constraints:
+        """From the `advise` command's options."""
+        memory, epoch = params.get("memory_budget"), params.get("max_epoch_time")
+        return cls(
+            params.get("objective", "time"),
+            parse_bytes(memory) if memory is not None else None,
+            params.get("max_quality_drop"),
+            parse_seconds(epoch, "--max-epoch-time") if epoch is not None else None,
+            params.get("max_epoch_cost"),
+        )
 
 
 @dataclass
@@ -114,6 +141,16 @@ def _objective_key(objective: str):
     return lambda r: (_time(r), r["peak_mem_bytes"])  # time and cost rank alike on one device
 
 
+def _duration(seconds: float) -> str:
+    return (
+        f"{seconds:.0f} s"
+        if seconds < 120
+        else f"{seconds / 60:.1f} min"
+        if seconds < 7200
+        else f"{seconds / 3600:.1f} h"
+    )
+
+
 def _pct(x: float) -> str:
     return f"{100 * (x - 1):+.0f}%"
 
@@ -144,7 +181,17 @@ def advise(rows: list[dict], constraints: Constraints) -> Advice:
     budget = constraints.memory_budget_bytes
     ref_q = reference.get("metric")
 
+    if constraints.max_epoch_usd is not None and not any(r.get("cost_per_epoch") is not None for r in ok):
+        raise ConfigError(
+            "--max-epoch-cost: the study has no prices; run compare with --price-per-hour or --sku (or --price-file)"
+        )
+
     def infeasible_reason(r: dict) -> str | None:
+        epoch, usd = r.get("epoch_time_s"), r.get("cost_per_epoch")
+        if constraints.max_epoch_s is not None and epoch is not None and epoch > constraints.max_epoch_s:
+            return f"an epoch takes {_duration(epoch)}, more than --max-epoch-time {_duration(constraints.max_epoch_s)}"
+        if constraints.max_epoch_usd is not None and usd is not None and usd > constraints.max_epoch_usd:
+            return f"an epoch costs ${usd:.4g}, more than --max-epoch-cost ${constraints.max_epoch_usd:g}"
         if budget is not None and needs(r) > budget:
             return (
                 f"needs {human_bytes(needs(r))} (peak tensors {human_bytes(r['peak_mem_bytes'])} + runtime), "

@@ -100,6 +100,8 @@ def advise(
     objective: Annotated[str, Opt(help="What to optimise: time, cost or quality.")] = "time",
     memory_budget: Annotated[str | None, Opt(help="Largest acceptable peak memory, e.g. 11GB, 900MiB.")] = None,
     max_quality_drop: Annotated[float | None, Opt(help="Largest acceptable quality drop, in its units.")] = None,
+    max_epoch_time: Annotated[str | None, Opt(help="Time budget: longest acceptable epoch, e.g. 30m, 2h.")] = None,
+    max_epoch_cost: Annotated[float | None, Opt(help="Cost budget: USD per epoch (a priced study).")] = None,
     as_json: Annotated[bool, Opt("--json", help="Print the advice as JSON.")] = False,
     run: Annotated[bool, Opt("--run", help="Run (or resume) the study into STUDY first, as compare.")] = False,
     model: o.Model = None,
@@ -119,11 +121,10 @@ def advise(
     """
     from dataclasses import asdict
 
-    from trainwise.advise import Constraints, advise_study, parse_bytes, partial_note
+    from trainwise.advise import Constraints, advise_study, partial_note
     from trainwise.report import terminal
 
-    budget = parse_bytes(memory_budget) if memory_budget is not None else None
-    constraints = Constraints(objective, budget, max_quality_drop)
+    constraints = Constraints.of(ctx.params)
     if run:
         cfg = study_config(ctx.params, out=study, warmup_steps=min(default("warmup_steps"), max_steps - 1))
         run_compare(cfg, console=terminal.err if as_json else terminal.out)
@@ -131,10 +132,7 @@ def advise(
         result = advise_study(Path(study), constraints)
     if partial := partial_note(Path(study)):
         terminal.say(f"trainwise: note: {partial}", terminal.err)
-    if as_json:
-        terminal.out.print_json(json.dumps(asdict(result)))
-    else:
-        terminal.advise_table(result, study, objective)
+    terminal.out.print_json(json.dumps(asdict(result))) if as_json else terminal.advise_table(result, study, objective)
 
 
 @app.command()
