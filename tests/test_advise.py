@@ -208,3 +208,23 @@ def test_advise_runs_the_study_on_the_fly_and_adds_batch_hints(tmp_path, cls_csv
     assert "not needed for memory at batch 8: baseline fits up to ~" in hint
     assert int(hint.rsplit("~", 1)[1]) > 8
     assert "baseline fits" not in verdicts["baseline"]["reason"]
+
+
+@pytest.mark.slow
+def test_a_batch_hint_never_contradicts_a_measured_row(tmp_path, cls_csv, monkeypatch):
+    """Issue 15, part 3: the hints come from the estimate, but a row measured within the budget at the
+    study's batch is never said to fit only below it ("fits up to ~0" beside a feasible row)."""
+    import trainwise.estimate
+    from trainwise.advise import advise_study, needs
+
+    out = tmp_path / "study"
+    argv = ["compare", "--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--device", "cpu"]
+    argv += ["--strategies", "baseline,grad_ckpt", "--batch-size", "8", "--max-length", "32", "--max-steps", "2"]
+    assert main([*argv, "--warmup-steps", "1", "--eval-samples", "0", "--out", str(out)]) == 0
+    rows = json.loads((out / "results.json").read_text())
+    budget = max(needs(r) for r in rows) + 1  # every row measured within it
+    monkeypatch.setattr(trainwise.estimate, "largest_batch", lambda *a, **k: 0)  # an estimate that disagrees
+    advice = advise_study(out, Constraints(memory_budget_bytes=budget))
+    assert all(v.feasible for v in advice.verdicts)
+    reasons = " ".join(v.reason for v in advice.verdicts)
+    assert "~0" not in reasons and "baseline fits up to ~8" in reasons, reasons
