@@ -197,17 +197,9 @@ def test_pbt_with_two_tiny_members_exploits_from_checkpoints(tmp_path, cls_csv):
     space = _space(tmp_path, "lr: {low: 1.0e-4, high: 1.0e-2, log: true}\nbatch_size: {choices: [8]}\n")
     out = tmp_path / "pbt"
     argv = [sys.executable, "-m", "trainwise.cli", "tune", "--space", space, "--search", "pbt", "--trials", "2"]
-    argv += [
-        "--model-preset",
-        "bert-tiny",
-        "--train-file",
-        str(cls_csv),
-        "--max-length",
-        "32",
-        "--monitor",
-        "eval_loss",
-    ]
-    argv += ["--max-steps", "6", "--eval-every", "2", "--eval-samples", "16", "--device", "cpu", "--out", str(out)]
+    argv += ["--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--max-length", "32"]
+    argv += ["--monitor", "eval_loss", "--max-steps", "6", "--eval-every", "2", "--eval-samples", "16"]
+    argv += ["--device", "cpu", "--out", str(out)]
     argv += ["--price-per-hour", "3.6"]
     run = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
