@@ -98,13 +98,14 @@ def test_compare_writes_every_report_and_resumes(tmp_path, cls_csv, capsys, monk
     assert "| baseline | ok |" in (out / "report.md").read_text()
     assert (out / "chart.png").read_bytes()[:4] == b"\x89PNG"
     with sqlite3.connect(out / "study.sqlite") as db:
-        assert db.execute("SELECT COUNT(*) FROM trials").fetchone()[0] == 3
+        assert db.execute("SELECT COUNT(*) FROM trials").fetchone()[0] == 4  # + the baseline again, last
+    assert rows[0]["repeats"] == 2 and "run first and again last" in rows[0]["noise_source"]
 
     # the same command again: every trial comes from the store, nothing is re-run
     monkeypatch.setenv("TRAINWISE_FAULT", "baseline:raise@1")  # would fail if baseline ran again
     assert main(argv) == 0
     second = capsys.readouterr()
-    assert second.err.count("(stored)") == 3
+    assert second.err.count("(stored)") == 4
     assert json.loads((out / "results.json").read_text())[0]["status"] == "ok"
 
 
