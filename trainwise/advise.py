@@ -306,10 +306,51 @@ def study_row(study: Path, name: str | None, flag: str = "--study") -> dict:
     return found
 
 
+def with_quality(rows: list[dict], verdicts: dict) -> tuple[list[dict], str]:
+    """Rows whose quality is the quality phase's (quality/quality.json), not the speed trials': a row's
+    metric becomes its seeds' mean, or the baseline's when the difference is not significant (so it
+    neither dominates nor is excluded by --max-quality-drop on noise); rows the phase did not train
+    have no quality. Returns the rows and a note saying so."""
+    from trainwise.quality import NOT_SIGNIFICANT
+
+    by_row = {q["strategy"]: q for q in verdicts["rows"]}
+    reference = next((q for q in verdicts["rows"] if q["verdict"] == "reference"), None)
+    out = []
+    for r in rows:
+        q = by_row.get(r.get("row", r["strategy"]))
+        if q is None:
+            out.append({**r, "metric": None})
+            continue
+        metric = reference["mean"] if q["verdict"] == NOT_SIGNIFICANT and reference is not None else q["mean"]
+        verdict = f"{q['verdict']} ({q['low']:.2f}-{q['high']:.2f} over {len(q['values'])} seeds)"
+        out.append({**r, "metric": metric, "quality_verdict": verdict})
+    steps = verdicts["rows"][0]["steps"] if verdicts["rows"] else 0
+    note = (
+        f"quality from the quality phase ({steps} steps x {verdicts['seeds']} seeds) for "
+        + ", ".join(by_row)
+        + "; a difference inside the seeds' ranges counts as none; the other rows' short-trial quality is not used"
+    )
+    return out, note
+
+
 def advise_study(study: Path, constraints: Constraints) -> Advice:
-    """advise on a study's results; with a memory budget, each memory-saving row gets a batch hint."""
+    """advise on a study's results (with the quality phase's verdicts when it ran); with a memory budget,
+    each memory-saving row gets a batch hint."""
+    from trainwise.quality import read
+
     rows = read_results(study)
+    verdicts, note = read(study), None
+    if verdicts is not None:
+        rows, note = with_quality(rows, verdicts)
     result = advise(rows, constraints)
+    if note:
+        result.notes.insert(0, note)
+        result.verdicts = [
+            dataclasses.replace(v, reason=f"{v.reason}; quality: {r['quality_verdict']}")
+            if (r := next((x for x in rows if x["strategy"] == v.strategy), None)) and r.get("quality_verdict")
+            else v
+            for v in result.verdicts
+        ]
     if constraints.memory_budget_bytes is not None:
         hints = batch_hints(study, rows, constraints.memory_budget_bytes)
         result.verdicts = [

@@ -49,6 +49,7 @@ class StudyConfig:
     warmup_steps: int = 3
     repeat: int = 1
     remeasure: bool = True  # --repeat 1: run the baseline again as the last trial (noise floor, drift)
+    seed_per_repeat: bool = False  # the quality phase: repeat r trains with seed + r (a seed spread, not timing)
     lr: float | None = None  # None: DEFAULT_LR of the task
     seed: int = 0
     device: str = "auto"

@@ -243,7 +243,12 @@ def _specs(cfg: StudyConfig, settings, fingerprint: str, unsupported: dict[str, 
             c.row.text,
             rep,
             c.row.plan,
-            dataclasses.replace(settings, batch_size=c.batch_size, num_workers=c.workers),
+            dataclasses.replace(
+                settings,
+                batch_size=c.batch_size,
+                num_workers=c.workers,
+                seed=settings.seed + rep if cfg.seed_per_repeat else settings.seed,
+            ),
             {"data": fingerprint},
         )
         for rep in range(cfg.repeat)  # repeats interleaved: drift on a shared machine hits every row alike

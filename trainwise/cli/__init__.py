@@ -5,7 +5,6 @@ Bad input (a ConfigError, or a usage error from the parser) prints one line and 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import typer
 # typer (pinned in requirements.lock) vendors click; its usage errors are these classes.
 from typer._click.exceptions import ClickException, NoArgsIsHelpError
 
+from trainwise import quality
 from trainwise import strategies as catalogue
 from trainwise.cli import options as o
 from trainwise.cli.options import default, int_list, price, study_config
@@ -69,16 +69,19 @@ def compare(
     preemptions_per_hour: o.Preemptions = 0.5,
     checkpoint_minutes: Annotated[float, Opt(help="Cost, low-priority: minutes between checkpoints.")] = 30.0,
     profile: Annotated[bool, Opt(help="A torch.profiler trace of each trial's steps (adds overhead).")] = False,
+    quality_steps: Annotated[int | None, Opt(help="Then train the Pareto rows this long for quality.")] = None,
+    seeds: Annotated[int, Opt(help="Quality phase: seeds per row (the spread of the verdicts).")] = 2,
 ) -> None:
     """Run one trial per strategy row on the same model and data; print the comparison table."""
+    quality.check(quality_steps, seeds)
     cost = price(ctx.params)
     sweeps = {"batch_sizes": int_list(batch_sizes, "--batch-sizes") if batch_sizes else ()}
     cfg = study_config(ctx.params, **sweeps, num_workers=int_list(num_workers, "--num-workers"))
-    run_compare(cfg, cost)
+    run_compare(cfg, cost, steps_seeds=(quality_steps, seeds) if quality_steps else None)
 
 
-def run_compare(cfg, cost=None, console=None) -> None:
-    """Prepare, run (or resume) and report a study; shared by `compare` and `advise --run`."""
+def run_compare(cfg, cost=None, console=None, steps_seeds: tuple[int, int] | None = None) -> None:
+    """Prepare, run (or resume) and report a study, then its quality phase (`quality`: steps, seeds)."""
     from trainwise.launcher import launch
     from trainwise.report import terminal
     from trainwise.study import check_some_ok, prepare_study, report, run_study
@@ -91,6 +94,8 @@ def run_compare(cfg, cost=None, console=None) -> None:
     done = report(prepared, trials, cost)
     terminal.compare_table(done, console)
     check_some_ok(done.table)  # exit 1 when the study ran and no trial produced a result
+    if steps_seeds is not None:
+        quality.run_quality(cfg, done.table, *steps_seeds, launch, terminal.study_progress, terminal.quality_table)
 
 
 @app.command()
@@ -176,6 +181,7 @@ def estimate(
 
 @app.command()
 def export(
+    ctx: typer.Context,
     out: Annotated[str, Opt(help="Directory to write the files into.")] = "runs/export",
     study: Annotated[str | None, Opt(help="Model and settings from this study; the plan: advise's pick.")] = None,
     strategies: Annotated[str | None, Opt(help="The plan to export, one '+' combination, e.g. bf16+grad_ckpt.")] = None,
@@ -201,17 +207,9 @@ def export(
     """Write a plan as TrainingArguments JSON + Python snippet, accelerate config, ds_config.json (ZeRO) and
     the equivalent `trainwise train` command."""
     from trainwise.export import ExportConfig, export_plan
-    from trainwise.report.terminal import say
+    from trainwise.report.terminal import export_report
 
-    lengths = (max_length, max_target_length)
-    cfg = ExportConfig(study, strategies, model, model_preset, task, batch_size, accum_steps, *lengths, lr, max_steps)
-    cfg = dataclasses.replace(cfg, nproc=nproc, zero=zero, offload=offload, device=device, force=force)
-    row, paths, notes = export_plan(cfg, Path(out))
-    say(f"exported plan {row!r}:")
-    for p in paths:
-        say(f"  {p}")
-    for note in notes:
-        say(f"  {note}" if note.startswith(("data:", "batch:")) else f"  note: {note}")
+    export_report(*export_plan(ExportConfig.of(ctx.params), Path(out)))
 
 
 @app.command("find-batch")

@@ -150,6 +150,42 @@ def estimate_table(report: Any) -> None:
         say(f"  {line}")
 
 
+def export_report(row: str, paths: list, notes: list[str]) -> None:
+    say(f"exported plan {row!r}:")
+    for p in paths:
+        say(f"  {p}")
+    for note in notes:
+        say(f"  {note}" if note.startswith(("data:", "batch:")) else f"  note: {note}")
+
+
+def quality_table(rows: list, seeds: int) -> None:
+    """The quality phase: each candidate's metric and evaluation loss over the seeds, and its verdict."""
+    from trainwise.report.format import RANDOM_INIT_NOTE
+
+    if not rows:
+        return
+    name = rows[0].metric_name
+    title = f"trainwise compare: quality phase, {rows[0].steps} steps x {seeds} seed(s)"
+    grid = _grid(title, ["strategy", f"{name} mean", "seeds' range", "eval loss", "vs baseline", "verdict"])
+    for r in rows:
+        grid.add_row(
+            r.strategy,
+            f"{r.mean:.2f}",
+            f"{r.low:.2f} - {r.high:.2f}",
+            "-" if r.eval_loss is None else f"{r.eval_loss:.3f}",
+            "-" if r.delta is None else f"{r.delta:+.2f}",
+            r.verdict,
+        )
+    out.print(grid)
+    say(
+        "  a difference is called only when the seeds' ranges do not overlap"
+        + (" (2 seeds: a coarse test; --seeds 3 or more narrows it)" if seeds == 2 else "")
+        + "; advise reads these verdicts (quality/quality.json) instead of the speed trials' quality."
+    )
+    if rows[0].random_init:
+        say(f"  {RANDOM_INIT_NOTE}")
+
+
 def find_batch_table(report: Any) -> None:
     result = report.result
     process = "reserved+ctx" if report.device == "cuda" else "RSS"

@@ -1,0 +1,119 @@
+"""The quality phase (issue 15, part 1): candidates, seeds, verdicts with their spread, and advise using them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainwise.advise import Constraints, advise, with_quality
+from trainwise.cli import main
+from trainwise.quality import NOT_SIGNIFICANT, candidates, quality_config, verdicts
+from trainwise.results import TrialResult
+
+from .conftest import tiny_study
+
+
+def _trials(study, made: dict[str, list[float]]):
+    return [
+        (
+            spec,
+            TrialResult(
+                spec.row,
+                "ok",
+                spec.repeat,
+                metric=made[spec.row][spec.repeat],
+                metric_name="accuracy",
+                metrics={"eval_loss": 1.0 + spec.repeat},
+            ),
+        )
+        for spec in study.specs
+    ]
+
+
+def test_verdicts_call_a_difference_only_outside_the_seeds_ranges(tmp_path, cls_csv):
+    rows = ["baseline", "bf16", "smart_batch", "grad_accum"]
+    study = tiny_study(tmp_path, cls_csv, "classification", rows, eval_samples=0, repeat=2, seed_per_repeat=True)
+    assert [s.settings.seed for s in study.specs] == [0] * 4 + [1] * 4, "one seed per repeat"
+    made = {"baseline": [40, 44], "bf16": [43, 46], "smart_batch": [50, 52], "grad_accum": [30, 35]}
+    found = {r.strategy: r for r in verdicts(_trials(study, made), random_init=True)}
+    assert found["baseline"].verdict == "reference" and found["baseline"].mean == 42
+    assert found["bf16"].verdict == NOT_SIGNIFICANT and found["bf16"].delta == pytest.approx(2.5)
+    assert found["smart_batch"].verdict == "better" and found["grad_accum"].verdict == "worse"
+    assert found["bf16"].eval_loss == pytest.approx(1.5) and (found["bf16"].low, found["bf16"].high) == (43, 46)
+    one = tiny_study(tmp_path / "one", cls_csv, "classification", rows[:2], eval_samples=0)
+    assert verdicts(_trials(one, made), False)[1].verdict == "one seed: no verdict"
+
+
+def test_candidates_are_the_baseline_and_the_time_memory_front(tmp_path, cls_csv):
+    def row(name, sps, mem, metric):
+        return {"strategy": name, "row": name, "baseline": name == "baseline", "status": "ok"} | {
+            "samples_per_s": sps,
+            "peak_mem_bytes": mem,
+            "metric": metric,
+            "metric_name": "accuracy",
+        }
+
+    table = [row("baseline", 10, 900, 20), row("bf16", 12, 800, 10), row("slow", 5, 950, 90), row("small", 8, 300, 5)]
+    # 'slow' has the best 16-step quality, but is dominated in time and memory: the phase does not train it
+    assert candidates(table) == ["baseline", "bf16", "small"]
+    cfg = quality_config(tiny_study(tmp_path, cls_csv, "classification", ["baseline"]).config, ["baseline"], 40, 3)
+    assert (cfg.max_steps, cfg.repeat, cfg.seed_per_repeat, cfg.remeasure) == (40, 3, True, False)
+    assert cfg.out.endswith("/quality")
+
+
+def test_advise_uses_the_verdicts_not_the_short_trials_quality():
+    base = {"baseline": True, "status": "ok", "samples_per_s": 10.0, "peak_mem_bytes": 10, "metric_name": "accuracy"}
+    rows = [
+        {**base, "strategy": "baseline", "row": "baseline", "metric": 20.0},
+        {**base, "baseline": False, "strategy": "bf16", "row": "bf16", "samples_per_s": 12.0, "metric": 5.0},
+        {**base, "baseline": False, "strategy": "lean", "row": "lean", "samples_per_s": 14.0, "metric": 25.0},
+    ]
+
+    def q_row(name, verdict, values):
+        return {"strategy": name, "verdict": verdict, "values": values, "steps": 200} | {
+            "mean": sum(values) / len(values),
+            "low": min(values),
+            "high": max(values),
+        }
+
+    q = {
+        "seeds": 2,
+        "rows": [q_row("baseline", "reference", [59, 61]), q_row("bf16", NOT_SIGNIFICANT, [56, 60])]
+        + [q_row("lean", "worse", [49, 51])],
+    }
+    short = advise(rows, Constraints(max_quality_drop=3.0))
+    assert short.recommended == "lean", "on 16-step accuracies bf16 looks 15 points worse and lean better"
+    rows_q, note = with_quality(rows, q)
+    a = advise(rows_q, Constraints(max_quality_drop=3.0))
+    assert a.recommended == "bf16", "bf16's drop is inside the seeds' ranges: no drop; lean is 10 points worse"
+    assert "quality phase (200 steps x 2 seeds)" in note
+    lean = next(v for v in a.verdicts if v.strategy == "lean")
+    assert not lean.feasible and "more than 3 below" in lean.reason
+
+
+@pytest.mark.slow
+def test_compare_quality_phase_end_to_end(tmp_path, cls_csv, capsys):
+    """compare --quality-steps 4 --seeds 2: the speed study, then its candidates trained with 2 seeds each;
+    the verdicts on screen and in quality/quality.json; advise reads them; the same command resumes."""
+    out = tmp_path / "study"
+    argv = ["compare", "--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--device", "cpu"]
+    argv += ["--strategies", "baseline,grad_accum", "--batch-size", "8", "--max-length", "32", "--max-steps", "2"]
+    argv += ["--warmup-steps", "1", "--eval-samples", "16", "--quality-steps", "4", "--seeds", "2"]
+    assert main([*argv, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "quality phase, 4 steps x 2 seed(s)" in printed and "reference" in printed
+    q = json.loads((out / "quality" / "quality.json").read_text())
+    assert q["seeds"] == 2 and all(len(r["values"]) == 2 for r in q["rows"])
+    assert q["rows"][0]["strategy"] == "baseline" and all(r["eval_loss"] > 0 for r in q["rows"])
+    assert main(["advise", str(out), "--json"]) == 0
+    assert any("quality phase (4 steps x 2 seeds)" in n for n in json.loads(capsys.readouterr().out)["notes"])
+    assert main([*argv, "--out", str(out)]) == 0
+    assert "(stored)" in capsys.readouterr().err, "the same command resumes the quality phase too"
+
+
+@pytest.mark.parametrize("args, message", [(["--quality-steps", "1"], ">= 2"), (["--seeds", "0"], "--seeds")])
+def test_bad_quality_options(args, message, capsys, tmp_path):
+    assert main(["compare", "--model-preset", "bert-tiny", "--out", str(tmp_path / "x"), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]

@@ -1,0 +1,158 @@
+"""The quality phase: the rows that matter, trained long enough for their quality to mean something.
+
+A speed trial's quality is noise: 16 steps leave a 10-class model near chance. After the speed study,
+`compare --quality-steps N` takes its candidates (the baseline and the rows on the Pareto front of time
+and memory) and trains each for N optimizer steps with `--seeds K` seeds (the seed changes the head's
+initialisation, dropout and the data order), each run a trial of the same loop in its own process,
+evaluated on the held-out rows: a study of its own in `--out/quality`, resumable like any other.
+
+Each row gets its metric and evaluation loss over the seeds (mean and range) and a verdict against the
+baseline: a difference is called only when the seeds' ranges do not overlap, otherwise "no significant
+difference". With 2 seeds that is a coarse test, and it says so; more seeds narrow it. The verdicts are
+written to `--out/quality/quality.json`, which `advise` reads instead of the speed trials' quality.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from trainwise.config import StudyConfig
+from trainwise.errors import ConfigError
+
+QUALITY_DIR = "quality"
+NOT_SIGNIFICANT = "no significant difference"
+
+
+@dataclass
+class QualityRow:
+    strategy: str  # the row's text
+    metric_name: str
+    values: list[float]  # the metric, one per seed
+    eval_losses: list[float]  # the evaluation loss, one per seed
+    steps: int
+    random_init: bool
+    delta: float | None = None  # mean metric - the baseline's
+    verdict: str = ""  # "reference" | NOT_SIGNIFICANT | "better" | "worse" | "one seed: no verdict"
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.values)
+
+    @property
+    def low(self) -> float:
+        return min(self.values)
+
+    @property
+    def high(self) -> float:
+        return max(self.values)
+
+    @property
+    def eval_loss(self) -> float | None:
+        return statistics.fmean(self.eval_losses) if self.eval_losses else None
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "mean": self.mean, "low": self.low, "high": self.high, "eval_loss": self.eval_loss}
+
+
+def check(steps: int | None, seeds: int) -> None:
+    if steps is not None and steps < 2:
+        raise ConfigError(f"--quality-steps must be >= 2 optimizer steps, got {steps}")
+    if seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {seeds}")
+
+
+def candidates(table: list[dict]) -> list[str]:
+    """The rows worth a quality verdict: the baseline and the Pareto front of time and memory (their
+    short-trial quality left out: it is what this phase replaces), as row texts, in table order."""
+    from trainwise.advise import Constraints, advise
+
+    rows = [{**e, "metric": None} for e in table if e.get("status") == "ok"]
+    front = {v.strategy for v in advise(rows, Constraints()).verdicts if v.pareto}
+    chosen = [e["row"] for e in rows if e.get("baseline") or e["strategy"] in front]
+    return list(dict.fromkeys(chosen))
+
+
+def quality_config(cfg: StudyConfig, rows: list[str], steps: int, seeds: int) -> StudyConfig:
+    """The quality study: the same model, data and settings, the chosen rows, longer, one trial per seed."""
+    return dataclasses.replace(
+        cfg,
+        out=str(Path(cfg.out) / QUALITY_DIR),
+        strategies=rows,
+        max_steps=steps,
+        warmup_steps=min(cfg.warmup_steps, steps - 1),
+        repeat=seeds,
+        seed_per_repeat=True,
+        remeasure=False,
+        batch_sizes=(),
+        num_workers=(cfg.num_workers[0],),
+    )
+
+
+def verdicts(trials: list, random_init: bool) -> list[QualityRow]:
+    """Per row (in first-seen order) its seeds' metric and evaluation loss, and the verdict vs the baseline."""
+    rows: dict[str, QualityRow] = {}
+    baseline = None
+    for spec, r in trials:
+        if r.status != "ok" or r.metric is None:
+            continue
+        row = rows.setdefault(
+            spec.row, QualityRow(spec.row, r.metric_name or "", [], [], spec.settings.max_steps, random_init)
+        )
+        row.values.append(float(r.metric))
+        if r.metrics.get("eval_loss") is not None:
+            row.eval_losses.append(float(r.metrics["eval_loss"]))
+        if spec.plan.changed() == {}:
+            baseline = row
+    for row in rows.values():
+        if baseline is None:
+            row.verdict = "no baseline: no verdict"
+        elif row is baseline:
+            row.verdict = "reference"
+        else:
+            row.delta = row.mean - baseline.mean
+            if len(row.values) < 2 or len(baseline.values) < 2:
+                row.verdict = "one seed: no verdict"
+            elif row.low > baseline.high:
+                row.verdict = "better"
+            elif row.high < baseline.low:
+                row.verdict = "worse"
+            else:
+                row.verdict = NOT_SIGNIFICANT
+    return list(rows.values())
+
+
+def write(out: Path, rows: list[QualityRow], seeds: int) -> Path:
+    path = out / "quality.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"seeds": seeds, "rows": [r.to_dict() for r in rows]}, indent=1))
+    tmp.replace(path)
+    return path
+
+
+def read(study: Path) -> dict | None:
+    """A study's quality verdicts (its --out/quality/quality.json), or None when it has none."""
+    from trainwise.errors import read_json
+
+    path = study / QUALITY_DIR / "quality.json"
+    return read_json(path, "a trainwise quality file") if path.is_file() else None
+
+
+def run_quality(cfg: StudyConfig, table: list[dict], steps: int, seeds: int, launch, progress, on_table) -> list:
+    """Choose the candidates from the speed study's table, run their quality study, write the verdicts."""
+    from trainwise.study import prepare_study, run_study
+
+    rows = candidates(table)
+    if not rows:
+        return []
+    prepared = prepare_study(quality_config(cfg, rows, steps, seeds))
+    with progress(prepared) as (on_event, on_done):
+        trials = run_study(prepared, launch, on_event, on_done)
+    s = prepared.specs[0].settings
+    found = verdicts(trials, s.model_kind == "preset" and s.task != "image-classification")
+    write(prepared.out, found, seeds)
+    on_table(found, seeds)
+    return found
