@@ -111,13 +111,12 @@ def _time(row: dict) -> float:
     return 1.0 / row["samples_per_s"]  # seconds per sample: epoch time up to a constant
 
 
-CUDA_CONTEXT_BYTES = 512 * 1024**2  # what `trainwise estimate` adds on CUDA (its runtime term)
-
-
 def needs(row: dict) -> int:
     """What a row needs of a device, on the basis `trainwise estimate`'s total uses: the peak of live
     tensors plus the runtime (CUDA: the context; CPU: the trial process's RSS before the model was built,
     i.e. torch + transformers + the data). Compared with --memory-budget."""
+    from trainwise.measure.memory import CUDA_CONTEXT_BYTES
+
     runtime = CUDA_CONTEXT_BYTES if row.get("mem_kind") == "cuda_allocated" else row.get("rss_before_model_bytes") or 0
     return int(row["peak_mem_bytes"]) + int(runtime)
 

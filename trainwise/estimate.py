@@ -455,7 +455,9 @@ def step_temporaries(s: Shape, terms: MemoryTerms) -> int:
 def runtime_overhead(device: str) -> int:
     """Memory the process holds besides tensors: the CUDA context, or on CPU the loaded libraries."""
     if device == "cuda":
-        return 512 * 1024**2  # CUDA context + cuBLAS workspace, ~0.5 GiB on recent drivers
+        from trainwise.measure.memory import CUDA_CONTEXT_BYTES
+
+        return CUDA_CONTEXT_BYTES
     from trainwise.measure.memory import rss_bytes
 
     return rss_bytes()  # this process has imported torch + transformers, as a trial does

@@ -26,8 +26,6 @@ from trainwise.config import StudyConfig
 from trainwise.errors import ConfigError
 from trainwise.results import TrialResult
 
-CUDA_CONTEXT_BYTES = 512 * 1024**2
-
 
 @dataclass
 class BatchPoint:
@@ -58,6 +56,8 @@ class SearchResult:
 
 
 def measured_bytes(result: TrialResult, device: str) -> int | None:
+    from trainwise.measure.memory import CUDA_CONTEXT_BYTES
+
     if device == "cuda":
         return None if result.peak_reserved_bytes is None else result.peak_reserved_bytes + CUDA_CONTEXT_BYTES
     return result.peak_rss_bytes

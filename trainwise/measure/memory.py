@@ -17,6 +17,8 @@ from collections.abc import Iterable, Iterator
 
 import psutil
 
+CUDA_CONTEXT_BYTES = 512 * 1024**2  # CUDA context + cuBLAS workspace, ~0.5 GiB on recent drivers
+
 
 def rss_bytes() -> int:
     return int(psutil.Process().memory_info().rss)
