@@ -7,8 +7,9 @@ initialisation, dropout and the data order), each run a trial of the same loop i
 evaluated on the held-out rows: a study of its own in `--out/quality`, resumable like any other.
 
 Each row gets its metric and evaluation loss over the seeds (mean and range) and a verdict against the
-baseline: a difference is called only when the seeds' ranges do not overlap, otherwise "no significant
-difference". With 2 seeds that is a coarse test, and it says so; more seeds narrow it. The verdicts are
+baseline, "better"/"worse" or "no significant difference". With 2 seeds a difference is called only
+when the seeds' ranges do not overlap (a coarse test, and the table says so); with 3 or more seeds per
+row, by Welch's t-test at the 5% level (two-sided; the seeds' variances need not be equal). The verdicts are
 written to `--out/quality/quality.json`, which `advise` reads instead of the speed trials' quality.
 """
 
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from trainwise.config import StudyConfig
 from trainwise.errors import ConfigError
+from trainwise.plan import TrialPlan
 
 QUALITY_DIR = "quality"
 NOT_SIGNIFICANT = "no significant difference"
@@ -37,6 +39,7 @@ class QualityRow:
     random_init: bool
     delta: float | None = None  # mean metric - the baseline's
     verdict: str = ""  # "reference" | NOT_SIGNIFICANT | "better" | "worse" | "one seed: no verdict"
+    test: str = ""  # how the verdict was reached (range overlap with 2 seeds, Welch's t-test with 3 or more)
 
     @property
     def mean(self) -> float:
@@ -56,6 +59,39 @@ class QualityRow:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "mean": self.mean, "low": self.low, "high": self.high, "eval_loss": self.eval_loss}
+
+
+# Student's t, two-sided 95% (the 0.975 quantile), for 1..30 degrees of freedom; the normal's beyond
+# fmt: off
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+# fmt: on
+
+
+def welch(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """Welch's t-test of mean(a) - mean(b): (t, degrees of freedom, the 95% two-sided critical t). The
+    degrees of freedom (Welch-Satterthwaite) are rounded down for the table: slightly conservative."""
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    diff = statistics.fmean(a) - statistics.fmean(b)
+    if va + vb == 0:  # every seed gave the same figure in both rows
+        return (0.0 if diff == 0 else float("inf") * (1 if diff > 0 else -1)), float("inf"), 1.96
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    critical = T975[max(1, int(df)) - 1] if df < len(T975) + 1 else 1.96
+    return diff / (va + vb) ** 0.5, df, critical
+
+
+def compare(row: list[float], baseline: list[float]) -> tuple[str, str]:
+    """The verdict of a row's seeds against the baseline's, and the test that gave it."""
+    if len(row) < 2 or len(baseline) < 2:
+        return "one seed: no verdict", "none"
+    if len(row) >= 3 and len(baseline) >= 3:
+        t, df, critical = welch(row, baseline)
+        test = f"Welch t={t:.2f}, df={df:.1f}, |t|>{critical:.2f} at 5%"
+        return ("better" if t > 0 else "worse") if abs(t) > critical else NOT_SIGNIFICANT, test
+    test = "seeds' ranges overlap?"
+    if min(row) > max(baseline):
+        return "better", test
+    return ("worse" if max(row) < min(baseline) else NOT_SIGNIFICANT), test
 
 
 def check(steps: int | None, seeds: int) -> None:
@@ -105,7 +141,7 @@ def verdicts(trials: list, random_init: bool) -> list[QualityRow]:
         row.values.append(float(r.metric))
         if r.metrics.get("eval_loss") is not None:
             row.eval_losses.append(float(r.metrics["eval_loss"]))
-        if spec.plan.changed() == {}:
+        if spec.plan == TrialPlan():
             baseline = row
     for row in rows.values():
         if baseline is None:
@@ -114,14 +150,7 @@ def verdicts(trials: list, random_init: bool) -> list[QualityRow]:
             row.verdict = "reference"
         else:
             row.delta = row.mean - baseline.mean
-            if len(row.values) < 2 or len(baseline.values) < 2:
-                row.verdict = "one seed: no verdict"
-            elif row.low > baseline.high:
-                row.verdict = "better"
-            elif row.high < baseline.low:
-                row.verdict = "worse"
-            else:
-                row.verdict = NOT_SIGNIFICANT
+            row.verdict, row.test = compare(row.values, baseline.values)
     return list(rows.values())
 
 

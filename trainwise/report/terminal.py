@@ -177,10 +177,14 @@ def quality_table(rows: list, seeds: int) -> None:
             r.verdict,
         )
     out.print(grid)
+    test = (
+        "by Welch's t-test at the 5% level (quality.json has each t)"
+        if seeds >= 3
+        else "only when the seeds' ranges do not overlap (2 seeds: a coarse test; --seeds 3 or more uses a t-test)"
+    )
     say(
-        "  a difference is called only when the seeds' ranges do not overlap"
-        + (" (2 seeds: a coarse test; --seeds 3 or more narrows it)" if seeds == 2 else "")
-        + "; advise reads these verdicts (quality/quality.json) instead of the speed trials' quality."
+        f"  a difference is called {test}; advise reads these verdicts (quality/quality.json) instead of "
+        "the speed trials' quality."
     )
     if rows[0].random_init:
         say(f"  {RANDOM_INIT_NOTE}")
