@@ -45,6 +45,25 @@ def test_verdicts_call_a_difference_only_outside_the_seeds_ranges(tmp_path, cls_
     assert verdicts(_trials(one, made), False)[1].verdict == "one seed: no verdict"
 
 
+def test_three_seeds_or_more_are_judged_by_welchs_t_test(tmp_path, cls_csv):
+    stats = pytest.importorskip("scipy.stats")
+    from trainwise.quality import compare, welch
+
+    # ranges overlap (the 2-seed rule would say nothing) but the means are 5 sd apart: Welch calls it
+    base, lean = [40.0, 41.0, 42.0, 41.5], [42.5, 43.0, 44.0, 43.5]
+    t, df, critical = welch(lean, base)
+    ref = stats.ttest_ind(lean, base, equal_var=False)
+    assert t == pytest.approx(ref.statistic) and critical == pytest.approx(stats.t.ppf(0.975, int(df)), abs=1e-3)
+    assert compare(lean, base)[0] == "better" and compare(base, lean)[0] == "worse"
+    assert ref.pvalue < 0.05
+    noisy = [38.0, 45.0, 41.0, 43.0]  # a higher mean, inside the noise: p > 0.05
+    assert stats.ttest_ind(noisy, base, equal_var=False).pvalue > 0.05
+    assert compare(noisy, base)[0] == NOT_SIGNIFICANT and "Welch" in compare(noisy, base)[1]
+    assert compare([50.0, 50.0, 50.0], [40.0, 40.0, 40.0])[0] == "better", "no spread at all, means apart"
+    assert compare([40.0, 40.0, 40.0], [40.0, 40.0, 40.0])[0] == NOT_SIGNIFICANT
+    assert compare([42.5, 43.0], base)[1] == "seeds' ranges overlap?", "a row with 2 seeds: the range rule"
+
+
 def test_candidates_are_the_baseline_and_the_time_memory_front(tmp_path, cls_csv):
     def row(name, sps, mem, metric):
         return {"strategy": name, "row": name, "baseline": name == "baseline", "status": "ok"} | {
@@ -90,6 +109,31 @@ def test_advise_uses_the_verdicts_not_the_short_trials_quality():
     assert "quality phase (200 steps x 2 seeds)" in note
     lean = next(v for v in a.verdicts if v.strategy == "lean")
     assert not lean.feasible and "more than 3 below" in lean.reason
+
+
+def test_a_row_the_quality_phase_did_not_train_wins_nothing_on_quality():
+    """On the demo, adafactor (faster than the baseline, dominated by smart_batch in time and memory, so not
+    trained by the quality phase) used to 'dominate' the baseline: its missing quality counted as no worse."""
+    base = {"baseline": False, "status": "ok", "metric_name": "accuracy"}
+    rows = [
+        {**base, "baseline": True, "strategy": "baseline", "samples_per_s": 10.0, "peak_mem_bytes": 100},
+        {**base, "strategy": "lean", "samples_per_s": 14.0, "peak_mem_bytes": 50},
+        {**base, "strategy": "adafactor", "samples_per_s": 12.0, "peak_mem_bytes": 80, "metric": 30.0},
+    ]
+    q = {"seeds": 2, "rows": [{"strategy": "baseline", "verdict": "reference", "values": [50, 52], "steps": 99}]}
+    q["rows"].append({"strategy": "lean", "verdict": NOT_SIGNIFICANT, "values": [49, 51], "steps": 99})
+    for r in q["rows"]:
+        r |= {"mean": sum(r["values"]) / 2, "low": min(r["values"]), "high": max(r["values"])}
+    judged, _ = with_quality(rows, q)
+    by = {v.strategy: v for v in advise(judged, Constraints()).verdicts}
+    assert "dominated by lean" in by["adafactor"].reason and "quality unknown" in by["adafactor"].reason
+    assert advise(judged, Constraints()).recommended == "lean"
+    # lean judged worse and excluded by the quality floor: adafactor's quality is unknown, so it cannot be
+    # shown no worse than the baseline: both are on the front; adafactor wins on time, said to have no verdict
+    q["rows"][1] |= {"verdict": "worse", "values": [30, 32], "mean": 31, "low": 30, "high": 32}
+    tight = advise(with_quality(rows, q)[0], Constraints(max_quality_drop=5.0))
+    assert tight.recommended == "adafactor" and any("no quality verdict" in n for n in tight.notes)
+    assert {v.strategy for v in tight.verdicts if v.pareto} == {"adafactor", "baseline"}
 
 
 @pytest.mark.slow

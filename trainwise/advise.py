@@ -122,13 +122,14 @@ def needs(row: dict) -> int:
 
 
 def _dominates(a: dict, b: dict) -> bool:
-    """a is no worse than b in time, memory and quality (when both have one), and better in one."""
+    """a is no worse than b in time, memory and quality, and better in one. A row without a quality figure
+    (not trained by the quality phase) never dominates one with it: it cannot be shown no worse; one with a
+    quality figure may dominate one without (b's quality is unknown, so nothing is shown to favour it)."""
     qa, qb = a.get("metric"), b.get("metric")
-    q_no_worse = q_better = False
-    if qa is not None and qb is not None:
-        q_no_worse, q_better = qa >= qb, qa > qb
-    else:
-        q_no_worse = True
+    if qa is None and qb is not None:
+        return False
+    q_no_worse = qb is None or qa >= qb
+    q_better = qa is not None and qb is not None and qa > qb
     no_worse = _time(a) <= _time(b) and a["peak_mem_bytes"] <= b["peak_mem_bytes"] and q_no_worse
     better = _time(a) < _time(b) or a["peak_mem_bytes"] < b["peak_mem_bytes"] or q_better
     return no_worse and better
@@ -211,6 +212,7 @@ def advise(rows: list[dict], constraints: Constraints) -> Advice:
             "freezing, or (issue 3) ZeRO offload / LoRA"
         )
 
+    judged = any(r.get("quality_verdict") for r in ok)  # quality from the quality phase (with_quality)
     verdicts = []
     for r in sorted(ok, key=key):
         rel_t, rel_m = _time(r) / _time(reference), r["peak_mem_bytes"] / reference["peak_mem_bytes"]
@@ -225,9 +227,12 @@ def advise(rows: list[dict], constraints: Constraints) -> Advice:
             reason = f"Pareto-optimal: {effect}"
         else:
             by = next(o for o in feasible if _dominates(o, r))
-            reason = f"dominated by {by['strategy']} (no slower, no more memory, no worse quality): {effect}"
+            worse = "no worse quality" if r.get("metric") is not None else "quality known"
+            reason = f"dominated by {by['strategy']} (no slower, no more memory, {worse}): {effect}"
         if r is reference:
             reason = f"reference row; {reason}"
+        if judged and r.get("metric") is None:
+            reason += "; quality unknown: the quality phase did not train it (it trains the time/memory front)"
         if r.get("contended"):
             reason += "; timed under load (unreliable)"
         verdicts.append(Verdict(r["strategy"], "ok", why is None, r in front, reason, rel_t, rel_m, dq))
@@ -249,6 +254,11 @@ def advise(rows: list[dict], constraints: Constraints) -> Advice:
         notes.append(
             f"timed under load, so their times are unreliable: {', '.join(loaded)}; run the study again on a "
             "quiet machine before trusting a ranking by time or cost"
+        )
+    if judged and best is not None and best.get("metric") is None:
+        notes.append(
+            f"the recommended row {best['strategy']!r} has no quality verdict (the rows that would dominate it "
+            "were excluded): give compare --strategies with it and --quality-steps before relying on its quality"
         )
     if best is not None and best is not reference and best.get("within_noise") and constraints.objective != "quality":
         notes.append(
