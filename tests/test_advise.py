@@ -228,3 +228,54 @@ def test_a_batch_hint_never_contradicts_a_measured_row(tmp_path, cls_csv, monkey
     assert all(v.feasible for v in advice.verdicts)
     reasons = " ".join(v.reason for v in advice.verdicts)
     assert "~0" not in reasons and "baseline fits up to ~8" in reasons, reasons
+
+
+def _study(path, rows, price_note=None, device=("cpu", "Intel Xeon")):
+    path.mkdir(parents=True)
+    env = {"device": device[0], "device_name": device[1]}
+    for r in rows:
+        r.update(env=env, epoch_time_s=1000 / r["samples_per_s"], row=r["strategy"])
+        if price_note:
+            r.update(cost_per_epoch=r["epoch_time_s"] / 3600 * price_note[1], cost_note=price_note[0])
+    (path / "results.json").write_text(json.dumps(rows))
+    return str(path)
+
+
+def test_several_studies_priced_per_machine_rank_by_cost_unlike_time(tmp_path, capsys):
+    """Issue 15, part 3: cost differs from time when prices differ. A slow cheap machine and a fast dear one:
+    by time the GPU rows win, by cost the CPU's; neither dominates the other (faster but dearer)."""
+    cpu = _study(tmp_path / "cpu", [row("baseline", 10.0, 2.0), row("bf16", 12.0, 1.5)], ("$0.1/h", 0.1))
+    gpu = _study(tmp_path / "gpu", [row("baseline", 200.0, 3.0), row("bf16", 300.0, 2.0)], ("$4/h", 4.0),
+                 device=("cuda", "NVIDIA H100"))  # fmt: skip
+    by_time = json.loads(_advise_json(capsys, [cpu, gpu]))
+    assert by_time["recommended"] == "gpu/bf16" and by_time["reference"] == "cpu/baseline"
+    by_cost = json.loads(_advise_json(capsys, [cpu, gpu, "--objective", "cost"]))
+    assert by_cost["recommended"] == "cpu/bf16", "83 s at $0.1/h ($0.0023) beats 3.3 s at $4/h ($0.0037)"
+    front = {v["strategy"] for v in by_cost["verdicts"] if v["pareto"]}
+    assert front == {"cpu/bf16", "gpu/bf16"}, "cheaper but slower vs faster but dearer: both Pareto-optimal"
+    assert by_cost["verdicts"][0]["cost_per_epoch"] == pytest.approx(1000 / 12 / 3600 * 0.1)
+    assert not any("cost ranks like time" in n for n in by_cost["notes"])
+    assert any("cpu: Intel Xeon (cpu), $0.1/h" in n and "gpu: NVIDIA H100 (cuda), $4/h" in n for n in by_cost["notes"])
+    assert main(["advise", cpu, gpu, "--objective", "cost"]) == 0
+    assert "$/epoch" in capsys.readouterr().out
+    one = json.loads(_advise_json(capsys, [cpu, "--objective", "cost"]))
+    assert one["recommended"] == "bf16" and any("cost ranks like time" in n for n in one["notes"])
+
+
+def _advise_json(capsys, args):
+    capsys.readouterr()
+    assert main(["advise", *args, "--json"]) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [(["--objective", "cost"], "have no price"), (["--run"], "--run runs one study")],
+)
+def test_several_studies_refuse_what_they_cannot_rank(tmp_path, capsys, extra, message):
+    cpu = _study(tmp_path / "cpu", [row("baseline", 10.0, 2.0)], ("$0.1/h", 0.1))
+    bare = _study(tmp_path / "bare", [row("baseline", 20.0, 2.0)])
+    capsys.readouterr()
+    assert main(["advise", cpu, bare, *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]

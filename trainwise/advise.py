@@ -97,6 +97,7 @@ class Verdict:
     rel_time: float | None = None  # vs the reference row
     rel_mem: float | None = None
     quality_delta: float | None = None  # metric - reference metric
+    cost_per_epoch: float | None = None  # USD, when the row's study was priced
 
 
 @dataclass
@@ -130,15 +131,20 @@ def _dominates(a: dict, b: dict) -> bool:
         return False
     q_no_worse = qb is None or qa >= qb
     q_better = qa is not None and qb is not None and qa > qb
-    no_worse = _time(a) <= _time(b) and a["peak_mem_bytes"] <= b["peak_mem_bytes"] and q_no_worse
-    better = _time(a) < _time(b) or a["peak_mem_bytes"] < b["peak_mem_bytes"] or q_better
+    ca, cb = a.get("cost_per_epoch"), b.get("cost_per_epoch")  # rows priced differently (several studies)
+    c_no_worse = ca is None or cb is None or ca <= cb
+    c_better = ca is not None and cb is not None and ca < cb
+    no_worse = _time(a) <= _time(b) and a["peak_mem_bytes"] <= b["peak_mem_bytes"] and q_no_worse and c_no_worse
+    better = _time(a) < _time(b) or a["peak_mem_bytes"] < b["peak_mem_bytes"] or q_better or c_better
     return no_worse and better
 
 
 def _objective_key(objective: str):
     if objective == "quality":
         return lambda r: (-(r.get("metric") if r.get("metric") is not None else float("-inf")), _time(r))
-    return lambda r: (_time(r), r["peak_mem_bytes"])  # time and cost rank alike on one device
+    if objective == "cost":  # $/epoch where priced (advise refuses a mix); on one price it ranks like time
+        return lambda r: (r.get("cost_per_epoch") or 0.0, _time(r), r["peak_mem_bytes"])
+    return lambda r: (_time(r), r["peak_mem_bytes"])
 
 
 def _duration(seconds: float) -> str:
@@ -158,8 +164,21 @@ def _pct(x: float) -> str:
 def advise(rows: list[dict], constraints: Constraints) -> Advice:
     ok = [r for r in rows if r.get("status") == "ok" and r.get("samples_per_s") and r.get("peak_mem_bytes")]
     notes: list[str] = []
-    if constraints.objective == "cost":
-        notes.append("cost ranks like time here: every row ran on the same device at the same price per hour")
+    prices = {r.get("cost_note") for r in ok if r.get("cost_per_epoch") is not None}
+    if constraints.objective == "cost" and len(prices) <= 1:
+        notes.append(
+            "cost ranks like time here: every row ran at the same price per hour (advise several studies, "
+            "each priced for its machine, to rank by cost across devices)"
+        )
+    if (
+        constraints.objective == "cost"
+        and prices
+        and (bare := [r["strategy"] for r in ok if r.get("cost_per_epoch") is None])
+    ):
+        raise ConfigError(
+            f"--objective cost: {', '.join(bare)} have no price; price their study with compare --out STUDY "
+            "--price-per-hour P (or --sku), which re-reports it from the store without re-running"
+        )
     if not ok:
         verdicts = [
             Verdict(r["strategy"], r.get("status", "?"), False, False, f"no result: {r.get('message', '')}")
@@ -235,7 +254,8 @@ def advise(rows: list[dict], constraints: Constraints) -> Advice:
             reason += "; quality unknown: the quality phase did not train it (it trains the time/memory front)"
         if r.get("contended"):
             reason += "; timed under load (unreliable)"
-        verdicts.append(Verdict(r["strategy"], "ok", why is None, r in front, reason, rel_t, rel_m, dq))
+        cost = r.get("cost_per_epoch")
+        verdicts.append(Verdict(r["strategy"], "ok", why is None, r in front, reason, rel_t, rel_m, dq, cost))
     verdicts.sort(key=lambda v: (not v.pareto, not v.feasible))  # stable: keeps the objective order inside
     for r in rows:
         if r not in ok:
@@ -342,31 +362,54 @@ def with_quality(rows: list[dict], verdicts: dict) -> tuple[list[dict], str]:
     return out, note
 
 
-def advise_study(study: Path, constraints: Constraints) -> Advice:
-    """advise on a study's results (with the quality phase's verdicts when it ran); with a memory budget,
-    each memory-saving row gets a batch hint."""
+def advise_study(studies: Path | list[Path], constraints: Constraints) -> Advice:
+    """advise on a study's results (with the quality phase's verdicts when it ran), or on several studies'
+    rows side by side (named STUDY/row: the same model measured on other devices or at other prices, where
+    cost ranks differently from time); with a memory budget, each memory-saving row gets a batch hint."""
     from trainwise.quality import read
 
-    rows = read_results(study)
-    verdicts, note = read(study), None
-    if verdicts is not None:
-        rows, note = with_quality(rows, verdicts)
+    paths = [studies] if isinstance(studies, Path) else list(studies)
+    names = [p.resolve().name or str(p) for p in paths]
+    labels = names if len(set(names)) == len(names) else [str(p) for p in paths]
+    rows: list[dict] = []
+    notes: list[str] = []
+    hints: dict[str, str] = {}
+    for path, label in zip(paths, labels, strict=True):
+        own = read_results(path)
+
+        def named(n: str, label: str = label) -> str:
+            return n if len(paths) == 1 else f"{label}/{n}"
+
+        if (verdicts := read(path)) is not None:
+            own, note = with_quality(own, verdicts)
+            notes.append(note if len(paths) == 1 else f"{label}: {note}")
+        if constraints.memory_budget_bytes is not None:
+            hints |= {named(k): h for k, h in batch_hints(path, own, constraints.memory_budget_bytes).items()}
+        rows += [{**r, "strategy": named(r["strategy"])} for r in own]
     result = advise(rows, constraints)
-    if note:
-        result.notes.insert(0, note)
-        result.verdicts = [
-            dataclasses.replace(v, reason=f"{v.reason}; quality: {r['quality_verdict']}")
-            if (r := next((x for x in rows if x["strategy"] == v.strategy), None)) and r.get("quality_verdict")
-            else v
-            for v in result.verdicts
-        ]
-    if constraints.memory_budget_bytes is not None:
-        hints = batch_hints(study, rows, constraints.memory_budget_bytes)
-        result.verdicts = [
-            dataclasses.replace(v, reason=f"{v.reason}; {hints[v.strategy]}") if v.strategy in hints else v
-            for v in result.verdicts
-        ]
+    result.notes[:0] = notes
+    if len(paths) > 1:
+        result.notes.insert(
+            0, "rows of " + "; ".join(_study_line(label, path) for label, path in zip(labels, paths, strict=True))
+        )
+    judged = {r["strategy"]: r["quality_verdict"] for r in rows if r.get("quality_verdict")}
+    result.verdicts = [
+        dataclasses.replace(v, reason=f"{v.reason}; quality: {judged[v.strategy]}") if v.strategy in judged else v
+        for v in result.verdicts
+    ]
+    result.verdicts = [
+        dataclasses.replace(v, reason=f"{v.reason}; {hints[v.strategy]}") if v.strategy in hints else v
+        for v in result.verdicts
+    ]
     return result
+
+
+def _study_line(label: str, path: Path) -> str:
+    """'a: Intel Xeon (cpu), $0.1/h' for a study of several: what its rows were measured on and priced at."""
+    row = next((r for r in read_results(path) if r.get("status") == "ok"), {})
+    env = row.get("env") or {}
+    price = (row.get("cost_note") or "unpriced").split(",")[0].split(";")[0]
+    return f"{label}: {env.get('device_name', '?')} ({env.get('device', '?')}), {price}"
 
 
 def batch_hints(study: Path, rows: list[dict], budget: int) -> dict[str, str]:

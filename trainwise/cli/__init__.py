@@ -5,6 +5,7 @@ Bad input (a ConfigError, or a usage error from the parser) prints one line and 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -101,7 +102,7 @@ def run_compare(cfg, cost=None, console=None, steps_seeds: tuple[int, int] | Non
 @app.command()
 def advise(
     ctx: typer.Context,
-    study: Annotated[str, typer.Argument(help="A study directory written by `trainwise compare` (its --out).")],
+    study: Annotated[list[str], typer.Argument(help="Study directories written by `trainwise compare` (its --out).")],
     objective: Annotated[str, Opt(help="What to optimise: time, cost or quality.")] = "time",
     memory_budget: Annotated[str | None, Opt(help="Largest acceptable peak memory, e.g. 11GB, 900MiB.")] = None,
     max_quality_drop: Annotated[float | None, Opt(help="Largest acceptable quality drop, in its units.")] = None,
@@ -122,22 +123,25 @@ def advise(
 ) -> None:
     """Rank a study's rows: Pareto-optimal plans under your constraints, and why each wins or loses.
 
-    STUDY is a finished `trainwise compare` directory, or with --run one to run (or resume) first.
+    STUDY is a finished `trainwise compare` directory, or with --run one to run (or resume) first. Several
+    studies (each priced for its machine) are ranked together as STUDY/row: cost then differs from time.
     """
-    from dataclasses import asdict
-
     from trainwise.advise import Constraints, advise_study, partial_note
     from trainwise.report import terminal
 
-    constraints = Constraints.of(ctx.params)
+    constraints, paths = Constraints.of(ctx.params), [Path(s) for s in study]
+    if run and len(paths) > 1:
+        raise ConfigError("--run runs one study: give one STUDY with --run")
     if run:
-        cfg = study_config(ctx.params, out=study, warmup_steps=min(default("warmup_steps"), max_steps - 1))
+        cfg = study_config(ctx.params, out=study[0], warmup_steps=min(default("warmup_steps"), max_steps - 1))
         run_compare(cfg, console=terminal.err if as_json else terminal.out)
     with terminal.err.status("advising (a budget adds batch hints: an estimate, a probe on first use)..."):
-        result = advise_study(Path(study), constraints)
-    if partial := partial_note(Path(study)):
+        result = advise_study(paths, constraints)
+    for partial in filter(None, map(partial_note, paths)):
         terminal.say(f"trainwise: note: {partial}", terminal.err)
-    terminal.out.print_json(json.dumps(asdict(result))) if as_json else terminal.advise_table(result, study, objective)
+    if as_json:
+        return terminal.out.print_json(json.dumps(dataclasses.asdict(result)))
+    terminal.advise_table(result, ", ".join(study), objective)
 
 
 @app.command()

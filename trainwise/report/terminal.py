@@ -108,10 +108,12 @@ def compare_table(report: Any, console: Console | None = None) -> None:
 
 def advise_table(advice: Any, study: str, objective: str) -> None:
     grid = _grid(f"trainwise advise: {study} (objective: {objective})", ["rank", "strategy", "verdict"])
-    for h in ("time", "memory", "quality", "why"):
+    priced = any(v.cost_per_epoch is not None for v in advice.verdicts)
+    for h in ("time", "memory", "quality", *(["$/epoch"] if priced else []), "why"):
         grid.add_column(h, overflow="fold")
     for i, v in enumerate(advice.verdicts, 1):
         verdict = "pareto" if v.pareto else "feasible" if v.feasible else "excluded" if v.status == "ok" else v.status
+        cost = ["-" if v.cost_per_epoch is None else f"{v.cost_per_epoch:.4g}"] if priced else []
         grid.add_row(
             str(i),
             v.strategy,
@@ -119,6 +121,7 @@ def advise_table(advice: Any, study: str, objective: str) -> None:
             "-" if v.rel_time is None else f"{100 * v.rel_time:.0f}%",
             "-" if v.rel_mem is None else f"{100 * v.rel_mem:.0f}%",
             "-" if v.quality_delta is None else f"{v.quality_delta:+.2f}",
+            *cost,
             v.reason,
             style=None if v.feasible else "dim",
         )
