@@ -11,6 +11,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# METEOR's JVM costs ~7 s per seq2seq trial: off in the suite, on in the test that checks it
+os.environ.setdefault("TRAINWISE_METEOR", "0")
 
 WORDS = [
     "alpha",

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from trainwise.config import StudyConfig
-from trainwise.data.metrics import accuracy, text_metrics
+from trainwise.data.metrics import accuracy, caption_metrics, text_metrics
 from trainwise.errors import ConfigError
 from trainwise.measure.timing import StepTimes, percentile, summarize_steps
 from trainwise.models import PRESETS, bundled_minilm_dir, resolve_model
@@ -166,3 +168,21 @@ def test_a_trial_key_ignores_fields_at_their_defaults(tmp_path, cls_csv):
     changed = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, weight_decay=0.01))
     assert changed.key() != spec.key()
     assert dataclasses.replace(spec, plan=spec.plan.with_(compile=True)).key() != spec.key()
+
+
+def test_meteor_and_cider_score_seed_002s_columns(monkeypatch):
+    """Issue 15, part 6: METEOR and CIDEr (pycocoevalcap, the captioning extra in the lock) beside ROUGE/BLEU."""
+    pytest.importorskip("pycocoevalcap")
+    gold = ["return the sum of two numbers", "open a file and return a stream", "split the string at separators"]
+    gold += ["Sort the list in place."]
+    near = ["return the sum", "open the file", "split a string", "sort a list"]
+    assert caption_metrics(gold, gold)["cider"] == pytest.approx(1000)  # CIDEr's 10 for a perfect match, x100
+    assert caption_metrics(["zzz qqq"] * 4, gold)["cider"] == 0
+    assert 0 < caption_metrics(near, gold)["cider"] < 1000
+    assert "meteor" not in caption_metrics(gold, gold), "TRAINWISE_METEOR=0 (the suite's default) skips the JVM"
+    assert {"cider"} <= set(text_metrics(near, gold))
+    if shutil.which("java") is None:
+        pytest.skip("no java on PATH: METEOR (meteor-1.5.jar) cannot run here")
+    monkeypatch.setenv("TRAINWISE_METEOR", "1")
+    perfect, none, partial = (caption_metrics(p, gold)["meteor"] for p in (gold, ["zzz qqq"] * 4, near))
+    assert perfect == pytest.approx(100) and none == 0 and 10 < partial < 60

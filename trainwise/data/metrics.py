@@ -1,9 +1,20 @@
-"""Task metrics: accuracy; ROUGE-1/2/L (rouge-score) and BLEU (sacrebleu) for generated text.
+"""Task metrics: accuracy; ROUGE-1/2/L (rouge-score) and BLEU (sacrebleu) for generated text; METEOR and
+CIDEr (pycocoevalcap, the COCO caption evaluation seed 002 reported) with the optional extra `captioning`.
 
-`evaluate.load("rouge")` needs the network; these two packages compute the same scores offline.
+`evaluate.load("rouge")` needs the network; these packages compute the same scores offline. METEOR is
+Java (pycocoevalcap's meteor-1.5.jar): it is computed where `java` is on PATH, by one JVM kept for the
+process (its start, ~7 s on 2 cores, is paid once per trial, not per evaluation); TRAINWISE_METEOR=0 skips it.
 """
 
 from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from typing import Any
+
+_meteor: list[Any] = []  # the process's METEOR scorer (a JVM), started on first use
 
 
 def accuracy(pred: list[int], gold: list[int]) -> float:
@@ -28,4 +39,37 @@ def text_metrics(pred: list[str], gold: list[str]) -> dict[str, float]:
     out["bleu"] = float(sacrebleu.corpus_bleu(pred, [gold]).score)
     for n in (1, 2, 3, 4):
         out[f"bleu{n}"] = float(BLEU(max_ngram_order=n).corpus_score(pred, [gold]).score)
+    return {**out, **caption_metrics(pred, gold)}
+
+
+def _words(text: str) -> str:
+    """COCO's evaluation tokenises with Stanford's PTBTokenizer (Java); lower-cased words without
+    punctuation are what it leaves for these metrics."""
+    return " ".join(re.findall(r"[\w']+", text.lower()))
+
+
+def caption_metrics(pred: list[str], gold: list[str]) -> dict[str, float]:
+    """CIDEr (pycocoevalcap's: CIDEr-D's clipping and length penalty, TF-IDF over these references) and
+    METEOR 1.5, both x100; {} without the `captioning` extra; no METEOR without Java, with TRAINWISE_METEOR=0,
+    or when its JVM fails."""
+    try:
+        from pycocoevalcap.cider.cider import Cider
+    except ImportError:
+        return {}
+    if not gold:
+        return {}
+    refs = {i: [_words(g)] for i, g in enumerate(gold)}
+    hyps = {i: [_words(p)] for i, p in enumerate(pred)}
+    out = {"cider": 100 * float(Cider().compute_score(refs, hyps)[0])}
+    if shutil.which("java") is None or os.environ.get("TRAINWISE_METEOR") == "0":
+        return out
+    try:
+        if not _meteor:
+            from pycocoevalcap.meteor.meteor import Meteor
+
+            _meteor.append(Meteor())
+        out["meteor"] = 100 * float(_meteor[0].compute_score(refs, hyps)[0])
+    except Exception as err:  # a JVM that cannot start (memory) or died: the other metrics stand
+        print(f"trainwise: METEOR not computed ({type(err).__name__}: {err})", file=sys.stderr)
+        _meteor.clear()
     return out
