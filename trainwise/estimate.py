@@ -540,19 +540,16 @@ class DataFacts:
     def read(cls, cfg: EstimateConfig, source: ModelSource) -> DataFacts:
         import tempfile
 
-        from trainwise.data.sources import BUILTIN_DATASETS, load_rows
+        from trainwise.data.sources import read_task_rows, tokenizer_corpus
         from trainwise.data.tasks import encode
         from trainwise.models import load_tokenizer, train_tokenizer
 
-        if cfg.dataset in BUILTIN_DATASETS and BUILTIN_DATASETS[cfg.dataset] != cfg.task:
-            raise ConfigError(f"dataset {cfg.dataset!r} is a {BUILTIN_DATASETS[cfg.dataset]} dataset, not {cfg.task}")
-        train, _ = load_rows(cfg.dataset, cfg.train_file, None, cfg.text_column, cfg.target_column)
-        labels = sorted({r["target"] for r in train}) if cfg.task == "classification" else []
-        if cfg.task == "classification" and len(labels) < 2:
-            raise ConfigError(f"classification needs at least 2 distinct targets, found {len(labels)}")
+        train, _, labels = read_task_rows(
+            cfg.task, cfg.dataset, cfg.train_file, None, cfg.text_column, cfg.target_column
+        )
         with tempfile.TemporaryDirectory(prefix="trainwise-estimate-") as tmp:
             if source.kind == "preset":  # compare trains the preset's tokenizer on the data: so does this
-                train_tokenizer([t for r in train for t in (r["text"], r["target"])], source.ref, Path(tmp))
+                train_tokenizer(tokenizer_corpus(train), source.ref, Path(tmp))
             tokenizer = load_tokenizer(source, tmp if source.kind == "preset" else None)
             enc = encode(
                 train, tokenizer, cfg.task, cfg.max_length, cfg.max_target_length, {x: i for i, x in enumerate(labels)}

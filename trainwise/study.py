@@ -14,7 +14,6 @@ import hashlib
 import json
 import math
 import os
-import random
 import sqlite3
 import statistics
 import tempfile
@@ -27,8 +26,7 @@ import numpy as np
 
 from trainwise import strategies
 from trainwise.config import IMAGE_TASK, TEXT_TASKS, Cell, DataOrigin, StudyConfig, TrialSettings, TrialSpec
-from trainwise.data.builtin import BUILTIN_DATASETS
-from trainwise.data.sources import load_rows
+from trainwise.data.sources import read_task_rows, tokenizer_corpus
 from trainwise.errors import ConfigError, RunFailed
 from trainwise.models import head_note, resolve_model, train_tokenizer
 from trainwise.results import TrialResult
@@ -163,23 +161,9 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
     dataset = cfg.dataset
     if dataset is None and cfg.train_file is None:
         dataset = "stdlib-topic" if cfg.task == "classification" else "stdlib-summarize"
-    if dataset in BUILTIN_DATASETS and BUILTIN_DATASETS[dataset] != cfg.task:
-        raise ConfigError(f"dataset {dataset!r} is a {BUILTIN_DATASETS[dataset]} dataset, not {cfg.task}")
-    train, evals = load_rows(dataset, cfg.train_file, cfg.eval_file, cfg.text_column, cfg.target_column)
-    # a fixed shuffle: files and corpora come grouped (the stdlib corpus by module), and eval and
-    # --max-train-samples take prefixes
-    random.Random(1234).shuffle(train)
-    random.Random(4321).shuffle(evals)
-    if cfg.max_train_samples:
-        train = train[: cfg.max_train_samples]
-    labels: list[str] = []
-    if cfg.task == "classification":
-        labels = sorted({r["target"] for r in train})
-        if len(labels) < 2:
-            raise ConfigError(f"classification needs at least 2 distinct targets, found {len(labels)}")
-        if len(labels) > 1000:
-            raise ConfigError(f"{len(labels)} distinct targets: is --target-column a class label?")
-        evals = [r for r in evals if r["target"] in set(labels)]
+    train, evals, labels = read_task_rows(
+        cfg.task, dataset, cfg.train_file, cfg.eval_file, cfg.text_column, cfg.target_column, cfg.max_train_samples
+    )
     if cfg.task == "classification" and (note := head_note(source, len(labels))):
         from trainwise.report.terminal import err, say
 
@@ -202,7 +186,7 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
         tok_path = out / "tokenizer"
         stamp = tok_path / "trainwise-data.txt"
         if not stamp.exists() or stamp.read_text() != f"{source.ref} {fingerprint}":
-            train_tokenizer([t for r in train for t in (r["text"], r["target"])], source.ref, tok_path)
+            train_tokenizer(tokenizer_corpus(train), source.ref, tok_path)
             stamp.write_text(f"{source.ref} {fingerprint}")
         tokenizer_dir = str(tok_path.resolve())
 

@@ -149,3 +149,39 @@ def load_rows(
     if not held_out or len(held_out) == len(train):
         return train, train[: max(1, len(train) // 10)]
     return [r for r in train if not _is_eval(r["text"])], held_out
+
+
+def read_task_rows(
+    task: str,
+    dataset: str | None,
+    train_file: str | None,
+    eval_file: str | None,
+    text_column: str | None,
+    target_column: str | None,
+    max_train_samples: int | None = None,
+) -> tuple[Rows, Rows, list[str]]:
+    """The user's rows for a text task, checked the one way compare, train and estimate all read them:
+    (train, eval, the classes; [] for seq2seq). A fixed shuffle (files and corpora come grouped: the stdlib
+    corpus by module, and eval and --max-train-samples take prefixes); eval rows of unseen classes dropped."""
+    import random
+
+    if dataset in BUILTIN_DATASETS and BUILTIN_DATASETS[dataset] != task:
+        raise ConfigError(f"dataset {dataset!r} is a {BUILTIN_DATASETS[dataset]} dataset, not {task}")
+    train, evals = load_rows(dataset, train_file, eval_file, text_column, target_column)
+    random.Random(1234).shuffle(train)
+    random.Random(4321).shuffle(evals)
+    if max_train_samples:
+        train = train[:max_train_samples]
+    if task != "classification":
+        return train, evals, []
+    labels = sorted({r["target"] for r in train})
+    if len(labels) < 2:
+        raise ConfigError(f"classification needs at least 2 distinct targets, found {len(labels)}")
+    if len(labels) > 1000:
+        raise ConfigError(f"{len(labels)} distinct targets: is --target-column a class label?")
+    return train, [r for r in evals if r["target"] in set(labels)], labels
+
+
+def tokenizer_corpus(train: Rows) -> list[str]:
+    """What a size preset's tokenizer is trained on: the training rows' texts and targets."""
+    return [t for r in train for t in (r["text"], r["target"])]
