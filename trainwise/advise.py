@@ -409,7 +409,10 @@ def _study_line(label: str, path: Path) -> str:
     row = next((r for r in read_results(path) if r.get("status") == "ok"), {})
     env = row.get("env") or {}
     price = (row.get("cost_note") or "unpriced").split(",")[0].split(";")[0]
-    return f"{label}: {env.get('device_name', '?')} ({env.get('device', '?')}), {price}"
+    device = env.get("device", "?")
+    if device == "cpu" and env.get("torch_threads"):
+        device = f"cpu, {env['torch_threads']} threads"
+    return f"{label}: {env.get('device_name', '?')} ({device}), {price}"
 
 
 def batch_hints(study: Path, rows: list[dict], budget: int) -> dict[str, str]:
