@@ -246,7 +246,7 @@ def advise(rows: list[dict], constraints: Constraints) -> Advice:
             reason = f"Pareto-optimal: {effect}"
         else:
             by = next(o for o in feasible if _dominates(o, r))
-            worse = "no worse quality" if r.get("metric") is not None else "quality known"
+            worse = "no worse quality" if r.get("metric") is not None else "its quality measured"
             reason = f"dominated by {by['strategy']} (no slower, no more memory, {worse}): {effect}"
         if r is reference:
             reason = f"reference row; {reason}"
