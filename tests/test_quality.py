@@ -117,8 +117,9 @@ def test_a_row_the_quality_phase_did_not_train_wins_nothing_on_quality():
     base = {"baseline": False, "status": "ok", "metric_name": "accuracy"}
     rows = [
         {**base, "baseline": True, "strategy": "baseline", "samples_per_s": 10.0, "peak_mem_bytes": 100},
-        {**base, "strategy": "lean", "samples_per_s": 14.0, "peak_mem_bytes": 50},
         {**base, "strategy": "adafactor", "samples_per_s": 12.0, "peak_mem_bytes": 80, "metric": 30.0},
+        {**base, "strategy": "lean", "samples_per_s": 14.0, "peak_mem_bytes": 50},
+        {**base, "strategy": "slow", "samples_per_s": 11.0, "peak_mem_bytes": 90, "metric": 60.0},
     ]
     q = {"seeds": 2, "rows": [{"strategy": "baseline", "verdict": "reference", "values": [50, 52], "steps": 99}]}
     q["rows"].append({"strategy": "lean", "verdict": NOT_SIGNIFICANT, "values": [49, 51], "steps": 99})
@@ -127,6 +128,9 @@ def test_a_row_the_quality_phase_did_not_train_wins_nothing_on_quality():
     judged, _ = with_quality(rows, q)
     by = {v.strategy: v for v in advise(judged, Constraints()).verdicts}
     assert "dominated by lean" in by["adafactor"].reason and "quality unknown" in by["adafactor"].reason
+    assert "dominated by lean (no slower, no more memory, its quality measured)" in by["slow"].reason, (
+        "adafactor dominates slow too, but only in time and memory: the witness is the row with a known quality"
+    )
     assert advise(judged, Constraints()).recommended == "lean"
     # lean judged worse and excluded by the quality floor: adafactor's quality is unknown, so it cannot be
     # shown no worse than the baseline: both are on the front; adafactor wins on time, said to have no verdict
@@ -134,6 +138,7 @@ def test_a_row_the_quality_phase_did_not_train_wins_nothing_on_quality():
     tight = advise(with_quality(rows, q)[0], Constraints(max_quality_drop=5.0))
     assert tight.recommended == "adafactor" and any("no quality verdict" in n for n in tight.notes)
     assert {v.strategy for v in tight.verdicts if v.pareto} == {"adafactor", "baseline"}
+    assert "neither's quality known" in next(v.reason for v in tight.verdicts if v.strategy == "slow")
 
 
 @pytest.mark.slow

@@ -245,13 +245,21 @@ def advise(rows: list[dict], constraints: Constraints) -> Advice:
         elif r in front:
             reason = f"Pareto-optimal: {effect}"
         else:
-            by = next(o for o in feasible if _dominates(o, r))
-            worse = "no worse quality" if r.get("metric") is not None else "its quality measured"
+            by = next((o for o in feasible if o.get("metric") is not None and _dominates(o, r)), None) or next(
+                o for o in feasible if _dominates(o, r)
+            )  # a row whose quality is known is the better witness
+            worse = (
+                "no worse quality"
+                if r.get("metric") is not None
+                else "its quality measured"
+                if by.get("metric") is not None
+                else "neither's quality known"
+            )
             reason = f"dominated by {by['strategy']} (no slower, no more memory, {worse}): {effect}"
         if r is reference:
             reason = f"reference row; {reason}"
         if judged and r.get("metric") is None:
-            reason += "; quality unknown: the quality phase did not train it (it trains the time/memory front)"
+            reason += "; quality unknown (not trained by the quality phase)"
         if r.get("contended"):
             reason += "; timed under load (unreliable)"
         cost = r.get("cost_per_epoch")
