@@ -64,6 +64,33 @@ def test_three_seeds_or_more_are_judged_by_welchs_t_test(tmp_path, cls_csv):
     assert compare([42.5, 43.0], base)[1] == "seeds' ranges overlap?", "a row with 2 seeds: the range rule"
 
 
+def test_a_phase_that_learned_nothing_says_its_verdicts_compare_nothing(tmp_path, cls_csv, capsys):
+    """On a 40-class CSV of package descriptions, 120 steps x 3 seeds left every candidate at 40.0%: the
+    commonest class's share. The verdicts ('no significant difference') were true and meaningless."""
+    from trainwise.quality import unlearned
+    from trainwise.report.format import majority_note
+    from trainwise.report.terminal import quality_table
+
+    study = tiny_study(tmp_path, cls_csv, "classification", ["baseline", "bf16"], eval_samples=0, repeat=2)
+    trials = _trials(study, {"baseline": [40.0, 40.0], "bf16": [40.0, 40.0]})
+    for _, r in trials:
+        r.metrics["majority_accuracy"] = 40.0
+    found = verdicts(trials, random_init=False)
+    assert found[0].majority == 40.0 and found[1].verdict == NOT_SIGNIFICANT
+    quality_table(found, 2)
+    assert "no candidate beats always answering the commonest class (40.0%)" in capsys.readouterr().out
+    assert unlearned([40.0, 52.0], 40.0) is None, "one row learned: the verdicts mean something"
+    q = {"seeds": 2, "rows": [r.to_dict() for r in found]}
+    assert "no candidate beats" in with_quality([{"strategy": "baseline", "status": "ok"}], q)[1]
+    entries = [{"status": "ok", "metric": m, "metric_name": "accuracy", "metrics": {"majority_accuracy": 40.0}}
+               for m in (40.0, 38.0)]  # fmt: skip
+    assert "no row beats it" in (majority_note(entries) or "")
+    entries[0]["metric"] = 55.0
+    assert (
+        majority_note(entries) == "accuracy: always answering the commonest class scores 40.0% on these held-out rows"
+    )
+
+
 def test_candidates_are_the_baseline_and_the_time_memory_front(tmp_path, cls_csv):
     def row(name, sps, mem, metric):
         return {"strategy": name, "row": name, "baseline": name == "baseline", "status": "ok"} | {
@@ -155,6 +182,7 @@ def test_compare_quality_phase_end_to_end(tmp_path, cls_csv, capsys):
     q = json.loads((out / "quality" / "quality.json").read_text())
     assert q["seeds"] == 2 and all(len(r["values"]) == 2 for r in q["rows"])
     assert q["rows"][0]["strategy"] == "baseline" and all(r["eval_loss"] > 0 for r in q["rows"])
+    assert all(50 <= r["majority"] <= 100 for r in q["rows"]), "2 classes: the commonest holds half or more"
     assert main(["advise", str(out), "--json"]) == 0
     assert any("quality phase (4 steps x 2 seeds)" in n for n in json.loads(capsys.readouterr().out)["notes"])
     assert main([*argv, "--out", str(out)]) == 0

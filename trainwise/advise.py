@@ -367,6 +367,12 @@ def with_quality(rows: list[dict], verdicts: dict) -> tuple[list[dict], str]:
         + ", ".join(by_row)
         + "; a difference inside the seeds' ranges counts as none; the other rows' short-trial quality is not used"
     )
+    from trainwise.quality import unlearned
+
+    means = [q["mean"] for q in verdicts["rows"]]
+    majority = verdicts["rows"][0].get("majority") if verdicts["rows"] else None
+    if (line := unlearned(means, majority)) is not None:
+        note += f"; but {line}"
     return out, note
 
 

@@ -40,6 +40,7 @@ class QualityRow:
     delta: float | None = None  # mean metric - the baseline's
     verdict: str = ""  # "reference" | NOT_SIGNIFICANT | "better" | "worse" | "one seed: no verdict"
     test: str = ""  # how the verdict was reached (range overlap with 2 seeds, Welch's t-test with 3 or more)
+    majority: float | None = None  # accuracy: what always answering the commonest held-out class scores
 
     @property
     def mean(self) -> float:
@@ -139,6 +140,7 @@ def verdicts(trials: list, random_init: bool) -> list[QualityRow]:
             spec.row, QualityRow(spec.row, r.metric_name or "", [], [], spec.settings.max_steps, random_init)
         )
         row.values.append(float(r.metric))
+        row.majority = r.metrics.get("majority_accuracy", row.majority)
         if r.metrics.get("eval_loss") is not None:
             row.eval_losses.append(float(r.metrics["eval_loss"]))
         if spec.plan == TrialPlan():
@@ -152,6 +154,17 @@ def verdicts(trials: list, random_init: bool) -> list[QualityRow]:
             row.delta = row.mean - baseline.mean
             row.verdict, row.test = compare(row.values, baseline.values)
     return list(rows.values())
+
+
+def unlearned(means: list[float], majority: float | None) -> str | None:
+    """A line when no candidate's mean beats always answering the commonest class: the phase was too short
+    for the task, so its verdicts compare nothing."""
+    if majority is None or not means or max(means) > majority + 0.5:
+        return None
+    return (
+        f"no candidate beats always answering the commonest class ({majority:.1f}%): the phase did not learn the "
+        "task, so these verdicts compare nothing; raise --quality-steps (or --lr)"
+    )
 
 
 def write(out: Path, rows: list[QualityRow], seeds: int) -> Path:

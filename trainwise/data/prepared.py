@@ -142,8 +142,10 @@ def evaluate_text(model, accelerator, enc: Encoded, gold: list[str], spec: Trial
         items += batch.loss_items
     model.train()
     eval_loss = {"eval_loss": loss_sum / items} if items else {}
-    if s.task == "classification":
-        return {"accuracy": 100 * accuracy(preds, [labels.index(g) for g in gold]), **eval_loss}
+    if s.task == "classification":  # majority_accuracy: what always answering the commonest class scores here
+        majority = 100 * max(gold.count(g) for g in set(gold)) / len(gold) if gold else 0.0
+        ids = [labels.index(g) for g in gold]
+        return {"accuracy": 100 * accuracy(preds, ids), "majority_accuracy": majority, **eval_loss}
     return {**text_metrics([p.strip() for p in preds], gold), **eval_loss}
 
 

@@ -141,6 +141,20 @@ def _mfu_notes(table: list[dict]) -> list[str]:
     return lines
 
 
+def majority_note(entries: list[dict]) -> str | None:
+    """For accuracy: what always answering the held-out rows' commonest class scores, and a warning when
+    no row beats it (the model has not learned the task yet: its quality figures compare nothing)."""
+    shares = {(e.get("metrics") or {}).get("majority_accuracy") for e in entries} - {None}
+    scores = [e["metric"] for e in entries if e.get("metric") is not None and e.get("metric_name") == "accuracy"]
+    if len(shares) != 1 or not scores:
+        return None
+    share = float(shares.pop() or 0.0)
+    line = f"accuracy: always answering the commonest class scores {share:.1f}% on these held-out rows"
+    if max(scores) <= share + 0.5:
+        line += "; no row beats it: the model has not learned the task yet (train longer, or raise --lr)"
+    return line
+
+
 def notes(table: list[dict]) -> list[str]:
     base = next((e for e in table if e.get("baseline")), None)
     marks = footnotes(table)
@@ -171,6 +185,8 @@ def notes(table: list[dict]) -> list[str]:
             "the CPU clock fell during the timed steps (throttling: slower steps with no other process): "
             + ", ".join(f"{e['strategy']} {e['cpu_mhz'][0]:.0f} -> {e['cpu_mhz'][1]:.0f} MHz" for e in throttled)
         )
+    if (line := majority_note([e for e in table if e["status"] == "ok"])) is not None:
+        lines.append(line)
     kinds = {e["mem_kind"] for e in table if e.get("mem_kind")}
     if "cpu_allocated" in kinds:
         lines.append(

@@ -163,6 +163,7 @@ def export_report(row: str, paths: list, notes: list[str]) -> None:
 
 def quality_table(rows: list, seeds: int) -> None:
     """The quality phase: each candidate's metric and evaluation loss over the seeds, and its verdict."""
+    from trainwise.quality import unlearned
     from trainwise.report.format import RANDOM_INIT_NOTE
 
     if not rows:
@@ -189,6 +190,10 @@ def quality_table(rows: list, seeds: int) -> None:
         f"  a difference is called {test}; advise reads these verdicts (quality/quality.json) instead of "
         "the speed trials' quality."
     )
+    if rows[0].majority is not None:
+        say(f"  always answering the commonest class scores {rows[0].majority:.1f}% on these held-out rows")
+    if (line := unlearned([r.mean for r in rows], rows[0].majority)) is not None:
+        say(f"  warning: {line}")
     if rows[0].random_init:
         say(f"  {RANDOM_INIT_NOTE}")
 
