@@ -255,6 +255,8 @@ def test_several_studies_priced_per_machine_rank_by_cost_unlike_time(tmp_path, c
     assert front == {"cpu/bf16", "gpu/bf16"}, "cheaper but slower vs faster but dearer: both Pareto-optimal"
     assert by_cost["verdicts"][0]["cost_per_epoch"] == pytest.approx(1000 / 12 / 3600 * 0.1)
     assert not any("cost ranks like time" in n for n in by_cost["notes"])
+    gpu_base = next(v["reason"] for v in by_cost["verdicts"] if v["strategy"] == "gpu/baseline")
+    assert "dominated by gpu/bf16 (no slower, no more memory, no dearer" in gpu_base
     assert any("cpu: Intel Xeon (cpu), $0.1/h" in n and "gpu: NVIDIA H100 (cuda), $4/h" in n for n in by_cost["notes"])
     assert main(["advise", cpu, gpu, "--objective", "cost"]) == 0
     assert "$/epoch" in capsys.readouterr().out

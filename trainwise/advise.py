@@ -255,7 +255,8 @@ def advise(rows: list[dict], constraints: Constraints) -> Advice:
                 if by.get("metric") is not None
                 else "neither's quality known"
             )
-            reason = f"dominated by {by['strategy']} (no slower, no more memory, {worse}): {effect}"
+            dearer = ", no dearer" if by.get("cost_per_epoch") is not None and len(prices) > 1 else ""
+            reason = f"dominated by {by['strategy']} (no slower, no more memory{dearer}, {worse}): {effect}"
         if r is reference:
             reason = f"reference row; {reason}"
         if judged and r.get("metric") is None:
@@ -425,7 +426,7 @@ def _study_line(label: str, path: Path) -> str:
     price = (row.get("cost_note") or "unpriced").split(",")[0].split(";")[0]
     device = env.get("device", "?")
     if device == "cpu" and env.get("torch_threads"):
-        device = f"cpu, {env['torch_threads']} threads"
+        device = f"cpu, {env['torch_threads']} thread" + ("s" if env["torch_threads"] > 1 else "")
     return f"{label}: {env.get('device_name', '?')} ({device}), {price}"
 
 
