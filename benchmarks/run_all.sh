@@ -106,3 +106,18 @@ $PY benchmarks/memory_basis.py --out runs/bench-memory | tee runs/bench-memory.t
 
 # 21. MFU of the demo rows: the default study (its table has the MFU column and the probe's peaks)
 $TW compare --out runs/demo-readme --force | tee runs/bench-mfu.txt
+
+# 23. the demo study's quality phase (after `make demo`-style compare into runs/demo-readme)
+$TW compare --out runs/demo-readme --quality-steps 120 --seeds 2 | tee runs/bench-quality-demo.txt
+
+# 24. the quality phase on a CSV the project did not make (pkgs.csv from section 20's script), 3 seeds
+/usr/bin/time -f "wall %e s" $TW compare --train-file runs/bench-memory/pkgs.csv --text-column summary \
+  --target-column section --lr 2e-4 --max-length 64 --out runs/bench-quality-csv --quality-steps 120 --seeds 3 \
+  2>&1 | tee runs/bench-quality-csv.txt
+$TW advise runs/bench-quality-csv --max-quality-drop 2
+
+# 25. cost across machines: one CPU as two priced SKUs (1 and 2 threads), advise over both
+OMP_NUM_THREADS=1 $TW compare --strategies baseline,bf16,smart_batch,all --price-per-hour 0.05 --out runs/bench-sku-1vcpu
+$TW compare --strategies baseline,bf16,smart_batch,all --price-per-hour 0.10 --out runs/bench-sku-2vcpu
+$TW advise runs/bench-sku-1vcpu runs/bench-sku-2vcpu --objective cost
+$TW advise runs/bench-sku-1vcpu runs/bench-sku-2vcpu

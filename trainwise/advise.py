@@ -366,7 +366,8 @@ def with_quality(rows: list[dict], verdicts: dict) -> tuple[list[dict], str]:
     note = (
         f"quality from the quality phase ({steps} steps x {verdicts['seeds']} seeds) for "
         + ", ".join(by_row)
-        + "; a difference inside the seeds' ranges counts as none; the other rows' short-trial quality is not used"
+        + "; a difference its test does not call (seeds' ranges with 2 seeds, Welch's t with 3 or more) counts as "
+        "none; the other rows' short-trial quality is not used"
     )
     from trainwise.quality import unlearned
 
