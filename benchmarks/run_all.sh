@@ -107,6 +107,9 @@ $PY benchmarks/memory_basis.py --out runs/bench-memory | tee runs/bench-memory.t
 # 21. MFU of the demo rows: the default study (its table has the MFU column and the probe's peaks)
 $TW compare --out runs/demo-readme --force | tee runs/bench-mfu.txt
 
+# 22. P4: short-trial rankings vs one whole epoch (Kendall tau-b)
+$PY benchmarks/ranking.py | tee runs/bench-ranking.txt
+
 # 23. the demo study's quality phase (after `make demo`-style compare into runs/demo-readme)
 $TW compare --out runs/demo-readme --quality-steps 120 --seeds 2 | tee runs/bench-quality-demo.txt
 

@@ -102,7 +102,7 @@ def run_compare(cfg, cost=None, console=None, steps_seeds: tuple[int, int] | Non
 @app.command()
 def advise(
     ctx: typer.Context,
-    study: Annotated[list[str], typer.Argument(help="Study directories written by `trainwise compare` (its --out).")],
+    study: Annotated[list[str], typer.Argument(metavar="STUDY", help="Study dirs: `trainwise compare` --out.")],
     objective: Annotated[str, Opt(help="What to optimise: time, cost or quality.")] = "time",
     memory_budget: Annotated[str | None, Opt(help="Largest acceptable peak memory, e.g. 11GB, 900MiB.")] = None,
     max_quality_drop: Annotated[float | None, Opt(help="Largest acceptable quality drop, in its units.")] = None,
@@ -123,8 +123,7 @@ def advise(
 ) -> None:
     """Rank a study's rows: Pareto-optimal plans under your constraints, and why each wins or loses.
 
-    STUDY is a finished `trainwise compare` directory, or with --run one to run (or resume) first. Several
-    studies (each priced for its machine) are ranked together as STUDY/row: cost then differs from time.
+    STUDY: a `trainwise compare` --out (--run: run or resume it first); several, each priced, rank by cost too.
     """
     from trainwise.advise import Constraints, advise_study, partial_note
     from trainwise.report import terminal
