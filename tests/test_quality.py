@@ -175,7 +175,7 @@ def test_compare_quality_phase_end_to_end(tmp_path, cls_csv, capsys):
     out = tmp_path / "study"
     argv = ["compare", "--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--device", "cpu"]
     argv += ["--strategies", "baseline,grad_accum", "--batch-size", "8", "--max-length", "32", "--max-steps", "2"]
-    argv += ["--warmup-steps", "1", "--eval-samples", "16", "--quality-steps", "4", "--seeds", "2"]
+    argv += ["--warmup-steps", "1", "--eval-samples", "16", "--quality-steps", "4", "--seeds", "2", "--no-remeasure"]
     assert main([*argv, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "quality phase, 4 steps x 2 seed(s)" in printed and "reference" in printed

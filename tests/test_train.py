@@ -251,7 +251,7 @@ def test_train_plan_takes_advises_pick_and_the_settings_of_a_compare_study(tmp_p
     study = tmp_path / "study"
     compare = ["compare", "--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--strategies", "baseline,bf16"]
     compare += ["--batch-size", "4", "--max-length", "24", "--max-steps", "3", "--warmup-steps", "1"]
-    compare += ["--eval-samples", "8", "--device", "cpu"]
+    compare += ["--eval-samples", "8", "--device", "cpu", "--no-remeasure"]
     assert main([*compare, "--out", str(study)]) == 0
     results = json.loads((study / "results.json").read_text())
     from trainwise.advise import Constraints, advise
