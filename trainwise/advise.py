@@ -390,8 +390,10 @@ def advise_study(studies: Path | list[Path], constraints: Constraints) -> Advice
     rows: list[dict] = []
     notes: list[str] = []
     hints: dict[str, str] = {}
+    machines = []  # a study of several: what its rows were measured on and priced at
     for path, label in zip(paths, labels, strict=True):
         own = read_results(path)
+        machines.append(_study_line(label, own))
 
         def named(n: str, label: str = label) -> str:
             return n if len(paths) == 1 else f"{label}/{n}"
@@ -405,9 +407,7 @@ def advise_study(studies: Path | list[Path], constraints: Constraints) -> Advice
     result = advise(rows, constraints)
     result.notes[:0] = notes
     if len(paths) > 1:
-        result.notes.insert(
-            0, "rows of " + "; ".join(_study_line(label, path) for label, path in zip(labels, paths, strict=True))
-        )
+        result.notes.insert(0, "rows of " + "; ".join(machines))
     judged = {r["strategy"]: r["quality_verdict"] for r in rows if r.get("quality_verdict")}
     result.verdicts = [
         dataclasses.replace(v, reason=f"{v.reason}; quality: {judged[v.strategy]}") if v.strategy in judged else v
@@ -420,9 +420,9 @@ def advise_study(studies: Path | list[Path], constraints: Constraints) -> Advice
     return result
 
 
-def _study_line(label: str, path: Path) -> str:
+def _study_line(label: str, rows: list[dict]) -> str:
     """'a: Intel Xeon (cpu), $0.1/h' for a study of several: what its rows were measured on and priced at."""
-    row = next((r for r in read_results(path) if r.get("status") == "ok"), {})
+    row = next((r for r in rows if r.get("status") == "ok"), {})
     env = row.get("env") or {}
     price = (row.get("cost_note") or "unpriced").split(",")[0].split(";")[0]
     device = env.get("device", "?")

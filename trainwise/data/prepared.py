@@ -4,6 +4,7 @@ batch it, and how to score a model on the held-out rows."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,7 +144,7 @@ def evaluate_text(model, accelerator, enc: Encoded, gold: list[str], spec: Trial
     model.train()
     eval_loss = {"eval_loss": loss_sum / items} if items else {}
     if s.task == "classification":  # majority_accuracy: what always answering the commonest class scores here
-        majority = 100 * max(gold.count(g) for g in set(gold)) / len(gold) if gold else 0.0
+        majority = 100 * max(Counter(gold).values()) / len(gold) if gold else 0.0
         ids = [labels.index(g) for g in gold]
         return {"accuracy": 100 * accuracy(preds, ids), "majority_accuracy": majority, **eval_loss}
     return {**text_metrics([p.strip() for p in preds], gold), **eval_loss}
