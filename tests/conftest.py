@@ -121,7 +121,7 @@ def tiny_study(out: Path, data: Path, task: str, strategies: list[str], **kw):
         max_steps=kw.pop("max_steps", 3),
         warmup_steps=kw.pop("warmup_steps", 1),
         eval_samples=kw.pop("eval_samples", 8),
-        device="cpu",
+        device=kw.pop("device", "cpu"),
         accum_steps=kw.pop("accum_steps", 4),
         remeasure=kw.pop("remeasure", False),  # one spec per row: these tests run the specs themselves
         **kw,

@@ -263,6 +263,8 @@ def advise(rows: list[dict], constraints: Constraints) -> Advice:
             reason += "; quality unknown (not trained by the quality phase)"
         if r.get("contended"):
             reason += "; timed under load (unreliable)"
+        if r.get("support_note"):  # its precision is emulated or inert on this device: why its time is what it is
+            reason += f"; {r['support_note']}"
         cost = r.get("cost_per_epoch")
         verdicts.append(Verdict(r["strategy"], "ok", why is None, r in front, reason, rel_t, rel_m, dq, cost))
     verdicts.sort(key=lambda v: (not v.pareto, not v.feasible))  # stable: keeps the objective order inside

@@ -57,6 +57,11 @@ class StudyConfig:
     eval_samples: int = 160
     max_train_samples: int | None = None
     retry_failed: bool = False
+    retries: int = 2  # a timing trial measured under load is run again up to this many times
+    # default rows: an emulated slow precision is recorded, not trained, and `all` takes the device's best
+    # precision; None: True exactly when `strategies` are the default rows (a row the user names is trained)
+    fit_to_device: bool | None = None
+    quiet_wait_s: float = 120.0  # how long to wait for the load to drop before each re-run
     # swept dimensions: every row runs at each batch size and each DataLoader worker count
     batch_sizes: tuple[int, ...] = ()  # empty: just batch_size
     num_workers: tuple[int, ...] = (0,)
@@ -82,6 +87,8 @@ class StudyConfig:
             value = getattr(self, name)
             if value <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+        if not 0 <= self.retries <= 10:
+            raise ConfigError(f"--retries must be between 0 and 10, got {self.retries}")
         if self.eval_samples < 0:
             raise ConfigError(f"--eval-samples must be >= 0, got {self.eval_samples}")
         if self.image_size <= 0:
@@ -112,6 +119,8 @@ class StudyConfig:
         if not self.num_workers or any(w < 0 for w in self.num_workers):
             raise ConfigError(f"--num-workers must all be >= 0, got {','.join(map(str, self.num_workers))}")
         self.rows = strategies.parse_rows(self.strategies, self.accum_steps)
+        if self.fit_to_device is None:
+            self.fit_to_device = [s.strip() for s in self.strategies] == strategies.DEFAULT_STRATEGIES.split(",")
         for size in self.batch_sizes or (self.batch_size,):
             for row in self.rows:
                 check_accum(row, size)

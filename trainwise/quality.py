@@ -124,6 +124,7 @@ def quality_config(cfg: StudyConfig, rows: list[str], steps: int, seeds: int) ->
         repeat=seeds,
         seed_per_repeat=True,
         remeasure=False,
+        retries=0,  # quality, not timing: a run under load trains the same
         batch_sizes=(),
         num_workers=(cfg.num_workers[0],),
     )

@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import asdict, dataclass, field, fields
 
-STATUSES = ("ok", "unsupported", "oom", "error", "timeout", "crashed")
+# "emulated": a default row whose precision this device only emulates, recorded from the linear-layer
+# micro-benchmark and not trained (minutes per step on such a CPU); a row the user names is trained.
+STATUSES = ("ok", "unsupported", "emulated", "oom", "error", "timeout", "crashed")
 
 
 @dataclass
@@ -25,8 +27,8 @@ class TrialResult:
     warmup_s: float | None = None  # total time of the untimed warm-up steps
     compile_s: float | None = None  # torch.compile rows: warm-up time beyond steady steps (the compiling)
     timed_steps: int = 0
-    samples_per_s: float | None = None  # samples / total timed seconds
-    tokens_per_s: float | None = None  # non-pad tokens / total timed seconds
+    samples_per_s: float | None = None  # samples per timed step / the median step (one statistic per row)
+    tokens_per_s: float | None = None  # non-pad tokens per timed step / the median step
     padding_waste: float | None = None  # fraction of computed positions that are padding
     epoch_time_s: float | None = None  # projected: training samples / samples_per_s
     # memory
@@ -41,8 +43,8 @@ class TrialResult:
     rss_before_model_bytes: int | None = None
     # MFU (trainwise.measure.flops): counted FLOPs of an average timed step over the measured matmul peak
     flops_per_step: float | None = None
-    peak_flops_per_s: float | None = None  # this device's dense matmul in the plan's compute dtype, measured
-    mfu: float | None = None  # flops_per_step x timed steps / timed seconds / peak_flops_per_s
+    peak_flops_per_s: float | None = None  # this device's linear layer run as the plan runs it, measured
+    mfu: float | None = None  # flops_per_step / median step / peak_flops_per_s; never > 1 (None, mfu_note says why)
     compute_dtype: str | None = None  # fp32 | bf16 | fp16: the dtype of the peak MFU is measured against
     mfu_note: str = ""  # why FLOPs were not counted, when they were not
     # quality
@@ -66,6 +68,11 @@ class TrialResult:
     steal_share: float | None = None  # stolen by the hypervisor
     contended: bool | None = None  # either beyond its threshold: the timings are unreliable
     cpu_mhz: list | None = None  # the CPUs' mean clock at the start and the end of the timed steps
+    discarded_runs: int = 0  # runs of this trial measured under load and run again (compare --retries)
+    # the precision's verdict on this device when it is not native (strategies.base.Support.line), and a
+    # linear layer's time in the row's precision over fp32, measured (trainwise.measure.device)
+    support_note: str = ""
+    precision_ratio: float | None = None
 
     def __post_init__(self) -> None:
         assert self.status in STATUSES, self.status
@@ -83,8 +90,8 @@ def combine_ranks(results: list[TrialResult | None], expected_world: int) -> Tri
     """One row from the per-rank results of a multi-process trial.
 
     A rank that failed makes the row fail with its message (a missing rank result, when no rank
-    reported a failure, is `crashed`). Time is the slowest rank's (the step is as slow as it);
-    throughput is all ranks' samples over that time; memory is the largest rank's peak, with every
+    reported a failure, is `crashed`). Time is the slowest rank's median step (the step is as slow as it);
+    throughput is all ranks' samples per step over its median step; memory is the largest rank's peak, with every
     rank's peak kept in `rank_peak_mem_bytes` (their sum is the total across the machine).
     """
     present = [(i, r) for i, r in enumerate(results) if r is not None]
@@ -113,9 +120,11 @@ def combine_ranks(results: list[TrialResult | None], expected_world: int) -> Tri
             world_size=got,
         )
     slowest = max(ranks, key=lambda r: r.step_time_s or 0.0)
+    step = slowest.step_time_s or 0.0
     timed = max(r.timed_s or 0.0 for r in ranks)
-    samples = sum((r.samples_per_s or 0.0) * (r.timed_s or 0.0) for r in ranks)
-    real = [(r.tokens_per_s or 0.0) * (r.timed_s or 0.0) for r in ranks]  # non-pad tokens each rank saw
+    # per step, at each rank's median step (the row's one statistic, trainwise.measure.timing)
+    samples = sum((r.samples_per_s or 0.0) * (r.step_time_s or 0.0) for r in ranks)
+    real = [(r.tokens_per_s or 0.0) * (r.step_time_s or 0.0) for r in ranks]  # non-pad tokens each rank saw
     padded = [
         x / (1 - r.padding_waste) if r.padding_waste is not None and r.padding_waste < 1 else x
         for x, r in zip(real, ranks, strict=True)
@@ -133,10 +142,10 @@ def combine_ranks(results: list[TrialResult | None], expected_world: int) -> Tri
         optimizer_s=slowest.optimizer_s,
         warmup_s=max(r.warmup_s or 0.0 for r in ranks),
         timed_s=timed,
-        samples_per_s=samples / timed if timed else None,
-        tokens_per_s=tokens / timed if timed else None,
+        samples_per_s=samples / step if step else None,
+        tokens_per_s=tokens / step if step else None,
         padding_waste=1 - tokens / sum(padded) if sum(padded) else main.padding_waste,
-        epoch_time_s=n_train * timed / samples if samples else None,
+        epoch_time_s=n_train * step / samples if samples else None,
         peak_mem_bytes=max(peaks),
         peak_reserved_bytes=max((r.peak_reserved_bytes or 0 for r in ranks), default=None) or None,
         peak_rss_bytes=max((r.peak_rss_bytes or 0 for r in ranks), default=None) or None,

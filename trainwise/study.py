@@ -28,8 +28,12 @@ from trainwise import strategies
 from trainwise.config import IMAGE_TASK, TEXT_TASKS, Cell, DataOrigin, StudyConfig, TrialSettings, TrialSpec
 from trainwise.data.sources import read_task_rows, tokenizer_corpus
 from trainwise.errors import ConfigError, RunFailed
+from trainwise.measure import contention
+from trainwise.measure.device import DeviceFacts, precision_ratio
+from trainwise.measure.device import facts as device_facts
 from trainwise.models import head_note, resolve_model, train_tokenizer
 from trainwise.results import TrialResult
+from trainwise.strategies import Row, Support
 
 
 def resolve_device(device: str) -> tuple[str, set[str]]:
@@ -55,6 +59,11 @@ class PreparedStudy:
     specs: list[TrialSpec]  # one per (repeat, cell); repeats interleaved
     cells: list[Cell]
     unsupported: dict[str, str]  # row text -> why this device cannot run it
+    # row text -> its precision's verdict on this device (native ones included: their measured ratio)
+    verdicts: dict[str, Support] = dataclasses.field(default_factory=dict)
+    # default rows whose precision is emulated here and slow: recorded from the micro-benchmark, not trained
+    recorded: dict[str, Support] = dataclasses.field(default_factory=dict)
+    row_notes: dict[str, str] = dataclasses.field(default_factory=dict)  # row text -> what the device changed
 
     def cell_of(self, spec: TrialSpec) -> Cell:
         return next(c for c in self.cells if c.matches(spec))
@@ -129,6 +138,68 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
 
 
+# a default row whose precision is emulated and this many times slower than fp32 (a linear layer,
+# measured) is recorded from that measurement instead of trained: bf16 on an AVX2-only CPU is ~26x
+SLOW_RATIO = 3.0
+
+
+def precision_verdicts(rows: list[Row], device: str, facts: DeviceFacts) -> dict[str, Support]:
+    """Each row's precision on this device (the worst knob verdict: strategies.support), confirmed by a
+    linear layer timed in that precision against fp32 (~0.3 s per precision, cached): the measurement
+    wins where they disagree (flags that say native on a device that runs it SLOW_RATIO times slower
+    read emulated; flags that name no unit on a device that runs it faster than fp32 read native)."""
+    ratios: dict[str, float] = {}
+    found: dict[str, Support] = {}
+    for row in rows:
+        worst = strategies.worst(strategies.support(row.plan, facts))
+        if worst is None:
+            continue
+        knob, verdict = worst
+        value = str(row.plan.value(knob))
+        if knob == "precision" and verdict.status in ("native", "emulated"):
+            ratio = ratios[value] = ratios.get(value) or precision_ratio(device, value)
+            if verdict.status == "native" and ratio >= SLOW_RATIO:
+                verdict = Support("emulated", f"{verdict.reason}, yet measured as slow as emulation", ratio)
+            elif verdict.status == "emulated" and ratio < 1.0:  # the flags missed a unit the kernels use
+                verdict = Support("native", f"{verdict.reason.split(' (')[0]} (measured faster than fp32)", ratio)
+            verdict = dataclasses.replace(verdict, ratio=ratio)
+        found[row.text] = verdict
+    return found
+
+
+def _fit_to_device(cfg: StudyConfig, device: str, facts: DeviceFacts, unsupported: dict[str, str]):
+    """Precision truth before any trial: every row's verdict; in the default rows, an emulated slow
+    precision is recorded rather than trained, and `all` trains with the best precision the device has
+    (fp16 on a V100, fp32 on an AVX2-only CPU). Rows the user names are trained as asked."""
+    verdicts = precision_verdicts([r for r in cfg.rows if r.text not in unsupported], device, facts)
+    recorded: dict[str, Support] = {}
+    row_notes: dict[str, str] = {}
+    if not cfg.fit_to_device:
+        return verdicts, recorded, row_notes
+    for i, row in enumerate(cfg.rows):
+        verdict = verdicts.get(row.text)
+        if verdict is None or verdict.status != "emulated":
+            continue
+        if row.text not in strategies.ALIASES:
+            if (verdict.ratio or SLOW_RATIO) >= SLOW_RATIO:
+                recorded[row.text] = verdict
+            continue
+        old = str(row.plan.value("precision"))
+        best = next(
+            (
+                name
+                for name in ("bf16", "fp16")
+                if (v := strategies.support(strategies.with_precision(row, name).plan, facts).get("precision"))
+                and v.status == "native"
+            ),
+            None,
+        )
+        cfg.rows[i] = strategies.with_precision(row, best)
+        row_notes[row.text] = f"trained with {best or 'fp32'} instead of {old}: {verdict.line(old)}"
+        verdicts.pop(row.text)
+    return verdicts, recorded, row_notes
+
+
 def prepare_study(cfg: StudyConfig) -> PreparedStudy:
     device, caps = resolve_device(cfg.device)
     unsupported: dict[str, str] = {}
@@ -149,12 +220,14 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
         missing_pkgs = row.missing_packages()
         if missing_pkgs and row.text not in unsupported:
             raise ConfigError(f"strategy {row.text!r} needs {', '.join(missing_pkgs)}")
+    verdicts, recorded, row_notes = _fit_to_device(cfg, device, device_facts(device), unsupported)
     _check_ranks(cfg, device, unsupported)
     out = Path(cfg.out)
     check_ours(out, cfg.force)
     Store.check(out / "study.sqlite", "--out")  # resuming: a damaged or newer store is refused before any write
     if cfg.task == IMAGE_TASK:
-        return _prepare_images(cfg, device, unsupported, out)
+        prepared = _prepare_images(cfg, device, unsupported, out)
+        return dataclasses.replace(prepared, verdicts=verdicts, recorded=recorded, row_notes=row_notes)
     source = resolve_model(cfg.model, cfg.model_preset, cfg.task, (cfg.max_length, cfg.max_target_length))
     _check_plans_apply(source, cfg, unsupported)
 
@@ -191,7 +264,8 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
         tokenizer_dir = str(tok_path.resolve())
 
     settings = _settings(cfg, device, source, tokenizer_dir, data_dir, len(labels), len(train))
-    return _specs(cfg, settings, fingerprint, unsupported, out)
+    prepared = _specs(cfg, settings, fingerprint, unsupported, out)
+    return dataclasses.replace(prepared, verdicts=verdicts, recorded=recorded, row_notes=row_notes)
 
 
 def _settings(cfg: StudyConfig, device: str, source, tokenizer_dir, data_dir: Path, n_labels: int, n_train: int):
@@ -445,9 +519,15 @@ def _run_trials(prepared: PreparedStudy, launch: Launch, on_event: Events, on_do
             if spec.row in prepared.unsupported:
                 why = prepared.unsupported[spec.row]
                 result = TrialResult(spec.row, "unsupported", spec.repeat, why, spec.plan.to_dict())
+            elif spec.row in prepared.recorded:
+                result = _recorded(spec, prepared.recorded[spec.row])
             else:
-                trial_dir = out / "trials" / f"{spec.key()}"
-                result = launch(spec, trial_dir, cfg.trial_timeout, _bind(on_event, spec))
+                result = _measured(spec, out / "trials" / f"{spec.key()}", launch, cfg, _bind(on_event, spec))
+            verdict = prepared.verdicts.get(spec.row)
+            result.support_note = prepared.row_notes.get(spec.row) or (
+                verdict.line(_precision_name(spec)) if verdict and verdict.status != "native" else ""
+            )
+            result.precision_ratio = verdict.ratio if verdict else None
             store.put(spec, result)
             on_done(spec, result, False)
             trials.append((spec, result))
@@ -456,6 +536,46 @@ def _run_trials(prepared: PreparedStudy, launch: Launch, on_event: Events, on_do
     finally:
         store.close()
     return trials
+
+
+def _precision_name(spec: TrialSpec) -> str:
+    precision = str(spec.plan.value("precision"))
+    return "tf32" if precision == "fp32" and spec.plan.value("tf32") else precision
+
+
+def _recorded(spec: TrialSpec, verdict: Support) -> TrialResult:
+    """A default row not trained: its precision is emulated on this device and measured that slow."""
+    return TrialResult(
+        spec.row,
+        "emulated",
+        spec.repeat,
+        f"not trained (a default row; name it in --strategies to measure it): {verdict.line(_precision_name(spec))}",
+        spec.plan.to_dict(),
+    )
+
+
+def _measured(spec: TrialSpec, trial_dir: Path, launch: Launch, cfg: StudyConfig, emit: Callable) -> TrialResult:
+    """The trial, run again (up to cfg.retries times, once the machine is quiet) while other processes
+    took a large share of the CPUs during its timed steps: the row keeps the clean run and counts the
+    runs it discarded; when no clean run could be had, the last one stays flagged `contended`."""
+    result = launch(spec, trial_dir, cfg.trial_timeout, emit)
+    discarded = 0
+    while result.status == "ok" and result.contended and discarded < cfg.retries:
+        discarded += 1
+        emit(
+            {
+                "event": "note",
+                "text": f"measured under load ({100 * (result.other_cpu_share or 0):.0f}% of the CPUs taken by "
+                f"other processes): waiting for the machine to quieten, then measuring again "
+                f"({discarded} of --retries {cfg.retries})",
+            }
+        )
+        quiet = contention.wait_quiet(cfg.quiet_wait_s)
+        if not quiet:
+            emit({"event": "note", "text": f"still busy after {cfg.quiet_wait_s:.0f} s: measuring anyway"})
+        result = launch(spec, trial_dir, cfg.trial_timeout, emit)
+    result.discarded_runs = discarded
+    return result
 
 
 def _bind(on_event: Events, spec: TrialSpec) -> Callable[[dict], None]:
@@ -527,6 +647,8 @@ def aggregate(cells: list[Cell], trials: Trials) -> list[dict]:
             "mem_kind": first.mem_kind,
             "compute_dtype": first.compute_dtype,
             "mfu_note": first.mfu_note,
+            "support_note": first.support_note,
+            "precision_ratio": first.precision_ratio,
             "metric_name": first.metric_name,
             "plan": first.plan,
             "env": first.env,
@@ -537,11 +659,13 @@ def aggregate(cells: list[Cell], trials: Trials) -> list[dict]:
         for name in NUMERIC:
             values = [getattr(r, name) for r in ok if getattr(r, name) is not None]
             entry[name] = statistics.median(values) if values else None
-        timed = sorted((r for r in ok if r.samples_per_s is not None), key=lambda r: r.samples_per_s or 0.0)
+        timed = [r for r in ok if r.samples_per_s is not None]
+        timed = sorted([r for r in timed if not r.contended] or timed, key=lambda r: r.samples_per_s or 0.0)
         middle = timed[(len(timed) - 1) // 2] if timed else None  # the lower median: an even count takes the slower
         for name in TIMING:
             entry[name] = getattr(middle, name) if middle is not None else None
         entry["timing_repeat"] = middle.repeat if middle is not None else None
+        entry["discarded_runs"] = sum(r.discarded_runs for r in results)
         if ok:
             entry["metrics"] = {
                 k: statistics.median([r.metrics[k] for r in ok if k in r.metrics]) for k in ok[0].metrics
@@ -551,7 +675,9 @@ def aggregate(cells: list[Cell], trials: Trials) -> list[dict]:
     # the reference: the baseline row (with a sweep, the first baseline cell: smallest batch, fewest workers)
     base = next((e for e in table if e["baseline"] and e["status"] == "ok"), None)
     ref = next((c for c in cells if base and c.label() == base["strategy"]), None)
-    repeats = [r for spec, r in trials if ref and ref.matches(spec) and r.status == "ok"]
+    # the noise floor from clean runs only: one loaded baseline read 8.19 s/step, its re-run 1.80, and a
+    # floor of +-114% called every row "≈ baseline"
+    repeats = [r for spec, r in trials if ref and ref.matches(spec) and r.status == "ok" and not r.contended]
     floor, source = noise_floor(base, repeats)
     if len(repeats) == 2 and not any(spec.repeat for spec, _ in trials if ref and not ref.matches(spec)):
         source = "the baseline run first and again last, --repeat 1"
@@ -560,7 +686,8 @@ def aggregate(cells: list[Cell], trials: Trials) -> list[dict]:
         e["noise_floor"], e["noise_source"], e["within_noise"] = floor, source, None
         if base and e["status"] == "ok":
             e["rel_time"] = base["samples_per_s"] / e["samples_per_s"]
-            if floor is not None and not e["baseline"]:
+            # a row (or baseline) timed under load gets no verdict: its time % is shown, flagged, not judged
+            if floor is not None and not e["baseline"] and not e.get("contended") and not base.get("contended"):
                 e["within_noise"] = abs(e["rel_time"] - 1) <= floor
             if base["peak_mem_bytes"] and e["peak_mem_bytes"] is not None:
                 e["rel_mem"] = e["peak_mem_bytes"] / base["peak_mem_bytes"]

@@ -109,9 +109,10 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Pat
     mem_kind = "cuda_allocated" if s.device == "cuda" else "cpu_allocated"
 
     timed = timer.steps[s.warmup_steps :]
-    summary = summarize_steps(timed)
-    samples_per_s = counts["samples"] / summary["timed_s"]
+    summary = summarize_steps(timed, counts["samples"], counts["real"])
+    samples_per_s = summary["samples_per_s"]
     flops_per_step = measured.per_step(counts["padded"], len(timed))
+    mfu, mfu_note = flops.utilisation(flops_per_step, summary["step_time_s"], measured.peak_flops_per_s)
     return TrialResult(
         strategy=spec.row,
         status="ok",
@@ -132,16 +133,16 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Pat
         ),
         timed_steps=len(timed),
         samples_per_s=samples_per_s,
-        tokens_per_s=counts["real"] / summary["timed_s"],
+        tokens_per_s=summary["tokens_per_s"],
         padding_waste=1 - counts["real"] / counts["padded"],
         epoch_time_s=s.n_train / samples_per_s,
         peak_mem_bytes=int(peak),
         mem_kind=mem_kind,
         flops_per_step=flops_per_step,
         peak_flops_per_s=measured.peak_flops_per_s,
-        mfu=flops_per_step * len(timed) / summary["timed_s"] / measured.peak_flops_per_s if flops_per_step else None,
+        mfu=mfu,
         compute_dtype=measured.dtype,
-        mfu_note=measured.note,
+        mfu_note="; ".join(filter(None, [measured.note, mfu_note])),
         peak_reserved_bytes=reserved,
         peak_rss_bytes=peak_rss,
         state_bytes=state_bytes,
@@ -205,8 +206,9 @@ def measure_step(parts: loop.Parts, window: list, device: str) -> StepMeasure:
             parts.optimizer.zero_grad(set_to_none=True)
             note = f"FLOPs not counted ({type(err).__name__}: {err})"
     dtype = flops.compute_dtype(parts.rt.mixed_precision, parts.rt.weights_dtype)
+    peak_flops = flops.matmul_peak(device, flops.linear_mode(parts.rt.mixed_precision, parts.rt.weights_dtype))
     tokens = sum(b.padded_tokens for b in window)
-    return StepMeasure(at_start + grown, n, tokens, flops.matmul_peak(device, dtype), dtype, note)
+    return StepMeasure(at_start + grown, n, tokens, peak_flops, dtype, note)
 
 
 def _state_bytes(parts: loop.Parts) -> int:

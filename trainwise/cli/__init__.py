@@ -58,6 +58,7 @@ def compare(
     eval_samples: o.EvalSamples = default("eval_samples"),
     max_train_samples: o.MaxTrainSamples = None,
     retry_failed: Annotated[bool, Opt(help="On resume, run again the rows that did not end 'ok'.")] = False,
+    retries: Annotated[int, Opt(help="Re-runs of a trial timed under load, once the machine is quiet.")] = 2,
     force: o.Force = False,
     batch_sizes: Annotated[str | None, Opt(help="Sweep: every row at each batch size, e.g. 8,16,32,64.")] = None,
     num_workers: Annotated[str, Opt(help="Sweep: DataLoader worker counts, e.g. 0,1,2,4,8.")] = "0",

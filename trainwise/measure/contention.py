@@ -85,3 +85,23 @@ def between(a: CpuSample | None, b: CpuSample | None, cpus: int | None = None) -
         "contended": others > CONTENDED_SHARE or stolen > STOLEN_SHARE,
         "cpu_mhz": [a.mhz, b.mhz] if a.mhz is not None and b.mhz is not None else None,
     }
+
+
+QUIET_SHARE = CONTENDED_SHARE / 2  # a re-run waits for less than half the load that flags a trial
+
+
+def wait_quiet(max_wait_s: float, window_s: float = 2.0, cpus: int | None = None) -> bool:
+    """Wait until other processes use under QUIET_SHARE of the CPUs over a `window_s` window (and the
+    hypervisor steals under STOLEN_SHARE), at most `max_wait_s`; True when it is quiet. Where the load
+    cannot be read (not Linux) it returns at once: there is nothing to wait for."""
+    deadline = time.monotonic() + max_wait_s
+    while True:
+        before = sample()
+        if before is None:
+            return True
+        time.sleep(window_s)
+        load = between(before, sample(), cpus)
+        if (load["other_cpu_share"] or 0.0) < QUIET_SHARE and (load["steal_share"] or 0.0) < STOLEN_SHARE:
+            return True
+        if time.monotonic() >= deadline:
+            return False

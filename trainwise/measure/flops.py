@@ -6,19 +6,17 @@ step of the plan, outside the timed steps. It counts what runs, so the recompute
 gradient checkpointing is included (a hardware-FLOPs utilisation for those rows), padding positions
 are included (they are computed), and frozen layers' missing weight gradients are not.
 
-The peak is *measured*, not read from a datasheet: the best of a few timed dense matmuls in the
-row's compute dtype (fp32, bf16 or fp16) on this device with this thread count, cached per device
-and torch version. On CPU that is what the BLAS reaches (a datasheet peak is rarely reachable there).
+The peak is *measured*, not read from a datasheet: the best of a few timed linear layers run the way
+the row's matmuls run (fp32, under bf16/fp16 autocast, or on bf16 weights), sized to the device so the
+probe stays under ~1 s even where a precision is emulated, cached per device, thread count and torch
+version. On CPU that is what oneDNN/the BLAS reaches (a datasheet peak is rarely reachable there).
+A row whose counted FLOPs/s exceed the peak has a wrong peak: it shows no MFU and says so.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 DTYPES = ("fp32", "bf16", "fp16")
 
@@ -47,57 +45,48 @@ def compute_dtype(mixed_precision: str, weights_dtype: str | None) -> str:
     return {"bfloat16": "bf16", "float16": "fp16"}.get(weights_dtype or "", "fp32")
 
 
-def _cache_file(device: str, dtype: str) -> Path:
+def linear_mode(mixed_precision: str, weights_dtype: str | None) -> str:
+    """How a plan's matmuls run, for the peak probe: under autocast over fp32 weights, on 16-bit
+    weights, or fp32 (trainwise.measure.device's linear modes)."""
+    if mixed_precision in ("bf16", "fp16"):
+        return f"autocast-{mixed_precision}"
+    if weights_dtype in ("bfloat16", "float16"):
+        return f"weights-{compute_dtype(mixed_precision, weights_dtype)}"
+    return "fp32"
+
+
+def matmul_peak(device: str, mode: str, budget_s: float = 1.0) -> float:
+    """FLOP/s of this device's linear layer run the way the plan runs its matmuls (`linear_mode`): an
+    autocast bf16 linear goes through oneDNN, which on a CPU without native bf16 is ~30x faster than a
+    matmul of bf16 tensors; timing the latter read 0.29 GFLOP/s and put a row's MFU at 1348%. The layer
+    is sized to the device (trainwise.measure.device.best_linear: a few ms on a slow path, large enough
+    to fill a GPU), best of repeated runs within `budget_s`, cached per device, threads, mode and torch
+    version (not when the machine was busy meanwhile)."""
+    from trainwise.measure.device import best_linear, cached
+
+    def measure() -> dict:
+        best, n = best_linear(device, mode, budget_s)
+        return {"flops_per_s": best, "n": n}
+
+    what = mode + ("-tf32" if device == "cuda" and mode == "fp32" and _tf32_on() else "")
+    return float(cached("peak", device, f"linear-{what}", measure)["flops_per_s"])
+
+
+def _tf32_on() -> bool:
     import torch
 
-    from trainwise.measure.env import cpu_name
-
-    name = torch.cuda.get_device_name() if device == "cuda" else f"{cpu_name()} x{torch.get_num_threads()} threads"
-    tf32 = "-tf32" if device == "cuda" and dtype == "fp32" and torch.backends.cuda.matmul.allow_tf32 else ""
-    key = "".join(c if c.isalnum() else "_" for c in f"{name}-{dtype}{tf32}-torch{torch.__version__}")
-    root = os.environ.get("TRAINWISE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "trainwise")
-    return Path(root) / "peak" / f"{key}.json"
+    return bool(torch.backends.cuda.matmul.allow_tf32)
 
 
-def matmul_peak(device: str, dtype: str, budget_s: float = 1.0) -> float:
-    """FLOP/s of this device's dense matmul in `dtype`: measured once (best of several runs), then cached,
-    unless other processes used the CPUs meanwhile (a probe beside a busy process read 102 GFLOP/s for
-    this machine's ~315; cached, every MFU after it would have been 3x too high): then the next trial
-    measures again."""
-    path = _cache_file(device, dtype)
-    try:
-        return float(json.loads(path.read_text())["flops_per_s"])
-    except (OSError, ValueError, KeyError):
-        pass
-    import torch
-
-    from trainwise.measure import contention
-
-    before = contention.sample()
-    n = 4096 if device == "cuda" else 2048
-    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-    a = torch.randn(n, n, device=device).to(torch_dtype)
-    b = torch.randn(n, n, device=device).to(torch_dtype)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    best, spent, reps = 0.0, 0.0, 1
-    for _ in range(3):  # warm up: the BLAS picks its kernels, the clock ramps
-        torch.mm(a, b)
-    sync()
-    while spent < budget_s:
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            torch.mm(a, b)
-        sync()
-        dt = time.perf_counter() - t0
-        spent += dt
-        best = max(best, 2 * n**3 * reps / dt)
-        if dt < 0.05:
-            reps *= 2
-    load = contention.between(before, contention.sample())
-    if load["contended"]:
-        return best
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"flops_per_s": best, "n": n, "dtype": dtype, "device": device, **load}))
-    tmp.replace(path)
-    return best
+def utilisation(flops_per_step: float | None, step_s: float, peak_flops_per_s: float) -> tuple[float | None, str]:
+    """MFU of a step (counted FLOPs / median step time / peak) and a note. Above 100% the peak is wrong
+    (measured on another kernel than the model runs, or under load), never the step: no MFU then."""
+    if not flops_per_step or step_s <= 0 or peak_flops_per_s <= 0:
+        return None, ""
+    mfu = flops_per_step / step_s / peak_flops_per_s
+    if mfu > 1.0:
+        return None, (
+            f"no MFU: the step ran {flops_per_step / step_s / 1e9:.3g} GFLOP/s, above the probe's peak "
+            f"{peak_flops_per_s / 1e9:.3g} GFLOP/s, so the peak probe is wrong for this row (a report would help)"
+        )
+    return mfu, ""

@@ -100,8 +100,7 @@ def cells(e: dict, note: int | None = None, with_rss: bool = False) -> list[str]
         f"{e['optimizer_s']:.3f}" if ok and e.get("optimizer_s") is not None else "-",
         f"{e['samples_per_s']:.1f}" if ok else "-",
         _seconds(e.get("epoch_time_s")) if ok else "-",
-        ("≈ baseline" if ok and e.get("within_noise") else _pct(e["rel_time"]))
-        + (" (loaded)" if ok and e.get("contended") else ""),
+        _time_cell(e),
         human_bytes(e["peak_mem_bytes"]) if ok else "-",
         _pct(e["rel_mem"]),
     ]
@@ -114,6 +113,17 @@ def cells(e: dict, note: int | None = None, with_rss: bool = False) -> list[str]
     ] + ([f"{e['cost_per_epoch']:.4g}" if e["cost_per_epoch"] is not None else "-"] if "cost_per_epoch" in e else [])
     rss = [human_bytes(e.get("peak_rss_bytes")) if ok else "-"] if with_rss else []
     return row + rss + rest
+
+
+def _time_cell(e: dict) -> str:
+    """time %: relative to the baseline; '≈ baseline' inside the noise floor; '(loaded)' when timed under
+    load; for a row recorded from the precision micro-benchmark (not trained), that ratio, marked."""
+    if e["status"] == "emulated" and e.get("precision_ratio"):
+        return f"~{100 * e['precision_ratio']:.0f}% (linear)"
+    if e["status"] != "ok":
+        return "-"
+    cell = "≈ baseline" if e.get("within_noise") else _pct(e["rel_time"])
+    return cell + (" (loaded)" if e.get("contended") else "")
 
 
 def _mfu(x: float | None) -> str:
@@ -175,10 +185,18 @@ def notes(table: list[dict]) -> list[str]:
     loaded = [e for e in table if e["status"] == "ok" and e.get("contended")]
     if loaded:
         lines.append(
-            "measured under load — timings unreliable (other processes' share of the CPUs during the timed "
-            "steps; run again on a quiet machine): "
-            + ", ".join(f"{e['strategy']} {_pct(e.get('other_cpu_share'))}" for e in loaded)
+            "measured under load — timings unreliable, no verdict on their time % (other processes' share of "
+            "the CPUs during the timed steps, after every re-run --retries allowed; run again on a quiet "
+            "machine): " + ", ".join(f"{e['strategy']} {_pct(e.get('other_cpu_share'))}" for e in loaded)
         )
+    rerun = [e for e in table if e.get("discarded_runs")]
+    if rerun:
+        lines.append(
+            "re-measured: runs timed under load were discarded and run again once the machine was quiet ("
+            + ", ".join(f"{e['strategy']} {e['discarded_runs']}" for e in rerun)
+            + "); the noise floor and time % use the clean runs"
+        )
+    lines += [f"{e['strategy']}: {e['support_note']}" for e in table if e["status"] == "ok" and e.get("support_note")]
     throttled = [e for e in table if e["status"] == "ok" and _clock_fell(e.get("cpu_mhz"))]
     if throttled:
         lines.append(
@@ -238,6 +256,8 @@ def notes(table: list[dict]) -> list[str]:
             "ranks: time is the slowest rank's, samples/s all ranks', peak mem the largest rank's, state per rank."
         )
     lines.append(
+        "step (s): the median timed step; samples/s: samples per step / that median step (every time figure "
+        "of a row comes from it); "
         "time %: baseline samples/s / row samples/s; data (s): median wait for the next batch per step "
         "(DataLoader); optim (s): median clip + optimizer step + zero_grad; epoch (s): training samples / "
         "samples/s; loss: true mean over the last 5 optimizer steps."

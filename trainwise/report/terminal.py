@@ -68,6 +68,8 @@ def study_progress(prepared: Any) -> Iterator[tuple[Callable, Callable]]:
             elif e.get("event") == "step":
                 text = f"{name(spec)}: loss {e['loss']:.3f}, {e['step_s']:.2f} s/step"
                 progress.update(trial_bar, completed=e["step"], description=text)
+            elif e.get("event") == "note":  # the study's own word (a re-run under load), not the trial's
+                say(f"  {name(spec)}: {e['text']}", progress.console)
 
         def on_done(spec: Any, r: Any, cached: bool) -> None:
             progress.update(trial_bar, visible=False)

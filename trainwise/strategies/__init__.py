@@ -11,7 +11,7 @@ import dataclasses
 import importlib.util
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from trainwise.errors import ConfigError
 from trainwise.plan import TrialPlan
@@ -26,7 +26,11 @@ from trainwise.strategies.base import (
     Probed,
     Runtime,
     Strategy,
+    Support,
 )
+
+if TYPE_CHECKING:
+    from trainwise.measure.device import DeviceFacts
 
 T = TypeVar("T")
 BASELINE = Strategy("baseline", "vanilla fp32, AdamW, pad to max length; the 100% row")
@@ -216,6 +220,34 @@ def _walk(plan: TrialPlan, seam: str, target: T, notes: list[str]) -> T:
         elif not isinstance(act, Probed):
             act(value, target)
     return target
+
+
+SEVERITY = {"native": 0, "inert": 1, "emulated": 2, "unsupported": 3}
+
+
+def support(plan: TrialPlan, device: DeviceFacts) -> dict[str, Support]:
+    """How the plan's knob values fare on `device` (knob name -> Support), for the knobs that say
+    (precisions: native / emulated / inert / unsupported); from the device's facts alone."""
+    found = {}
+    for knob, value in plan.items():
+        if knob.support is not None and (verdict := knob.support(value, device)) is not None:
+            found[knob.name] = verdict
+    return found
+
+
+def worst(verdicts: dict[str, Support]) -> tuple[str, Support] | None:
+    """The verdict that matters most for a row (unsupported > emulated > inert > native)."""
+    return max(verdicts.items(), key=lambda kv: SEVERITY[kv[1].status], default=None)
+
+
+def with_precision(row: Row, name: str | None) -> Row:
+    """The row with its precision strategies replaced by `name` (None: fp32), its text kept: `all` on a
+    device where bf16 is emulated trains with the best precision the device has."""
+    setters = {s.name for s in REGISTRY.values() if "precision" in s.sets}
+    parts = [(s, v) for s, v in row.parts if s.name not in setters]
+    if name is not None:
+        parts.insert(0, (REGISTRY[name], None))
+    return Row(row.text, tuple(parts), _plan(parts, row.text))
 
 
 def markdown() -> str:

@@ -15,7 +15,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from trainwise.measure.device import DeviceFacts
 
 V = TypeVar("V")
 
@@ -119,6 +122,32 @@ class MemoryTerms:
     notes: list[str] = field(default_factory=list)  # NA reasons of the plan's knobs
 
 
+SUPPORT = ("native", "emulated", "inert", "unsupported")
+
+
+@dataclass(frozen=True)
+class Support:
+    """How a knob's value fares on a device (a precision the hardware lacks): `native` runs as meant;
+    `emulated` runs, in software and slowly; `inert` runs and changes nothing; `unsupported` cannot run.
+    `ratio`: a linear layer's time in this precision over fp32 here, measured (None: not measured)."""
+
+    status: str  # one of SUPPORT
+    reason: str  # why, naming the device fact it comes from
+    ratio: float | None = None
+
+    def __post_init__(self) -> None:
+        assert self.status in SUPPORT, self.status
+
+    def line(self, name: str) -> str:
+        """`bf16 emulated on this CPU (no avx512_bf16 / amx_bf16: ...): a linear layer 26.0x slower than fp32 here`."""
+        ratio = "" if self.ratio is None else f": a linear layer {_times(self.ratio)} than fp32 here"
+        return f"{name} {self.status} {self.reason}{ratio}"
+
+
+def _times(ratio: float) -> str:
+    return f"{ratio:.1f}x slower" if ratio >= 1 else f"{1 / ratio:.1f}x faster"
+
+
 @dataclass(frozen=True)
 class Probed:
     """The memory seam of a knob that changes what autograd keeps for backward (checkpointing, freezing,
@@ -140,6 +169,8 @@ class Knob(Generic[V]):
     memory: Callable[[V, MemoryTerms], None] | Probed | NA
     choices: tuple | None = None  # the values it takes (None: any of the default's type)
     merge: Callable[[V, V], V] | None = None  # how two strategies' values combine (None: they must agree)
+    # how a value fares on a device (precisions the hardware may lack); None: any value runs as meant
+    support: Callable[[V, DeviceFacts], Support | None] | None = None
 
     def check(self, value: object) -> None:
         """Internal invariant: values come from strategies and stored plans, never straight from a user."""

@@ -3,6 +3,8 @@ torch.compile and the image memory layout."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from trainwise.strategies.base import (
     IMAGE_TASKS,
     NA,
@@ -13,7 +15,11 @@ from trainwise.strategies.base import (
     MemoryTerms,
     Runtime,
     Strategy,
+    Support,
 )
+
+if TYPE_CHECKING:
+    from trainwise.measure.device import DeviceFacts
 
 # ---- precision -----------------------------------------------------------------------------------
 # fp32: everything fp32. bf16 / fp16: autocast computes in 16 bits from fp32 weights (the master copy);
@@ -63,6 +69,46 @@ def _precision_memory(value: str, terms: MemoryTerms) -> None:
         terms.weight_bytes = terms.grad_bytes = terms.update_bytes = 2
 
 
+# what each precision needs to run natively: CPU flags (any of them), and the CUDA compute capability
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+FP16_CPU_FLAGS = ("avx512_fp16", "amx_fp16")
+BF16_CUDA = (8, 0)  # Ampere: bf16 tensor cores (before: emulated through fp32)
+FP16_CUDA = (7, 0)  # Volta: fp16 tensor cores
+TF32_CUDA = (8, 0)  # Ampere: TF32 tensor cores (before: the switch does nothing)
+
+
+def _cc(cap: tuple[int, int]) -> str:
+    return f"{cap[0]}.{cap[1]}"
+
+
+def _precision_support(value: str, device: DeviceFacts) -> Support | None:
+    """bf16 / fp16 on this device, from its CPU flags or its CUDA compute capability."""
+    if value == "fp32":
+        return None
+    wants = "fp16" if value == "fp16" else "bf16"
+    if device.kind == "cuda":
+        cap = device.capability or (0, 0)
+        need = FP16_CUDA if wants == "fp16" else BF16_CUDA
+        if cap >= need:
+            return Support("native", f"on this GPU (compute capability {_cc(cap)}: {wants} tensor cores)")
+        return Support(
+            "emulated",
+            f"on this GPU (compute capability {_cc(cap)}; {wants} tensor cores from {_cc(need)}): no faster than "
+            f"fp32, often slower; on a GPU from {'Volta' if wants == 'fp16' else 'Ampere'} on it is the usual win",
+        )
+    if wants == "fp16":
+        return Support("unsupported", "on CPU: fp16 with a GradScaler is trained on CUDA only (never silently fp32)")
+    flags = BF16_CPU_FLAGS
+    have = [f for f in flags if f in device.cpu_flags]
+    if have:
+        return Support("native", f"on this CPU ({' / '.join(have)})")
+    return Support(
+        "emulated",
+        f"on this CPU (no {' / '.join(flags)}: bf16 matmuls are emulated); on a CPU with AMX or avx512_bf16, "
+        "or a GPU from Ampere on, it is the usual win",
+    )
+
+
 PRECISION = Knob(
     "precision",
     "fp32",
@@ -71,6 +117,7 @@ PRECISION = Knob(
     _precision_export,
     _precision_memory,
     choices=tuple(AUTOCAST),
+    support=_precision_support,
 )
 
 
@@ -94,6 +141,21 @@ def _tf32_export(value: bool, doc: ExportDoc) -> None:
         doc.args["tf32"] = True
 
 
+def _tf32_support(value: bool, device: DeviceFacts) -> Support | None:
+    if not value:
+        return None
+    if device.kind != "cuda":
+        return Support("unsupported", "on CPU: TF32 is a CUDA tensor-core format")
+    cap = device.capability or (0, 0)
+    if cap >= TF32_CUDA:
+        return Support("native", f"on this GPU (compute capability {_cc(cap)}: TF32 tensor cores)")
+    return Support(
+        "inert",
+        f"on this GPU (compute capability {_cc(cap)}; TF32 from {_cc(TF32_CUDA)}): the switch does nothing, "
+        "matmuls stay fp32",
+    )
+
+
 TF32 = Knob(
     "tf32",
     False,
@@ -101,6 +163,7 @@ TF32 = Knob(
     _tf32_runtime,
     _tf32_export,
     NA("TF32 changes the precision inside matmuls, not what is kept in memory"),
+    support=_tf32_support,
 )
 
 
@@ -182,7 +245,7 @@ STRATEGIES = [
     Strategy(
         "bf16",
         "bf16 autocast for matmuls/activations; less activation memory, faster where bf16 units exist "
-        "(~25% on this CPU), small numeric drift",
+        "(Ampere+ GPUs, CPUs with AMX), emulated and many times slower where they do not; small numeric drift",
         {"precision": "bf16"},
         conflicts=frozenset({"fp16", "bf16_pure"}),
         requires=frozenset({"bf16"}),
