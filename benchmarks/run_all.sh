@@ -124,3 +124,7 @@ OMP_NUM_THREADS=1 $TW compare --strategies baseline,bf16,smart_batch,all --price
 $TW compare --strategies baseline,bf16,smart_batch,all --price-per-hour 0.10 --out runs/bench-sku-2vcpu
 $TW advise runs/bench-sku-1vcpu runs/bench-sku-2vcpu --objective cost
 $TW advise runs/bench-sku-1vcpu runs/bench-sku-2vcpu
+
+# 17. GPU: not run here (it needs an NVIDIA GPU): seed 001's table and the HF docs' single-GPU study with
+#     --device cuda, each study under runs/gpu; `bash benchmarks/gpu.sh --device cpu` is its CPU dry run
+#    bash benchmarks/gpu.sh

@@ -65,6 +65,9 @@ def test_injected_cpu_flags_replace_what_the_machine_reports(monkeypatch):
     assert facts.cpu_flags == {"avx2", "fma"} and facts.injected
     monkeypatch.delenv("TRAINWISE_CPU_FLAGS")
     assert not dev.facts("cpu").injected and dev.facts("cpu").cpu_flags <= set(dev.PRECISION_FLAGS)
+    assert dev.cuda_capability((9, 0)) == (9, 0)
+    monkeypatch.setenv("TRAINWISE_CUDA_CAPABILITY", "7.5")
+    assert dev.cuda_capability((9, 0)) == (7, 5), "an H100 asked what a T4 would say"
 
 
 @pytest.mark.parametrize(
@@ -337,3 +340,40 @@ def test_a_trial_contended_by_a_busy_process_is_measured_again(tmp_path, cls_csv
     [row] = aggregate(study.cells, trials)
     assert any(line.startswith("re-measured:") and f"baseline {r.discarded_runs}" in line for line in notes([row]))
     assert row["step_time_s"] == r.step_time_s and row["discarded_runs"] == r.discarded_runs
+
+
+# ---- trainwise doctor --------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_doctor_gives_every_registry_strategy_a_verdict_on_this_cpu(tmp_path, monkeypatch, capsys):
+    """The whole doctor through the CLI, on CPU, with an AVX2-only CPU's flags injected and its measured
+    bf16 slowness (a test cannot need that CPU): every strategy has a verdict, bf16 trains and reads
+    emulated with the reason, the CUDA-only ones are unsupported with why, and doctor.json holds the facts."""
+    import json
+
+    from trainwise import study
+    from trainwise.cli import main
+    from trainwise.doctor import VERDICTS
+
+    monkeypatch.setenv("TRAINWISE_CPU_FLAGS", "avx2 fma")
+    monkeypatch.setattr(study, "precision_ratio", lambda device, precision: 26.0)
+    code = main(["doctor", "--device", "cpu", "--out", str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    report = json.loads((tmp_path / "doctor.json").read_text())
+    checks = {(c["strategy"], c["task"]): c for c in report["checks"]}
+    assert {s for s, _ in checks} == set(strategies.REGISTRY), "every registry strategy has a verdict"
+    assert {c["verdict"] for c in checks.values()} <= set(VERDICTS)
+    for name, st in strategies.REGISTRY.items():
+        if "cuda" in st.requires:
+            found = next(c for (s, _), c in checks.items() if s == name)
+            assert found["verdict"] == "unsupported" and "needs cuda" in found["detail"], found
+    bf16 = checks[("bf16", "classification")]
+    assert bf16["verdict"] == "emulated" and "no avx512_bf16 / amx_bf16" in bf16["detail"]
+    assert bf16["step_time_s"] > 0, "an emulated precision is still trained by the doctor"
+    assert checks[("baseline", "classification")]["verdict"] == "ok"
+    assert checks[("channels_last", "image-classification")]["verdict"] == "ok"
+    assert report["device"]["injected"] and report["device"]["cpu_flags"] == ["avx2", "fma"]
+    assert report["peaks_flops_per_s"]["fp32"] > 1e8 and set(report["precision_ratios"]) == {"bf16", "bf16_pure"}
+    assert report["environment"]["torch_version"] and "trainwise doctor" in printed

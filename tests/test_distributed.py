@@ -43,9 +43,10 @@ def test_ranks_combine_to_the_slowest_time_all_samples_and_per_rank_memory():
     r = combine_ranks([_rank(0), _rank(1)], 2)
     assert r.status == "ok" and r.world_size == 2
     assert r.step_time_s == 2.0, "a step is as slow as its slowest rank"
-    # rank 0: 8 samples/s x 3 s = 24 samples; rank 1: 4 x 6 = 24; over the slowest rank's 6 s
-    assert r.samples_per_s == pytest.approx(48 / 6)
-    assert r.tokens_per_s == pytest.approx(480 / 6)
+    # per step at each rank's median step: rank 0 8 samples/s x 1 s = 8 samples; rank 1 4 x 2 s = 8;
+    # 16 samples over the slowest rank's 2 s step
+    assert r.samples_per_s == pytest.approx(16 / 2)
+    assert r.tokens_per_s == pytest.approx(160 / 2)
     # rank 0: 240 real tokens of 480 computed; rank 1: 240 of 240 -> 240 padding of 720 positions
     assert r.padding_waste == pytest.approx(240 / 720)
     assert r.epoch_time_s == pytest.approx(100 / 8)

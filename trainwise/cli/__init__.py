@@ -394,6 +394,35 @@ def list_strategies(markdown: Annotated[bool, Opt("--markdown", help="Print docs
 
 
 @app.command()
+def doctor(
+    device: Annotated[str, Opt(help="auto, cpu or cuda: the device to check.")] = "auto",
+    out: Annotated[str, Opt(help="Where the checks' trials and doctor.json are written.")] = "runs/doctor",
+    as_json: Annotated[bool, Opt("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """What works on this device: every strategy tried for 2 steps on a tiny preset, the device's facts,
+    its measured peaks and the libraries' versions (the command a bug report quotes). Exit 1 when a
+    strategy the device supports failed."""
+    from trainwise.config import DEVICES
+    from trainwise.doctor import run_doctor
+    from trainwise.launcher import launch
+    from trainwise.report import terminal
+
+    if device not in DEVICES:
+        raise ConfigError(f"--device must be one of {', '.join(DEVICES)}, not {device!r}")
+    with terminal.doctor_progress() as (on_event, on_done):
+        report = run_doctor(device, Path(out), launch, on_event, on_done)
+    path = Path(out) / "doctor.json"
+    path.write_text(json.dumps(report.to_dict(), indent=1))
+    if as_json:
+        terminal.out.print_json(json.dumps(report.to_dict()))
+    else:
+        terminal.doctor_table(report, path)
+    if report.failed:
+        names = ", ".join(c.strategy for c in report.failed)
+        raise RunFailed(f"{len(report.failed)} strategies failed on this device: {names}")
+
+
+@app.command()
 def env(device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto") -> None:
     """Print the environment trainwise records beside every figure."""
     from trainwise.measure.env import environment

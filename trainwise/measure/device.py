@@ -65,12 +65,18 @@ def facts(device: str) -> DeviceFacts:
         return DeviceFacts("cpu", cpu_name(), cpu_flags(), None, psutil.virtual_memory().total, injected)
     import torch
 
-    cap: tuple[int, int] = torch.cuda.get_device_capability()
-    if given := os.environ.get("TRAINWISE_CUDA_CAPABILITY"):
-        major, _, minor = given.partition(".")
-        cap = (int(major), int(minor or 0))
     props = torch.cuda.get_device_properties(0)
+    cap = cuda_capability(torch.cuda.get_device_capability())
     return DeviceFacts("cuda", props.name, cpu_flags(), cap, props.total_memory, injected)
+
+
+def cuda_capability(reported: tuple[int, int]) -> tuple[int, int]:
+    """The GPU's compute capability, or TRAINWISE_CUDA_CAPABILITY ("7.0") where set."""
+    given = os.environ.get("TRAINWISE_CUDA_CAPABILITY")
+    if not given:
+        return reported
+    major, _, minor = given.partition(".")
+    return int(major), int(minor or 0)
 
 
 def _sync(device: str):

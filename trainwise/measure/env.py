@@ -10,7 +10,7 @@ from importlib import metadata
 from pathlib import Path
 
 
-def _version(pkg: str) -> str | None:
+def package_version(pkg: str) -> str | None:
     try:
         return metadata.version(pkg)
     except metadata.PackageNotFoundError:
@@ -69,9 +69,9 @@ def environment(device: str) -> dict[str, object]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": cuda,
-        "transformers": _version("transformers"),
-        "accelerate": _version("accelerate"),
-        "trainwise": _version("trainwise"),
+        "transformers": package_version("transformers"),
+        "accelerate": package_version("accelerate"),
+        "trainwise": package_version("trainwise"),
         "commit": git_commit(),
         "platform": platform.platform(),
     }

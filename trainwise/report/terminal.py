@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -282,3 +283,39 @@ def strategies_table() -> None:
     for alias, spec in catalogue.ALIASES.items():
         grid.add_row(alias, f"the seed studies' 'All Applied' row: {spec}", "-", "-")
     out.print(grid)
+
+
+@contextlib.contextmanager
+def doctor_progress() -> Iterator[tuple[Callable, Callable]]:
+    """A line per checked strategy as its trial ends; yields (on_event, on_done) for run_doctor."""
+    with err.status("trainwise doctor: measuring the device's peaks...") as status:
+
+        def on_event(task: str, spec: Any, e: dict) -> None:
+            if e.get("event") == "phase":
+                status.update(f"trainwise doctor: {spec.row} ({task}): {e['phase']}")
+
+        def on_done(task: str, spec: Any, r: Any, cached: bool) -> None:
+            what = f"{r.step_time_s:.3f} s/step" if r.status == "ok" else r.message
+            say(f"  {spec.row} ({task}): {r.status}  {what}", err)
+
+        yield on_event, on_done
+
+
+def doctor_table(report: Any, path: Any) -> None:
+    d, e = report.device, report.environment
+    cap = f"  compute capability {d['capability']}" if d.get("capability") else ""
+    flags = f"  flags {' '.join(d['cpu_flags']) or '-'}" + (" (injected)" if d.get("injected") else "")
+    say(f"device {d['kind']}: {d['name']}{cap}  memory {human_bytes(d['memory_bytes'])}{flags}")
+    say(
+        "peaks (a linear layer, measured): "
+        + ", ".join(f"{mode} {v / 1e9:.0f} GFLOP/s" for mode, v in report.peaks_flops_per_s.items())
+    )
+    say("16-bit linear vs fp32: " + ", ".join(f"{p} {r:.2f}x the time" for p, r in report.precision_ratios.items()))
+    libs = [f"{k.removesuffix('_version')} {v}" for k, v in e.items() if k.endswith("_version") and v]
+    say(f"versions: python {e['python']}, " + ", ".join(libs) + (f", CUDA {e['cuda']}" if e.get("cuda") else ""))
+    grid = _grid(f"trainwise doctor: {d['name']} ({report.wall_s:.0f} s)", ["strategy", "task", "verdict", "detail"])
+    for c in report.checks:
+        grid.add_row(c.strategy, c.task, c.verdict, c.detail)
+    out.print(grid)
+    counts = Counter(c.verdict for c in report.checks)
+    say(", ".join(f"{n} {v}" for v, n in counts.most_common()) + f"; {path}")

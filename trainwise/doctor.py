@@ -1,0 +1,141 @@
+"""`trainwise doctor`: what works on this device, proved by running it.
+
+For every strategy in the registry, a 2-step trial of a tiny preset through the real loop (its own
+process, as compare runs it): ok / emulated / inert (it ran, and its precision is emulated or does
+nothing here) / unsupported (why) / failed (the error). Beside them the device's facts (name, compute
+capability, memory, CPU flags), the measured peaks and precision ratios of its linear layers, and the
+versions of the libraries the strategies use. The first command a GPU user runs, the one a bug report
+quotes; written as a table and as doctor.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+from trainwise import strategies
+from trainwise.config import IMAGE_TASK, StudyConfig
+from trainwise.measure import device as dev
+from trainwise.measure import flops
+from trainwise.measure.env import environment, package_version
+from trainwise.results import TrialResult
+from trainwise.study import prepare_study, resolve_device, run_study
+
+VERDICTS = ("ok", "emulated", "inert", "unsupported", "failed")
+LIBRARIES = ("torch", "transformers", "accelerate", "deepspeed", "bitsandbytes", "peft", "flash-attn", "triton")
+
+
+@dataclass
+class Check:
+    strategy: str
+    task: str  # the tiny preset's task it ran on
+    verdict: str  # one of VERDICTS
+    detail: str  # the reason, the error, or what a step took
+    step_time_s: float | None = None
+
+
+@dataclass
+class DoctorReport:
+    device: dict  # trainwise.measure.device.DeviceFacts.to_dict()
+    environment: dict  # versions and the commit (trainwise.measure.env), plus LIBRARIES' versions
+    peaks_flops_per_s: dict[str, float]  # linear-layer mode -> measured FLOP/s
+    precision_ratios: dict[str, float]  # precision -> a linear layer's time over fp32's
+    checks: list[Check] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.verdict == "failed"]
+
+
+def _rows(task: str) -> list[str]:
+    """Every registry strategy that applies to `task` (the baseline first)."""
+    return [name for name, s in strategies.REGISTRY.items() if task in s.tasks]
+
+
+def _config(out: Path, device: str, task: str, rows: list[str]) -> StudyConfig:
+    image = task == IMAGE_TASK
+    return StudyConfig(
+        out=str(out / task),
+        strategies=rows,
+        task=task,
+        model_preset="resnext-tiny" if image else "bert-tiny",
+        max_train_samples=64,
+        batch_size=8,
+        accum_steps=2,
+        max_length=32,
+        max_steps=2,
+        warmup_steps=1,
+        eval_samples=0,
+        remeasure=False,
+        retries=0,
+        fit_to_device=False,  # every row is trained, emulated or not: that is what is being checked
+        device=device,
+        trial_timeout=300.0,
+        force=True,
+    )
+
+
+def _verdict(task: str, r: TrialResult) -> Check:
+    if r.status == "unsupported":
+        return Check(r.strategy, task, "unsupported", r.message)
+    if r.status != "ok":
+        return Check(r.strategy, task, "failed", f"{r.status}: {r.message}")
+    note = r.support_note
+    verdict = "emulated" if " emulated " in note else "inert" if " inert " in note else "ok"
+    detail = note or f"{r.step_time_s:.3f} s/step"
+    return Check(r.strategy, task, verdict, detail, r.step_time_s)
+
+
+def _measure_device(device: str) -> tuple[dict[str, float], dict[str, float]]:
+    modes = ["fp32", "autocast-bf16", "weights-bf16"] + (["autocast-fp16"] if device == "cuda" else [])
+    peaks = {m: flops.matmul_peak(device, m) for m in modes}
+    precisions = ["bf16", "bf16_pure"] + (["fp16"] if device == "cuda" else [])
+    return peaks, {p: dev.precision_ratio(device, p) for p in precisions}
+
+
+def run_doctor(
+    device: str,
+    out: Path,
+    launch: Callable,
+    on_event: Callable[[str, object, dict], None],
+    on_done: Callable[[str, object, TrialResult, bool], None],
+) -> DoctorReport:
+    """Check every strategy on `device` ("auto", "cpu" or "cuda"): trials of text rows on bert-tiny
+    (classification) and image rows on resnext-tiny, written under `out`."""
+    start = time.perf_counter()
+    resolved, caps = resolve_device(device)
+    facts = dev.facts(resolved)
+    peaks, ratios = _measure_device(resolved)
+    env = {**environment(resolved), **{f"{lib}_version": package_version(lib) for lib in LIBRARIES}}
+    if resolved == "cuda":
+        import torch
+
+        env["cudnn"] = torch.backends.cudnn.version()
+    report = DoctorReport(facts.to_dict(), env, peaks, ratios)
+    text = _rows("classification")
+    image_only = [n for n in _rows(IMAGE_TASK) if n not in text]  # the image task adds what text cannot check
+    for task, rows in (("classification", text), (IMAGE_TASK, ["baseline", *image_only])):
+        runnable, missing = [], {}
+        for name in rows:
+            row = strategies.parse_row(name, 2)
+            why = row.missing_capabilities(caps) or row.missing_packages()
+            if why:
+                missing[name] = f"needs {', '.join(why)}; this device ({resolved}) or environment lacks it"
+            else:
+                runnable.append(name)
+        prepared = prepare_study(_config(out, resolved, task, runnable))
+        trials = run_study(prepared, launch, partial(on_event, task), partial(on_done, task))
+        report.checks += [_verdict(task, r) for _, r in trials]
+        report.checks += [Check(name, task, "unsupported", why) for name, why in missing.items()]
+    order = list(strategies.REGISTRY)
+    report.checks.sort(key=lambda c: (order.index(c.strategy), c.task))
+    report.wall_s = time.perf_counter() - start
+    return report
