@@ -325,6 +325,8 @@ def train(
         if prepared.unsupported:
             raise ConfigError(f"{cfg.rows[0].text!r}: {next(iter(prepared.unsupported.values()))}")
         spec = prepared.specs[0]
+        if (v := prepared.verdicts.get(spec.row)) and v.status != "native":  # trained as asked, said why it is slow
+            terminal.say(f"trainwise: note: {v.line(str(spec.plan.value('precision')))}", terminal.err)
     from trainwise import train as run  # torch: after every check of the input
 
     warn = lambda msg: terminal.say(f"trainwise: warning: {msg}", terminal.err)  # noqa: E731

@@ -38,6 +38,10 @@ CSV_FIELDS = [
     "wall_s",
     "rel_time",
     "rel_mem",
+    "contended",
+    "discarded_runs",
+    "precision_ratio",
+    "support_note",
 ]
 
 
