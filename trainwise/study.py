@@ -565,8 +565,9 @@ def _measured(spec: TrialSpec, trial_dir: Path, launch: Launch, cfg: StudyConfig
         emit(
             {
                 "event": "note",
-                "text": f"measured under load ({100 * (result.other_cpu_share or 0):.0f}% of the CPUs taken by "
-                f"other processes): waiting for the machine to quieten, then measuring again "
+                "text": f"measured under load ({result.step_time_s:.3f} s/step, "
+                f"{100 * (result.other_cpu_share or 0):.0f}% of the CPUs taken by other processes): "
+                "waiting for the machine to quieten, then measuring again "
                 f"({discarded} of --retries {cfg.retries})",
             }
         )

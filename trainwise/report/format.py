@@ -143,8 +143,10 @@ def _mfu_notes(table: list[dict]) -> list[str]:
     )
     lines = [
         "MFU: FLOPs of a step counted by torch.utils.flop_counter (matmuls, convolutions, attention; on one "
-        "extra step, scaled to the average step by padded positions) / step time / this device's matmul peak "
-        "measured by a probe (" + ", ".join(f"{d} {p / 1e9:.0f} GFLOP/s" for d, p in peaks) + "; cached). "
+        "extra step, scaled to the average step by padded positions) / median step / this device's peak for a "
+        "linear layer run as the row runs its matmuls, measured by a probe ("
+        + ", ".join(f"{d} {p / 1e9:.0f} GFLOP/s" for d, p in peaks)
+        + "; cached). "
         "Recomputed forwards (grad_ckpt) and padding count as executed FLOPs."
     ]
     lines += [f"{e['strategy']}: {e['mfu_note']}" for e in table if e["status"] == "ok" and e.get("mfu_note")]
