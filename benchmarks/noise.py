@@ -19,6 +19,7 @@ from pathlib import Path
 def study(out: Path, repeat: int, steps: int) -> dict:
     argv = [sys.executable, "-m", "trainwise.cli", "compare", "--strategies", "baseline,dynamic_pad"]
     argv += ["--repeat", str(repeat), "--max-steps", str(steps), "--eval-samples", "0", "--out", str(out)]
+    argv += ["--retries", "0"]  # the load is the point here: keep the loaded runs
     subprocess.run(argv, check=True, capture_output=True)
     db = sqlite3.connect(out / "study.sqlite")
     results = [json.loads(r) for (r,) in db.execute("SELECT result FROM trials WHERE strategy = 'baseline'")]

@@ -124,6 +124,7 @@ def tiny_study(out: Path, data: Path, task: str, strategies: list[str], **kw):
         device=kw.pop("device", "cpu"),
         accum_steps=kw.pop("accum_steps", 4),
         remeasure=kw.pop("remeasure", False),  # one spec per row: these tests run the specs themselves
+        retries=kw.pop("retries", 0),  # behaviour, not timing: a busy CI machine does not re-run their trials
         **kw,
     )
     return prepare_study(cfg)

@@ -314,7 +314,7 @@ def test_a_trial_contended_by_a_busy_process_is_measured_again(tmp_path, cls_csv
     from trainwise.report.format import notes
     from trainwise.study import aggregate, run_study
 
-    study = tiny_study(tmp_path, cls_csv, "classification", ["baseline"], eval_samples=0, max_steps=40)
+    study = tiny_study(tmp_path, cls_csv, "classification", ["baseline"], eval_samples=0, max_steps=40, retries=2)
     study.config.quiet_wait_s = 30.0
     runs, events = [], []
 
