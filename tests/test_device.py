@@ -294,15 +294,23 @@ def test_the_noise_floor_and_verdicts_use_clean_runs_only():
 
 
 def test_wait_quiet_returns_once_a_busy_process_stops():
+    """The waiting process's own children count as its own work (a trial's workers): the busy processes
+    here are started detached (re-parented by a shell that exits), as another user's job would be."""
+    import os
+    import signal
+
     from trainwise.measure import contention
 
-    busy = _busy()
+    spin = f"{sys.executable} -c 'while True: pass'"
+    detached = f"{spin} >/dev/null 2>&1 & echo $!"
+    out = subprocess.run(["sh", "-c", f"{detached}; {detached}"], capture_output=True, text=True)
+    pids = [int(x) for x in out.stdout.split()]
     try:
+        time.sleep(0.3)
         assert contention.wait_quiet(2.0, window_s=1.0) is False, "busy: not quiet within 2 s"
     finally:
-        for p in busy:
-            p.kill()
-            p.wait()
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
     assert contention.wait_quiet(10.0, window_s=1.0) is True
 
 

@@ -11,6 +11,7 @@ quotes; written as a table and as doctor.json.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +19,9 @@ from functools import partial
 from pathlib import Path
 
 from trainwise import strategies
-from trainwise.config import IMAGE_TASK, StudyConfig
+from trainwise.config import DEVICES, IMAGE_TASK, StudyConfig
+from trainwise.errors import ConfigError, RunFailed
+from trainwise.launcher import launch
 from trainwise.measure import device as dev
 from trainwise.measure import flops
 from trainwise.measure.env import environment, package_version
@@ -46,13 +49,16 @@ class DoctorReport:
     precision_ratios: dict[str, float]  # precision -> a linear layer's time over fp32's
     checks: list[Check] = field(default_factory=list)
     wall_s: float = 0.0
+    path: str = ""  # where doctor.json was written
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    @property
-    def failed(self) -> list[Check]:
-        return [c for c in self.checks if c.verdict == "failed"]
+    def check_failed(self) -> None:
+        """RunFailed (exit 1) when a strategy this device supports failed."""
+        failed = [c.strategy for c in self.checks if c.verdict == "failed"]
+        if failed:
+            raise RunFailed(f"{len(failed)} strategies failed on this device: {', '.join(failed)}")
 
 
 def _rows(task: str) -> list[str]:
@@ -104,13 +110,15 @@ def _measure_device(device: str) -> tuple[dict[str, float], dict[str, float]]:
 def run_doctor(
     device: str,
     out: Path,
-    launch: Callable,
     on_event: Callable[[str, object, dict], None],
     on_done: Callable[[str, object, TrialResult, bool], None],
+    launch: Callable = launch,
 ) -> DoctorReport:
     """Check every strategy on `device` ("auto", "cpu" or "cuda"): trials of text rows on bert-tiny
-    (classification) and image rows on resnext-tiny, written under `out`."""
+    (classification) and image rows on resnext-tiny, each in its own process (`launch`), under `out`."""
     start = time.perf_counter()
+    if device not in DEVICES:
+        raise ConfigError(f"--device must be one of {', '.join(DEVICES)}, not {device!r}")
     resolved, caps = resolve_device(device)
     facts = dev.facts(resolved)
     peaks, ratios = _measure_device(resolved)
@@ -138,4 +146,6 @@ def run_doctor(
     order = list(strategies.REGISTRY)
     report.checks.sort(key=lambda c: (order.index(c.strategy), c.task))
     report.wall_s = time.perf_counter() - start
+    report.path = str(out / "doctor.json")
+    Path(report.path).write_text(json.dumps(report.to_dict(), indent=1))
     return report

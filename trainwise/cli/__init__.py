@@ -76,10 +76,9 @@ def compare(
 ) -> None:
     """Run one trial per strategy row on the same model and data; print the comparison table."""
     quality.check(quality_steps, seeds)
-    cost = price(ctx.params)
     sweeps = {"batch_sizes": int_list(batch_sizes, "--batch-sizes") if batch_sizes else ()}
     cfg = study_config(ctx.params, **sweeps, num_workers=int_list(num_workers, "--num-workers"))
-    run_compare(cfg, cost, steps_seeds=(quality_steps, seeds) if quality_steps else None)
+    run_compare(cfg, price(ctx.params), steps_seeds=(quality_steps, seeds) if quality_steps else None)
 
 
 def run_compare(cfg, cost=None, console=None, steps_seeds: tuple[int, int] | None = None) -> None:
@@ -197,12 +196,8 @@ def export(
     max_length: o.MaxLength = 128,
     max_target_length: o.MaxTargetLength = 48,
     lr: Annotated[float, Opt(help="Peak learning rate (linear decay).")] = 5e-5,
-    max_steps: Annotated[
-        int | None, Opt(help="Optimizer steps of the exported run \\[default: the study's; without --study 1000].")
-    ] = None,
-    nproc: Annotated[
-        int | None, Opt(help="Processes (data-parallel ranks) \\[default: the study's; without --study 1].")
-    ] = None,
+    max_steps: Annotated[int | None, Opt(help="Steps of the exported run \\[default: the study's, else 1000].")] = None,
+    nproc: Annotated[int | None, Opt(help="Data-parallel ranks \\[default: the study's, else 1].")] = None,
     zero: o.Zero = 0,
     offload: o.Offload = "none",
     device: Annotated[str, Opt(help="Where the exported run trains: cuda or cpu.")] = "cuda",
@@ -252,23 +247,16 @@ def find_batch(
     def config(batch: int):
         return study_config(ctx.params, batch_size=batch, max_steps=steps, warmup_steps=1, eval_samples=0)
 
-    def point(line: str) -> None:
-        terminal.say(f"  {line}", terminal.err)
-
     with terminal.err.status("trainwise find-batch: ...") as status:
-        report = search(strategies, accum_steps, config, fb, launch, status.update, point)
+        report = search(strategies, accum_steps, config, fb, launch, status.update, terminal.indented)
     terminal.find_batch_table(report)
 
 
 @app.command()
 def train(
     ctx: typer.Context,
-    strategies: Annotated[
-        str | None, Opt(help="The plan (one '+' combination) \\[default: baseline]; with --plan, a row.")
-    ] = None,
-    plan_study: Annotated[
-        str | None, Opt("--plan", help="Train a compare study's row (advise's pick), as it ran.")
-    ] = None,
+    strategies: Annotated[str | None, Opt(help="The plan (a+b) \\[default: baseline]; --plan: a row.")] = None,
+    plan_study: Annotated[str | None, Opt("--plan", help="Train a study's row (advise's pick) as it ran.")] = None,
     model: o.Model = None,
     model_preset: o.Preset = None,
     task: o.Task = default("task"),
@@ -325,8 +313,7 @@ def train(
         if prepared.unsupported:
             raise ConfigError(f"{cfg.rows[0].text!r}: {next(iter(prepared.unsupported.values()))}")
         spec = prepared.specs[0]
-        if (v := prepared.verdicts.get(spec.row)) and v.status != "native":  # trained as asked, said why it is slow
-            terminal.say(f"trainwise: note: {v.line(str(spec.plan.value('precision')))}", terminal.err)
+        terminal.precision_note(prepared.verdicts.get(spec.row), spec)  # trained as asked; why it may be slow
     from trainwise import train as run  # torch: after every check of the input
 
     warn = lambda msg: terminal.say(f"trainwise: warning: {msg}", terminal.err)  # noqa: E731
@@ -389,10 +376,7 @@ def list_strategies(markdown: Annotated[bool, Opt("--markdown", help="Print docs
     """List every strategy with its one-line effect and cost."""
     from trainwise.report import terminal
 
-    if markdown:
-        print(catalogue.markdown(), end="")
-    else:
-        terminal.strategies_table()
+    print(catalogue.markdown(), end="") if markdown else terminal.strategies_table()
 
 
 @app.command()
@@ -401,27 +385,15 @@ def doctor(
     out: Annotated[str, Opt(help="Where the checks' trials and doctor.json are written.")] = "runs/doctor",
     as_json: Annotated[bool, Opt("--json", help="Print the report as JSON.")] = False,
 ) -> None:
-    """What works on this device: every strategy tried for 2 steps on a tiny preset, the device's facts,
-    its measured peaks and the libraries' versions (the command a bug report quotes). Exit 1 when a
-    strategy the device supports failed."""
-    from trainwise.config import DEVICES
+    """What works here: every strategy tried 2 steps on a tiny preset, the device's facts, measured peaks and
+    versions (what a bug report quotes). Exit 1 when a strategy the device supports failed."""
     from trainwise.doctor import run_doctor
-    from trainwise.launcher import launch
     from trainwise.report import terminal
 
-    if device not in DEVICES:
-        raise ConfigError(f"--device must be one of {', '.join(DEVICES)}, not {device!r}")
     with terminal.doctor_progress() as (on_event, on_done):
-        report = run_doctor(device, Path(out), launch, on_event, on_done)
-    path = Path(out) / "doctor.json"
-    path.write_text(json.dumps(report.to_dict(), indent=1))
-    if as_json:
-        terminal.out.print_json(json.dumps(report.to_dict()))
-    else:
-        terminal.doctor_table(report, path)
-    if report.failed:
-        names = ", ".join(c.strategy for c in report.failed)
-        raise RunFailed(f"{len(report.failed)} strategies failed on this device: {names}")
+        report = run_doctor(device, Path(out), on_event, on_done)
+    terminal.out.print_json(json.dumps(report.to_dict())) if as_json else terminal.doctor_table(report)
+    report.check_failed()
 
 
 @app.command()
@@ -453,12 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     command = typer.main.get_command(app)
     try:
         code = command.main(args=argv, prog_name="trainwise", standalone_mode=False)
-    except ConfigError as e:
+    except (ConfigError, RunFailed) as e:  # bad input: 2; a run whose every trial failed: 1
         print(f"trainwise: error: {_one_line(str(e))}", file=sys.stderr)
-        return 2
-    except RunFailed as e:
-        print(f"trainwise: error: {_one_line(str(e))}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, ConfigError) else 1
     except NoArgsIsHelpError as e:
         print(e.format_message(), file=sys.stderr)  # the help text, several lines on purpose
         return 2

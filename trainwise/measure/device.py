@@ -65,12 +65,14 @@ def facts(device: str) -> DeviceFacts:
         return DeviceFacts("cpu", cpu_name(), cpu_flags(), None, psutil.virtual_memory().total, injected)
     import torch
 
+    if not torch.cuda.is_available():  # asked about CUDA where none is visible: what the environment says
+        return DeviceFacts("cuda", "no CUDA device visible", cpu_flags(), cuda_capability(None), None, injected)
     props = torch.cuda.get_device_properties(0)
     cap = cuda_capability(torch.cuda.get_device_capability())
     return DeviceFacts("cuda", props.name, cpu_flags(), cap, props.total_memory, injected)
 
 
-def cuda_capability(reported: tuple[int, int]) -> tuple[int, int]:
+def cuda_capability(reported: tuple[int, int] | None) -> tuple[int, int] | None:
     """The GPU's compute capability, or TRAINWISE_CUDA_CAPABILITY ("7.0") where set."""
     given = os.environ.get("TRAINWISE_CUDA_CAPABILITY")
     if not given:

@@ -25,6 +25,16 @@ def say(line: str, console: Console | None = None) -> None:
     (console or out).print(line, markup=False, highlight=False, soft_wrap=True)  # one line, however long
 
 
+def indented(line: str) -> None:
+    say(f"  {line}", err)
+
+
+def precision_note(verdict: Any, spec: Any) -> None:
+    """train: a note when the plan's precision is emulated or inert on this device (it trains as asked)."""
+    if verdict is not None and verdict.status != "native":
+        say(f"trainwise: note: {verdict.line(str(spec.plan.value('precision')))}", err)
+
+
 def _grid(title: str, columns: list[str]) -> Table:
     grid = Table(title=title, header_style="bold")
     for h in columns:
@@ -301,7 +311,7 @@ def doctor_progress() -> Iterator[tuple[Callable, Callable]]:
         yield on_event, on_done
 
 
-def doctor_table(report: Any, path: Any) -> None:
+def doctor_table(report: Any) -> None:
     d, e = report.device, report.environment
     cap = f"  compute capability {d['capability']}" if d.get("capability") else ""
     flags = f"  flags {' '.join(d['cpu_flags']) or '-'}" + (" (injected)" if d.get("injected") else "")
@@ -318,4 +328,4 @@ def doctor_table(report: Any, path: Any) -> None:
         grid.add_row(c.strategy, c.task, c.verdict, c.detail)
     out.print(grid)
     counts = Counter(c.verdict for c in report.checks)
-    say(", ".join(f"{n} {v}" for v, n in counts.most_common()) + f"; {path}")
+    say(", ".join(f"{n} {v}" for v, n in counts.most_common()) + f"; {report.path}")
