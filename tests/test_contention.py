@@ -31,6 +31,11 @@ def test_the_share_of_the_cpus_others_used_and_the_flag(b, share, contended):
     assert r["other_cpu_share"] == pytest.approx(share) and r["contended"] is contended
 
 
+def test_a_window_too_short_for_the_ticks_is_not_judged():
+    r = between(_s(0, 0.0), _s(0.02, 0.04, own=0.0), cpus=2)  # 20 ms: 4 ticks, "100% others"
+    assert r["other_cpu_share"] == 1.0 and r["contended"] is None
+
+
 def test_no_proc_stat_no_figure():
     empty = {"other_cpu_share": None, "steal_share": None, "contended": None, "cpu_mhz": None}
     assert between(None, _s(1, 1.0)) == empty
@@ -76,7 +81,7 @@ def test_a_trial_timed_under_load_is_flagged_in_results_and_table(tmp_path, cls_
     from trainwise.study import aggregate, run_study
 
     # tiny_study: --retries 0, so the flag itself is checked here (tests/test_device.py checks the re-run)
-    study = tiny_study(tmp_path, cls_csv, "classification", ["baseline"], eval_samples=0, max_steps=40)
+    study = tiny_study(tmp_path, cls_csv, "classification", ["baseline"], eval_samples=0, max_steps=120)
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         trials = run_study(study, launch, lambda spec, e: None, lambda spec, r, cached: None)

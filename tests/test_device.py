@@ -53,8 +53,8 @@ def test_each_precision_has_a_verdict_from_the_devices_facts(facts, expected):
 
 def test_the_reason_names_the_missing_unit_and_where_it_is_a_win():
     _, found = strategies.worst(strategies.support(strategies.parse_row("bf16", 4).plan, AVX2))
-    line = found.line("bf16")
-    assert "no avx512_bf16 / amx_bf16" in line and "Ampere" in line
+    line = found.line()
+    assert line.startswith("bf16 emulated on this CPU") and "no avx512_bf16 / amx_bf16" in line and "Ampere" in line
     _, v100 = strategies.worst(strategies.support(strategies.parse_row("tf32", 4).plan, gpu((7, 0))))
     assert "compute capability 7.0" in v100.reason and "does nothing" in v100.reason
 
@@ -115,13 +115,32 @@ def test_default_rows_on_an_emulating_cpu_record_bf16_and_train_all_without_it(t
     assert cells(bf16, footnotes(table)["bf16"])[7] == "~2600% (linear)"
     assert any(line.startswith("all: trained with fp32") for line in notes(table))
 
-    named = tiny_study(tmp_path / "n", cls_csv, "classification", ["baseline", "bf16", "all"])
+    # named now, in the same --out: the recorded bf16 is trained (the stored 'emulated' is not a result)
+    named = tiny_study(tmp_path / "d", cls_csv, "classification", ["baseline", "bf16", "all"])
     calls.clear()
     trials = run_study(named, _fake_launch(calls), lambda *_: None, lambda *_: None)
-    assert [s.row for s in calls] == ["baseline", "bf16", "all"]
-    assert calls[2].plan.value("precision") == "bf16", "a row the user names is trained as asked"
+    assert [s.row for s in calls] == ["bf16", "all"], "the baseline is stored; bf16 and bf16's all are new"
+    assert calls[1].plan.value("precision") == "bf16", "a row the user names is trained as asked"
     bf16_row = next(r for spec, r in trials if spec.row == "bf16")
     assert bf16_row.status == "ok" and "emulated on this CPU" in bf16_row.support_note
+
+
+def test_all_never_switches_to_the_precision_that_measured_slow(tmp_path, cls_csv, monkeypatch):
+    """Flags that say native (this CPU's, or an Ampere GPU's) but a linear layer 26x slower: `all` does not
+    'switch' to bf16 again; it trains fp32 here (fp16 is CUDA-only)."""
+    from trainwise import study
+
+    monkeypatch.setenv("TRAINWISE_CPU_FLAGS", "avx2 avx512_bf16 amx_bf16")
+    monkeypatch.setattr(study, "precision_ratio", lambda device, precision: 26.0)
+    defaults = strategies.DEFAULT_STRATEGIES.split(",")
+    prepared = tiny_study(tmp_path, cls_csv, "classification", defaults, device="auto")
+    assert prepared.row_notes["all"].startswith("trained with fp32 instead of bf16: bf16 emulated on this CPU")
+    assert "yet measured as slow as emulation" in prepared.recorded["bf16"].reason
+
+
+def test_a_verdict_names_what_it_judges():
+    _, v100 = strategies.worst(strategies.support(strategies.parse_row("fp16+tf32", 4).plan, gpu((7, 0))))
+    assert v100.line().startswith("tf32 inert on this GPU"), "fp16 is native there: tf32 is the one judged"
 
 
 def test_all_takes_fp16_where_bf16_is_emulated_and_fp16_native():
@@ -231,15 +250,16 @@ def _row(name: str, steps: list[float], batch: int, n_train: int = 1000) -> Tria
 
 
 def test_a_slow_step_moves_no_column_of_the_row_away_from_the_others():
-    """A step 10x slower among quiet ones: step (s), samples/s, epoch and time % still agree exactly."""
+    """A step 10x slower among quiet ones: step (s), samples/s, epoch and time % still agree exactly
+    (all from the totals: a median step beside a total-over-total rate read 2.689 s/step, 6.4 samples/s)."""
     from trainwise.config import Cell
     from trainwise.strategies import parse_row
+    from trainwise.study import aggregate
 
     base = _row("baseline", [1.0, 1.0, 10.0, 1.0, 1.0], batch=32)
     other = _row("grad_ckpt", [1.3, 1.3, 1.3, 1.3, 1.3], batch=32)
-    assert base.step_time_s == 1.0 and base.samples_per_s == pytest.approx(32 / 1.0)
-    assert base.epoch_time_s == pytest.approx(1000 / 32)
-    from trainwise.study import aggregate
+    assert base.step_time_s == pytest.approx(2.8) and base.samples_per_s * base.step_time_s == pytest.approx(32)
+    assert base.epoch_time_s == pytest.approx(1000 / 32 * 2.8)
 
     class Spec:
         def __init__(self, row):
@@ -247,21 +267,21 @@ def test_a_slow_step_moves_no_column_of_the_row_away_from_the_others():
             self.settings = type("S", (), {"batch_size": 32, "num_workers": 0, "model_kind": "dir", "task": "x"})
 
     cells = [Cell(parse_row("baseline", 4), 32, 0), Cell(parse_row("grad_ckpt", 4), 32, 0)]
-    table = aggregate(cells, [(Spec("baseline"), base), (Spec("grad_ckpt"), other)])
-    b, g = table
+    b, g = aggregate(cells, [(Spec("baseline"), base), (Spec("grad_ckpt"), other)])
     per_sample = (g["step_time_s"] / 32) / (b["step_time_s"] / 32)
     assert g["rel_time"] == pytest.approx(per_sample) == pytest.approx(g["epoch_time_s"] / b["epoch_time_s"])
-    assert g["rel_time"] == pytest.approx(1.3)
+    assert g["rel_time"] == pytest.approx(1.3 / 2.8)
 
 
-def test_ranks_combine_at_the_slowest_ranks_median_step():
+def test_ranks_combine_at_the_slowest_ranks_step():
     a = _row("zero2", [1.0, 1.0, 5.0], batch=8)
     b = _row("zero2", [1.2, 1.2, 1.2], batch=8)
     for r in (a, b):
-        r.world_size, r.peak_mem_bytes = 2, 1
+        r.world_size, r.peak_mem_bytes, r.flops_per_step, r.peak_flops_per_s = 2, 1, 1e9, 10e9
     row = combine_ranks([a, b], 2)
-    assert row.step_time_s == 1.2 and row.samples_per_s == pytest.approx(16 / 1.2)
+    assert row.step_time_s == pytest.approx(7 / 3) and row.samples_per_s == pytest.approx(16 / (7 / 3))
     assert row.epoch_time_s == pytest.approx(1000 / row.samples_per_s)
+    assert row.mfu == pytest.approx(1e9 / (7 / 3) / 10e9), "MFU at the step the row reports"
 
 
 # ---- contention: measured again once quiet -----------------------------------------------------------------
@@ -293,6 +313,23 @@ def test_the_noise_floor_and_verdicts_use_clean_runs_only():
     assert row["within_noise"] is None, "a row timed under load gets no verdict"
 
 
+def test_a_failed_re_run_keeps_the_run_measured_under_load(tmp_path, cls_csv, monkeypatch):
+    from trainwise.measure import contention
+    from trainwise.study import run_study
+
+    monkeypatch.setattr(contention, "wait_quiet", lambda *_a, **_k: True)
+    prepared = tiny_study(tmp_path, cls_csv, "classification", ["baseline"], retries=2)
+    runs = [
+        TrialResult("baseline", "ok", step_time_s=1.6, samples_per_s=5.0, contended=True, other_cpu_share=0.5),
+        TrialResult("baseline", "timeout", message="killed"),
+    ]
+    events: list = []
+    [(_, r)] = run_study(prepared, lambda *_: runs.pop(0), lambda spec, e: events.append(e), lambda *_: None)
+    assert r.status == "ok" and r.contended and r.samples_per_s == 5.0 and r.discarded_runs == 1
+    assert "measured under load (1.600 s/step, 50% of the CPUs" in events[0]["text"]
+    assert "the re-run ended timeout" in events[-1]["text"]
+
+
 def test_wait_quiet_returns_once_a_busy_process_stops():
     """The waiting process's own children count as its own work (a trial's workers): the busy processes
     here are started detached (re-parented by a shell that exits), as another user's job would be."""
@@ -322,7 +359,7 @@ def test_a_trial_contended_by_a_busy_process_is_measured_again(tmp_path, cls_csv
     from trainwise.report.format import notes
     from trainwise.study import aggregate, run_study
 
-    study = tiny_study(tmp_path, cls_csv, "classification", ["baseline"], eval_samples=0, max_steps=40, retries=2)
+    study = tiny_study(tmp_path, cls_csv, "classification", ["baseline"], eval_samples=0, max_steps=120, retries=2)
     study.config.quiet_wait_s = 30.0
     runs, events = [], []
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -139,6 +140,7 @@ def run_doctor(
                 missing[name] = f"needs {', '.join(why)}; this device ({resolved}) or environment lacks it"
             else:
                 runnable.append(name)
+        shutil.rmtree(out / task, ignore_errors=True)  # measured now, never a stored result from before a fix
         prepared = prepare_study(_config(out, resolved, task, runnable))
         trials = run_study(prepared, launch, partial(on_event, task), partial(on_done, task))
         report.checks += [_verdict(task, r) for _, r in trials]

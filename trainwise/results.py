@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import asdict, dataclass, field, fields
 
+from trainwise.measure.flops import utilisation
+
 # "emulated": a default row whose precision this device only emulates, recorded from the linear-layer
 # micro-benchmark and not trained (minutes per step on such a CPU); a row the user names is trained.
 STATUSES = ("ok", "unsupported", "emulated", "oom", "error", "timeout", "crashed")
@@ -18,7 +20,8 @@ class TrialResult:
     message: str = ""
     plan: dict = field(default_factory=dict)
     # timing over the timed (post-warm-up) optimizer steps
-    step_time_s: float | None = None  # median
+    step_time_s: float | None = None  # mean: timed seconds / timed steps (every time column derives from totals)
+    step_time_median_s: float | None = None
     step_time_p90_s: float | None = None
     step_time_iqr_s: float | None = None  # interquartile range of the timed steps: their noise
     data_wait_s: float | None = None  # median per step
@@ -27,8 +30,8 @@ class TrialResult:
     warmup_s: float | None = None  # total time of the untimed warm-up steps
     compile_s: float | None = None  # torch.compile rows: warm-up time beyond steady steps (the compiling)
     timed_steps: int = 0
-    samples_per_s: float | None = None  # samples per timed step / the median step (one statistic per row)
-    tokens_per_s: float | None = None  # non-pad tokens per timed step / the median step
+    samples_per_s: float | None = None  # samples / timed seconds (one statistic per row: totals)
+    tokens_per_s: float | None = None  # non-pad tokens / timed seconds
     padding_waste: float | None = None  # fraction of computed positions that are padding
     epoch_time_s: float | None = None  # projected: training samples / samples_per_s
     # memory
@@ -44,8 +47,9 @@ class TrialResult:
     # MFU (trainwise.measure.flops): counted FLOPs of an average timed step over the measured matmul peak
     flops_per_step: float | None = None
     peak_flops_per_s: float | None = None  # this device's linear layer run as the plan runs it, measured
-    mfu: float | None = None  # flops_per_step / median step / peak_flops_per_s; never > 1 (None, mfu_note says why)
-    compute_dtype: str | None = None  # fp32 | bf16 | fp16: the dtype of the peak MFU is measured against
+    peak_mode: str | None = None  # how: fp32, autocast-bf16, weights-bf16, ... (trainwise.measure.flops.linear_mode)
+    mfu: float | None = None  # flops_per_step / step_time_s / peak_flops_per_s; never > 1 (None, mfu_note says why)
+    compute_dtype: str | None = None  # fp32 | bf16 | fp16: the dtype the plan's matmuls run in
     mfu_note: str = ""  # why FLOPs were not counted, when they were not
     # quality
     train_loss: float | None = None  # true mean loss over the last 5 optimizer steps
@@ -90,8 +94,8 @@ def combine_ranks(results: list[TrialResult | None], expected_world: int) -> Tri
     """One row from the per-rank results of a multi-process trial.
 
     A rank that failed makes the row fail with its message (a missing rank result, when no rank
-    reported a failure, is `crashed`). Time is the slowest rank's median step (the step is as slow as it);
-    throughput is all ranks' samples per step over its median step; memory is the largest rank's peak, with every
+    reported a failure, is `crashed`). Time is the slowest rank's step (the step is as slow as it), and MFU at
+    it; throughput is all ranks' samples per step over that step; memory is the largest rank's peak, with every
     rank's peak kept in `rank_peak_mem_bytes` (their sum is the total across the machine).
     """
     present = [(i, r) for i, r in enumerate(results) if r is not None]
@@ -122,7 +126,7 @@ def combine_ranks(results: list[TrialResult | None], expected_world: int) -> Tri
     slowest = max(ranks, key=lambda r: r.step_time_s or 0.0)
     step = slowest.step_time_s or 0.0
     timed = max(r.timed_s or 0.0 for r in ranks)
-    # per step, at each rank's median step (the row's one statistic, trainwise.measure.timing)
+    # per step: each rank's samples/s x its step (both from its totals, trainwise.measure.timing)
     samples = sum((r.samples_per_s or 0.0) * (r.step_time_s or 0.0) for r in ranks)
     real = [(r.tokens_per_s or 0.0) * (r.step_time_s or 0.0) for r in ranks]  # non-pad tokens each rank saw
     padded = [
@@ -146,6 +150,7 @@ def combine_ranks(results: list[TrialResult | None], expected_world: int) -> Tri
         tokens_per_s=tokens / step if step else None,
         padding_waste=1 - tokens / sum(padded) if sum(padded) else main.padding_waste,
         epoch_time_s=n_train * step / samples if samples else None,
+        mfu=utilisation(main.flops_per_step, step, main.peak_flops_per_s or 0.0)[0] if step else None,
         peak_mem_bytes=max(peaks),
         peak_reserved_bytes=max((r.peak_reserved_bytes or 0 for r in ranks), default=None) or None,
         peak_rss_bytes=max((r.peak_rss_bytes or 0 for r in ranks), default=None) or None,

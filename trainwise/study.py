@@ -159,15 +159,16 @@ def precision_verdicts(rows: list[Row], device: str, facts: DeviceFacts) -> dict
         if knob == "precision" and verdict.status in ("native", "emulated"):
             ratio = ratios[value] = ratios.get(value) or precision_ratio(device, value)
             if verdict.status == "native" and ratio >= SLOW_RATIO:
-                verdict = Support("emulated", f"{verdict.reason}, yet measured as slow as emulation", ratio)
+                verdict = Support("emulated", f"{verdict.reason}, yet measured as slow as emulation", ratio, value)
             elif verdict.status == "emulated" and ratio < 1.0:  # the flags missed a unit the kernels use
-                verdict = Support("native", f"{verdict.reason.split(' (')[0]} (measured faster than fp32)", ratio)
+                reason = f"{verdict.reason.split(' (')[0]} (measured faster than fp32)"
+                verdict = Support("native", reason, ratio, value)
             verdict = dataclasses.replace(verdict, ratio=ratio)
         found[row.text] = verdict
     return found
 
 
-def _fit_to_device(cfg: StudyConfig, device: str, facts: DeviceFacts, unsupported: dict[str, str]):
+def _fit_to_device(cfg: StudyConfig, device: str, caps: set[str], facts: DeviceFacts, unsupported: dict[str, str]):
     """Precision truth before any trial: every row's verdict; in the default rows, an emulated slow
     precision is recorded rather than trained, and `all` trains with the best precision the device has
     (fp16 on a V100, fp32 on an AVX2-only CPU). Rows the user names are trained as asked."""
@@ -185,17 +186,19 @@ def _fit_to_device(cfg: StudyConfig, device: str, facts: DeviceFacts, unsupporte
                 recorded[row.text] = verdict
             continue
         old = str(row.plan.value("precision"))
+        others = [strategies.with_precision(row, name) for name in ("bf16", "fp16") if name != old]
         best = next(
             (
-                name
-                for name in ("bf16", "fp16")
-                if (v := strategies.support(strategies.with_precision(row, name).plan, facts).get("precision"))
+                str(r.plan.value("precision"))
+                for r in others
+                if not r.missing_capabilities(caps)
+                and (v := precision_verdicts([r], device, facts).get(r.text))
                 and v.status == "native"
             ),
             None,
         )
         cfg.rows[i] = strategies.with_precision(row, best)
-        row_notes[row.text] = f"trained with {best or 'fp32'} instead of {old}: {verdict.line(old)}"
+        row_notes[row.text] = f"trained with {best or 'fp32'} instead of {old}: {verdict.line()}"
         verdicts.pop(row.text)
     return verdicts, recorded, row_notes
 
@@ -220,7 +223,7 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
         missing_pkgs = row.missing_packages()
         if missing_pkgs and row.text not in unsupported:
             raise ConfigError(f"strategy {row.text!r} needs {', '.join(missing_pkgs)}")
-    verdicts, recorded, row_notes = _fit_to_device(cfg, device, device_facts(device), unsupported)
+    verdicts, recorded, row_notes = _fit_to_device(cfg, device, caps, device_facts(device), unsupported)
     _check_ranks(cfg, device, unsupported)
     out = Path(cfg.out)
     check_ours(out, cfg.force)
@@ -512,6 +515,8 @@ def _run_trials(prepared: PreparedStudy, launch: Launch, on_event: Events, on_do
     try:
         for spec in prepared.specs:
             done = store.get(spec.key())
+            if done is not None and done.status == "emulated" and spec.row not in prepared.recorded:
+                done = None  # recorded (a default row) before, named now: trained and measured as asked
             if done is not None and (done.status == "ok" or not cfg.retry_failed):
                 on_done(spec, done, True)
                 trials.append((spec, done))
@@ -525,7 +530,7 @@ def _run_trials(prepared: PreparedStudy, launch: Launch, on_event: Events, on_do
                 result = _measured(spec, out / "trials" / f"{spec.key()}", launch, cfg, _bind(on_event, spec))
             verdict = prepared.verdicts.get(spec.row)
             result.support_note = prepared.row_notes.get(spec.row) or (
-                verdict.line(_precision_name(spec)) if verdict and verdict.status != "native" else ""
+                verdict.line() if verdict and verdict.status != "native" else ""
             )
             result.precision_ratio = verdict.ratio if verdict else None
             store.put(spec, result)
@@ -538,18 +543,13 @@ def _run_trials(prepared: PreparedStudy, launch: Launch, on_event: Events, on_do
     return trials
 
 
-def _precision_name(spec: TrialSpec) -> str:
-    precision = str(spec.plan.value("precision"))
-    return "tf32" if precision == "fp32" and spec.plan.value("tf32") else precision
-
-
 def _recorded(spec: TrialSpec, verdict: Support) -> TrialResult:
     """A default row not trained: its precision is emulated on this device and measured that slow."""
     return TrialResult(
         spec.row,
         "emulated",
         spec.repeat,
-        f"not trained (a default row; name it in --strategies to measure it): {verdict.line(_precision_name(spec))}",
+        f"not trained (a default row; name it in --strategies to measure it): {verdict.line()}",
         spec.plan.to_dict(),
     )
 
@@ -574,7 +574,11 @@ def _measured(spec: TrialSpec, trial_dir: Path, launch: Launch, cfg: StudyConfig
         quiet = contention.wait_quiet(cfg.quiet_wait_s)
         if not quiet:
             emit({"event": "note", "text": f"still busy after {cfg.quiet_wait_s:.0f} s: measuring anyway"})
-        result = launch(spec, trial_dir, cfg.trial_timeout, emit)
+        again = launch(spec, trial_dir, cfg.trial_timeout, emit)
+        if again.status != "ok":  # the re-run failed (timeout, OOM): the loaded measurement stays, flagged
+            emit({"event": "note", "text": f"the re-run ended {again.status}: keeping the run measured under load"})
+            break
+        result = again
     result.discarded_runs = discarded
     return result
 
@@ -588,6 +592,7 @@ def _bind(on_event: Events, spec: TrialSpec) -> Callable[[dict], None]:
 # (each column's own median could: a row 113% slower per step and cheaper per epoch).
 TIMING = (
     "step_time_s",
+    "step_time_median_s",
     "step_time_p90_s",
     "step_time_iqr_s",
     "timed_steps",
@@ -647,6 +652,7 @@ def aggregate(cells: list[Cell], trials: Trials) -> list[dict]:
             "repeats": len(ok),
             "mem_kind": first.mem_kind,
             "compute_dtype": first.compute_dtype,
+            "peak_mode": first.peak_mode,
             "mfu_note": first.mfu_note,
             "support_note": first.support_note,
             "precision_ratio": first.precision_ratio,

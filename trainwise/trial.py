@@ -119,6 +119,7 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Pat
         repeat=spec.repeat,
         plan=spec.plan.to_dict(),
         step_time_s=summary["step_time_s"],
+        step_time_median_s=summary["step_time_median_s"],
         step_time_p90_s=summary["step_time_p90_s"],
         step_time_iqr_s=summary["step_time_iqr_s"],
         data_wait_s=summary["data_wait_s"],
@@ -140,6 +141,7 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Pat
         mem_kind=mem_kind,
         flops_per_step=flops_per_step,
         peak_flops_per_s=measured.peak_flops_per_s,
+        peak_mode=measured.mode,
         mfu=mfu,
         compute_dtype=measured.dtype,
         mfu_note="; ".join(filter(None, [measured.note, mfu_note])),
@@ -170,8 +172,9 @@ class StepMeasure:
     peak_bytes: int
     flops: int | None  # of this one step
     tokens: int  # padded positions in its window (what the FLOPs scale with)
-    peak_flops_per_s: float  # the device's measured matmul peak in the plan's compute dtype
+    peak_flops_per_s: float  # the device's linear layer run as the plan runs its matmuls, measured
     dtype: str
+    mode: str  # how the peak was probed (trainwise.measure.flops.linear_mode)
     note: str = ""
 
     def per_step(self, padded_tokens: int, steps: int) -> float | None:
@@ -206,9 +209,9 @@ def measure_step(parts: loop.Parts, window: list, device: str) -> StepMeasure:
             parts.optimizer.zero_grad(set_to_none=True)
             note = f"FLOPs not counted ({type(err).__name__}: {err})"
     dtype = flops.compute_dtype(parts.rt.mixed_precision, parts.rt.weights_dtype)
-    peak_flops = flops.matmul_peak(device, flops.linear_mode(parts.rt.mixed_precision, parts.rt.weights_dtype))
+    mode = flops.linear_mode(parts.rt.mixed_precision, parts.rt.weights_dtype)
     tokens = sum(b.padded_tokens for b in window)
-    return StepMeasure(at_start + grown, n, tokens, peak_flops, dtype, note)
+    return StepMeasure(at_start + grown, n, tokens, flops.matmul_peak(device, mode), dtype, mode, note)
 
 
 def _state_bytes(parts: loop.Parts) -> int:

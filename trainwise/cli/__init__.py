@@ -58,7 +58,7 @@ def compare(
     eval_samples: o.EvalSamples = default("eval_samples"),
     max_train_samples: o.MaxTrainSamples = None,
     retry_failed: Annotated[bool, Opt(help="On resume, run again the rows that did not end 'ok'.")] = False,
-    retries: Annotated[int, Opt(help="Re-runs of a trial timed under load, once the machine is quiet.")] = 2,
+    retries: Annotated[int, Opt(help="Re-runs of a trial timed under load, once quiet.")] = default("retries"),
     force: o.Force = False,
     batch_sizes: Annotated[str | None, Opt(help="Sweep: every row at each batch size, e.g. 8,16,32,64.")] = None,
     num_workers: Annotated[str, Opt(help="Sweep: DataLoader worker counts, e.g. 0,1,2,4,8.")] = "0",
@@ -313,7 +313,7 @@ def train(
         if prepared.unsupported:
             raise ConfigError(f"{cfg.rows[0].text!r}: {next(iter(prepared.unsupported.values()))}")
         spec = prepared.specs[0]
-        terminal.precision_note(prepared.verdicts.get(spec.row), spec)  # trained as asked; why it may be slow
+        terminal.precision_note(prepared.verdicts.get(spec.row))  # trained as asked; why it may be slow
     from trainwise import train as run  # torch: after every check of the input
 
     warn = lambda msg: terminal.say(f"trainwise: warning: {msg}", terminal.err)  # noqa: E731

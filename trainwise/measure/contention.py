@@ -23,6 +23,9 @@ from pathlib import Path
 
 CONTENDED_SHARE = 0.25  # other processes' share of all CPUs' time during the timed steps
 STOLEN_SHARE = 0.10  # the hypervisor's
+# /proc/stat counts in ticks of 10 ms: over a shorter window than this the share is too coarse to judge
+# (2 timed steps of 10 ms read "contended" at any blip, and a re-run, and a noise floor without it, followed)
+MIN_WINDOW_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -79,10 +82,11 @@ def between(a: CpuSample | None, b: CpuSample | None, cpus: int | None = None) -
     capacity = (b.at_s - a.at_s) * (cpus or os.cpu_count() or 1)
     others = max(0.0, (b.busy_s - a.busy_s) - (b.own_s - a.own_s)) / capacity
     stolen = max(0.0, b.steal_s - a.steal_s) / capacity
+    judged = b.at_s - a.at_s >= MIN_WINDOW_S
     return {
         "other_cpu_share": round(min(1.0, others), 4),
         "steal_share": round(min(1.0, stolen), 4),
-        "contended": others > CONTENDED_SHARE or stolen > STOLEN_SHARE,
+        "contended": (others > CONTENDED_SHARE or stolen > STOLEN_SHARE) if judged else None,
         "cpu_mhz": [a.mhz, b.mhz] if a.mhz is not None and b.mhz is not None else None,
     }
 

@@ -79,7 +79,7 @@ def _tf32_on() -> bool:
 
 
 def utilisation(flops_per_step: float | None, step_s: float, peak_flops_per_s: float) -> tuple[float | None, str]:
-    """MFU of a step (counted FLOPs / median step time / peak) and a note. Above 100% the peak is wrong
+    """MFU of a step (counted FLOPs / step time / peak) and a note. Above 100% the peak is wrong
     (measured on another kernel than the model runs, or under load), never the step: no MFU then."""
     if not flops_per_step or step_s <= 0 or peak_flops_per_s <= 0:
         return None, ""

@@ -1,10 +1,13 @@
 """Per-step timing split into data wait, forward+backward, and optimizer time.
 
 Every boundary calls `sync()` (CUDA synchronize on GPU, a no-op on CPU) so a phase's time is the
-device's time, not the launch time. A row's time figures all come from ONE statistic, the median
-step: samples/s is samples per step / median step (not total samples / total time, which one slow
-step pulls away from the median: a loaded baseline read 2.689 s/step beside 6.4 samples/s, where
-32 / 2.689 = 11.9), and epoch time, time % and $/epoch follow from samples/s.
+device's time, not the launch time. A row's time figures all come from ONE statistic, the totals
+of the timed steps: step (s) is timed seconds / steps, samples/s is samples / timed seconds, and epoch
+time, time % and $/epoch follow from samples/s, so they always agree (a median step beside a
+total-over-total rate did not: a loaded baseline read 2.689 s/step beside 6.4 samples/s, where
+32 / 2.689 = 11.9). Totals, not medians: rows whose batches vary in length (dynamic padding, smart
+batching) have a few long steps that a median would leave out of their epoch. Trials timed under load
+are measured again (trainwise.study), and the median, p90 and IQR stay beside them for the noise.
 """
 
 from __future__ import annotations
@@ -71,14 +74,14 @@ class StepTimer:
 
 
 def summarize_steps(steps: list[StepTimes], samples: int = 0, real_tokens: int = 0) -> dict[str, float]:
-    """The timed steps' figures; `samples` and `real_tokens` (non-pad) over all of them give the rates
-    at the median step."""
+    """The timed steps' figures: `samples` and `real_tokens` (non-pad) over all of them, over their time."""
     totals = [s.total_s for s in steps]
-    median = statistics.median(totals)
+    timed = sum(totals)
     return {
-        "step_time_s": median,
-        "samples_per_s": samples / len(steps) / median,
-        "tokens_per_s": real_tokens / len(steps) / median,
+        "step_time_s": timed / len(steps),
+        "step_time_median_s": statistics.median(totals),
+        "samples_per_s": samples / timed,
+        "tokens_per_s": real_tokens / timed,
         "step_time_p90_s": percentile(totals, 90),
         "step_time_iqr_s": percentile(totals, 75) - percentile(totals, 25),  # the step-to-step noise
         "data_wait_s": statistics.median([s.data_s for s in steps]),

@@ -134,23 +134,26 @@ def _clock_fell(mhz: list | None) -> bool:
     return bool(mhz and mhz[0] and mhz[1] < 0.9 * mhz[0])
 
 
+def _peak_label(e: dict) -> str:
+    """The probe's mode, e.g. fp32, autocast-bf16, weights-bf16 (stores from before it: the dtype)."""
+    return e.get("peak_mode") or e.get("compute_dtype") or "?"
+
+
 def _mfu_notes(table: list[dict]) -> list[str]:
-    counted = [e for e in table if e["status"] == "ok" and e.get("mfu") is not None]
+    ok = [e for e in table if e["status"] == "ok"]
+    counted = [e for e in ok if e.get("mfu") is not None]
+    lines = [f"{e['strategy']}: {e['mfu_note']}" for e in ok if e.get("mfu_note")]
     if not counted:
-        return []
-    peaks = sorted(
-        {(e.get("compute_dtype") or "?", e["peak_flops_per_s"]) for e in counted if e.get("peak_flops_per_s")}
-    )
-    lines = [
+        return lines
+    peaks = sorted({(_peak_label(e), e["peak_flops_per_s"]) for e in counted if e.get("peak_flops_per_s")})
+    return [
         "MFU: FLOPs of a step counted by torch.utils.flop_counter (matmuls, convolutions, attention; on one "
-        "extra step, scaled to the average step by padded positions) / median step / this device's peak for a "
+        "extra step, scaled to the average step by padded positions) / step time / this device's peak for a "
         "linear layer run as the row runs its matmuls, measured by a probe ("
         + ", ".join(f"{d} {p / 1e9:.0f} GFLOP/s" for d, p in peaks)
-        + "; cached). "
-        "Recomputed forwards (grad_ckpt) and padding count as executed FLOPs."
+        + "; cached). Recomputed forwards (grad_ckpt) and padding count as executed FLOPs.",
+        *lines,
     ]
-    lines += [f"{e['strategy']}: {e['mfu_note']}" for e in table if e["status"] == "ok" and e.get("mfu_note")]
-    return lines
 
 
 def majority_note(entries: list[dict]) -> str | None:
@@ -258,8 +261,8 @@ def notes(table: list[dict]) -> list[str]:
             "ranks: time is the slowest rank's, samples/s all ranks', peak mem the largest rank's, state per rank."
         )
     lines.append(
-        "step (s): the median timed step; samples/s: samples per step / that median step (every time figure "
-        "of a row comes from it); "
+        "step (s): timed seconds / timed steps; samples/s: samples / timed seconds (every time figure of a "
+        "row comes from these totals); "
         "time %: baseline samples/s / row samples/s; data (s): median wait for the next batch per step "
         "(DataLoader); optim (s): median clip + optimizer step + zero_grad; epoch (s): training samples / "
         "samples/s; loss: true mean over the last 5 optimizer steps."

@@ -231,7 +231,9 @@ def support(plan: TrialPlan, device: DeviceFacts) -> dict[str, Support]:
     found = {}
     for knob, value in plan.items():
         if knob.support is not None and (verdict := knob.support(value, device)) is not None:
-            found[knob.name] = verdict
+            found[knob.name] = dataclasses.replace(
+                verdict, subject=str(value) if knob.name == "precision" else knob.name
+            )
     return found
 
 

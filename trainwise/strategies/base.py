@@ -134,14 +134,15 @@ class Support:
     status: str  # one of SUPPORT
     reason: str  # why, naming the device fact it comes from
     ratio: float | None = None
+    subject: str = ""  # what is judged: the precision (bf16, bf16_pure, fp16) or tf32
 
     def __post_init__(self) -> None:
         assert self.status in SUPPORT, self.status
 
-    def line(self, name: str) -> str:
+    def line(self) -> str:
         """`bf16 emulated on this CPU (no avx512_bf16 / amx_bf16: ...): a linear layer 26.0x slower than fp32 here`."""
         ratio = "" if self.ratio is None else f": a linear layer {_times(self.ratio)} than fp32 here"
-        return f"{name} {self.status} {self.reason}{ratio}"
+        return f"{self.subject} {self.status} {self.reason}{ratio}"
 
 
 def _times(ratio: float) -> str:
