@@ -125,6 +125,13 @@ $TW compare --strategies baseline,bf16,smart_batch,all --price-per-hour 0.10 --o
 $TW advise runs/bench-sku-1vcpu runs/bench-sku-2vcpu --objective cost
 $TW advise runs/bench-sku-1vcpu runs/bench-sku-2vcpu
 
+# 26. truth on any machine (issue 24): doctor, the overhead (in one process and fresh), a busy process
+#     started mid-study (the contended baseline re-measured), and the demo's MFU column
+$TW doctor --out runs/bench-doctor | tee runs/bench-doctor.txt
+$PY benchmarks/overhead.py --rounds 5 | tee runs/bench-overhead.txt
+$PY benchmarks/overhead.py --rounds 3 --fresh | tee -a runs/bench-overhead.txt
+$PY benchmarks/contention.py --start 12 --seconds 40 --busy 2 --out runs/bench-contention | tee runs/bench-contention.txt
+
 # 17. GPU: not run here (it needs an NVIDIA GPU): seed 001's table and the HF docs' single-GPU study with
 #     --device cuda, each study under runs/gpu; `bash benchmarks/gpu.sh --device cpu` is its CPU dry run
 #    bash benchmarks/gpu.sh
