@@ -18,8 +18,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-DTYPES = ("fp32", "bf16", "fp16")
-
 
 class Counted:
     """FLOPs counted inside a `with` block (None when the counter could not run, e.g. a compiled model)."""
