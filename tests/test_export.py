@@ -333,6 +333,50 @@ def test_the_exported_train_command_as_written_trains_the_study_csv_to_the_same_
     assert trained["final_loss"] == pytest.approx(ours[-1], rel=1e-5)
 
 
+@pytest.mark.parametrize("fixture", ["cls_study", "s2s_study"])
+def test_a_preset_snippet_runs_offline_as_written(tmp_path, monkeypatch, request, fixture):
+    """Issue 27: a size preset's snippet builds the model from its config written inline (no directory to
+    find, nothing to download) and the study's trained tokenizer; run unchanged, the Trainer trains it."""
+    import dataclasses
+
+    from trainwise.data.prepared import read_labels
+    from trainwise.models import PRESETS
+
+    s = request.getfixturevalue(fixture).specs[0].settings
+    labels = tuple(read_labels(s.data_dir)) if s.task == "classification" else ()
+    run = RunSettings(
+        s.model_label, s.task, 4, s.max_length, s.max_target_length, 1e-3, 2, device="cpu", model_is_preset=True,
+        row="baseline", labels=labels, train_rows=f"{s.data_dir}/train.jsonl", tokenizer_dir=s.tokenizer_dir,
+    )  # fmt: skip
+    write_export(plan_of("baseline"), run, tmp_path)
+    text = (tmp_path / "train_snippet.py").read_text()
+    assert "<a directory" not in text and f"AutoConfig.for_model({s.model_label.split('-')[0]!r}" in text
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(text, "train_snippet.py", "exec"), namespace)
+    trainer = namespace["trainer"]
+    assert trainer.state.global_step == 2 and trainer.model.num_parameters() < 2_000_000
+    if labels:
+        assert trainer.model.config.id2label == dict(enumerate(labels))
+    # without a study there is no tokenizer to point to: the model part still builds as written
+    bare = dataclasses.replace(run, train_rows=None, tokenizer_dir=None, labels=())
+    model_part = snippet(export_doc(plan_of("baseline"), bare), bare).split("tokenizer = ...")[1].split("# tokenize")[0]
+    exec(compile("import torch\nfrom transformers import *\n" + model_part, "model_part", "exec"), namespace)
+    assert namespace["model"].config.vocab_size == PRESETS[s.model_label][1]["vocab_size"]
+
+
+def test_the_exported_train_command_names_where_its_run_goes(tmp_path):
+    """Issue 27: train_command.txt says --out (beside the export directory), so the run's checkpoints land
+    where the user looks, not in a default they never chose."""
+    import dataclasses
+    import shlex
+
+    row = dataclasses.replace(SETTINGS, row="bf16+grad_ckpt")
+    write_export(plan_of(row.row), row, tmp_path / "exports" / "mine")
+    argv = shlex.split((tmp_path / "exports" / "mine" / "train_command.txt").read_text())
+    assert argv[argv.index("--out") + 1] == str(tmp_path / "exports" / "train-bf16+grad_ckpt")
+
+
 def test_a_seq2seq_study_snippet_reads_its_rows_and_pads_its_targets():
     import dataclasses
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainwise import strategies
-from trainwise.config import DataOrigin, check_nproc
+from trainwise.config import DataOrigin, TrialSettings, TrialSpec, check_nproc
 from trainwise.errors import ConfigError, check_number
 from trainwise.plan import TrialPlan
 from trainwise.strategies.base import ExportDoc
@@ -54,6 +54,7 @@ class RunSettings:
     labels: tuple[str, ...] = ()  # classification: the class names, in id order
     train_rows: str | None = None  # a study's prepared training rows (JSONL: text, target)
     epochs: int = 1  # passes `trainwise train` may make (its cap on the steps), enough for max_steps
+    tokenizer_dir: str | None = None  # a preset's tokenizer, trained by a study on its data
 
     def batch_line(self, doc: ExportDoc) -> str:
         """The batch, global and per device, said once for every file."""
@@ -104,8 +105,15 @@ def training_arguments(plan: TrialPlan, s: RunSettings, output_dir: str = "out")
     return export_doc(plan, s, output_dir).args
 
 
-def train_command(s: RunSettings) -> str:
-    """The `trainwise train` command that trains this plan on the same model, data and settings."""
+def train_out(beside: Path | str, name: str) -> str:
+    """Where a written `trainwise train` command puts its run: a folder `train-NAME` beside `beside` (the
+    export or tune directory), so its checkpoints land where the user already looks, not in a default."""
+    return str(Path(beside).parent / f"train-{name}")
+
+
+def train_command(s: RunSettings, out: str | None = None) -> str:
+    """The `trainwise train` command that trains this plan on the same model, data and settings, into `out`
+    (default: runs/train-ROW)."""
     model_flag = ["--model-preset", s.model] if s.model_is_preset else ["--model", s.model]
     argv = [
         "trainwise",
@@ -131,6 +139,8 @@ def train_command(s: RunSettings) -> str:
         str(s.max_steps),
         "--seed",
         str(s.seed),
+        "--out",
+        out or train_out("runs/export", s.row),
     ]
     return shlex.join(argv)
 
@@ -172,13 +182,12 @@ def _data_lines(doc: ExportDoc, s: RunSettings) -> list[str]:
 def snippet(doc: ExportDoc, s: RunSettings) -> str:
     """The Python that runs the plan with the HF Trainer: arguments, model, data, collator, notes."""
     auto = "AutoModelForSeq2SeqLM" if s.task == "seq2seq" else "AutoModelForSequenceClassification"
-    model_ref = s.model if not s.model_is_preset else f"<a directory with the {s.model} config>"
-    kwargs = dict(doc.model_kwargs)
+    labels: dict[str, str] = {}
     if s.task == "classification" and s.labels:
-        kwargs["num_labels"] = str(len(s.labels))
-        kwargs["id2label"] = repr(dict(enumerate(s.labels)))
-        kwargs["label2id"] = repr({label: i for i, label in enumerate(s.labels)})
-    model_args = "".join(f", {k}={v}" for k, v in kwargs.items())
+        labels["num_labels"] = str(len(s.labels))
+        labels["id2label"] = repr(dict(enumerate(s.labels)))
+        labels["label2id"] = repr({label: i for i, label in enumerate(s.labels)})
+    model_lines = _preset_lines(s, auto, labels, doc) if s.model_is_preset else _pretrained_lines(s, auto, labels, doc)
     indent = ""
     lines = [f"# exported by trainwise: plan {s.row!r}", f"# {s.batch_line(doc)}"]
     lines += [f"# {note}" for note in doc.notes]
@@ -186,10 +195,10 @@ def snippet(doc: ExportDoc, s: RunSettings) -> str:
         "import json",
         "",
         "import torch",
-        f"from transformers import (AutoTokenizer, Trainer, TrainingArguments, {auto}, {doc.collator.split('(')[0]})",
+        f"from transformers import (AutoConfig, AutoTokenizer, Trainer, TrainingArguments, {auto}, "
+        f"{doc.collator.split('(')[0]})",
         "",
-        f"tokenizer = AutoTokenizer.from_pretrained({model_ref!r})",
-        f"model = {auto}.from_pretrained({model_ref!r}{model_args})",
+        *model_lines,
         *doc.model_lines,
         *_data_lines(doc, s),
         'args = TrainingArguments(**json.load(open("training_args.json")))',
@@ -210,6 +219,39 @@ def snippet(doc: ExportDoc, s: RunSettings) -> str:
     return "\n".join(lines)
 
 
+def _pretrained_lines(s: RunSettings, auto: str, labels: dict[str, str], doc: ExportDoc) -> list[str]:
+    args = "".join(f", {k}={v}" for k, v in {**doc.model_kwargs, **labels}.items())
+    return [
+        f"tokenizer = AutoTokenizer.from_pretrained({s.model!r})",
+        f"model = {auto}.from_pretrained({s.model!r}{args})",
+    ]
+
+
+def _preset_lines(s: RunSettings, auto: str, labels: dict[str, str], doc: ExportDoc) -> list[str]:
+    """A size preset as trainwise builds it: the architecture from its config (written out here, so nothing
+    is downloaded), random weights from the run's seed, and the tokenizer the study trained on its data."""
+    from trainwise.models import preset_config_kwargs
+
+    family, kwargs = preset_config_kwargs(s.model)
+    config_args = ", ".join([*(f"{k}={v!r}" for k, v in kwargs.items()), *(f"{k}={v}" for k, v in labels.items())])
+    args = "".join(f", {k}={v}" for k, v in doc.model_kwargs.items())
+    if s.tokenizer_dir is not None:
+        tokenizer = [f"tokenizer = AutoTokenizer.from_pretrained({s.tokenizer_dir!r})  # trained by the study"]
+    else:  # no study, no data to train one on: the preset's vocabulary and special ids say what it must be
+        tokenizer = [
+            f"# {s.model} has no pretrained tokenizer: trainwise trains a byte-level BPE on the study's texts "
+            f"(export --study writes its path here); yours needs at most {kwargs['vocab_size']} tokens, pad id 0",
+            "tokenizer = ...  # your tokenizer",
+        ]
+    return [
+        *tokenizer,
+        f"# the {s.model} preset: its architecture, with random weights (no checkpoint to download)",
+        f"config = AutoConfig.for_model({family!r}, {config_args})",
+        f"torch.manual_seed({s.seed})  # the seed trainwise builds the random weights with",
+        f"model = {auto}.from_config(config{args})",
+    ]
+
+
 def write_export(plan: TrialPlan, s: RunSettings, out: Path, force: bool = False) -> tuple[list[Path], list[str]]:
     """Write the files; returns them and the notes (what TrainingArguments cannot say). A directory that
     holds files trainwise did not write (say, the user's own training_args.json) is refused unless `force`."""
@@ -223,7 +265,7 @@ def write_export(plan: TrialPlan, s: RunSettings, out: Path, force: bool = False
         "training_args.json": json.dumps(doc.args, indent=2) + "\n",
         "train_snippet.py": snippet(doc, s),
         "accelerate_config.yaml": _yaml(doc.accelerate),
-        "train_command.txt": train_command(s) + "\n",
+        "train_command.txt": train_command(s, train_out(out, s.row)) + "\n",
     }
     if doc.ds_config is not None:
         files["ds_config.json"] = json.dumps(doc.ds_config, indent=2) + "\n"
@@ -291,9 +333,23 @@ class ExportConfig:
             )
 
 
+def named_model(s: TrialSettings) -> tuple[str, bool]:
+    """How a written command names a study's model, and whether it is a size preset."""
+    if s.model_label == "all-MiniLM-L6-v2":  # the bundled copy's path is this machine's venv
+        return BUNDLED_HUB_ID, False
+    preset = s.model_kind == "preset"
+    return (s.model_label if preset else s.model_ref), preset
+
+
+def epochs_for(spec: TrialSpec, max_steps: int) -> int:
+    """A trial cycles its data for max_steps; train stops at --epochs: enough passes for the same steps."""
+    from trainwise import loop
+
+    return max(1, math.ceil(max_steps / max(1, loop.steps_per_epoch(spec, spec.settings.n_train))))
+
+
 def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str]]:
     """Resolve the plan and its settings (from the study, or from the options), then write the files."""
-    from trainwise import loop
     from trainwise.estimate import EstimateConfig
     from trainwise.models import resolve_model
 
@@ -305,7 +361,7 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         cfg.lr,
     )
     max_steps, nproc, seed, epochs = cfg.max_steps or 1000, cfg.nproc or 1, 0, 1
-    origin, train_rows = None, None
+    origin, train_rows, tokenizer_dir = None, None, None
     labels: tuple[str, ...] = ()
     if cfg.study is not None:
         from trainwise.advise import study_row
@@ -322,10 +378,7 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         if spec is None:
             raise ConfigError(f"--study {cfg.study}: the store holds no trial of {entry['strategy']!r}")
         s = spec.settings
-        text, preset = spec.row, s.model_kind == "preset"
-        model = s.model_label if preset else s.model_ref
-        if s.model_label == "all-MiniLM-L6-v2":  # the bundled copy's path is this machine's venv
-            model = BUNDLED_HUB_ID
+        text, (model, preset) = spec.row, named_model(s)
         task, batch, accum, lengths, lr = (
             s.task,
             entry.get("batch_size", s.batch_size),
@@ -337,13 +390,10 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         nproc = cfg.nproc or s.nproc
         seed = s.seed
         labels = tuple(read_labels(s.data_dir)) if task == "classification" else ()
-        # a trial cycles its data for max_steps; train stops at --epochs: enough passes for the same steps
-        per_epoch = loop.steps_per_epoch(
-            dataclasses.replace(spec, settings=dataclasses.replace(s, batch_size=batch)), s.n_train
-        )
-        epochs = max(1, math.ceil(max_steps / max(1, per_epoch)))
+        epochs = epochs_for(dataclasses.replace(spec, settings=dataclasses.replace(s, batch_size=batch)), max_steps)
         prepared = Path(s.data_dir) / "train.jsonl"
         train_rows = str(prepared) if prepared.is_file() else None
+        tokenizer_dir = s.tokenizer_dir if preset else None
     else:
         assert cfg.strategies is not None, "ExportConfig requires one of them"
         text = cfg.strategies
@@ -377,6 +427,7 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         labels=labels,
         train_rows=train_rows,
         epochs=epochs,
+        tokenizer_dir=tokenizer_dir,
     )
     paths, notes = write_export(row.plan, run, out, cfg.force)
     if cfg.study is not None:

@@ -240,16 +240,23 @@ def train_tokenizer(texts: list[str], preset: str, out_dir: Path) -> None:
     fast.save_pretrained(str(out_dir))
 
 
-def _preset_config(preset: str, num_labels: int):
-    from transformers import AutoConfig
-
+def preset_config_kwargs(preset: str) -> tuple[str, dict[str, Any]]:
+    """A preset's family and its config's keyword arguments for `AutoConfig.for_model`, with the special
+    token ids of the tokenizer trainwise trains for it (what export writes into its snippet, too)."""
     family, kwargs = PRESETS[preset]
     ids: dict[str, Any] = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}  # the trained tokenizer's
     if family == "t5":
         ids["decoder_start_token_id"] = 0
     elif family == "bart":
         ids.update(decoder_start_token_id=2, forced_eos_token_id=2)
-    config = AutoConfig.for_model(family, **kwargs, **ids)
+    return family, {**kwargs, **ids}
+
+
+def _preset_config(preset: str, num_labels: int):
+    from transformers import AutoConfig
+
+    family, kwargs = preset_config_kwargs(preset)
+    config = AutoConfig.for_model(family, **kwargs)
     config.num_labels = num_labels
     return config
 
