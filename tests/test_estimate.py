@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -200,15 +201,30 @@ def test_unknown_family_falls_back_to_probing_its_own_config(tmp_path, capsys, m
 
 
 @pytest.mark.probe
-def test_calibration_is_cached(tmp_path, monkeypatch):
+def test_calibration_is_cached_and_says_which_it_was(tmp_path, monkeypatch, capsys):
+    """The probe runs once per family and plan; the estimate says "calibrated now" when this command
+    measured it and "cached" only when it was read from the cache (issue 27)."""
     import trainwise.estimate as est
+    from trainwise.cli import main
 
     monkeypatch.setenv("TRAINWISE_CACHE", str(tmp_path))
+    argv = ["estimate", "--model-preset", "bert-tiny", "--strategies", "baseline", "--device", "cpu"]
     config = model_config(ModelSource("preset", "bert-tiny"), "classification", 2)
     first = calibrate(config, "classification", TrialPlan(), "cpu")
+    assert not first.cached and first.provenance().startswith("calibrated now in ")
     monkeypatch.setattr(est, "probe_point", lambda *a, **k: pytest.fail("probed again"))
-    assert calibrate(config, "classification", TrialPlan(), "cpu") == first
+    again = calibrate(config, "classification", TrialPlan(), "cpu")
+    assert again == first and again.cached and again.provenance() == "cached"
     assert len(list((tmp_path / "calibration").glob("*.json"))) == 1
+    assert main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "; cached)." in out and "calibrated now" not in out
+    monkeypatch.setenv("TRAINWISE_CACHE", str(tmp_path / "empty"))
+    monkeypatch.setattr(est, "probe_point", lambda *a, **k: pytest.fail("a measured figure, not the test's"))
+    monkeypatch.setattr(est, "calibrate", lambda *a, **k: dataclasses.replace(first, seconds=6.1))
+    assert main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "; calibrated now in 6.1 s)." in out and "cached)" not in out
 
 
 # ---- the CLI -------------------------------------------------------------------------------------
