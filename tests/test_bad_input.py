@@ -83,6 +83,15 @@ CASES: dict[str, tuple[list[str], str]] = {
     "compare NUL in CSV": ([*COMPARE, "--train-file", "{d}/nul.csv"], "nul.csv is not text .a NUL byte at offset 14."),
     "compare 0-byte file": ([*COMPARE, "--train-file", "{d}/zero.csv"], "zero.csv: no usable rows"),
     "compare header-only CSV": ([*COMPARE, "--train-file", "{d}/header.csv"], "header.csv: no usable rows"),
+    "compare 10% empty texts": (
+        [*COMPARE, "--train-file", "{d}/holes.csv"],
+        r"holes.csv: 4 of 40 rows .10.0%. cannot be used, more than the 5% trainwise skips: 4 empty 'text', first at "
+        "line 5",
+    ),
+    "compare 10% without the target key": (
+        [*COMPARE, "--train-file", "{d}/nolabel.jsonl", "--target-column", "label"],
+        r"nolabel.jsonl: 2 of 20 rows .10.0%. cannot be used, .*: 2 no 'label' key, first at line 7",
+    ),
     "compare a .txt data file": ([*COMPARE, "--train-file", "{d}/data.txt"], "unsupported file type '.txt'"),
     "compare --eval-file missing": ([*C, "--eval-file", "{d}/missing.csv"], "data file not found: .*missing.csv"),
     "compare one class": ([*COMPARE, "--train-file", "{d}/oneclass.csv"], "at least 2 distinct targets"),
@@ -128,6 +137,7 @@ CASES: dict[str, tuple[list[str], str]] = {
         "either --dataset or --train-file",
     ),
     "estimate --train-file missing": ([*E, "--train-file", "{d}/nope.csv"], "nope.csv"),
+    "estimate 10% empty texts": ([*E, "--train-file", "{d}/holes.csv"], r"holes.csv: 4 of 40 rows .10.0%."),
     "estimate --text-column missing": ([*E, "--train-file", "{d}/ok.csv", "--text-column", "body"], "body"),
     "estimate seq2seq dataset for classification": ([*E, "--dataset", "stdlib-summarize"], "seq2seq dataset"),
     # ---- find-batch ----
@@ -205,6 +215,7 @@ CASES: dict[str, tuple[list[str], str]] = {
     "train --num-workers -1": ([*T, "--num-workers", "-1"], "--num-workers must all be >= 0"),
     "train --seed -1": ([*T, "--seed", "-1"], "--seed must be between"),
     "train --out in /proc": ([*T[:-1], "/proc/trainwise-test/x"], "--out /proc/trainwise-test/x"),
+    "train 10% empty texts": ([*T[:4], "{d}/holes.csv", *T[5:]], "4 empty 'text', first at line 5"),
     "train bad data": ([*T[:4], "{d}/deep.json", *T[5:]], "nested too deeply"),
     "train --plan missing": (["train", "--out", "{w}", "--plan", "{d}/missing-study"], "not a finished"),
     "train --plan not JSON": (["train", "--out", "{w}", "--plan", "{d}/notjson-study"], "not a trainwise results"),
@@ -310,6 +321,14 @@ def inputs(tmp_path: Path) -> Path:
     d.mkdir()
     write_csv(d / "ok.csv", make_rows(40, "classification"))
     write_csv(d / "oneclass.csv", [{"text": f"row {i}", "target": "a"} for i in range(40)])
+    holes = [
+        {**r, "text": "" if i in (3, 9, 20, 30) else r["text"]} for i, r in enumerate(make_rows(40, "classification"))
+    ]
+    write_csv(d / "holes.csv", holes)
+    labelled = [{"text": r["text"], "label": r["target"]} for r in make_rows(20, "classification")]
+    (d / "nolabel.jsonl").write_text(
+        "".join(json.dumps({"text": r["text"]} if i in (6, 11) else r) + "\n" for i, r in enumerate(labelled))
+    )
     good = [json.dumps(r) for r in make_rows(60, "classification")]
     (d / "bad51.jsonl").write_text("\n".join([*good[:50], '{"text": "x", "target": }', *good[50:]]) + "\n")
     (d / "records.jsonl").write_text(good[0] + "\n3\n")

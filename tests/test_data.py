@@ -22,7 +22,9 @@ def test_csv_json_jsonl_give_the_same_rows(tmp_path):
     write_csv(tmp_path / "d.csv", rows)
     (tmp_path / "d.json").write_text(json.dumps({"data": rows}))
     (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    loaded = [load_rows(None, str(tmp_path / f"d.{ext}"), None, "text", "target") for ext in ("csv", "json", "jsonl")]
+    loaded = [
+        load_rows(None, str(tmp_path / f"d.{ext}"), None, "text", "target")[:2] for ext in ("csv", "json", "jsonl")
+    ]
     assert loaded[0] == loaded[1] == loaded[2]
     train, evals = loaded[0]
     assert len(train) + len(evals) == 40 and evals
@@ -33,7 +35,7 @@ def test_column_mapping_and_explicit_eval_file(tmp_path):
     rows = [{"dialogue": r["text"], "summary": r["target"]} for r in make_rows(20, "seq2seq")]
     write_csv(tmp_path / "t.csv", rows)
     write_csv(tmp_path / "e.csv", rows[:5])
-    train, evals = load_rows(None, str(tmp_path / "t.csv"), str(tmp_path / "e.csv"), "dialogue", "summary")
+    train, evals, _ = load_rows(None, str(tmp_path / "t.csv"), str(tmp_path / "e.csv"), "dialogue", "summary")
     assert len(train) == 20 and len(evals) == 5
     assert train[0] == {"text": rows[0]["dialogue"], "target": rows[0]["summary"]}
 
@@ -52,6 +54,59 @@ def test_bad_files_say_what_is_wrong(tmp_path, content, match):
     path.write_bytes(content)
     with pytest.raises(ConfigError, match=match):
         load_rows(None, str(path), None, None, None)
+
+
+def _with_holes(tmp_path, n: int, holes: dict[int, dict]):
+    """A CSV and a JSONL of n rows where row i (0-based) is replaced by holes[i]."""
+    rows = [
+        holes.get(i, {"text": r["text"], "target": r["target"]}) for i, r in enumerate(make_rows(n, "classification"))
+    ]
+    with open(tmp_path / "h.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=["text", "target"])
+        writer.writeheader()
+        writer.writerows(rows)
+    (tmp_path / "h.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return tmp_path / "h.csv", tmp_path / "h.jsonl"
+
+
+def test_unusable_rows_are_counted_by_reason_with_their_first_line(tmp_path):
+    """Issue 27: an empty text or a record without the target key was dropped silently. Now each file's
+    rows read, kept and skipped by reason, with the first line of each (a CSV's header is line 1; a
+    quoted text may span lines), come back beside the rows."""
+    from trainwise.data.sources import Skip, Skipped
+
+    holes = {15: {"text": "", "target": "a"}, 30: {"text": "x"}, 31: {"text": "y"}, 40: {"text": "  ", "target": "b"}}
+    rows = make_rows(100, "classification")
+    rows[2]["text"] = "a text\nover two lines"  # the CSV's line numbers shift by one after it
+    csv_path, jsonl_path = _with_holes(tmp_path, 100, holes)
+    train, evals, (read,) = load_rows(None, str(jsonl_path), None, None, None)
+    assert read == Skipped(str(jsonl_path), 100, 96, {"empty 'text'": Skip(2, 16), "no 'target' key": Skip(2, 31)})
+    assert len(train) + len(evals) == 96
+    assert read.line() == (
+        f"skipped 4 of 100 rows of {jsonl_path} (2 empty 'text', first at line 16; 2 no 'target' key, first at line 31)"
+    )
+    write_csv(csv_path, [{"text": r["text"], "target": "" if i == 15 else r["target"]} for i, r in enumerate(rows)])
+    *_, (read,) = load_rows(None, str(csv_path), None, None, None)
+    assert read.reasons == {"empty 'target'": Skip(1, 18)}, "header line 1, row 0 line 2, a two-line row at 4-5"
+    json_path = tmp_path / "h.json"
+    json_path.write_text(json.dumps([*rows[:40], {"text": "z"}]))
+    *_, (read,) = load_rows(None, str(json_path), None, None, None)
+    assert (read.read, read.kept, read.reasons, read.unit) == (41, 40, {"no 'target' key": Skip(1, 41)}, "record")
+
+
+@pytest.mark.parametrize("suffix", ["csv", "jsonl"])
+def test_more_than_five_percent_unusable_is_one_error_naming_file_share_reason_and_line(tmp_path, suffix):
+    holes = {i: {"text": "", "target": "a"} for i in (7, 8, 9, 50, 60, 70)}  # 6 of 100 rows
+    paths = dict(zip(("csv", "jsonl"), _with_holes(tmp_path, 100, holes), strict=True))
+    line = 9 if suffix == "csv" else 8
+    with pytest.raises(ConfigError) as e:
+        load_rows(None, str(paths[suffix]), None, None, None)
+    assert str(e.value) == (
+        f"{paths[suffix]}: 6 of 100 rows (6.0%) cannot be used, more than the 5% trainwise skips: "
+        f"6 empty 'text', first at line {line}; fix those rows or choose --text-column/--target-column"
+    )
+    five = {i: h for i, h in holes.items() if i != 70}
+    load_rows(None, str(_with_holes(tmp_path, 100, five)[0]), None, None, None)  # 5%: skipped and said
 
 
 def test_missing_and_unsupported_files(tmp_path):

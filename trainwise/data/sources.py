@@ -1,6 +1,8 @@
 """Load (train, eval) rows of {"text", "target"} from a built-in corpus, a file or a HF dataset.
 
-Every failure here is a `ConfigError` with one line that names the file, column or dataset.
+Every failure here is a `ConfigError` with one line that names the file, column or dataset. A row
+that cannot be used (an empty text, a record without the target key) is skipped and counted, never
+dropped silently: `Skipped` says how many of a file's rows, why, and where the first of each was.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import csv
 import io
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from trainwise.data.builtin import BUILTIN_DATASETS, _is_eval, load_builtin
@@ -16,6 +19,57 @@ from trainwise.errors import ConfigError
 
 Rows = list[dict[str, str]]
 FILE_SUFFIXES = (".csv", ".json", ".jsonl")
+SKIP_LIMIT = 0.05  # a file with more than this share of its rows unusable is refused, not trained on
+
+
+@dataclass(frozen=True)
+class Skip:
+    """The rows skipped for one reason: how many, and where the first was (1-based, in `Skipped.unit`s)."""
+
+    rows: int
+    first: int
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """What reading one data file (or dataset split) kept and left out, by reason."""
+
+    file: str  # as the user named it
+    read: int  # rows read (a CSV's header is no row)
+    kept: int
+    reasons: dict[str, Skip]  # "empty 'text'", "no 'target' key" -> its rows and first place
+    unit: str = "line"  # what `Skip.first` counts: a file's "line" (a CSV's header is line 1), a JSON "record"
+
+    @property
+    def count(self) -> int:
+        return self.read - self.kept
+
+    def main(self) -> tuple[str, Skip]:
+        """The reason most rows were skipped for."""
+        return max(self.reasons.items(), key=lambda kv: (kv[1].rows, -kv[1].first))
+
+    def why(self) -> str:
+        """`1 empty 'text', first at line 17; 2 no 'target' key, first at line 40`."""
+        ranked = sorted(self.reasons.items(), key=lambda kv: (-kv[1].rows, kv[1].first))
+        return "; ".join(f"{s.rows} {reason}, first at {self.unit} {s.first}" for reason, s in ranked)
+
+    def line(self) -> str:
+        """The note a study prints when rows were skipped: `skipped 1 of 300 rows of train.csv (...)`."""
+        return f"skipped {self.count} of {self.read} rows of {self.file} ({self.why()})"
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Skipped:
+        return cls(d["file"], d["read"], d["kept"], {k: Skip(**v) for k, v in d["reasons"].items()}, d["unit"])
+
+    def check(self) -> None:
+        """More than SKIP_LIMIT of the rows unusable is the wrong column or a broken file: one line, exit 2."""
+        if self.count > SKIP_LIMIT * self.read:
+            reason, first = self.main()
+            raise ConfigError(
+                f"{self.file}: {self.count} of {self.read} rows ({self.count / self.read:.1%}) cannot be used, "
+                f"more than the {SKIP_LIMIT:.0%} trainwise skips: {first.rows} {reason}, first at {self.unit} "
+                f"{first.first}; fix those rows or choose --text-column/--target-column"
+            )
 
 
 def _read_text(path: Path) -> str:
@@ -34,7 +88,8 @@ def _read_text(path: Path) -> str:
     return text
 
 
-def _records(path: Path) -> list[dict]:
+def _records(path: Path) -> tuple[list[dict], list[int], str]:
+    """The file's records, the place of each (its first line; a JSON array's record number) and its unit."""
     if not path.exists():
         raise ConfigError(f"data file not found: {path}")
     if not path.is_file():
@@ -44,10 +99,12 @@ def _records(path: Path) -> list[dict]:
         raise ConfigError(f"{path}: unsupported file type {suffix!r}; use one of {', '.join(FILE_SUFFIXES)}")
     text = _read_text(path)
     if suffix == ".jsonl":
-        return _jsonl(path, text)
+        records, lines = _jsonl(path, text)
+        return records, lines, "line"
     try:
         if suffix == ".csv":
-            return list(csv.DictReader(io.StringIO(text)))
+            records, lines = _csv(text)
+            return records, lines, "line"
         data = json.loads(text) if text.strip() else []
     except (json.JSONDecodeError, csv.Error) as e:
         raise ConfigError(f"{path}: not valid {suffix[1:].upper()}: {e}") from None
@@ -60,12 +117,28 @@ def _records(path: Path) -> list[dict]:
         data = lists[0]
     if not isinstance(data, list):
         raise ConfigError(f"{path}: expected a list of objects")
-    return data
+    return data, list(range(1, len(data) + 1)), "record"
 
 
-def _jsonl(path: Path, text: str) -> list[dict]:
+def _csv(text: str) -> tuple[list[dict], list[int]]:
+    """`csv.DictReader`'s records (blank lines left out, a short row's missing fields None) and the line
+    each starts on: a quoted field may span lines, so the count is the reader's, not the records'."""
+    reader = csv.reader(io.StringIO(text))
+    header = next(reader, None)
+    records: list[dict] = []
+    lines: list[int] = []
+    start = reader.line_num + 1
+    for row in reader:
+        if row:
+            records.append({name: row[i] if i < len(row) else None for i, name in enumerate(header or [])})
+            lines.append(start)
+        start = reader.line_num + 1
+    return records, lines
+
+
+def _jsonl(path: Path, text: str) -> tuple[list[dict], list[int]]:
     """One JSON object per line; an error names the file's own line number."""
-    records = []
+    records, lines = [], []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -78,27 +151,47 @@ def _jsonl(path: Path, text: str) -> list[dict]:
         if not isinstance(record, dict):
             raise ConfigError(f"{path} line {number}: every record must be an object with named columns")
         records.append(record)
-    return records
+        lines.append(number)
+    return records, lines
 
 
-def _columns(records: list[dict], path: Path, text_col: str, target_col: str) -> Rows:
+def _unusable(record: dict, text_col: str, target_col: str) -> str | None:
+    """Why a record cannot be a row (None when it can): a missing key, or an empty or blank value."""
+    for col in (text_col, target_col):
+        if col not in record:
+            return f"no {col!r} key"
+        if record[col] is None or not str(record[col]).strip():
+            return f"empty {col!r}"
+    return None
+
+
+def _columns(
+    records: list[dict], places: list[int], unit: str, path: Path, text_col: str, target_col: str
+) -> tuple[Rows, Skipped]:
     if records and not all(isinstance(r, dict) for r in records):
         raise ConfigError(f"{path}: every record must be an object with named columns")
     available = sorted({k for r in records for k in r}) if records else []
     for flag, col in (("--text-column", text_col), ("--target-column", target_col)):
         if records and col not in available:
             raise ConfigError(f"{path}: no column {col!r} ({flag}); columns are: {', '.join(map(str, available))}")
-    rows = [
-        {"text": str(r[text_col]), "target": str(r[target_col])}
-        for r in records
-        if r.get(text_col) not in (None, "") and r.get(target_col) not in (None, "")
-    ]
+    rows: Rows = []
+    reasons: dict[str, Skip] = {}
+    for record, place in zip(records, places, strict=True):
+        reason = _unusable(record, text_col, target_col)
+        if reason is None:
+            rows.append({"text": str(record[text_col]), "target": str(record[target_col])})
+        else:
+            seen = reasons.get(reason)
+            reasons[reason] = Skip(seen.rows + 1, seen.first) if seen else Skip(1, place)
     if not rows:
-        raise ConfigError(f"{path}: no usable rows (empty file, or {text_col!r}/{target_col!r} all empty)")
-    return rows
+        why = f": {Skipped(str(path), len(records), 0, reasons, unit).why()}" if reasons else ""
+        raise ConfigError(f"{path}: no usable rows (empty file, or {text_col!r}/{target_col!r} all empty){why}")
+    skipped = Skipped(str(path), len(records), len(rows), reasons, unit)
+    skipped.check()
+    return rows, skipped
 
 
-def _load_hub(name: str, text_col: str, target_col: str) -> tuple[Rows, Rows]:
+def _load_hub(name: str, text_col: str, target_col: str) -> tuple[Rows, Rows, tuple[Skipped, ...]]:
     try:
         import datasets  # optional extra: pip install 'trainwise[hub]'
     except ImportError:
@@ -119,11 +212,16 @@ def _load_hub(name: str, text_col: str, target_col: str) -> tuple[Rows, Rows]:
             f"{', '.join(BUILTIN_DATASETS)}, or use --train-file"
         ) from None
     split_train = ds["train"] if "train" in ds else ds[next(iter(ds))]
-    train = _columns(list(split_train), Path(name), text_col, target_col)
+    train, read = _split_rows(list(split_train), name, text_col, target_col)
     eval_split = next((ds[s] for s in ("validation", "test") if s in ds), None)
     if eval_split is None:
-        return [r for r in train if not _is_eval(r["text"])], [r for r in train if _is_eval(r["text"])]
-    return train, _columns(list(eval_split), Path(name), text_col, target_col)
+        return [r for r in train if not _is_eval(r["text"])], [r for r in train if _is_eval(r["text"])], (read,)
+    evals, eval_read = _split_rows(list(eval_split), name, text_col, target_col)
+    return train, evals, (read, eval_read)
+
+
+def _split_rows(records: list, name: str, text_col: str, target_col: str) -> tuple[Rows, Skipped]:
+    return _columns(records, list(range(1, len(records) + 1)), "row", Path(name), text_col, target_col)
 
 
 def load_rows(
@@ -132,26 +230,59 @@ def load_rows(
     eval_file: str | None,
     text_column: str | None,
     target_column: str | None,
-) -> tuple[Rows, Rows]:
-    """Resolve the user's data choice into (train, eval) rows; eval defaults to a 10% hold-out."""
+) -> tuple[Rows, Rows, tuple[Skipped, ...]]:
+    """Resolve the user's data choice into (train, eval) rows, eval a 10% hold-out by default, and what
+    reading each file (or dataset split) skipped; nothing for a built-in corpus."""
     if dataset in BUILTIN_DATASETS:
-        return load_builtin(dataset)
+        return (*load_builtin(dataset), ())
     text_col, target_col = text_column or "text", target_column or "target"
     if dataset:
         return _load_hub(dataset, text_col, target_col)
     assert train_file, "StudyConfig guarantees a dataset or a train file"
     train_path = Path(train_file)
-    train = _columns(_records(train_path), train_path, text_col, target_col)
+    train, read = _columns(*_records(train_path), train_path, text_col, target_col)
     if eval_file:
         eval_path = Path(eval_file)
-        return train, _columns(_records(eval_path), eval_path, text_col, target_col)
+        evals, eval_read = _columns(*_records(eval_path), eval_path, text_col, target_col)
+        return train, evals, (read, eval_read)
     held_out = [r for r in train if _is_eval(r["text"])]
     if not held_out or len(held_out) == len(train):
-        return train, train[: max(1, len(train) // 10)]
-    return [r for r in train if not _is_eval(r["text"])], held_out
+        return train, train[: max(1, len(train) // 10)], (read,)
+    return [r for r in train if not _is_eval(r["text"])], held_out, (read,)
 
 
-def read_task_rows(
+def data_source(dataset: str | None, train_file: str | None) -> str:
+    """What a study's rows were read from, in one word: `builtin:stdlib-topic`, `hub:NAME`, `file:/abs/t.csv`."""
+    if train_file:
+        return f"file:{Path(train_file).resolve()}"
+    return f"builtin:{dataset}" if dataset in BUILTIN_DATASETS else f"hub:{dataset}"
+
+
+@dataclass(frozen=True)
+class TaskData:
+    """A text task's rows as every verb reads them, and what reading them left out."""
+
+    train: Rows
+    evals: Rows
+    labels: list[str]  # the classes; [] for seq2seq
+    source: str  # see data_source
+    reads: tuple[Skipped, ...]  # one per file or split read: the train file first
+    not_evaluated: int = 0  # held-out rows of a class no training row has: a classifier cannot score them
+
+    def notes(self) -> list[str]:
+        return skip_notes(self.reads, self.not_evaluated)
+
+
+def skip_notes(reads: tuple[Skipped, ...], not_evaluated: int) -> list[str]:
+    """What reading left out, one line each, for a study to print after `trainwise: data: `: a line per
+    file that had rows skipped, and one for held-out rows left unscored."""
+    lines = [read.line() for read in reads if read.count]
+    if not_evaluated:
+        lines.append(f"{not_evaluated} held-out rows not evaluated: their class is in none of the training rows")
+    return lines
+
+
+def read_task_data(
     task: str,
     dataset: str | None,
     train_file: str | None,
@@ -159,27 +290,35 @@ def read_task_rows(
     text_column: str | None,
     target_column: str | None,
     max_train_samples: int | None = None,
-) -> tuple[Rows, Rows, list[str]]:
-    """The user's rows for a text task, checked the one way compare, train and estimate all read them:
-    (train, eval, the classes; [] for seq2seq). A fixed shuffle (files and corpora come grouped: the stdlib
-    corpus by module, and eval and --max-train-samples take prefixes); eval rows of unseen classes dropped."""
+) -> TaskData:
+    """The user's rows for a text task, checked the one way compare, train and estimate all read them.
+    A fixed shuffle (files and corpora come grouped: the stdlib corpus by module, and eval and
+    --max-train-samples take prefixes); eval rows of unseen classes left out, and counted."""
     import random
 
     if dataset in BUILTIN_DATASETS and BUILTIN_DATASETS[dataset] != task:
         raise ConfigError(f"dataset {dataset!r} is a {BUILTIN_DATASETS[dataset]} dataset, not {task}")
-    train, evals = load_rows(dataset, train_file, eval_file, text_column, target_column)
+    train, evals, reads = load_rows(dataset, train_file, eval_file, text_column, target_column)
+    source = data_source(dataset, train_file)
     random.Random(1234).shuffle(train)
     random.Random(4321).shuffle(evals)
     if max_train_samples:
         train = train[:max_train_samples]
     if task != "classification":
-        return train, evals, []
+        return TaskData(train, evals, [], source, reads)
     labels = sorted({r["target"] for r in train})
     if len(labels) < 2:
         raise ConfigError(f"classification needs at least 2 distinct targets, found {len(labels)}")
     if len(labels) > 1000:
         raise ConfigError(f"{len(labels)} distinct targets: is --target-column a class label?")
-    return train, [r for r in evals if r["target"] in set(labels)], labels
+    scored = [r for r in evals if r["target"] in set(labels)]
+    return TaskData(train, scored, labels, source, reads, len(evals) - len(scored))
+
+
+def read_task_rows(*args, **kwargs) -> tuple[Rows, Rows, list[str]]:
+    """`read_task_data`'s (train, eval, classes), for callers that need no more."""
+    data = read_task_data(*args, **kwargs)
+    return data.train, data.evals, data.labels
 
 
 def tokenizer_corpus(train: Rows) -> list[str]:
