@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 
 import pytest
@@ -109,6 +110,34 @@ def test_more_than_five_percent_unusable_is_one_error_naming_file_share_reason_a
     load_rows(None, str(_with_holes(tmp_path, 100, five)[0]), None, None, None)  # 5%: skipped and said
 
 
+def test_the_data_origin_names_the_builtin_corpus_and_round_trips_what_was_skipped(tmp_path):
+    from trainwise.config import DataOrigin, StudyConfig
+    from trainwise.data.sources import read_task_data
+
+    data = read_task_data("classification", "stdlib-topic", None, None, None, None, max_train_samples=64)
+    assert data.source == "builtin:stdlib-topic" and data.reads == ()
+    cfg = StudyConfig(out=str(tmp_path), strategies=["baseline"])
+    assert DataOrigin.of(cfg, data).source == "builtin:stdlib-topic"
+    csv_path, _ = _with_holes(tmp_path, 100, {15: {"text": "", "target": "a"}})
+    data = read_task_data("classification", None, str(csv_path), None, None, None)
+    origin = DataOrigin.of(dataclasses.replace(cfg, train_file=str(csv_path)), data)
+    assert origin.source == f"file:{csv_path.resolve()}"
+    stored = json.loads(json.dumps(dataclasses.asdict(origin)))
+    assert stored["reads"] == [
+        {
+            "file": str(csv_path),
+            "read": 100,
+            "kept": 99,
+            "reasons": {"empty 'text'": {"rows": 1, "first": 17}},
+            "unit": "line",
+        }
+    ]
+    assert DataOrigin.from_dict(stored) == origin
+    assert origin.notes() == [f"skipped 1 of 100 rows of {csv_path} (1 empty 'text', first at line 17)"]
+    old = {k: v for k, v in stored.items() if k not in ("source", "reads", "not_evaluated")}
+    assert DataOrigin.from_dict(old).notes() == [], "an origin.json from before issue 27 still reads"
+
+
 def test_missing_and_unsupported_files(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_rows(None, str(tmp_path / "nope.csv"), None, None, None)
@@ -203,3 +232,34 @@ def test_a_checkpoint_with_another_head_gets_a_new_head_and_one_line(tmp_path, c
         "the head is re-initialised (its other weights are kept)"
     ]
     assert json.loads((out / "results.json").read_text())[0]["status"] == "ok"
+
+
+def test_a_study_says_what_it_skipped_and_records_it_in_its_origin(tmp_path, capsys, monkeypatch):
+    """Issue 27 end to end: 1 of 300 training rows has an empty text and 1 of 40 held-out records has no
+    target key: the study trains (exit 0), prints a line per file, and origin.json has the counts."""
+    from trainwise.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    rows = [{"text": r["text"], "target": r["target"]} for r in make_rows(300, "classification")]
+    rows[15]["text"] = ""
+    train_csv = write_csv(tmp_path / "train.csv", rows)
+    held = [{"text": r["text"], "target": r["target"]} for r in make_rows(40, "classification", seed=1)]
+    del held[8]["target"]
+    eval_jsonl = tmp_path / "eval.jsonl"
+    eval_jsonl.write_text("".join(json.dumps(r) + "\n" for r in held))
+    out = tmp_path / "study"
+    argv = ["compare", "--model-preset", "bert-tiny", "--strategies", "baseline", "--max-steps", "2"]
+    argv += ["--warmup-steps", "1", "--batch-size", "8", "--max-length", "32", "--out", str(out)]
+    monkeypatch.chdir(tmp_path)
+    assert main([*argv, "--train-file", "train.csv", "--eval-file", str(eval_jsonl)]) == 0, "its trial ran: exit 0"
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("trainwise: data:")]
+    assert notes == [
+        "trainwise: data: skipped 1 of 300 rows of train.csv (1 empty 'text', first at line 17)",
+        f"trainwise: data: skipped 1 of 40 rows of {eval_jsonl} (1 no 'target' key, first at line 9)",
+    ]
+    origin = json.loads((out / "data" / "origin.json").read_text())
+    assert origin["source"] == f"file:{train_csv.resolve()}"
+    assert [(r["read"], r["kept"], r["reasons"]) for r in origin["reads"]] == [
+        (300, 299, {"empty 'text'": {"rows": 1, "first": 17}}),
+        (40, 39, {"no 'target' key": {"rows": 1, "first": 9}}),
+    ]

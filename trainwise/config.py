@@ -14,6 +14,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Literal
 
 from trainwise import strategies
+from trainwise.data.sources import Skipped, TaskData, skip_notes
 from trainwise.errors import ConfigError, check_number
 from trainwise.plan import TrialPlan
 from trainwise.strategies import Row
@@ -202,14 +203,20 @@ class DataOrigin:
     target_column: str | None = None
     max_train_samples: int | None = None
     eval_samples: int = 160
+    # what was read, not options: `builtin:stdlib-topic`, `file:/abs/t.csv`, `hub:NAME` (None: before trainwise said)
+    source: str | None = None
+    reads: tuple[Skipped, ...] = ()  # per file read: rows read, kept, and skipped by reason with the first line
+    not_evaluated: int = 0  # held-out rows of a class no training row has
 
     @classmethod
-    def of(cls, cfg: StudyConfig) -> DataOrigin:
+    def of(cls, cfg: StudyConfig, data: TaskData | None = None) -> DataOrigin:
+        """`data`: what a text task read; the image path (data None) reads its built-in digits or a directory."""
         from pathlib import Path
 
         def absolute(path: str | None) -> str | None:
             return None if path is None else str(Path(path).resolve())
 
+        image_source = f"file:{absolute(cfg.train_file)}" if cfg.train_file else f"builtin:{cfg.dataset or 'digits'}"
         return cls(
             cfg.dataset,
             absolute(cfg.train_file),
@@ -218,7 +225,19 @@ class DataOrigin:
             cfg.target_column,
             cfg.max_train_samples,
             cfg.eval_samples,
+            data.source if data is not None else image_source,
+            data.reads if data is not None else (),
+            data.not_evaluated if data is not None else 0,
         )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> DataOrigin:
+        """An origin.json read back (one written before `source` and `reads` existed lacks them)."""
+        return cls(**{**d, "reads": tuple(Skipped.from_dict(r) for r in d.get("reads", ()))})
+
+    def notes(self) -> list[str]:
+        """What reading the data left out, a line each (none when nothing was)."""
+        return skip_notes(self.reads, self.not_evaluated)
 
     def flags(self) -> list[str]:
         """The command-line options that load the same data (the study's default corpus: none)."""

@@ -26,7 +26,7 @@ import numpy as np
 
 from trainwise import strategies
 from trainwise.config import IMAGE_TASK, TEXT_TASKS, Cell, DataOrigin, StudyConfig, TrialSettings, TrialSpec
-from trainwise.data.sources import read_task_rows, tokenizer_corpus
+from trainwise.data.sources import read_task_data, tokenizer_corpus
 from trainwise.errors import ConfigError, RunFailed
 from trainwise.measure import contention
 from trainwise.measure.device import DeviceFacts, precision_ratio
@@ -237,9 +237,10 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
     dataset = cfg.dataset
     if dataset is None and cfg.train_file is None:
         dataset = "stdlib-topic" if cfg.task == "classification" else "stdlib-summarize"
-    train, evals, labels = read_task_rows(
+    data = read_task_data(
         cfg.task, dataset, cfg.train_file, cfg.eval_file, cfg.text_column, cfg.target_column, cfg.max_train_samples
     )
+    train, evals, labels = data.train, data.evals, data.labels
     if cfg.task == "classification" and (note := head_note(source, len(labels))):
         from trainwise.report.terminal import err, say
 
@@ -256,7 +257,11 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
     _write_jsonl(data_dir / "train.jsonl", train)
     _write_jsonl(data_dir / "eval.jsonl", evals)
     (data_dir / "labels.json").write_text(json.dumps(labels))
-    (data_dir / "origin.json").write_text(json.dumps(dataclasses.asdict(DataOrigin.of(cfg))))
+    (data_dir / "origin.json").write_text(json.dumps(dataclasses.asdict(DataOrigin.of(cfg, data))))
+    from trainwise.report.terminal import err, say
+
+    for note in data.notes():  # rows the data had that the study will not use: said, never silent
+        say(f"trainwise: data: {note}", err)
     tokenizer_dir = None
     if source.kind == "preset":
         tok_path = out / "tokenizer"
@@ -484,7 +489,7 @@ class Store:
         path = self.path.parent / "data" / "origin.json"
         if not path.is_file():
             return None
-        return DataOrigin(**json.loads(path.read_text(encoding="utf-8")))
+        return DataOrigin.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
     def close(self) -> None:
         self.db.close()
