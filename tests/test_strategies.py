@@ -26,6 +26,32 @@ def test_every_strategy_says_its_effect_and_cost_and_sets_known_knobs(name):
     assert name == "baseline" or s.sets or s.takes, "a strategy that sets nothing does nothing"
 
 
+def test_no_effect_text_claims_a_speed_on_this_device_that_it_did_not_measure():
+    """Issue 27: `strategies` once said bf16 was ~25% faster "on this CPU", where it measured 19x slower. A
+    speed-up in a summary names the hardware it holds on; a verdict about this device says its facts (flags,
+    compute capability), and its speed only as the measured ratio that `Support.line` adds."""
+    from trainwise.measure.device import DeviceFacts
+
+    hardware = ("GPU", "CUDA", "Ampere", "AMX", "tensor-core", "where ")
+    for s in strategies.REGISTRY.values():
+        here = [w for w in ("this CPU", "this GPU", "this device", "this machine", " here") if w in s.summary]
+        assert not here, (s.name, here)
+        if "faster" in s.summary:
+            assert any(h in s.summary for h in hardware), f"{s.name}: faster where? {s.summary}"
+    devices = [
+        DeviceFacts("cpu", "AMD EPYC", frozenset({"avx2"})),
+        DeviceFacts("cpu", "Intel Xeon", frozenset({"avx512_bf16", "amx_bf16"})),
+        *(DeviceFacts("cuda", f"GPU {cap}", frozenset(), cap) for cap in ((6, 1), (7, 0), (8, 0))),
+    ]
+    for knob in strategies.KNOBS.values():
+        for value in (knob.choices or (True,)) if knob.support else ():
+            for device in devices:
+                verdict = knob.support(value, device)
+                if verdict is not None:
+                    said = verdict.reason.lower()
+                    assert not any(w in said for w in ("faster", "slower", "%")), (knob.name, value, verdict.reason)
+
+
 def test_every_knob_is_set_by_some_strategy():
     set_by = {k for s in strategies.REGISTRY.values() for k in [*s.sets, *([s.takes] if s.takes else [])]}
     assert set_by == set(strategies.KNOBS), "a knob no strategy sets is dead code"

@@ -93,8 +93,8 @@ def _precision_support(value: str, device: DeviceFacts) -> Support | None:
             return Support("native", f"on this GPU (compute capability {_cc(cap)}: {wants} tensor cores)")
         return Support(
             "emulated",
-            f"on this GPU (compute capability {_cc(cap)}; {wants} tensor cores from {_cc(need)}): no faster than "
-            f"fp32, often slower; on a GPU from {'Volta' if wants == 'fp16' else 'Ampere'} on it is the usual win",
+            f"on this GPU (compute capability {_cc(cap)}; {wants} tensor cores from {_cc(need)}: none here); on a GPU "
+            f"from {'Volta' if wants == 'fp16' else 'Ampere'} on it is the usual win",
         )
     if wants == "fp16":
         return Support("unsupported", "on CPU: fp16 with a GradScaler is trained on CUDA only (never silently fp32)")
@@ -291,8 +291,9 @@ STRATEGIES = [
     ),
     Strategy(
         "compile",
-        "torch.compile the model: fused kernels, faster steady steps; the compile itself (tens of seconds, "
-        "again for each new input shape) is reported apart as compile (s)",
+        "torch.compile the model: fused kernels, usually faster steady steps on GPUs (on a 2-core CPU it measured "
+        "slower: time it on yours); the compile itself (tens of seconds, again for each new input shape) is "
+        "reported apart as compile (s)",
         {"compile": True},
     ),
     Strategy(
