@@ -13,7 +13,8 @@ from trainwise.results import TrialResult
 GiB = 2**30
 
 
-def fake_runner(oom_from: int, speed: dict[int, float], rss: dict[int, int] | None = None):
+def fake_runner(oom_from: int, speed: dict[int, float], rss: dict[int, int] | None = None, iqr: float | None = None):
+    """`iqr`: each size's step-to-step interquartile range, relative to its step (over 3 timed steps)."""
     calls: list[int] = []
 
     def run(b: int) -> TrialResult:
@@ -29,6 +30,8 @@ def fake_runner(oom_from: int, speed: dict[int, float], rss: dict[int, int] | No
             peak_rss_bytes=(rss or {}).get(b, GiB),
             peak_mem_bytes=GiB // 4,
             peak_reserved_bytes=(rss or {}).get(b, GiB),
+            step_time_iqr_s=None if iqr is None else iqr * b / speed.get(b, 1.0),
+            timed_steps=1 if iqr is None else 3,
         )
 
     return run, calls
@@ -42,6 +45,29 @@ def test_fastest_is_not_the_largest_and_the_edge_is_bisected():
     assert statuses == {4: "ok", 8: "ok", 16: "ok", 24: "ok", 28: "ok", 32: "oom", 64: "skipped"}
     assert 64 not in calls, "nothing larger than a size that did not fit is run"
     assert r.largest_fit == 28 and r.fastest == 16
+
+
+def test_sizes_within_the_noise_of_the_fastest_are_a_tie_and_the_noise_is_shown():
+    """Issue 27: 8.8 vs 8.8 samples/s was called 'fastest: batch 16'. Sizes within the noise of the fastest
+    (compare's one-repeat noise floor, from each size's timed steps) are a tie, named, with the noise."""
+    run, _ = fake_runner(oom_from=10**9, speed={4: 6.0, 8: 8.8, 16: 8.8})
+    r = search([4, 8, 16], 100 * GiB, run, "cpu", refine=0)  # one timed step each: no noise figure
+    assert r.tied == [8, 16] and r.mark(8) == r.mark(16) == " (tie)" and r.mark(4) == ""
+    assert r.verdict().startswith("fastest: a tie within the noise between batches 8, 16 (8.8, 8.8 samples/s;")
+    assert "noise not measured: 1 timed step per size" in r.verdict()
+
+    run, _ = fake_runner(oom_from=10**9, speed={4: 6.0, 8: 9.6, 16: 10.0}, iqr=0.05)  # noise ±7.6%
+    r = search([4, 8, 16], 100 * GiB, run, "cpu", refine=0)
+    assert r.points[-1].noise == pytest.approx(0.0758, abs=1e-3)
+    assert r.tied == [16, 8] and "between batches 8, 16 (9.6, 10.0 samples/s; noise ±7.6%" in r.verdict()
+
+    run, _ = fake_runner(oom_from=10**9, speed={4: 6.0, 8: 8.0, 16: 10.0}, iqr=0.05)
+    r = search([4, 8, 16], 100 * GiB, run, "cpu", refine=0)
+    assert r.tied == [16] and r.mark(16) == " (fastest)"
+    assert r.verdict() == (
+        "fastest: batch 16 (10.0 samples/s, 25.0% ahead of batch 8; noise ±7.6% (from each size's 3+ timed "
+        "steps, as compare's noise floor)); largest that fits: 16"
+    )
 
 
 def test_sizes_the_estimate_rules_out_are_never_run():
@@ -107,7 +133,7 @@ def test_find_batch_recovers_from_an_out_of_memory_trial(tmp_path, cls_csv, monk
     assert statuses == {4: "ok", 8: "ok", 12: "ok", 16: "oom", 32: "skipped"}
     assert result["largest_fit"] == 12 and result["fastest"] in (4, 8, 12)
     assert (out / "find_batch.png").stat().st_size > 1000
-    assert "fastest: batch" in capsys.readouterr().out
+    assert "fastest: " in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,8 @@ class BatchPoint:
     estimate_bytes: int | None = None  # predicted total (tensors + runtime), when an estimate was made
     tensor_bytes: int | None = None  # measured peak of live tensors (compare's peak mem)
     estimate_tensor_bytes: int | None = None  # the estimate of the same (estimate's peak)
+    timed_steps: int = 0
+    noise: float | None = None  # relative: how far samples/s may stray by noise alone (None: too few steps)
 
     @property
     def fits(self) -> bool:
@@ -50,9 +52,76 @@ class SearchResult:
     largest_fit: int | None
     fastest: int | None
     limit_bytes: int
+    tied: list[int] = field(default_factory=list)  # sizes within the noise of the fastest, itself first
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def mark(self, batch_size: int) -> str:
+        """What the table says beside a size: ' (fastest)', or ' (tie)' for each size of a tie."""
+        if len(self.tied) > 1:
+            return " (tie)" if batch_size in self.tied else ""
+        return " (fastest)" if batch_size == self.fastest else ""
+
+    def verdict(self) -> str:
+        """The pick in one line: the fastest size, or a tie named as one, and the noise it was judged with."""
+        if self.fastest is None:
+            return "nothing fitted: try a smaller candidate or a memory-saving plan (see `trainwise estimate`)"
+        speed = {p.batch_size: p for p in self.points}
+        best = speed[self.fastest]
+        noise = _noise_said([speed[b] for b in self.tied] or [best])
+        largest = f"; largest that fits: {self.largest_fit}"
+        if len(self.tied) > 1:
+            sizes = ", ".join(map(str, sorted(self.tied)))
+            rates = ", ".join(f"{speed[b].samples_per_s:.1f}" for b in sorted(self.tied))
+            return f"fastest: a tie within the noise between batches {sizes} ({rates} samples/s; {noise}){largest}"
+        others = [p for p in self.points if p.fits and p.samples_per_s and p is not best]
+        lead = ""
+        if others:
+            runner = max(others, key=lambda p: p.samples_per_s or 0.0)
+            gap = (best.samples_per_s or 0.0) / (runner.samples_per_s or 1.0) - 1
+            lead = f", {100 * gap:.1f}% ahead of batch {runner.batch_size}"
+        return f"fastest: batch {best.batch_size} ({best.samples_per_s:.1f} samples/s{lead}; {noise}){largest}"
+
+
+def point_noise(r: TrialResult) -> float | None:
+    """How far a size's samples/s may stray by noise alone, relative: `compare`'s noise floor for one repeat
+    (twice the standard error of the difference of two median steps, from the step-to-step variation)."""
+    from trainwise.study import noise_floor
+
+    steps = {"step_time_iqr_s": r.step_time_iqr_s, "step_time_s": r.step_time_s, "timed_steps": r.timed_steps}
+    return noise_floor(steps, [])[0]
+
+
+def ties(points: list[BatchPoint]) -> list[int]:
+    """The fastest size and every size whose samples/s is within the noise of it (the larger of the two
+    sizes' noise); without a noise figure (one timed step), only the sizes that measured the same at the
+    precision shown (0.1 samples/s)."""
+    ok = [p for p in points if p.fits and p.samples_per_s]
+    if not ok:
+        return []
+    best = max(ok, key=lambda p: p.samples_per_s or 0.0)
+    top = best.samples_per_s or 0.0
+
+    def tied(p: BatchPoint) -> bool:
+        floors = [n for n in (best.noise, p.noise) if n is not None]
+        if p is best or f"{p.samples_per_s:.1f}" == f"{top:.1f}":
+            return True
+        return bool(floors) and (top - (p.samples_per_s or 0.0)) / top <= max(floors)
+
+    return [best.batch_size, *(p.batch_size for p in ok if p is not best and tied(p))]
+
+
+def _noise_said(points: list[BatchPoint]) -> str:
+    known = [p.noise for p in points if p.noise is not None]
+    if not known:
+        steps = min(p.timed_steps for p in points)
+        return (
+            f"noise not measured: {steps} timed step{'s' if steps != 1 else ''} per size; --steps 3 or more measures "
+            "it, and only equal figures are called a tie"
+        )
+    steps = min(p.timed_steps for p in points)
+    return f"noise ±{100 * max(known):.1f}% (from each size's {steps}+ timed steps, as compare's noise floor)"
 
 
 def measured_bytes(result: TrialResult, device: str) -> int | None:
@@ -90,6 +159,7 @@ def search(
         point = BatchPoint(b, r.status, r.message, estimate_bytes=total, estimate_tensor_bytes=tensors)
         if r.status == "ok":
             point.samples_per_s, point.step_time_s = r.samples_per_s, r.step_time_s
+            point.timed_steps, point.noise = r.timed_steps, point_noise(r)
             point.measured_bytes, point.tensor_bytes = measured_bytes(r, device), r.peak_mem_bytes
             if point.measured_bytes is not None and point.measured_bytes > limit:
                 point.status, point.note = "over_limit", f"measured {point.measured_bytes / 2**30:.2f} GiB > limit"
@@ -125,6 +195,7 @@ def search(
         largest_fit=max((p.batch_size for p in ok), default=None),
         fastest=max(ok, key=lambda p: p.samples_per_s or 0).batch_size if ok else None,
         limit_bytes=limit,
+        tied=ties(ordered),
     )
 
 
@@ -269,8 +340,9 @@ def _chart(result: SearchResult, path: Path, title: str) -> Path:
         ax.plot([p.batch_size for p in failed], [0] * len(failed), "x", color="tab:red", ms=10, label="does not fit")
     if result.fastest is not None:
         best = next(p for p in result.points if p.batch_size == result.fastest)
+        tie = ", ".join(map(str, sorted(result.tied)))
         ax.annotate(
-            f"fastest: {best.batch_size}",
+            f"tie within the noise: {tie}" if len(result.tied) > 1 else f"fastest: {best.batch_size}",
             (best.batch_size, best.samples_per_s or 0),
             xytext=(0, 10),
             textcoords="offset points",

@@ -217,7 +217,7 @@ def find_batch_table(report: Any) -> None:
     cols = ["batch", "status", "samples/s", "step time", "tensors", "est. tensors", process, "est. total", "note"]
     grid = _grid(report.title, cols)
     for p in result.points:
-        mark = " (fastest)" if p.batch_size == result.fastest else ""
+        mark = result.mark(p.batch_size)
         grid.add_row(
             f"{p.batch_size}{mark}",
             p.status,
@@ -238,10 +238,7 @@ def find_batch_table(report: Any) -> None:
     )
     if report.too_big:
         say(f"  not tried: {report.too_big} (more than the {report.n_train} training rows)")
-    if result.fastest is None:
-        say("  nothing fitted: try a smaller candidate or a memory-saving plan (see `trainwise estimate`)")
-    else:
-        say(f"  fastest: batch {result.fastest}; largest that fits: {result.largest_fit}")
+    say(f"  {result.verdict()}")
     say("  files: " + ", ".join(str(p) for p in report.paths))
 
 
