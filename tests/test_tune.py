@@ -106,6 +106,42 @@ def test_the_best_so_far_curve_counts_the_compute_of_every_trial():
     assert r.best_value == 70.0 and [t["state"] for t in r.trials] == ["complete", "pruned", "complete", "complete"]
 
 
+def test_tune_ends_with_the_train_command_of_its_best_trial(tmp_path, cls_study, cls_csv, capsys, monkeypatch):
+    """Issue 27: tune ended without a way to train its answer. The `trainwise train` command of the best
+    trial's settings (its values on the tune's model, data and plan, for its steps) is printed and kept in
+    tune_result.json; tuned values train has no option for are named."""
+    import shlex
+
+    import trainwise.tune as tw
+    from trainwise.config import DataOrigin
+    from trainwise.report import terminal
+
+    spec = next(s for s in cls_study.specs if s.row == "baseline")
+    cfg = tw.TuneConfig(_space(tmp_path, "lr: {low: 1.0e-5, high: 1.0e-3}\n"), trials=2, max_steps=40, eval_every=20)
+    best = {"lr": 3e-4, "batch_size": 16, "weight_decay": 0.01}
+    trial = {"number": 0, "state": "complete", "value": 0.5, "params": best, "steps": 40}
+    monkeypatch.setattr(tw, "run_tune", lambda *a, **k: tw.TuneResult(0.5, best, [trial], []))  # as if searched
+    out = tmp_path / "tune"
+    out.mkdir()
+    result, report = tw._search(cfg, spec, out, None, lambda line: None, DataOrigin(train_file=str(cls_csv)))
+    assert json.loads((out / "tune_result.json").read_text())["train_command"] == report["train_command"]
+    argv = shlex.split(report["train_command"])
+    given = dict(zip(argv[2::2], argv[3::2], strict=True))
+    assert argv[:2] == ["trainwise", "train"] and given["--strategies"] == "baseline"
+    assert (given["--model-preset"], given["--train-file"]) == ("bert-tiny", str(cls_csv))
+    assert (given["--lr"], given["--batch-size"], given["--max-steps"]) == ("0.0003", "16", "40")
+    assert int(given["--epochs"]) * (spec.settings.n_train // 16) >= 40, "enough passes for the trial's steps"
+    assert given["--out"] == str(tmp_path / "train-tune-best")
+    assert report["train_command_note"] == "train has no option for weight_decay=0.01: this command trains " + (
+        "weight_decay=0.0 (the defaults)"
+    )
+    terminal.tune_table(result, report, "tpe", "metric", str(out))
+    printed = " ".join(capsys.readouterr().out.split())
+    assert f"train the best trial's settings: {report['train_command']}" in printed
+    assert main([*argv[1:], "--patience", "0"]) == 2  # every option parses; stopped at a check of its own
+    assert "--patience must be >= 1" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_an_interrupted_optuna_study_continues_where_it_stopped(tmp_path, cls_csv):
     space = _space(tmp_path, "lr: {low: 1.0e-4, high: 3.0e-3, log: true}\nweight_decay: {low: 0.0, high: 0.1}\n")

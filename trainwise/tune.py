@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainwise.config import StudyConfig, TrialSpec, check_monitor, maximize, monitored
+from trainwise.config import DataOrigin, StudyConfig, TrialSettings, TrialSpec, check_monitor, maximize, monitored
 from trainwise.errors import ConfigError, RunFailed, check_number
 from trainwise.launcher import _kill_group, events
 from trainwise.lifeline import bound_to_me
@@ -454,11 +454,39 @@ def tune(
     on_status("trainwise tune: validating input, preparing data and model...")
     spec = prepare_study(study).specs[0]
     with hold(out):  # one command at a time in --out
-        return _search(cfg, spec, out, price, on_line)
+        return _search(cfg, spec, out, price, on_line, DataOrigin.of(study))
+
+
+def best_train_command(
+    spec: TrialSpec, result: TuneResult, cfg: TuneConfig, origin: DataOrigin | None, out: Path
+) -> tuple[str, str | None] | None:
+    """The `trainwise train` command that trains the best trial's settings (its values on the tune's model,
+    data and plan, for the trial's --max-steps, into a run folder beside --out), and a note naming the
+    tuned values `train` has no option for (it trains those at their defaults). None: no trial finished."""
+    from trainwise.export import RunSettings, epochs_for, named_model, train_command, train_out
+
+    if not result.best_params:
+        return None
+    best = apply(spec, result.best_params)
+    s = best.settings
+    model, preset = named_model(s)
+    run = RunSettings(
+        model, s.task, s.batch_size, s.max_length, s.max_target_length, s.lr, cfg.max_steps, seed=s.seed,
+        model_is_preset=preset, row=spec.row, accum_steps=s.accum_steps, origin=origin,
+        epochs=epochs_for(best, cfg.max_steps),
+    )  # fmt: skip
+    defaults = {f.name: f.default for f in dataclasses.fields(TrialSettings)}
+    untold = {k: v for k, v in result.best_params.items() if k not in ("lr", "batch_size")}
+    note = None
+    if untold:
+        values = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in untold.items())
+        trained = ", ".join(f"{k}={defaults[k]}" for k in untold)
+        note = f"train has no option for {values}: this command trains {trained} (the defaults)"
+    return train_command(run, train_out(out, f"{out.name}-best")), note
 
 
 def _search(
-    cfg: TuneConfig, spec: TrialSpec, out: Path, price, on_line: Callable[[str], None]
+    cfg: TuneConfig, spec: TrialSpec, out: Path, price, on_line: Callable[[str], None], origin: DataOrigin | None = None
 ) -> tuple[TuneResult, dict]:
     train_args = dataclasses.asdict(cfg.train_config())
 
@@ -499,5 +527,7 @@ def _search(
             "rework": price.rework_factor(),
             "low_priority": price.low_priority,
         }
+    if (command := best_train_command(spec, result, cfg, origin, out)) is not None:
+        report["train_command"], report["train_command_note"] = command
     (out / "tune_result.json").write_text(json.dumps(report, indent=1))
     return result, report

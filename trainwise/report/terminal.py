@@ -270,6 +270,10 @@ def tune_table(result: Any, report: dict, search: str, monitor: str, out_dir: st
         f"best {monitor} {result.best_value} with {json.dumps(result.best_params)}; {spent} optimizer steps spent, "
         f"{result.machine_s:.0f} s of machine time (best-so-far curve in {out_dir}/tune_result.json)"
     )
+    if report.get("train_command"):
+        say(f"train the best {unit}'s settings: {report['train_command']}")
+    if report.get("train_command_note"):
+        say(f"  note: {report['train_command_note']}")
     if "cost" in report:
         cost = report["cost"]
         rework = f" (x{cost['rework']:.3f} expected re-work)" if cost["low_priority"] else ""
