@@ -125,6 +125,49 @@ def test_without_a_baseline_rows_are_relative_to_the_best_row():
     assert next(v for v in a.verdicts if v.strategy == "bf16").rel_time == 1.0
 
 
+def test_a_pick_that_lost_quality_in_short_trials_is_cautioned_towards_the_quality_phase(tmp_path, capsys):
+    """Issue 27: advise recommended a row 8.75 accuracy points below the baseline, measured by a few-step
+    speed trial, without a word. Beyond the held-out noise it says so and points to compare --quality-steps;
+    within the noise, for the baseline itself, or with a quality-phase verdict, it does not."""
+    from trainwise.advise import advise_study
+    from trainwise.config import TrialSettings, TrialSpec
+    from trainwise.plan import TrialPlan
+    from trainwise.results import TrialResult
+    from trainwise.study import Store
+
+    def rows(bf16_metric, **extra):
+        return [{**row("baseline", 10.0, 7.0, 50.0), **extra}, {**row("bf16", 25.0, 5.5, bf16_metric), **extra}]
+
+    a = advise(rows(41.25, eval_samples=160, trial_steps=16), Constraints())
+    assert a.recommended == "bf16"
+    caution = [n for n in a.notes if n.startswith("caution:")]
+    assert len(caution) == 1 and "'bf16' scored 8.75 accuracy points below 'baseline'" in caution[0]
+    assert "16-step speed trials" in caution[0] and "±5.55: one standard error over 160 samples" in caution[0]
+    assert "--quality-steps" in caution[0]
+    assert "caution: its quality is a short trial's" in next(v for v in a.verdicts if v.strategy == "bf16").reason
+    quiet = [
+        advise(rows(46.0, eval_samples=160), Constraints()),  # 4 points: within ±5.5
+        advise(rows(50.0), Constraints()),  # no drop
+        advise(rows(41.25, quality_verdict="no significant difference (40-52 over 3 seeds)"), Constraints()),
+        advise([row("baseline", 30.0, 7.0, 50.0), row("bf16", 25.0, 5.5, 41.25)], Constraints()),  # the baseline
+    ]
+    assert [n for a in quiet for n in a.notes if "caution" in n] == []
+
+    # a study on disk: its trials' steps and held-out rows come from its store
+    study = tmp_path / "study"
+    study.mkdir()
+    settings = TrialSettings("classification", "preset", "bert-tiny", "bert-tiny", None, "", 2, 8, 1, 32, 8, 16, 1,
+                             5e-5, 0, "cpu", 160, 96)  # fmt: skip
+    store = Store(study / "study.sqlite")
+    store.put(TrialSpec("baseline", 0, TrialPlan(), settings), TrialResult("baseline", "ok"))
+    store.close()
+    (study / "results.json").write_text(json.dumps(rows(41.25)))
+    assert main(["advise", str(study)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "caution: 'bf16' scored 8.75 accuracy points below 'baseline' (41.25 vs 50.00) in the 16-step" in out
+    assert any(n.startswith("caution:") for n in advise_study(study, Constraints()).notes)
+
+
 def test_nothing_ok_is_advice_too():
     a = advise([row("baseline", 0, 0, status="oom")], Constraints())
     assert a.recommended is None and a.verdicts[0].status == "oom"

@@ -291,12 +291,52 @@ def advise(rows: list[dict], constraints: Constraints) -> Advice:
             f"the recommended row {best['strategy']!r} has no quality verdict (the rows that would dominate it "
             "were excluded): give compare --strategies with it and --quality-steps before relying on its quality"
         )
+    if best is not None and (caution := quality_caution(best, reference)) is not None:
+        notes.append(caution)
+        pick = next(v for v in verdicts if v.strategy == best["strategy"])
+        pick.reason += "; caution: its quality is a short trial's, below the reference's (see the note)"
     if best is not None and best is not reference and best.get("within_noise") and constraints.objective != "quality":
         notes.append(
             f"{best['strategy']!r} is within the noise floor (±{100 * best['noise_floor']:.1f}%) of "
             f"{reference['strategy']!r} in time: its lead may be noise (--repeat 3 narrows it)"
         )
     return Advice(reference["strategy"], verdicts, best["strategy"] if best else None, notes)
+
+
+def quality_noise(row: dict, reference: dict) -> float | None:
+    """How far two rows' accuracy may differ by the held-out sample alone, in points: one standard error of
+    the difference of two proportions over the study's `eval_samples` held-out rows (None: another metric,
+    or the count is unknown). The rows are scored on the same samples, so this errs towards noise."""
+    n = row.get("eval_samples")
+    if row.get("metric_name") != "accuracy" or not n:
+        return None
+    p, q = row["metric"] / 100, reference["metric"] / 100
+    return 100 * ((p * (1 - p) + q * (1 - q)) / n) ** 0.5
+
+
+def quality_caution(best: dict, reference: dict) -> str | None:
+    """A caution when the pick's quality is below the reference's beyond the noise and that quality comes
+    from the speed trials (a few steps each; no quality phase judged it): a weak signal either way, which
+    the quality phase (compare --quality-steps, over seeds) measures before the pick is adopted."""
+    if best is reference or best.get("quality_verdict") or best.get("metric") is None:
+        return None
+    if reference.get("metric") is None or reference.get("quality_verdict"):
+        return None
+    drop, noise = reference["metric"] - best["metric"], quality_noise(best, reference)
+    if drop < 0.005 or (noise is not None and drop <= noise):  # not shown (2 decimals), or within the noise
+        return None
+    steps = f"{best['trial_steps']}-step " if best.get("trial_steps") else ""
+    within = (
+        f"more than the held-out noise (±{noise:.2f}: one standard error over {best['eval_samples']} samples)"
+        if noise is not None
+        else "with no noise estimate for this metric"
+    )
+    return (
+        f"caution: {best['strategy']!r} scored {drop:.2f} {best['metric_name']} points below {reference['strategy']!r} "
+        f"({best['metric']:.2f} vs {reference['metric']:.2f}) in the {steps}speed trials, {within}; a short trial's "
+        "quality is a weak signal: before adopting it, run the study's compare again with --quality-steps N "
+        "(e.g. 200) --seeds 3, whose quality phase trains the candidates longer over seeds and tests the difference"
+    )
 
 
 # ---- a study on disk -----------------------------------------------------------------------------
@@ -405,7 +445,8 @@ def advise_study(studies: Path | list[Path], constraints: Constraints) -> Advice
             notes.append(note if len(paths) == 1 else f"{label}: {note}")
         if constraints.memory_budget_bytes is not None:
             hints |= {named(k): h for k, h in batch_hints(path, own, constraints.memory_budget_bytes).items()}
-        rows += [{**r, "strategy": named(r["strategy"])} for r in own]
+        basis = quality_basis(path)
+        rows += [{**basis, **r, "strategy": named(r["strategy"])} for r in own]
     result = advise(rows, constraints)
     result.notes[:0] = notes
     if len(paths) > 1:
@@ -420,6 +461,26 @@ def advise_study(studies: Path | list[Path], constraints: Constraints) -> Advice
         for v in result.verdicts
     ]
     return result
+
+
+def quality_basis(study: Path) -> dict:
+    """What a study's short-trial quality rests on: its trials' steps and how many held-out rows scored
+    them ({} when the study's store cannot say)."""
+    from trainwise.study import Store
+
+    if not (study / "study.sqlite").is_file():
+        return {}
+    store = Store(study / "study.sqlite", "STUDY", write=False)
+    try:
+        spec = store.spec()
+    finally:
+        store.close()
+    if spec is None:
+        return {}
+    s = spec.settings
+    held = Path(s.data_dir) / "eval.jsonl"
+    n = min(s.eval_samples, len(held.read_text(encoding="utf-8").splitlines())) if held.is_file() else s.eval_samples
+    return {"trial_steps": s.max_steps, "eval_samples": n}
 
 
 def _study_line(label: str, rows: list[dict]) -> str:
