@@ -81,6 +81,19 @@ def test_bad_input_is_one_line_exit_2(case, data, tmp_path, capsys):
     assert not out.exists(), "nothing half-written"
 
 
+@pytest.mark.parametrize("command", ["compare", "advise", "estimate"])
+def test_help_shows_the_whole_default_row_list(capsys, monkeypatch, command):
+    """Issue 27: --strategies' default is one long comma list, which rich cut at the column's width
+    ("baseline,bf16,fp16,grad_accum,grad_ckpt,adafactor,dynamic_p…"); shown spaced, it wraps whole."""
+    from trainwise import strategies
+
+    monkeypatch.setenv("COLUMNS", "80")
+    rows = strategies.ESTIMATE_STRATEGIES if command == "estimate" else strategies.DEFAULT_STRATEGIES
+    assert main([command, "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert f"[default: ({', '.join(rows.split(','))})]" in text
+
+
 def test_help_documents_every_flag_with_defaults(capsys):
     assert main(["compare", "--help"]) == 0
     text = capsys.readouterr().out

@@ -154,7 +154,7 @@ def estimate(
     text_column: o.TextColumn = None,
     target_column: o.TargetColumn = None,
     num_labels: Annotated[int | None, Opt(help="Classes of the head, without data \\[default: 2].")] = None,
-    strategies: o.Rows = "baseline,bf16,grad_ckpt,adafactor,grad_accum,bf16+grad_ckpt",
+    strategies: o.EstimateRows = catalogue.ESTIMATE_STRATEGIES,
     batch_size: Annotated[int, Opt(help="Effective batch size per device (per optimizer step).")] = 16,
     accum_steps: o.AccumSteps = 4,
     max_length: Annotated[int, Opt(help="Input tokens per sample (padding to it is assumed).")] = 128,

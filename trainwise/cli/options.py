@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
+from trainwise import strategies as catalogue
 from trainwise.config import StudyConfig
 
 _D = {f.name: f.default for f in fields(StudyConfig) if f.init}  # CLI defaults come from StudyConfig
@@ -94,13 +95,12 @@ MaxTrainSamples = Annotated[int | None, typer.Option(help="Use only the first N 
 ImageSize = Annotated[int, typer.Option(help="image-classification: image folders are resized to this square size.")]
 
 # ---- the run -----------------------------------------------------------------------------------------------
-Rows = Annotated[
-    str,
-    typer.Option(
-        help="Comma list of rows; '+' combines strategies in a row (bf16+grad_ckpt); 'all' is the seed studies' "
-        "All Applied row. See `trainwise strategies`."
-    ),
-]
+ROWS = (
+    "Comma list of rows; '+' combines strategies in a row (bf16+grad_ckpt); 'all' is the seed studies' All Applied "
+    "row. See `trainwise strategies`."
+)
+Rows = Annotated[str, typer.Option(help=ROWS, show_default=catalogue.shown(catalogue.DEFAULT_STRATEGIES))]
+EstimateRows = Annotated[str, typer.Option(help=ROWS, show_default=catalogue.shown(catalogue.ESTIMATE_STRATEGIES))]
 Plan = Annotated[str, typer.Option(help="The plan: one '+' combination, e.g. bf16+grad_ckpt.")]
 Zero = Annotated[int, typer.Option(help="Add DeepSpeed ZeRO stage 1, 2 or 3 to the plan(s) (0: as written).")]
 Offload = Annotated[str, typer.Option(help="With --zero: none, optimizer (stage 2) or params (stage 3) to CPU.")]

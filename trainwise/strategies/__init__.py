@@ -70,6 +70,12 @@ REGISTRY: dict[str, Strategy] = _symmetric(
 ALIASES: dict[str, str] = {"all": "bf16+grad_accum+grad_ckpt+adafactor+dynamic_pad+smart_batch"}
 
 DEFAULT_STRATEGIES = "baseline,bf16,fp16,grad_accum,grad_ckpt,adafactor,dynamic_pad,smart_batch,freeze_embeddings,all"
+ESTIMATE_STRATEGIES = "baseline,bf16,grad_ckpt,adafactor,grad_accum,bf16+grad_ckpt"  # `trainwise estimate`'s rows
+
+
+def shown(rows: str) -> str:
+    """A comma list of rows as help shows its default: spaced, so it wraps whole instead of being cut."""
+    return ", ".join(rows.split(","))
 
 
 def valid_names() -> str:
