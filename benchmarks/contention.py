@@ -11,12 +11,13 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+from trainwise.report.write import read_rows
 
 
 def main() -> None:
@@ -45,7 +46,7 @@ def main() -> None:
     threading.Thread(target=load, daemon=True).start()
     code = study.wait()
     wall = time.perf_counter() - t0
-    rows = json.loads((Path(args.out) / "results.json").read_text())
+    rows = read_rows(Path(args.out) / "results.json")
     print(f"[contention.py] study exit {code}, {wall:.0f} s")
     for e in rows:
         if e["status"] == "ok":

@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from trainwise.report.write import read_rows
+
 ROWS = ["baseline", "grad_ckpt", "bf16", "grad_accum", "dynamic_pad", "adafactor"]
 SETTINGS = [(32, 128), (16, 256)]  # (batch, max length)
 MODEL = "all-MiniLM-L6-v2"
@@ -92,7 +94,7 @@ def main() -> None:
                 ["compare", *common, "--max-steps", "3", "--warmup-steps", "1", "--eval-samples", "0"]
                 + ["--out", str(study), "--force"]
             )
-            measured = {r["strategy"]: r for r in json.loads((study / "results.json").read_text())}
+            measured = {r["strategy"]: r for r in read_rows(study / "results.json")}
             est = json.loads(run(["estimate", *common, "--device", "cpu", "--json"]).stdout)
             predicted = {e["strategy"]: e for e in est["estimates"]}
             for row in rows:

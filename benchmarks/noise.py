@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from trainwise.report.write import read_rows
+
 
 def study(out: Path, repeat: int, steps: int) -> dict:
     argv = [sys.executable, "-m", "trainwise.cli", "compare", "--strategies", "baseline,dynamic_pad"]
@@ -25,7 +27,7 @@ def study(out: Path, repeat: int, steps: int) -> dict:
     results = [json.loads(r) for (r,) in db.execute("SELECT result FROM trials WHERE strategy = 'baseline'")]
     db.close()
     speeds = [r["samples_per_s"] for r in results]
-    table = {e["strategy"]: e for e in json.loads((out / "results.json").read_text())}
+    table = {e["strategy"]: e for e in read_rows(out / "results.json")}
     return {
         "samples_per_s": speeds,
         "cv": statistics.stdev(speeds) / statistics.mean(speeds),

@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from trainwise.report.write import read_rows
+
 ROWS = "baseline,bf16,grad_accum,grad_ckpt,adafactor,dynamic_pad,smart_batch,freeze_embeddings,all"
 
 
@@ -54,7 +56,7 @@ def study(out: Path, steps: int, train_samples: int) -> tuple[dict[str, float], 
     done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if done.returncode != 0:
         raise SystemExit(f"failed: {' '.join(argv)}\n{done.stderr[-3000:]}")
-    rows = json.loads((out / "results.json").read_text())
+    rows = read_rows(out / "results.json")
     return {r["strategy"]: r["samples_per_s"] for r in rows if r["status"] == "ok"}, time.perf_counter() - t0
 
 

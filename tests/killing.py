@@ -3,7 +3,6 @@ check). Used by tests/test_lifeline.py (a few kills) and benchmarks/reliability.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -14,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+
+from trainwise.report.write import read_rows
 
 
 @dataclass
@@ -53,7 +54,7 @@ def alive_after(processes: list[psutil.Process], within: float = 10.0) -> list[s
 
 
 def finished_rows(out: Path) -> list[tuple[str, str]]:
-    return [(r["strategy"], r["status"]) for r in json.loads((out / "results.json").read_text())]
+    return [(r["strategy"], r["status"]) for r in read_rows(out / "results.json")]
 
 
 def kill_until_done(argv: list[str], out: Path, kills: int, seed: int, window=(1.0, 10.0)) -> KillReport:

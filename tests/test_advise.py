@@ -9,6 +9,7 @@ import pytest
 from trainwise.advise import Constraints, advise, parse_bytes
 from trainwise.cli import main
 from trainwise.errors import ConfigError
+from trainwise.report.write import read_rows
 
 GiB = 1024**3
 
@@ -265,7 +266,7 @@ def test_a_batch_hint_never_contradicts_a_measured_row(tmp_path, cls_csv, monkey
     argv += ["--strategies", "baseline,grad_ckpt", "--batch-size", "8", "--max-length", "32", "--max-steps", "2"]
     argv += ["--no-remeasure"]  # the noise floor plays no part here: one trial fewer
     assert main([*argv, "--warmup-steps", "1", "--eval-samples", "0", "--out", str(out)]) == 0
-    rows = json.loads((out / "results.json").read_text())
+    rows = read_rows(out / "results.json")
     budget = max(needs(r) for r in rows) + 1  # every row measured within it
     monkeypatch.setattr(trainwise.estimate, "largest_batch", lambda *a, **k: 0)  # an estimate that disagrees
     advice = advise_study(out, Constraints(memory_budget_bytes=budget))

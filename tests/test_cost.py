@@ -10,6 +10,7 @@ from trainwise.cli import main
 from trainwise.cost import Price, resolve_price
 from trainwise.errors import ConfigError
 from trainwise.report.format import add_cost, headers
+from trainwise.report.write import read_rows
 
 
 def test_dedicated_and_low_priority_arithmetic_with_the_seed_000_prices():
@@ -66,7 +67,7 @@ def test_compare_reports_cost_per_row(tmp_path, cls_csv, capsys):
     assert main([*argv, "--sku", "ND40rs_v2", "--low-priority", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "$/epoch" in printed and "$4.41/h ND40rs_v2 low-priority, x1.167 expected re-work" in printed
-    row = json.loads((out / "results.json").read_text())[0]
+    row = read_rows(out / "results.json")[0]
     assert row["cost_per_epoch"] == pytest.approx(4.41 * row["epoch_time_s"] / 3600 * (1 + 0.5 * (0.25 + 5 / 60)))
     assert "$/epoch" in (out / "report.md").read_text()
     assert main([*argv, "--sku", "nope", "--out", str(tmp_path / "bad")]) == 2

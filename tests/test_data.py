@@ -14,6 +14,7 @@ from trainwise.data.samplers import LengthGroupedBatches, RandomBatches
 from trainwise.data.sources import load_rows
 from trainwise.data.tasks import IGNORE_INDEX, Collator
 from trainwise.errors import ConfigError
+from trainwise.report.write import read_rows
 
 from .conftest import make_rows, write_csv
 
@@ -231,7 +232,7 @@ def test_a_checkpoint_with_another_head_gets_a_new_head_and_one_line(tmp_path, c
         f"trainwise: note: two-label-bert was saved with a 2-label classification head and the data has {n} labels: "
         "the head is re-initialised (its other weights are kept)"
     ]
-    assert json.loads((out / "results.json").read_text())[0]["status"] == "ok"
+    assert read_rows(out / "results.json")[0]["status"] == "ok"
 
 
 def test_a_study_says_what_it_skipped_and_records_it_in_its_origin(tmp_path, capsys, monkeypatch):

@@ -11,6 +11,8 @@ import time
 import psutil
 import pytest
 
+from trainwise.report.write import read_rows
+
 from .killing import alive_after
 
 
@@ -94,7 +96,7 @@ def test_a_killed_study_keeps_readable_reports_says_it_is_partial_and_resumes(tm
     finally:
         if study.poll() is None:
             study.kill()
-    rows = json.loads((out / "results.json").read_text())
+    rows = read_rows(out / "results.json")
     assert [r["strategy"] for r in rows] == ["baseline"] and rows[0]["status"] == "ok"
     assert json.loads((out / "progress.json").read_text()) == {"done": 1, "total": 4}  # + the baseline again, last
     assert (out / "report.md").read_text().count("| baseline |") == 1 and (out / "chart.png").stat().st_size > 0
@@ -110,7 +112,7 @@ def test_a_killed_study_keeps_readable_reports_says_it_is_partial_and_resumes(tm
     )
     assert finished.returncode == 0, finished.stderr
     assert "(stored) baseline #1: ok" in finished.stderr  # not re-run
-    assert [r["strategy"] for r in json.loads((out / "results.json").read_text())] == [
+    assert [r["strategy"] for r in read_rows(out / "results.json")] == [
         "baseline",
         "grad_accum",
         "dynamic_pad",

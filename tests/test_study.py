@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import csv
 import json
+import shlex
 import sqlite3
 
 import pytest
 
 from trainwise.cli import main
 from trainwise.launcher import launch
+from trainwise.report.write import caption, read_rows
 from trainwise.study import aggregate, run_study
 
 from .conftest import tiny_study
@@ -70,7 +72,7 @@ def test_compare_writes_every_report_and_resumes(tmp_path, cls_csv, capsys, monk
     assert main(argv) == 0
     first = capsys.readouterr()
     assert "fp16" in first.out and "unsupported" in first.out
-    rows = json.loads((out / "results.json").read_text())
+    rows = read_rows(out / "results.json")
     assert [r["strategy"] for r in rows] == ["baseline", "grad_ckpt", "fp16"]
     required = {
         "strategy",
@@ -101,12 +103,32 @@ def test_compare_writes_every_report_and_resumes(tmp_path, cls_csv, capsys, monk
         assert db.execute("SELECT COUNT(*) FROM trials").fetchone()[0] == 4  # + the baseline again, last
     assert rows[0]["repeats"] == 2 and "run first and again last" in rows[0]["noise_source"]
 
-    # the same command again: every trial comes from the store, nothing is re-run
+    # issue 27: report.md reads alone: the run's settings open it, and its command runs the same study again
+    report = (out / "report.md").read_text()
+    assert report.index("## The run") < report.index("| baseline | ok |")
+    for said in (
+        "bert-tiny (size preset",
+        str(cls_csv),
+        "8 samples per optimizer step",
+        "max 32 input tokens",
+        "3 optimizer steps per trial, the first 1 not timed",
+        "5e-05 peak",
+        "**seed**: 0",
+        "torch 2.",
+    ):
+        assert said in report, said
+    study = json.loads((out / "results.json").read_text())["study"]
+    assert study["model"].startswith("bert-tiny") and "rows" in study["data"] and study["commit"] is not None
+    assert "bert-tiny" in caption(study) and "cpu" in caption(study)
+    command = shlex.split(report.split("```sh\n")[1].split("\n```")[0])
+    assert command[:2] == ["trainwise", "compare"]
+
+    # that command again: every trial comes from the store, nothing is re-run
     monkeypatch.setenv("TRAINWISE_FAULT", "baseline:raise@1")  # would fail if baseline ran again
-    assert main(argv) == 0
+    assert main(command[1:]) == 0
     second = capsys.readouterr()
     assert second.err.count("(stored)") == 4
-    assert json.loads((out / "results.json").read_text())[0]["status"] == "ok"
+    assert read_rows(out / "results.json")[0]["status"] == "ok"
 
 
 def test_resume_runs_only_what_is_missing(tmp_path, cls_csv):
@@ -260,7 +282,6 @@ def test_quality_from_random_weights_is_said_to_be_so(tmp_path, cls_csv):
 @pytest.mark.slow
 def test_batch_size_and_worker_sweep_with_an_oom_cell(tmp_path, cls_csv, monkeypatch, capsys):
     """--batch-sizes x --num-workers: one cell per combination; an OOM at a size is a cell, not an abort."""
-    import json
 
     from trainwise.cli import main
 
@@ -292,7 +313,7 @@ def test_batch_size_and_worker_sweep_with_an_oom_cell(tmp_path, cls_csv, monkeyp
         str(out),
     ]
     assert main(argv) == 0, capsys.readouterr().err
-    rows = {r["strategy"]: r for r in json.loads((out / "results.json").read_text())}
+    rows = {r["strategy"]: r for r in read_rows(out / "results.json")}
     assert list(rows) == ["baseline @bs4 @w0", "baseline @bs4 @w1", "baseline @bs8 @w0", "baseline @bs8 @w1"]
     assert [rows[k]["status"] for k in rows] == ["ok", "ok", "oom", "oom"]
     assert rows["baseline @bs4 @w0"]["rel_time"] == 1.0, "the first baseline cell is the reference"

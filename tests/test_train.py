@@ -13,6 +13,7 @@ import pytest
 
 from trainwise.cli import main
 from trainwise.errors import ConfigError
+from trainwise.report.write import read_rows
 from trainwise.train import EarlyStopping, TrainConfig, find_resumable, verify
 
 
@@ -253,7 +254,7 @@ def test_train_plan_takes_advises_pick_and_the_settings_of_a_compare_study(tmp_p
     compare += ["--batch-size", "4", "--max-length", "24", "--max-steps", "3", "--warmup-steps", "1"]
     compare += ["--eval-samples", "8", "--device", "cpu", "--no-remeasure"]
     assert main([*compare, "--out", str(study)]) == 0
-    results = json.loads((study / "results.json").read_text())
+    results = read_rows(study / "results.json")
     from trainwise.advise import Constraints, advise
 
     pick = advise(results, Constraints()).recommended

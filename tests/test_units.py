@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -186,3 +188,46 @@ def test_meteor_and_cider_score_seed_002s_columns(monkeypatch):
     monkeypatch.setenv("TRAINWISE_METEOR", "1")
     perfect, none, partial = (caption_metrics(p, gold)["meteor"] for p in (gold, ["zzz qqq"] * 4, near))
     assert perfect == pytest.approx(100) and none == 0 and 10 < partial < 60
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {},
+        {"strategies": ["baseline", "bf16+grad_ckpt"], "model_preset": "bert-tiny", "max_steps": 8, "lr": 1e-4},
+        {"task": "seq2seq", "batch_sizes": (8, 16), "num_workers": (0, 2), "remeasure": False, "profile": True},
+        {"train_file": "data.csv", "text_column": "body", "target_column": "tag", "max_train_samples": 50},
+    ],
+)
+def test_a_study_config_writes_the_command_that_builds_it_again(given):
+    """Issue 27: report.md carries the command that reruns its study; parsed by the CLI, it gives the same config."""
+    from typer.main import get_command
+
+    from trainwise.cli import app
+    from trainwise.cli.options import study_config
+    from trainwise.strategies import DEFAULT_STRATEGIES
+
+    cfg = StudyConfig(out="runs/x", **{"strategies": DEFAULT_STRATEGIES.split(","), **given})
+    words = shlex.split(cfg.command())
+    assert words[:2] == ["trainwise", "compare"]
+    compare = get_command(app).commands["compare"]  # type: ignore[attr-defined]
+    params = compare.make_context("compare", words[2:]).params
+    sweeps = {k: tuple(int(x) for x in params[k].split(",")) for k in ("batch_sizes", "num_workers") if params[k]}
+    again = study_config(params, **{"batch_sizes": (), **sweeps})
+    for name in ("strategies", "task", "model_preset", "batch_sizes", "num_workers", "max_steps", "lr", "remeasure"):
+        assert getattr(again, name) == getattr(cfg, name), name
+    if cfg.train_file:
+        assert again.train_file == str(Path(cfg.train_file).resolve())  # runs from any directory
+
+
+def test_results_json_keeps_its_rows_readable_before_and_after_the_settings(tmp_path):
+    """results.json is {"study": ..., "rows": [...]} now; one written as a bare list of rows still reads."""
+    import json
+
+    from trainwise.report.write import read_rows, read_study
+
+    rows = [{"strategy": "baseline", "status": "ok"}]
+    (tmp_path / "old.json").write_text(json.dumps(rows))
+    (tmp_path / "new.json").write_text(json.dumps({"study": {"model": "m"}, "rows": rows}))
+    assert read_rows(tmp_path / "old.json") == read_rows(tmp_path / "new.json") == rows
+    assert read_study(tmp_path / "old.json") == {} and read_study(tmp_path / "new.json") == {"model": "m"}

@@ -11,6 +11,7 @@ import torch
 from trainwise.cli import main
 from trainwise.config import StudyConfig
 from trainwise.errors import ConfigError
+from trainwise.report.write import read_rows
 from trainwise.study import prepare_study
 from trainwise.trial import run_trial
 from trainwise.vision import ResNeXt, load_image_data
@@ -163,6 +164,6 @@ def test_seed_003_shaped_study_from_one_command(tmp_path, capsys):
     printed = capsys.readouterr().out
     for column in ("data (s)", "step (s)", "optim (s)", "epoch (s)", "peak mem"):
         assert column in printed
-    rows = __import__("json").loads((out / "results.json").read_text())
+    rows = read_rows(out / "results.json")
     assert len(rows) == 8 and all(r["status"] == "ok" for r in rows)
     assert {r["strategy"] for r in rows} >= {"baseline @bs16 @w0", "bf16+grad_ckpt @bs64 @w2"}

@@ -350,6 +350,8 @@ def read_results(study: Path) -> list[dict]:
     if not path.is_file():
         raise ConfigError(f"{study}: no results.json; run `trainwise compare --out {study}` first, or add --run")
     rows = read_json(path, "a trainwise results file")
+    if isinstance(rows, dict) and isinstance(rows.get("rows"), list):  # the rows beside the study's settings
+        rows = rows["rows"]
     if not isinstance(rows, list) or not all(isinstance(r, dict) and "strategy" in r for r in rows):
         raise ConfigError(f"{path}: not a trainwise results file (expected a list of rows with 'strategy')")
     return rows

@@ -28,6 +28,10 @@ DEVICES = ("auto", "cpu", "cuda")
 Task = Literal["classification", "seq2seq"]
 
 
+# StudyConfig fields that say how a command runs, not what it measures: a rerun leaves them out
+_NOT_OPTIONS = {"retry_failed", "force", "fit_to_device", "seed_per_repeat", "quiet_wait_s"}
+
+
 @dataclass
 class StudyConfig:
     """One `trainwise compare` invocation. Defaults are the built-in offline demo study."""
@@ -78,6 +82,33 @@ class StudyConfig:
         sweep = Sweep(len(self.batch_sizes) > 1, len(self.num_workers) > 1)
         sizes = self.batch_sizes or (self.batch_size,)
         return [Cell(row, b, w, sweep) for row in self.rows for b in sizes for w in self.num_workers]
+
+    def command(self, verb: str = "compare") -> str:
+        """The command line that runs this config again: every option that differs from the CLI's default
+        (files and local model directories made absolute, so it runs from any directory)."""
+        import shlex
+        from pathlib import Path
+
+        words = ["trainwise", verb]
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not f.init or f.name in _NOT_OPTIONS:
+                continue
+            default: object = f.default
+            if f.name == "strategies":
+                value, default = ",".join(s.strip() for s in value), strategies.DEFAULT_STRATEGIES
+            elif f.name == "lr":
+                default = DEFAULT_LR[self.task]
+            if value == default:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            if isinstance(value, bool):
+                words.append(flag if value else flag.replace("--", "--no-", 1))
+                continue
+            if f.name in ("train_file", "eval_file") or (f.name == "model" and Path(value).is_dir()):
+                value = str(Path(value).resolve())
+            words += [flag, ",".join(map(str, value)) if isinstance(value, tuple) else str(value)]
+        return shlex.join(words)
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -159,6 +190,8 @@ class TrainConfig:
             raise ConfigError(f"--max-steps must be > 0, got {self.max_steps}")
         if self.eval_every <= 0 or self.save_every <= 0:
             raise ConfigError("--eval-every and --save-every must be > 0")
+        if self.keep < 1:
+            raise ConfigError(f"--keep-checkpoints must be >= 1 (--resume continues from the last), got {self.keep}")
         if self.patience is not None and self.patience <= 0:
             raise ConfigError(f"--patience must be >= 1 evaluation, got {self.patience}")
         check_number("--min-delta", self.min_delta, inclusive=True)

@@ -22,6 +22,7 @@ from pathlib import Path
 from trainwise import strategies
 from trainwise.config import DEVICES, IMAGE_TASK, StudyConfig
 from trainwise.errors import ConfigError, RunFailed
+from trainwise.files import write_atomic
 from trainwise.launcher import launch
 from trainwise.measure import device as dev
 from trainwise.measure import flops
@@ -149,5 +150,5 @@ def run_doctor(
     report.checks.sort(key=lambda c: (order.index(c.strategy), c.task))
     report.wall_s = time.perf_counter() - start
     report.path = str(out / "doctor.json")
-    Path(report.path).write_text(json.dumps(report.to_dict(), indent=1))
+    write_atomic(Path(report.path), json.dumps(report.to_dict(), indent=1))
     return report

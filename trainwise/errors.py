@@ -1,4 +1,5 @@
-"""The exception types the CLI turns into one line: bad user input (exit 2) and work that failed (exit 1).
+"""The exception types the CLI turns into one line: bad user input (exit 2), work that failed (exit 1),
+and writes the machine refused (exit 3: `trainwise.files`).
 
 Anything raised as `ConfigError` is printed by the CLI as a single line and exits with code 2;
 it is raised at the edge (config, strategy parsing, data and model resolution) before any model
@@ -13,6 +14,11 @@ class ConfigError(ValueError):
 class RunFailed(RuntimeError):
     """The input was fine but the work failed as a whole (every trial of a study, or training ranks that
     died): the CLI prints the message as one line and exits with code 1."""
+
+
+class OutputFailed(RuntimeError):
+    """A write the environment refused (a full disk, a quota, a read-only file system, an output folder
+    removed): the message names the file and the space left; the CLI prints it as one line, exit 3."""
 
 
 def check_number(option: str, value: float, low: float = 0.0, *, inclusive: bool = False) -> None:

@@ -37,6 +37,7 @@ from typing import Any
 
 from trainwise import strategies
 from trainwise.errors import ConfigError
+from trainwise.files import write_atomic
 from trainwise.models import ModelSource, _load_config, _preset_config
 from trainwise.plan import TrialPlan
 from trainwise.strategies import Row
@@ -417,9 +418,7 @@ def calibrate(
     coefficients, residual = _fit(rows)
     cal = Calibration(family, device, probe, coefficients, len(rows), time.perf_counter() - t0, how, residual)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({k: v for k, v in asdict(cal).items() if k != "cached"}, default=list))
-    tmp.replace(path)
+    write_atomic(path, json.dumps({k: v for k, v in asdict(cal).items() if k != "cached"}, default=list))
     return cal
 
 

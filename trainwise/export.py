@@ -27,6 +27,7 @@ from pathlib import Path
 from trainwise import strategies
 from trainwise.config import DataOrigin, TrialSettings, TrialSpec, check_nproc
 from trainwise.errors import ConfigError, check_number
+from trainwise.files import write_atomic
 from trainwise.plan import TrialPlan
 from trainwise.strategies.base import ExportDoc
 
@@ -260,7 +261,7 @@ def write_export(plan: TrialPlan, s: RunSettings, out: Path, force: bool = False
     check_ours(out, force)
     doc = export_doc(plan, s)
     out.mkdir(parents=True, exist_ok=True)
-    (out / MARK).write_text("written by trainwise\n")
+    write_atomic(out / MARK, "written by trainwise\n")
     files: dict[str, str] = {
         "training_args.json": json.dumps(doc.args, indent=2) + "\n",
         "train_snippet.py": snippet(doc, s),
@@ -271,11 +272,8 @@ def write_export(plan: TrialPlan, s: RunSettings, out: Path, force: bool = False
         files["ds_config.json"] = json.dumps(doc.ds_config, indent=2) + "\n"
     paths = []
     for name, text in files.items():
-        path = out / name
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
-        paths.append(path)
+        write_atomic(out / name, text)
+        paths.append(out / name)
     data = [f"data: {s.origin.describe()}"] if s.origin is not None else []
     return paths, [*data, s.batch_line(doc), *doc.notes]
 

@@ -24,6 +24,7 @@ from typing import Any
 from trainwise import strategies
 from trainwise.config import StudyConfig
 from trainwise.errors import ConfigError
+from trainwise.files import write_atomic, writing
 from trainwise.results import TrialResult
 
 
@@ -320,10 +321,12 @@ def find_batch(
 def write_outputs(result: SearchResult, out: Path, title: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     data = out / "find_batch.json"
-    tmp = data.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result.to_dict(), indent=1))
-    tmp.replace(data)
-    return [data, _chart(result, out / "find_batch.png", title)]
+    write_atomic(data, json.dumps(result.to_dict(), indent=1))
+    chart, tmp = out / "find_batch.png", out / ".find_batch.tmp.png"
+    with writing(chart, tmp):
+        _chart(result, tmp, title)
+        tmp.replace(chart)
+    return [data, chart]
 
 
 def _chart(result: SearchResult, path: Path, title: str) -> Path:

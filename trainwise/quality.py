@@ -23,6 +23,7 @@ from pathlib import Path
 
 from trainwise.config import StudyConfig
 from trainwise.errors import ConfigError
+from trainwise.files import write_atomic
 from trainwise.plan import TrialPlan
 
 QUALITY_DIR = "quality"
@@ -170,9 +171,7 @@ def unlearned(means: list[float], majority: float | None) -> str | None:
 
 def write(out: Path, rows: list[QualityRow], seeds: int) -> Path:
     path = out / "quality.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"seeds": seeds, "rows": [r.to_dict() for r in rows]}, indent=1))
-    tmp.replace(path)
+    write_atomic(path, json.dumps({"seeds": seeds, "rows": [r.to_dict() for r in rows]}, indent=1))
     return path
 
 

@@ -28,6 +28,7 @@ from trainwise import strategies
 from trainwise.config import IMAGE_TASK, TEXT_TASKS, Cell, DataOrigin, StudyConfig, TrialSettings, TrialSpec
 from trainwise.data.sources import read_task_data, tokenizer_corpus
 from trainwise.errors import ConfigError, RunFailed
+from trainwise.files import failed, free_space, refusal_in, write_atomic, writing
 from trainwise.measure import contention
 from trainwise.measure.device import DeviceFacts, precision_ratio
 from trainwise.measure.device import facts as device_facts
@@ -64,6 +65,7 @@ class PreparedStudy:
     # default rows whose precision is emulated here and slow: recorded from the micro-benchmark, not trained
     recorded: dict[str, Support] = dataclasses.field(default_factory=dict)
     row_notes: dict[str, str] = dataclasses.field(default_factory=dict)  # row text -> what the device changed
+    n_eval: int = 0  # held-out rows prepared (before --eval-samples takes its share)
 
     def cell_of(self, spec: TrialSpec) -> Cell:
         return next(c for c in self.cells if c.matches(spec))
@@ -104,7 +106,8 @@ def hold(out: Path) -> Iterator[None]:
                 "or choose another --out"
             ) from None
         if os.fstat(fd).st_size == 0:
-            os.write(fd, b"written by trainwise\n")
+            with writing(out / MARK):
+                os.write(fd, b"written by trainwise\n")
         yield
     finally:
         os.close(fd)
@@ -135,7 +138,7 @@ def _fingerprint(train: list[dict], evals: list[dict]) -> str:
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    write_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
 # a default row whose precision is emulated and this many times slower than fp32 (a linear layer,
@@ -251,13 +254,14 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
 
     # Everything the user gave is valid: from here on files are written.
     data_dir = out / "data"
-    data_dir.mkdir(parents=True, exist_ok=True)
-    (out / MARK).write_text("written by trainwise\n")
+    with writing(data_dir):
+        data_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / MARK, "written by trainwise\n")
     fingerprint = _fingerprint(train, evals)
     _write_jsonl(data_dir / "train.jsonl", train)
     _write_jsonl(data_dir / "eval.jsonl", evals)
-    (data_dir / "labels.json").write_text(json.dumps(labels))
-    (data_dir / "origin.json").write_text(json.dumps(dataclasses.asdict(DataOrigin.of(cfg, data))))
+    write_atomic(data_dir / "labels.json", json.dumps(labels))
+    write_atomic(data_dir / "origin.json", json.dumps(dataclasses.asdict(DataOrigin.of(cfg, data))))
     from trainwise.report.terminal import err, say
 
     for note in data.notes():  # rows the data had that the study will not use: said, never silent
@@ -267,13 +271,15 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
         tok_path = out / "tokenizer"
         stamp = tok_path / "trainwise-data.txt"
         if not stamp.exists() or stamp.read_text() != f"{source.ref} {fingerprint}":
-            train_tokenizer(tokenizer_corpus(train), source.ref, tok_path)
-            stamp.write_text(f"{source.ref} {fingerprint}")
+            with writing(tok_path):  # the stamp last: a tokenizer cut short is trained again
+                stamp.unlink(missing_ok=True)
+                train_tokenizer(tokenizer_corpus(train), source.ref, tok_path)
+            write_atomic(stamp, f"{source.ref} {fingerprint}")
         tokenizer_dir = str(tok_path.resolve())
 
     settings = _settings(cfg, device, source, tokenizer_dir, data_dir, len(labels), len(train))
     prepared = _specs(cfg, settings, fingerprint, unsupported, out)
-    return dataclasses.replace(prepared, verdicts=verdicts, recorded=recorded, row_notes=row_notes)
+    return dataclasses.replace(prepared, verdicts=verdicts, recorded=recorded, row_notes=row_notes, n_eval=len(evals))
 
 
 def _settings(cfg: StudyConfig, device: str, source, tokenizer_dir, data_dir: Path, n_labels: int, n_train: int):
@@ -348,17 +354,18 @@ def _prepare_images(cfg: StudyConfig, device: str, unsupported: dict[str, str], 
     if len(train) < largest:
         raise ConfigError(f"the training data has {len(train)} images, fewer than the batch size {largest}")
     data_dir = out / "data"
-    data_dir.mkdir(parents=True, exist_ok=True)
-    (out / MARK).write_text("written by trainwise\n")
-    save_images(data_dir / "images.npz", train, evals)
-    (data_dir / "labels.json").write_text(json.dumps(names))
-    (data_dir / "origin.json").write_text(json.dumps(dataclasses.asdict(DataOrigin.of(cfg))))
+    with writing(data_dir, data_dir / "images.npz"):
+        data_dir.mkdir(parents=True, exist_ok=True)
+        save_images(data_dir / "images.npz", train, evals)
+    write_atomic(out / MARK, "written by trainwise\n")
+    write_atomic(data_dir / "labels.json", json.dumps(names))
+    write_atomic(data_dir / "origin.json", json.dumps(dataclasses.asdict(DataOrigin.of(cfg))))
     h = hashlib.sha256()
     for a in (train.x, train.y, evals.x, evals.y):
         h.update(np.ascontiguousarray(a).tobytes())
     source = ModelSource("preset", preset)
     settings = _settings(cfg, device, source, None, data_dir, len(names), len(train))
-    return _specs(cfg, settings, h.hexdigest()[:16], unsupported, out)
+    return dataclasses.replace(_specs(cfg, settings, h.hexdigest()[:16], unsupported, out), n_eval=len(evals.y))
 
 
 def _check_ranks(cfg: StudyConfig, device: str, unsupported: dict[str, str]) -> None:
@@ -410,12 +417,16 @@ class Store:
         self.check(path, flag)
         self.db = sqlite3.connect(path)
         if write:
-            self.db.execute(
-                "CREATE TABLE IF NOT EXISTS trials (key TEXT PRIMARY KEY, strategy TEXT, repeat INTEGER, "
-                "status TEXT, spec TEXT, result TEXT, finished_at REAL)"
-            )
-            self.db.execute(f"PRAGMA user_version = {self.VERSION}")
-            self.db.commit()
+            with writing(path):
+                self._create()
+
+    def _create(self) -> None:
+        self.db.execute(
+            "CREATE TABLE IF NOT EXISTS trials (key TEXT PRIMARY KEY, strategy TEXT, repeat INTEGER, "
+            "status TEXT, spec TEXT, result TEXT, finished_at REAL)"
+        )
+        self.db.execute(f"PRAGMA user_version = {self.VERSION}")
+        self.db.commit()
 
     @classmethod
     def check(cls, path: Path, flag: str) -> None:
@@ -459,6 +470,11 @@ class Store:
         return TrialResult.from_dict(json.loads(row[0])) if row else None
 
     def put(self, spec: TrialSpec, result: TrialResult) -> None:
+        """Store a finished trial (one transaction: a full disk leaves the store as it was: OutputFailed)."""
+        with writing(self.path):
+            self._put(spec, result)
+
+    def _put(self, spec: TrialSpec, result: TrialResult) -> None:
         self.db.execute(
             "INSERT OR REPLACE INTO trials VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
@@ -532,7 +548,9 @@ def _run_trials(prepared: PreparedStudy, launch: Launch, on_event: Events, on_do
             elif spec.row in prepared.recorded:
                 result = _recorded(spec, prepared.recorded[spec.row])
             else:
-                result = _measured(spec, out / "trials" / f"{spec.key()}", launch, cfg, _bind(on_event, spec))
+                trial_dir = out / "trials" / f"{spec.key()}"
+                result = _measured(spec, trial_dir, launch, cfg, _bind(on_event, spec))
+                refused(result, trial_dir)  # a full disk is not a measurement of the strategy: not stored
             verdict = prepared.verdicts.get(spec.row)
             result.support_note = prepared.row_notes.get(spec.row) or (
                 verdict.line() if verdict and verdict.status != "native" else ""
@@ -546,6 +564,23 @@ def _run_trials(prepared: PreparedStudy, launch: Launch, on_event: Events, on_do
     finally:
         store.close()
     return trials
+
+
+FULL_BYTES = 1 << 20  # a trial that died without a result where less than this is free: the disk was full
+
+
+def refused(result: TrialResult, trial_dir: Path) -> None:
+    """OutputFailed when a trial failed because the machine refused its writes (its error says so, or it
+    died without a result on a disk with under 1 MiB free): the command stops with one line and exit 3,
+    the trial is not stored, and the same command runs it once there is room."""
+    if result.status not in ("error", "crashed"):
+        return
+    reason = refusal_in(result.message)
+    room = free_space(trial_dir)
+    if reason is None and result.status == "crashed" and "no result" in result.message and room is not None:
+        reason = "no space left on device" if room < FULL_BYTES else None
+    if reason is not None:
+        raise failed(trial_dir, reason, "make room and run the same command again: the stored trials are kept")
 
 
 def _recorded(spec: TrialSpec, verdict: Support) -> TrialResult:
@@ -755,7 +790,71 @@ def report(prepared: PreparedStudy, trials: Trials, price=None) -> Report:
         add_cost(table, price)
     title = f"trainwise compare: {s.model_label} / {s.task} / {s.device}"
     done = len({spec.key() for spec, _ in trials})
-    return Report(title, table, write_reports(prepared.out, table, title, done, len(prepared.specs)))
+    study = study_settings(prepared, table, price)
+    return Report(title, table, write_reports(prepared.out, table, title, done, len(prepared.specs), study))
+
+
+def study_settings(prepared: PreparedStudy, table: list[dict], price=None) -> dict[str, object]:
+    """What a study ran with, in words a reader of its report alone needs (results.json's `study`,
+    report.md's opening block, the chart's caption): model and its source, data and its source with
+    its row counts, device and environment, batch, lengths, steps, lr, seed, repeats, and the command
+    that runs it again."""
+    from trainwise.measure.env import environment
+
+    cfg, s = prepared.config, prepared.specs[0].settings
+    env: dict = next((e["env"] for e in table if e.get("env")), {}) or environment(s.device)
+    origin = _origin(prepared.out)
+    data = DataOrigin.of(cfg).describe()
+    kind, _, name = (origin.source or "" if origin else "").partition(":")
+    if kind == "builtin":
+        data = f"the built-in corpus {name}"
+    counts = f"{s.n_train} training rows, {prepared.n_eval} held out (evaluated on up to {s.eval_samples})"
+    skipped = "; ".join(origin.notes()) if origin else ""
+    facts = device_facts(s.device)
+    flags = f"; precision flags {' '.join(sorted(facts.cpu_flags)) or 'none'}" if facts.kind == "cpu" else ""
+    cap = f"; compute capability {'.'.join(map(str, facts.capability))}" if facts.capability else ""
+    accum = (
+        f", grad_accum rows in {s.accum_steps} micro-batches" if any("grad_accum" in r.text for r in cfg.rows) else ""
+    )
+    sweep = f" (swept: {','.join(map(str, cfg.batch_sizes))})" if len(cfg.batch_sizes) > 1 else ""
+    workers = f"; DataLoader workers {','.join(map(str, cfg.num_workers))}" if cfg.num_workers != (0,) else ""
+    lengths = f"max {s.max_length} input tokens" + (f", {s.max_target_length} target" if s.task == "seq2seq" else "")
+    return {
+        "command": cfg.command(),
+        "model": f"{s.model_label} ({_model_source(s.model_kind, s.model_ref)})",
+        "data": f"{data}: {counts}" + (f"; {skipped}" if skipped else ""),
+        "task": s.task,
+        "device": f"{env.get('device_name')} ({s.device}, {env.get('torch_threads')} threads of "
+        f"{env.get('cpu_count')} CPUs{flags}{cap})",
+        "environment": ", ".join(
+            f"{k} {env.get(k)}" for k in ("python", "torch", "transformers", "accelerate", "trainwise") if env.get(k)
+        ),
+        "strategies": ", ".join(r.text for r in cfg.rows),
+        "batch": f"{s.batch_size} samples per optimizer step{sweep}{accum}; {s.nproc} process(es){workers}",
+        "lengths": lengths if s.task != "image-classification" else f"images {cfg.image_size}x{cfg.image_size}",
+        "steps": f"{s.max_steps} optimizer steps per trial, the first {s.warmup_steps} not timed",
+        "lr": f"{s.lr:g} peak, linear decay to 0",
+        "seed": s.seed,
+        "repeats": f"{cfg.repeat} trial(s) per row"
+        + (", the baseline again last" if cfg.repeat == 1 and cfg.remeasure else ""),
+        "price": price.label if price is not None else None,
+        "commit": env.get("commit"),
+    }
+
+
+def _origin(out: Path) -> DataOrigin | None:
+    try:
+        return DataOrigin.from_dict(json.loads((out / "data" / "origin.json").read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def _model_source(kind: str, ref: str) -> str:
+    return {
+        "preset": f"size preset {ref}: random weights from its architecture's config",
+        "dir": f"local directory {ref}",
+        "hub": f"Hugging Face Hub id {ref}",
+    }.get(kind, f"{kind} {ref}")
 
 
 def study_spec(study: Path, name: str | None, on_note: Callable[[str], None], options: dict | None = None) -> TrialSpec:

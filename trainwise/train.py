@@ -36,6 +36,7 @@ from trainwise.config import StudyConfig, TrainConfig, TrialSpec, maximize, moni
 from trainwise.data.prepared import TrialData, load_data
 from trainwise.distributed import Ranks
 from trainwise.errors import ConfigError, RunFailed
+from trainwise.files import failed, free_space, human_bytes, refusal_in, tree_bytes, write_atomic, writing
 
 LATEST = "latest"
 
@@ -89,10 +90,35 @@ class TrainResult:
     resumed_from: str | None
     wall_s: float
     out: str
+    disk: dict[str, int] = field(default_factory=dict)  # bytes under --out: checkpoints, best, final, total
 
     @property
     def compute_saved(self) -> float:
         return 1 - self.steps / self.planned_steps
+
+
+def disk_use(out: Path) -> dict[str, int]:
+    """What a run keeps under `out`, in bytes (a file linked from two places counted once)."""
+    parts = {name: tree_bytes(out / name) for name in ("checkpoints", "best", "final")}
+    return {**parts, "total": tree_bytes(out), "checkpoint_count": len(list((out / "checkpoints").glob("ckpt-*")))}
+
+
+def link_tree(src: Path, dest: Path) -> None:
+    """`dest` made a copy of `src` whose files are hard links (no second copy on disk; a copy where the
+    file system has no links), built aside and swapped in like save_model_dir."""
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with writing(dest, tmp, hint=RESUME_HINT):
+        shutil.copytree(src, tmp, copy_function=_link_or_copy)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+
+
+def _link_or_copy(src: str, dest: str) -> None:
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copy2(src, dest)
 
 
 def fingerprint(spec: TrialSpec, with_lr: bool = True) -> str:
@@ -163,8 +189,6 @@ def save_checkpoint(root: Path, model, optimizer, scheduler, state: TrainState, 
     optimizer state are replicas: rank 0 writes them as safetensors. ZeRO (`engine`, DeepSpeed's): every
     rank writes its partition through the engine into `zero/`. Rank 0 then adds the schedule, the RNG
     states and the manifest, and renames the whole into place."""
-    from safetensors.torch import save_file, save_model
-
     ranks = Ranks.from_env()
     final = root / f"ckpt-{state.step:08d}"
     tmp = root / (f".tmp-{final.name}-{os.getpid()}" if ranks.world == 1 else f".tmp-{final.name}-ranks")
@@ -177,32 +201,41 @@ def save_checkpoint(root: Path, model, optimizer, scheduler, state: TrainState, 
         engine.save_checkpoint(str(tmp / "zero"), tag="state")
     _barrier()
     if ranks.main:
-        extra: dict = {
-            "scheduler": scheduler.state_dict(),
-            "python_rng": random.getstate(),
-            "trainer": asdict(state),
-        }
-        if engine is None:
-            save_model(model, str(tmp / "model.safetensors"))
-            tensors, extra["optimizer"] = _optimizer_tensors(optimizer.state_dict())
-            save_file(tensors, str(tmp / "optimizer.safetensors"))
-        save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
-        (tmp / "extra.json").write_text(json.dumps(extra))
-        files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
-        manifest = {"files": {name: _sha(tmp / name) for name in files}, "step": state.step}
-        (tmp / "manifest.json").write_text(json.dumps(manifest))
-        for p in tmp.rglob("*"):  # on disk before the rename makes it visible
-            if p.is_file():
-                with open(p, "rb") as f:
-                    os.fsync(f.fileno())
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        pointer = root / f".{LATEST}.tmp"
-        pointer.write_text(final.name)
-        os.replace(pointer, root / LATEST)
+        with writing(final, tmp, hint=RESUME_HINT):
+            _write_checkpoint(tmp, final, root, model, optimizer, scheduler, state, engine)
     _barrier()
     return final
+
+
+RESUME_HINT = "make room and run the same command with --resume: it continues from the last whole checkpoint"
+
+
+def _write_checkpoint(tmp: Path, final: Path, root: Path, model, optimizer, scheduler, state, engine) -> None:
+    """Rank 0's part of a checkpoint: the files into `tmp`, then renamed to `final`, then `latest` moved."""
+    from safetensors.torch import save_file, save_model
+
+    extra: dict = {
+        "scheduler": scheduler.state_dict(),
+        "python_rng": random.getstate(),
+        "trainer": asdict(state),
+    }
+    if engine is None:
+        save_model(model, str(tmp / "model.safetensors"))
+        tensors, extra["optimizer"] = _optimizer_tensors(optimizer.state_dict())
+        save_file(tensors, str(tmp / "optimizer.safetensors"))
+    save_file({"torch": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
+    (tmp / "extra.json").write_text(json.dumps(extra))
+    files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
+    manifest = {"files": {name: _sha(tmp / name) for name in files}, "step": state.step}
+    (tmp / "manifest.json").write_text(json.dumps(manifest))
+    for p in tmp.rglob("*"):  # on disk before the rename makes it visible
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    write_atomic(root / LATEST, final.name)
 
 
 def verify(ckpt: Path) -> str | None:
@@ -366,7 +399,11 @@ def run_train(
     loop.run(parts, stream, planned, on_step)
     if tc.checkpoints:
         final = {"step": state.step, "train_loss": state.losses[-1] if state.losses else None}
-        save_model_dir(out / "final", parts, data, state.evals[-1] if state.evals else final)
+        best = out / "best" / "eval.json"
+        if ranks.main and stopper.best_step == state.step and best.is_file() and parts.rt.deepspeed is None:
+            link_tree(out / "best", out / "final")  # the same weights: final/ shares best/'s files
+        else:
+            save_model_dir(out / "final", parts, data, state.evals[-1] if state.evals else final)
     result = TrainResult(
         steps=state.step,
         planned_steps=planned,
@@ -381,7 +418,8 @@ def run_train(
         out=str(out),
     )
     if ranks.main:
-        (out / "train_result.json").write_text(json.dumps({**asdict(result), "compute_saved": result.compute_saved}))
+        result.disk = disk_use(out)
+        write_atomic(out / "train_result.json", json.dumps({**asdict(result), "compute_saved": result.compute_saved}))
     return result
 
 
@@ -396,8 +434,6 @@ def save_model_dir(dest: Path, parts: loop.Parts, data: TrialData, record: dict)
     weights are gathered first (every rank calls this); rank 0 writes. The directory is built aside and
     swapped in, so a kill leaves the previous one whole."""
     import copy
-
-    from safetensors.torch import save_file, save_model
 
     model = getattr(parts.raw_model, "_orig_mod", parts.raw_model)  # torch.compile's wrapper
     main = Ranks.from_env().main
@@ -415,6 +451,18 @@ def save_model_dir(dest: Path, parts: loop.Parts, data: TrialData, record: dict)
         model = copy.deepcopy(model).merge_and_unload()
     tmp, old = dest.with_name(dest.name + ".tmp"), dest.with_name(dest.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
+    with writing(dest, tmp, hint=RESUME_HINT):
+        _write_model_dir(tmp, model, data, state_dict, record)
+    shutil.rmtree(old, ignore_errors=True)
+    if dest.exists():
+        dest.rename(old)
+    tmp.rename(dest)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_model_dir(tmp: Path, model, data: TrialData, state_dict: dict | None, record: dict) -> None:
+    from safetensors.torch import save_file, save_model
+
     tmp.mkdir(parents=True)
     if data.save is not None:
         data.save(model, tmp, state_dict)
@@ -423,11 +471,6 @@ def save_model_dir(dest: Path, parts: loop.Parts, data: TrialData, record: dict)
     else:
         save_model(model, str(tmp / "model.safetensors"))
     (tmp / "eval.json").write_text(json.dumps(record))
-    shutil.rmtree(old, ignore_errors=True)
-    if dest.exists():
-        dest.rename(old)
-    tmp.rename(dest)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 # ---- the verb ------------------------------------------------------------------------------------
@@ -527,6 +570,8 @@ def train_ranks(
     result = out / "train_result.json"
     if code != 0 or not result.is_file():
         why = rank_failure(log)[:300]
+        if reason := refusal_in(why):
+            raise failed(out, reason, RESUME_HINT)
         raise RunFailed(f"the {nproc} training ranks exited with code {code}: {why} (log: {log})")
     saved = json.loads(result.read_text())
     saved.pop("compute_saved", None)
@@ -577,6 +622,7 @@ def _train_any(spec, tc, out, resume, report_to, show, warn) -> TrainResult:
     from trainwise.distributed import is_multiprocess
     from trainwise.worker import _emitter
 
+    show({"event": "note", "message": writes_line(out, tc)})
     if is_multiprocess(spec):
         warn_line = f"{spec.row!r} over {spec.settings.nproc} ranks (torchrun; their output: {out}/ranks.log)"
         show({"event": "note", "message": warn_line})
@@ -591,6 +637,33 @@ def _train_any(spec, tc, out, resume, report_to, show, warn) -> TrainResult:
     return train(spec, tc, out, resume, report_to, emit, warn)
 
 
+def writes_line(out: Path, tc: TrainConfig) -> str:
+    """Where a run writes and what it keeps, said before it starts."""
+    if not tc.checkpoints:
+        return f"writing to {out} (no checkpoints)"
+    return (
+        f"writing to {out.resolve()}: a checkpoint (model + optimizer state) every {tc.save_every} steps, the last "
+        f"{tc.keep} kept (--keep-checkpoints), and best/ and final/ model directories "
+        f"({human_bytes(free_space(out))} free there)"
+    )
+
+
+def disk_line(r: TrainResult, tc: TrainConfig) -> str:
+    """What the run left on disk, by part."""
+    d = r.disk
+    n = d.get("checkpoint_count", 0)
+    shared = (
+        " (final/ shares best/'s files)"
+        if d.get("final") and d.get("best") and d["total"] < sum(d.get(k, 0) for k in ("checkpoints", "best", "final"))
+        else ""
+    )
+    return (
+        f"disk: {human_bytes(d['total'])} in {r.out}: checkpoints/ {human_bytes(d.get('checkpoints'))} "
+        f"({n} kept, --keep-checkpoints {tc.keep}), best/ {human_bytes(d.get('best'))}, "
+        f"final/ {human_bytes(d.get('final'))}{shared}"
+    )
+
+
 def summary(r: TrainResult, tc: TrainConfig, price) -> list[str]:
     """What `trainwise train` prints when the run ends."""
     lines = [
@@ -602,6 +675,8 @@ def summary(r: TrainResult, tc: TrainConfig, price) -> list[str]:
         lines.append(f"best {r.monitor} {r.best_value:.4f} at step {r.best_step} (model in {r.out}/best/)")
     if tc.checkpoints:
         lines.append(f"final model in {r.out}/final/ (a Hugging Face model directory for text tasks)")
+    if r.disk:
+        lines.append(disk_line(r, tc))
     if r.stopped_early:
         lines.append(
             f"early stop: no improvement > {tc.min_delta:g} in {tc.patience} evaluations; "

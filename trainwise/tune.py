@@ -27,6 +27,7 @@ from pathlib import Path
 
 from trainwise.config import DataOrigin, StudyConfig, TrialSettings, TrialSpec, check_monitor, maximize, monitored
 from trainwise.errors import ConfigError, RunFailed, check_number
+from trainwise.files import write_atomic
 from trainwise.launcher import _kill_group, events
 from trainwise.lifeline import bound_to_me
 
@@ -529,5 +530,5 @@ def _search(
         }
     if (command := best_train_command(spec, result, cfg, origin, out)) is not None:
         report["train_command"], report["train_command_note"] = command
-    (out / "tune_result.json").write_text(json.dumps(report, indent=1))
+    write_atomic(out / "tune_result.json", json.dumps(report, indent=1))
     return result, report

@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from trainwise.files import write_atomic
+
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
 
 
@@ -89,9 +91,7 @@ def main(argv: list[str]) -> int:
         result = TrialResult(
             strategy=spec.row, status=status, repeat=spec.repeat, message=message[:500], plan=spec.plan.to_dict()
         )
-    tmp = result_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result.to_dict()))
-    tmp.replace(result_path)
+    write_atomic(result_path, json.dumps(result.to_dict()))  # a full disk: the launcher sees no result
     # under torchrun a failed rank exits non-zero, so torchrun stops the ranks waiting on it in a collective
     return 1 if world > 1 and result.status != "ok" else 0
 

@@ -20,7 +20,7 @@ from trainwise import quality
 from trainwise import strategies as catalogue
 from trainwise.cli import options as o
 from trainwise.cli.options import default, int_list, price, study_config
-from trainwise.errors import ConfigError, RunFailed
+from trainwise.errors import ConfigError
 
 app = typer.Typer(
     add_completion=False,
@@ -277,6 +277,7 @@ def train(
     max_steps: Annotated[int | None, Opt(help="Stop after this many optimizer steps.")] = None,
     eval_every: Annotated[int, Opt(help="Evaluate every K optimizer steps (and at the end).")] = 50,
     save_every: Annotated[int, Opt(help="Checkpoint every K optimizer steps (and at the end).")] = 50,
+    keep_checkpoints: Annotated[int, Opt(help="Checkpoints kept (the last N), besides best/ and final/.")] = 2,
     patience: Annotated[int | None, Opt(help="Early stopping: evaluations without improvement.")] = None,
     min_delta: Annotated[float, Opt(help="Early stopping: the smallest change that counts.")] = 0.0,
     monitor: Annotated[str, Opt(help="metric (accuracy / ROUGE-L, maximised), eval_loss or train_loss.")] = "metric",
@@ -299,7 +300,7 @@ def train(
     from trainwise.study import prepare_study, study_spec
     from trainwise.tracking import parse_report_to
 
-    tc = TrainConfig(epochs, max_steps, eval_every, save_every, patience, min_delta, monitor)
+    tc = TrainConfig(epochs, max_steps, eval_every, save_every, patience, min_delta, monitor, keep_checkpoints)
     backends, cost = parse_report_to(report_to), price(ctx.params, 0.0)
     if strategies is not None and "," in strategies:
         raise ConfigError(f"--strategies {strategies!r}: train runs one plan (a '+' combination)")
@@ -414,30 +415,25 @@ def _interrupted() -> int:
     return 130
 
 
-def _one_line(msg: str) -> str:
-    return " ".join(msg.split())
-
-
 def main(argv: list[str] | None = None) -> int:
+    from trainwise.files import exit_line
     from trainwise.lifeline import signals_interrupt
 
     signals_interrupt()  # SIGTERM / SIGHUP: clean up (kill the running trial) like Ctrl-C
     command = typer.main.get_command(app)
     try:
         code = command.main(args=argv, prog_name="trainwise", standalone_mode=False)
-    except (ConfigError, RunFailed) as e:  # bad input: 2; a run whose every trial failed: 1
-        print(f"trainwise: error: {_one_line(str(e))}", file=sys.stderr)
-        return 2 if isinstance(e, ConfigError) else 1
     except NoArgsIsHelpError as e:
         print(e.format_message(), file=sys.stderr)  # the help text, several lines on purpose
-        return 2
-    except ClickException as e:
-        print(f"trainwise: error: {_one_line(e.format_message())}", file=sys.stderr)
         return 2
     except (typer.Abort, KeyboardInterrupt):
         return _interrupted()
     except typer.Exit as e:
         return int(e.exit_code)
+    except Exception as e:  # bad input: 2; a run whose every trial failed: 1; a write the machine refused: 3
+        line, code = exit_line(e) if not isinstance(e, ClickException) else (e.format_message(), 2)
+        print(f"trainwise: error: {' '.join(line.split())}", file=sys.stderr)
+        return code
     if code == 130:  # typer turns Ctrl-C (and lifeline's SIGTERM / SIGHUP) into a silent exit code 130
         return _interrupted()
     return code if isinstance(code, int) else 0

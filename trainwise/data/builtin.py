@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from trainwise.files import write_atomic
+
 BUILTIN_DATASETS = {
     "stdlib-summarize": "seq2seq",
     "stdlib-topic": "classification",
@@ -115,9 +117,7 @@ def load_builtin(name: str) -> tuple[list[dict[str, str]], list[dict[str, str]]]
                 seen.add(r["text"])
                 unique.append(r)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in unique), encoding="utf-8")
-        tmp.replace(path)
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in unique))
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
     train = [r for r in rows if not _is_eval(r["text"])]
     evals = [r for r in rows if _is_eval(r["text"])]

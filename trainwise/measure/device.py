@@ -18,6 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from trainwise.errors import OutputFailed
+from trainwise.files import write_atomic
+
 # the CPU flags that decide a 16-bit precision's verdict (the rest of /proc/cpuinfo's list is not kept)
 PRECISION_FLAGS = ("avx512_bf16", "amx_bf16", "amx_fp16", "avx512_fp16", "avx512f", "avx2", "amx_tile")
 
@@ -189,9 +192,7 @@ def cached(kind: str, device: str, what: str, measure: Callable[[], dict]) -> di
     load = contention.between(before, contention.sample())
     result = {**result, "device": device, "what": what, **load}
     if not load["contended"]:
-        with contextlib.suppress(OSError):  # a cache that cannot be written is measured again next time
+        with contextlib.suppress(OSError, OutputFailed):  # a cache that cannot be written: measured next time
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(result))
-            tmp.replace(path)
+            write_atomic(path, json.dumps(result))
     return {**result, "cached": False}

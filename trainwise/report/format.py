@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from trainwise.files import human_bytes
+
 HEADERS = [
     "strategy",
     "status",
@@ -46,16 +48,6 @@ def add_cost(table: list[dict], price) -> None:
         device = (e.get("env") or {}).get("device_name")
         if device and (mismatch := price.mismatch(str(device))):
             e["cost_note"] += f"; note: {mismatch}"
-
-
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}" if abs(n) < 10 else f"{n:.0f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def _seconds(x: float | None) -> str:

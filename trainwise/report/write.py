@@ -7,6 +7,7 @@ import io
 import json
 from pathlib import Path
 
+from trainwise.files import writing
 from trainwise.report.format import cells, footnotes, has_rss, headers, notes, quality
 
 PROGRESS = "progress.json"  # how many of the study's trials the reports hold
@@ -45,31 +46,54 @@ CSV_FIELDS = [
 ]
 
 
-def _atomic(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-
-
 def write_reports(
-    out: Path, table: list[dict], title: str, done: int | None = None, total: int | None = None
+    out: Path,
+    table: list[dict],
+    title: str,
+    done: int | None = None,
+    total: int | None = None,
+    study: dict | None = None,
 ) -> list[Path]:
-    """Every file replaced whole (written aside, then renamed): a reader, or a kill, never sees half of one.
-    `progress.json` says how many of the study's trials are in them (a killed study's reports are partial)."""
+    """Every file replaced whole: all of them are written aside first and renamed into place only when
+    each was written, so a reader, a kill or a full disk never leaves half of one, nor a set of reports
+    that disagree. `study` (the run's settings: `study_settings`) opens report.md, sits beside the rows
+    in results.json and captions the chart. `progress.json` says how many of the study's trials are in
+    them (a killed study's reports are partial)."""
     paths = [out / "results.json", out / "results.csv", out / "report.md", out / "chart.png"]
-    _atomic(paths[0], json.dumps(table, indent=1, default=str))
     rows = io.StringIO()
     writer = csv.DictWriter(rows, fieldnames=CSV_FIELDS, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(table)
-    _atomic(paths[1], rows.getvalue())
-    _atomic(paths[2], markdown(table, title))
-    tmp = paths[3].with_name(".chart.tmp.png")
-    chart(table, tmp, title)
-    tmp.replace(paths[3])
+    texts = {
+        paths[0]: json.dumps({"study": study or {}, "rows": table}, indent=1, default=str),
+        paths[1]: rows.getvalue(),
+        paths[2]: markdown(table, title, study),
+    }
     if done is not None and total is not None:
-        _atomic(out / PROGRESS, json.dumps({"done": done, "total": total}))
+        texts[out / PROGRESS] = json.dumps({"done": done, "total": total})
+    tmps = {path: path.with_name(f".{path.stem}.tmp{path.suffix}") for path in [*texts, paths[3]]}
+    for path, text in texts.items():
+        with writing(path, *tmps.values()):
+            tmps[path].write_text(text, encoding="utf-8")
+    with writing(paths[3], *tmps.values()):
+        chart(table, tmps[paths[3]], title, caption(study))
+    for path, tmp in tmps.items():
+        with writing(path, *tmps.values()):
+            tmp.replace(path)
     return paths
+
+
+def read_rows(path: Path) -> list | dict:
+    """The rows of a results.json: the list of a study written before the settings were stored beside
+    them is returned as it is; anything else is returned whole for the caller to refuse."""
+    payload = json.loads(path.read_text(encoding="utf-8"))
+    return payload["rows"] if isinstance(payload, dict) and isinstance(payload.get("rows"), list) else payload
+
+
+def read_study(path: Path) -> dict:
+    """The settings stored beside a results.json's rows ({} for a study written before they were)."""
+    payload = json.loads(path.read_text(encoding="utf-8"))
+    return payload.get("study") or {} if isinstance(payload, dict) else {}
 
 
 def read_progress(study: Path) -> tuple[int, int] | None:
@@ -81,10 +105,53 @@ def read_progress(study: Path) -> tuple[int, int] | None:
         return None
 
 
-def markdown(table: list[dict], title: str) -> str:
+def settings_block(study: dict | None) -> list[str]:
+    """The run a report describes, in markdown lines: what a reader with only report.md needs to judge
+    the figures and to run the study again."""
+    if not study:
+        return []
+    lines = ["## The run", ""]
+    lines += [f"- **{name}**: {study[key]}" for key, name in SETTINGS if study.get(key) not in (None, "", [])]
+    if study.get("command"):
+        lines += ["", "Run it again (the same command resumes from the store in --out):", "", "```sh"]
+        lines += [study["command"], "```"]
+    return [*lines, "", "## Results", ""]
+
+
+# (key in results.json's `study` object, its name in report.md), in the order a reader needs them
+SETTINGS = (
+    ("model", "model"),
+    ("data", "data"),
+    ("task", "task"),
+    ("device", "device"),
+    ("environment", "environment"),
+    ("strategies", "rows"),
+    ("batch", "batch"),
+    ("lengths", "lengths"),
+    ("steps", "steps"),
+    ("lr", "learning rate"),
+    ("seed", "seed"),
+    ("repeats", "repeats"),
+    ("price", "price"),
+    ("commit", "commit"),
+)
+
+
+def caption(study: dict | None) -> str:
+    """The chart's caption: the model, data, device and steps it was measured with."""
+    if not study:
+        return ""
+    return "\n".join(
+        f"{name}: {study[key]}"
+        for key, name in (("model", "model"), ("data", "data"), ("device", "device"), ("steps", "steps"))
+        if study.get(key)
+    )
+
+
+def markdown(table: list[dict], title: str, study: dict | None = None) -> str:
     marks = footnotes(table)
     cols = headers(table)
-    lines = [f"# {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines = [f"# {title}", "", *settings_block(study), "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += [
         "| " + " | ".join(c.replace("|", "/") for c in cells(e, marks.get(e["strategy"]), has_rss(table))) + " |"
         for e in table
@@ -97,7 +164,7 @@ def markdown(table: list[dict], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def chart(table: list[dict], path: Path, title: str) -> None:
+def chart(table: list[dict], path: Path, title: str, caption: str = "") -> None:
     """Time vs memory relative to the baseline, each strategy a point labelled with its quality."""
     import matplotlib
 
@@ -118,6 +185,8 @@ def chart(table: list[dict], path: Path, title: str) -> None:
     ax.set_title(title + (f"\nnot plotted: {', '.join(failed)}" if failed else ""), fontsize=9)
     if not pts:
         ax.text(0.5, 0.5, "no rows relative to a successful baseline", ha="center", transform=ax.transAxes)
-    fig.tight_layout()
+    if caption:
+        fig.text(0.01, 0.01, caption, fontsize=6.5, color="dimgrey", va="bottom", wrap=True)
+    fig.tight_layout(rect=(0, 0.04 + 0.025 * caption.count("\n"), 1, 1) if caption else None)
     fig.savefig(path)
     plt.close(fig)
