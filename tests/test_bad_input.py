@@ -202,6 +202,7 @@ CASES: dict[str, tuple[list[str], str]] = {
     "train --epochs 0": ([*T, "--epochs", "0"], "--epochs must be > 0"),
     "train --eval-every 0": ([*T, "--eval-every", "0"], "--eval-every and --save-every must be > 0"),
     "train --patience 0": ([*T, "--patience", "0"], "--patience must be >= 1"),
+    "train --keep-checkpoints 0": ([*T, "--keep-checkpoints", "0"], "--keep-checkpoints must be >= 1"),
     "train --min-delta nan": ([*T, "--min-delta", "nan"], f"--min-delta {FINITE} >= 0"),
     "train --monitor accuracy": (
         [*T, "--monitor", "accuracy"],
