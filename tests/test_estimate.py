@@ -323,3 +323,23 @@ def test_lora_shapes_count_only_adapters_and_head_and_keep_encoder_activations()
     # trains the head; the pooler stays frozen)
     assert lora.n_trainable == 2 * 2 * 8 * 128 + (64 * 3 + 3)
     assert lora.encoder_saves, "gradients flow through the encoder to the adapters"
+
+
+def test_estimate_says_which_rows_of_the_data_it_skipped(tmp_path, cls_csv):
+    """Issue 27: estimate reads the data as compare does, and says what it left out as compare does."""
+    import csv
+
+    from trainwise.estimate import DataFacts, EstimateConfig
+    from trainwise.models import resolve_model
+
+    with open(cls_csv, encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    rows[4]["text"] = ""
+    path = tmp_path / "one-empty.csv"
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    cfg = EstimateConfig(("baseline",), train_file=str(path))
+    facts = DataFacts.read(cfg, resolve_model(None, "bert-tiny", "classification", (128, 48)))
+    assert len(facts.skipped) == 1 and "skipped 1 of" in facts.skipped[0] and "line 6" in facts.skipped[0]

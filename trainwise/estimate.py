@@ -539,18 +539,18 @@ class DataFacts:
     num_labels: int
     longest: int  # input tokens
     longest_target: int  # seq2seq target tokens
+    skipped: tuple[str, ...] = ()  # what reading the data left out, a line each (as compare prints it)
 
     @classmethod
     def read(cls, cfg: EstimateConfig, source: ModelSource) -> DataFacts:
         import tempfile
 
-        from trainwise.data.sources import read_task_rows, tokenizer_corpus
+        from trainwise.data.sources import read_task_data, tokenizer_corpus
         from trainwise.data.tasks import encode
         from trainwise.models import load_tokenizer, train_tokenizer
 
-        train, _, labels = read_task_rows(
-            cfg.task, cfg.dataset, cfg.train_file, None, cfg.text_column, cfg.target_column
-        )
+        data = read_task_data(cfg.task, cfg.dataset, cfg.train_file, None, cfg.text_column, cfg.target_column)
+        train, labels = data.train, data.labels
         with tempfile.TemporaryDirectory(prefix="trainwise-estimate-") as tmp:
             if source.kind == "preset":  # compare trains the preset's tokenizer on the data: so does this
                 train_tokenizer(tokenizer_corpus(train), source.ref, Path(tmp))
@@ -560,7 +560,7 @@ class DataFacts:
             )
         targets = [len(t) for t in enc.labels if isinstance(t, list)] or [0]  # seq2seq: target token ids
         where = cfg.train_file or cfg.dataset or ""
-        return cls(where, len(train), len(labels) or 2, max(enc.lengths()), max(targets))
+        return cls(where, len(train), len(labels) or 2, max(enc.lengths()), max(targets), tuple(data.notes()))
 
     def lengths(self, plan: TrialPlan, cfg: EstimateConfig) -> tuple[int, int]:
         """The widest batch a plan pads to: --max-length, or the longest example under dynamic padding."""
@@ -862,6 +862,7 @@ def run_estimate(
             + f"; longest input {facts.longest} tokens{target_part} after truncation: rows with dynamic padding "
             "are estimated for a batch that holds it, the others for padding to --max-length."
         )
+        notes += [f"data: {line}" for line in facts.skipped]
     for text, e in estimates:
         notes += [f"{text}: {n}" for n in e.notes]
     if any(e.cpu_offload_bytes for _, e in estimates):

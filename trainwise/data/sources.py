@@ -315,12 +315,6 @@ def read_task_data(
     return TaskData(train, scored, labels, source, reads, len(evals) - len(scored))
 
 
-def read_task_rows(*args, **kwargs) -> tuple[Rows, Rows, list[str]]:
-    """`read_task_data`'s (train, eval, classes), for callers that need no more."""
-    data = read_task_data(*args, **kwargs)
-    return data.train, data.evals, data.labels
-
-
 def tokenizer_corpus(train: Rows) -> list[str]:
     """What a size preset's tokenizer is trained on: the training rows' texts and targets."""
     return [t for r in train for t in (r["text"], r["target"])]
