@@ -90,6 +90,10 @@ def test_unusable_rows_are_counted_by_reason_with_their_first_line(tmp_path):
     write_csv(csv_path, [{"text": r["text"], "target": "" if i == 15 else r["target"]} for i, r in enumerate(rows)])
     *_, (read,) = load_rows(None, str(csv_path), None, None, None)
     assert read.reasons == {"empty 'target'": Skip(1, 18)}, "header line 1, row 0 line 2, a two-line row at 4-5"
+    with open(csv_path, "a", encoding="utf-8") as f:
+        f.write("an unquoted, comma,other\n")  # its target would be ' comma': skipped, not shifted
+    *_, (read,) = load_rows(None, str(csv_path), None, None, None)
+    assert read.reasons["more fields than the header"] == Skip(1, 103)
     json_path = tmp_path / "h.json"
     json_path.write_text(json.dumps([*rows[:40], {"text": "z"}]))
     *_, (read,) = load_rows(None, str(json_path), None, None, None)

@@ -190,10 +190,16 @@ def test_reports_that_cannot_be_written_leave_the_previous_set_whole(tmp_path, m
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before, "no half set, no temporary file"
 
 
+OURS = "trainwise.errors.OutputFailed: permission denied writing /o/trials/k/result.json; choose a writable --out"
+SHM = "RuntimeError: unable to write to file </torch_1_2>: No space left on device (28)"
+
+
 @pytest.mark.parametrize(
     "status, message, free, refused",
     [
-        ("error", "OSError: [Errno 28] No space left on device", 10**9, True),
+        ("error", "OSError: [Errno 28] No space left on device", 1000, True),
+        ("error", SHM, 10**9, False),  # a full /dev/shm (a DataLoader worker's) is the trial's failure: a row
+        ("crashed", f"trial process exited with code 1 and no result: {OURS}", 10**9, True),
         ("crashed", "trial process exited with code 1 and no result: ", 1000, True),
         ("crashed", "trial process exited with code 1 and no result: ", 10**9, False),
         ("error", "RuntimeError: injected fault at step 1", 1000, False),
@@ -203,12 +209,43 @@ def test_reports_that_cannot_be_written_leave_the_previous_set_whole(tmp_path, m
 def test_a_trial_the_disk_refused_stops_the_study_instead_of_becoming_a_row(
     tmp_path, monkeypatch, status, message, free, refused
 ):
-    from trainwise import study
+    from trainwise import files, study
 
-    monkeypatch.setattr(study, "free_space", lambda _p: free)
+    monkeypatch.setattr(files, "free_space", lambda _p: free)
     result = TrialResult("baseline", status, 0, message, {})
     if refused:
-        with pytest.raises(OutputFailed, match="the stored trials are kept"):
+        with pytest.raises(OutputFailed, match=f" writing {tmp_path}"):
             study.refused(result, tmp_path)
     else:
         study.refused(result, tmp_path)
+
+
+def test_an_output_directory_removed_while_the_study_runs_stops_it_in_one_line(tmp_path, cls_csv):
+    """A trial would recreate --out empty and the store would commit into the removed file: the study
+    stops at the next trial instead, with exit 3's line."""
+    import shutil
+
+    from trainwise.study import run_study
+
+    from .conftest import tiny_study
+
+    study = tiny_study(tmp_path / "out", cls_csv, "classification", ["baseline", "bf16"], eval_samples=0)
+    ran = []
+
+    def launch(spec, trial_dir, timeout, on_event):
+        ran.append(spec.row)
+        shutil.rmtree(study.out)  # the user removes --out while the first trial runs
+        return TrialResult(spec.row, "ok", spec.repeat, "", spec.plan.to_dict())
+
+    with pytest.raises(OutputFailed, match="the directory was removed writing .*out; run the same command again"):
+        run_study(study, launch, lambda *_: None, lambda *_: None)
+    assert ran == ["baseline"] and not study.out.exists(), "nothing recreated, no further trial"
+
+
+def test_reading_an_unreadable_input_is_not_the_machine_refusing_a_write():
+    """EACCES or a missing file met outside a write is the user's input (no exit 3 'writing' line)."""
+    with pytest.raises(PermissionError):
+        exit_line(PermissionError(errno.EACCES, "Permission denied", "/data/space.yaml"))
+    with pytest.raises(FileNotFoundError):
+        exit_line(FileNotFoundError(errno.ENOENT, "No such file or directory", "/gone/dir/f.png"))
+    assert exit_line(OSError(errno.EROFS, "Read-only file system", "/ro/x"))[0].startswith("read-only file system")

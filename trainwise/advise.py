@@ -16,6 +16,7 @@ from pathlib import Path
 
 from trainwise.errors import ConfigError, check_number, read_json
 from trainwise.report.format import human_bytes
+from trainwise.report.write import rows_of
 
 OBJECTIVES = ("time", "cost", "quality")
 _UNITS = {
@@ -349,9 +350,7 @@ def read_results(study: Path) -> list[dict]:
         raise ConfigError(f"{study}: not a study directory (a file); give the --out of `trainwise compare`")
     if not path.is_file():
         raise ConfigError(f"{study}: no results.json; run `trainwise compare --out {study}` first, or add --run")
-    rows = read_json(path, "a trainwise results file")
-    if isinstance(rows, dict) and isinstance(rows.get("rows"), list):  # the rows beside the study's settings
-        rows = rows["rows"]
+    rows = rows_of(read_json(path, "a trainwise results file"))
     if not isinstance(rows, list) or not all(isinstance(r, dict) and "strategy" in r for r in rows):
         raise ConfigError(f"{path}: not a trainwise results file (expected a list of rows with 'strategy')")
     return rows

@@ -14,7 +14,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Literal
 
 from trainwise import strategies
-from trainwise.data.sources import Skipped, TaskData, skip_notes
+from trainwise.data.sources import Skipped, TaskData, data_source, skip_notes
 from trainwise.errors import ConfigError, check_number
 from trainwise.plan import TrialPlan
 from trainwise.strategies import Row
@@ -25,6 +25,7 @@ TEXT_TASKS = ("classification", "seq2seq")
 IMAGE_TASK = "image-classification"
 DEFAULT_LR = {"classification": 5e-5, "seq2seq": 5e-5, IMAGE_TASK: 2e-3}  # fine-tuning vs. from scratch
 DEVICES = ("auto", "cpu", "cuda")
+DEFAULT_DATASET = {"classification": "stdlib-topic", "seq2seq": "stdlib-summarize", IMAGE_TASK: "digits"}  # built in
 Task = Literal["classification", "seq2seq"]
 
 
@@ -83,9 +84,10 @@ class StudyConfig:
         sizes = self.batch_sizes or (self.batch_size,)
         return [Cell(row, b, w, sweep) for row in self.rows for b in sizes for w in self.num_workers]
 
-    def command(self, verb: str = "compare") -> str:
+    def command(self, verb: str = "compare", extra: tuple[str, ...] = ()) -> str:
         """The command line that runs this config again: every option that differs from the CLI's default
-        (files and local model directories made absolute, so it runs from any directory)."""
+        (--out, files and local model directories made absolute, so it runs from any directory), then
+        `extra` (the options that are not the config's: price, quality phase)."""
         import shlex
         from pathlib import Path
 
@@ -105,10 +107,10 @@ class StudyConfig:
             if isinstance(value, bool):
                 words.append(flag if value else flag.replace("--", "--no-", 1))
                 continue
-            if f.name in ("train_file", "eval_file") or (f.name == "model" and Path(value).is_dir()):
+            if f.name in ("out", "train_file", "eval_file") or (f.name == "model" and Path(value).is_dir()):
                 value = str(Path(value).resolve())
             words += [flag, ",".join(map(str, value)) if isinstance(value, tuple) else str(value)]
-        return shlex.join(words)
+        return shlex.join([*words, *extra])
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -243,13 +245,18 @@ class DataOrigin:
 
     @classmethod
     def of(cls, cfg: StudyConfig, data: TaskData | None = None) -> DataOrigin:
-        """`data`: what a text task read; the image path (data None) reads its built-in digits or a directory."""
+        """`data`: what a text task read (without it, the source is named from the options alone)."""
         from pathlib import Path
 
         def absolute(path: str | None) -> str | None:
             return None if path is None else str(Path(path).resolve())
 
-        image_source = f"file:{absolute(cfg.train_file)}" if cfg.train_file else f"builtin:{cfg.dataset or 'digits'}"
+        if data is not None:
+            source = data.source
+        elif cfg.task == IMAGE_TASK:
+            source = f"file:{absolute(cfg.train_file)}" if cfg.train_file else f"builtin:{cfg.dataset or 'digits'}"
+        else:
+            source = data_source(cfg.dataset or (None if cfg.train_file else DEFAULT_DATASET[cfg.task]), cfg.train_file)
         return cls(
             cfg.dataset,
             absolute(cfg.train_file),
@@ -258,7 +265,7 @@ class DataOrigin:
             cfg.target_column,
             cfg.max_train_samples,
             cfg.eval_samples,
-            data.source if data is not None else image_source,
+            source,
             data.reads if data is not None else (),
             data.not_evaluated if data is not None else 0,
         )

@@ -34,6 +34,15 @@ class Price:
     restart_hours: float = 0.0
     hardware: str | None = None  # what the SKU is, from the price table ("8x V100 32GB"), when it says
 
+    def flags(self) -> list[str]:
+        """The options that price a command the same way (the SKU's resolved price, its tier, and the
+        re-work assumptions of a low-priority machine)."""
+        flags = ["--price-per-hour", f"{self.per_hour:g}"]
+        if self.low_priority:
+            flags += ["--low-priority", "--preemptions-per-hour", f"{self.preemptions_per_hour:g}"]
+            flags += ["--checkpoint-minutes", f"{60 * self.checkpoint_hours:g}"]
+        return flags
+
     def mismatch(self, device_name: str) -> str | None:
         """A line when the SKU's hardware is not the device the figures were measured on (a GPU SKU's
         price on a CPU run, a V100 machine's on an H100): the cost is then this machine's times at that

@@ -140,6 +140,8 @@ def train_command(s: RunSettings, out: str | None = None) -> str:
         str(s.max_steps),
         "--seed",
         str(s.seed),
+        *(["--nproc", str(s.nproc)] if s.nproc > 1 else []),
+        *(["--num-workers", str(s.num_workers)] if s.num_workers else []),
         "--out",
         out or train_out("runs/export", s.row),
     ]
@@ -256,12 +258,12 @@ def _preset_lines(s: RunSettings, auto: str, labels: dict[str, str], doc: Export
 def write_export(plan: TrialPlan, s: RunSettings, out: Path, force: bool = False) -> tuple[list[Path], list[str]]:
     """Write the files; returns them and the notes (what TrainingArguments cannot say). A directory that
     holds files trainwise did not write (say, the user's own training_args.json) is refused unless `force`."""
-    from trainwise.study import MARK, check_ours
+    from trainwise.study import check_ours, mark
 
     check_ours(out, force)
     doc = export_doc(plan, s)
     out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / MARK, "written by trainwise\n")
+    mark(out)
     files: dict[str, str] = {
         "training_args.json": json.dumps(doc.args, indent=2) + "\n",
         "train_snippet.py": snippet(doc, s),

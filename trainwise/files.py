@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,10 +56,17 @@ def refusal_in(text: str) -> str | None:
     return next((reason for needle, reason in _TEXTS if needle in low), None)
 
 
-def refusal(exc: BaseException) -> str | None:
+FULL_BYTES = 1 << 20  # less than this free: the disk is full (a process that died there left no word why)
+_SPACE = ("no space left on device", "disk quota exceeded")
+_OURS = re.compile(r"OutputFailed: (.+?) writing ")  # a child's one line, in its traceback or its message
+
+
+def refusal(exc: BaseException, while_writing: bool = True) -> str | None:
     """Why the environment refused a write, when that is what `exc` (or an exception it came from) is:
-    'no space left on device', 'disk quota exceeded', 'read-only file system', 'permission denied', or
-    'the directory was removed' (a missing parent of the file written); None for any other failure."""
+    'no space left on device', 'disk quota exceeded', 'read-only file system', and, around code known to
+    be writing, 'permission denied' or 'the directory was removed' (a missing parent of the file
+    written: the same errors from reading an input are the user's input, not the machine's refusal);
+    None for any other failure."""
     seen: set[int] = set()
     todo: list[BaseException | None] = [exc]
     while todo:
@@ -66,9 +74,13 @@ def refusal(exc: BaseException) -> str | None:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in _ERRNOS:
+        if (
+            isinstance(e, OSError)
+            and e.errno in _ERRNOS
+            and (while_writing or e.errno not in (errno.EACCES, errno.EPERM))
+        ):
             return _ERRNOS[e.errno]
-        if isinstance(e, FileNotFoundError) and e.filename and not Path(e.filename).parent.exists():
+        if while_writing and isinstance(e, FileNotFoundError) and e.filename and not Path(e.filename).parent.exists():
             return "the directory was removed"
         if found := refusal_in(str(e)):
             return found
@@ -87,11 +99,28 @@ def free_space(path: Path) -> int | None:
         return None
 
 
+def refused_by(message: str, where: Path, died: bool = False) -> str | None:
+    """Why a child process (a trial, a training rank) failed, when the machine refused its writes into
+    `where`: its own OutputFailed line, or a full-disk message while `where`'s disk is full (a full
+    /dev/shm or /tmp is the trial's failure, not --out's), or a death without a word (`died`) there."""
+    if ours := _OURS.search(message):
+        return ours.group(1)
+    room = free_space(where)
+    if room is None or room >= FULL_BYTES:
+        return None
+    return refusal_in(message) or ("no space left on device" if died else None)
+
+
 def failed(path: Path, reason: str, hint: str = "") -> OutputFailed:
-    """The one-line error for a refused write of `path`, with the space left there."""
+    """The one-line error for a refused write of `path`, with the space left there and what to do."""
     room = free_space(path)
-    where = f" ({human_bytes(room)} free)" if room is not None and reason != "the directory was removed" else ""
-    return OutputFailed(f"{reason} writing {path}{where}; {hint or 'make room and run the same command again'}")
+    where = f" ({human_bytes(room)} free)" if room is not None and reason in _SPACE else ""
+    todo = {
+        "read-only file system": "choose a writable --out",
+        "permission denied": "choose a writable --out",
+        "the directory was removed": "run the same command again (it starts afresh where --out was)",
+    }.get(reason, hint or "make room and run the same command again")
+    return OutputFailed(f"{reason} writing {path}{where}; {todo}")
 
 
 def remove(*paths: Path) -> None:
@@ -159,7 +188,7 @@ def exit_line(e: Exception) -> tuple[str, int]:
     if isinstance(e, ConfigError | RunFailed | OutputFailed):
         code = 2 if isinstance(e, ConfigError) else 1 if isinstance(e, RunFailed) else OUTPUT_EXIT
         return " ".join(str(e).split()), code
-    reason = refusal(e)
+    reason = refusal(e, while_writing=False)
     if reason is None:
         raise e
     where = next(

@@ -260,7 +260,7 @@ def find_batch(
     from trainwise.estimate import calibrate, estimate_plan, model_config, runtime_overhead, shape_of
     from trainwise.models import ModelSource
     from trainwise.report.format import human_bytes
-    from trainwise.study import prepare_study
+    from trainwise.study import prepare_study, refused
 
     rows = strategies.parse_rows(row_text, accum_steps)
     if len(rows) != 1:
@@ -309,7 +309,9 @@ def find_batch(
                 on_status(f"batch {b}: step {e['step']}/{e['total']}, {e['step_s']:.2f} s")
 
         on_status(f"batch {b}: starting")
-        r = launch(spec, prepared.out / "trials" / f"bs{b}", prepared.config.trial_timeout, on_event)
+        trial_dir = prepared.out / "trials" / f"bs{b}"
+        r = launch(spec, trial_dir, prepared.config.trial_timeout, on_event)
+        refused(r, trial_dir)  # a full disk is not "does not fit": the search stops with one line
         on_point(f"batch {b}: " + (f"{r.samples_per_s:.1f} samples/s" if r.status == "ok" else r.status))
         return r
 

@@ -25,10 +25,19 @@ from pathlib import Path
 import numpy as np
 
 from trainwise import strategies
-from trainwise.config import IMAGE_TASK, TEXT_TASKS, Cell, DataOrigin, StudyConfig, TrialSettings, TrialSpec
+from trainwise.config import (
+    DEFAULT_DATASET,
+    IMAGE_TASK,
+    TEXT_TASKS,
+    Cell,
+    DataOrigin,
+    StudyConfig,
+    TrialSettings,
+    TrialSpec,
+)
 from trainwise.data.sources import read_task_data, tokenizer_corpus
 from trainwise.errors import ConfigError, RunFailed
-from trainwise.files import failed, free_space, refusal_in, write_atomic, writing
+from trainwise.files import failed, refused_by, write_atomic, writing
 from trainwise.measure import contention
 from trainwise.measure.device import DeviceFacts, precision_ratio
 from trainwise.measure.device import facts as device_facts
@@ -88,6 +97,14 @@ def check_ours(out: Path, force: bool) -> None:
             f"--out {out} holds files trainwise did not write ({shown}); choose another --out, "
             "or pass --force to write into it"
         )
+
+
+def mark(out: Path) -> None:
+    """Mark `out` as trainwise's, in place: `hold` locks this file, and a rename would swap the inode a
+    running command holds its lock on."""
+    with writing(out / MARK), open(out / MARK, "a+") as f:
+        if f.tell() == 0:
+            f.write("written by trainwise\n")
 
 
 @contextlib.contextmanager
@@ -237,9 +254,7 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
     source = resolve_model(cfg.model, cfg.model_preset, cfg.task, (cfg.max_length, cfg.max_target_length))
     _check_plans_apply(source, cfg, unsupported)
 
-    dataset = cfg.dataset
-    if dataset is None and cfg.train_file is None:
-        dataset = "stdlib-topic" if cfg.task == "classification" else "stdlib-summarize"
+    dataset = cfg.dataset or (None if cfg.train_file else DEFAULT_DATASET[cfg.task])
     data = read_task_data(
         cfg.task, dataset, cfg.train_file, cfg.eval_file, cfg.text_column, cfg.target_column, cfg.max_train_samples
     )
@@ -256,7 +271,7 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
     data_dir = out / "data"
     with writing(data_dir):
         data_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / MARK, "written by trainwise\n")
+    mark(out)
     fingerprint = _fingerprint(train, evals)
     _write_jsonl(data_dir / "train.jsonl", train)
     _write_jsonl(data_dir / "eval.jsonl", evals)
@@ -354,10 +369,12 @@ def _prepare_images(cfg: StudyConfig, device: str, unsupported: dict[str, str], 
     if len(train) < largest:
         raise ConfigError(f"the training data has {len(train)} images, fewer than the batch size {largest}")
     data_dir = out / "data"
-    with writing(data_dir, data_dir / "images.npz"):
+    images, tmp = data_dir / "images.npz", data_dir / ".images.tmp.npz"
+    with writing(images, tmp):
         data_dir.mkdir(parents=True, exist_ok=True)
-        save_images(data_dir / "images.npz", train, evals)
-    write_atomic(out / MARK, "written by trainwise\n")
+        save_images(tmp, train, evals)
+        tmp.replace(images)
+    mark(out)
     write_atomic(data_dir / "labels.json", json.dumps(names))
     write_atomic(data_dir / "origin.json", json.dumps(dataclasses.asdict(DataOrigin.of(cfg))))
     h = hashlib.sha256()
@@ -549,8 +566,10 @@ def _run_trials(prepared: PreparedStudy, launch: Launch, on_event: Events, on_do
                 result = _recorded(spec, prepared.recorded[spec.row])
             else:
                 trial_dir = out / "trials" / f"{spec.key()}"
+                still_there(out)
                 result = _measured(spec, trial_dir, launch, cfg, _bind(on_event, spec))
                 refused(result, trial_dir)  # a full disk is not a measurement of the strategy: not stored
+                still_there(out)
             verdict = prepared.verdicts.get(spec.row)
             result.support_note = prepared.row_notes.get(spec.row) or (
                 verdict.line() if verdict and verdict.status != "native" else ""
@@ -566,20 +585,21 @@ def _run_trials(prepared: PreparedStudy, launch: Launch, on_event: Events, on_do
     return trials
 
 
-FULL_BYTES = 1 << 20  # a trial that died without a result where less than this is free: the disk was full
+def still_there(out: Path) -> None:
+    """OutputFailed when --out was removed while the command ran: a trial would recreate it empty, and
+    the store, open on the removed file, would keep nothing."""
+    if not (out / MARK).is_file():
+        raise failed(out, "the directory was removed")
 
 
 def refused(result: TrialResult, trial_dir: Path) -> None:
-    """OutputFailed when a trial failed because the machine refused its writes (its error says so, or it
-    died without a result on a disk with under 1 MiB free): the command stops with one line and exit 3,
-    the trial is not stored, and the same command runs it once there is room."""
+    """OutputFailed when a trial failed because the machine refused its writes into `trial_dir` (files.
+    refused_by): the command stops with one line and exit 3, the trial is not stored, and the same
+    command runs it once there is room. A trial whose own scratch space filled (/dev/shm, /tmp) stays a row."""
     if result.status not in ("error", "crashed"):
         return
-    reason = refusal_in(result.message)
-    room = free_space(trial_dir)
-    if reason is None and result.status == "crashed" and "no result" in result.message and room is not None:
-        reason = "no space left on device" if room < FULL_BYTES else None
-    if reason is not None:
+    died = result.status == "crashed" and "no result" in result.message
+    if reason := refused_by(result.message, trial_dir, died):
         raise failed(trial_dir, reason, "make room and run the same command again: the stored trials are kept")
 
 
@@ -779,7 +799,7 @@ class Report:
     paths: list[Path]
 
 
-def report(prepared: PreparedStudy, trials: Trials, price=None) -> Report:
+def report(prepared: PreparedStudy, trials: Trials, price=None, quality: tuple[int, int] | None = None) -> Report:
     """The study's table (priced when asked), written as results.json/.csv, report.md and chart.png."""
     from trainwise.report.format import add_cost
     from trainwise.report.write import write_reports
@@ -790,11 +810,11 @@ def report(prepared: PreparedStudy, trials: Trials, price=None) -> Report:
         add_cost(table, price)
     title = f"trainwise compare: {s.model_label} / {s.task} / {s.device}"
     done = len({spec.key() for spec, _ in trials})
-    study = study_settings(prepared, table, price)
+    study = study_settings(prepared, table, price, quality)
     return Report(title, table, write_reports(prepared.out, table, title, done, len(prepared.specs), study))
 
 
-def study_settings(prepared: PreparedStudy, table: list[dict], price=None) -> dict[str, object]:
+def study_settings(prepared: PreparedStudy, table: list[dict], price=None, quality=None) -> dict[str, object]:
     """What a study ran with, in words a reader of its report alone needs (results.json's `study`,
     report.md's opening block, the chart's caption): model and its source, data and its source with
     its row counts, device and environment, batch, lengths, steps, lr, seed, repeats, and the command
@@ -820,7 +840,7 @@ def study_settings(prepared: PreparedStudy, table: list[dict], price=None) -> di
     workers = f"; DataLoader workers {','.join(map(str, cfg.num_workers))}" if cfg.num_workers != (0,) else ""
     lengths = f"max {s.max_length} input tokens" + (f", {s.max_target_length} target" if s.task == "seq2seq" else "")
     return {
-        "command": cfg.command(),
+        "command": cfg.command(extra=tuple(_extra_flags(price, quality))),
         "model": f"{s.model_label} ({_model_source(s.model_kind, s.model_ref)})",
         "data": f"{data}: {counts}" + (f"; {skipped}" if skipped else ""),
         "task": s.task,
@@ -847,6 +867,12 @@ def _origin(out: Path) -> DataOrigin | None:
         return DataOrigin.from_dict(json.loads((out / "data" / "origin.json").read_text(encoding="utf-8")))
     except (OSError, ValueError, TypeError, AttributeError):
         return None
+
+
+def _extra_flags(price, quality: tuple[int, int] | None) -> list[str]:
+    """The options of a compare command that are not its StudyConfig: the price, the quality phase."""
+    flags = price.flags() if price is not None else []
+    return flags + (["--quality-steps", str(quality[0]), "--seeds", str(quality[1])] if quality else [])
 
 
 def _model_source(kind: str, ref: str) -> str:

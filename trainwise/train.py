@@ -36,7 +36,7 @@ from trainwise.config import StudyConfig, TrainConfig, TrialSpec, maximize, moni
 from trainwise.data.prepared import TrialData, load_data
 from trainwise.distributed import Ranks
 from trainwise.errors import ConfigError, RunFailed
-from trainwise.files import failed, free_space, human_bytes, refusal_in, tree_bytes, write_atomic, writing
+from trainwise.files import failed, free_space, human_bytes, refused_by, tree_bytes, write_atomic, writing
 
 LATEST = "latest"
 
@@ -193,7 +193,9 @@ def save_checkpoint(root: Path, model, optimizer, scheduler, state: TrainState, 
     final = root / f"ckpt-{state.step:08d}"
     tmp = root / (f".tmp-{final.name}-{os.getpid()}" if ranks.world == 1 else f".tmp-{final.name}-ranks")
     if ranks.main:
-        root.mkdir(parents=True, exist_ok=True)
+        if not root.parent.is_dir():  # --out removed while training: not recreated empty
+            raise failed(root.parent, "the directory was removed")
+        root.mkdir(exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     _barrier()
@@ -393,7 +395,7 @@ def run_train(
             saved_at = save_checkpoint(root, raw, parts.optimizer, parts.scheduler, state, engine)
             emit({"event": "checkpoint", "step": state.step, "path": str(saved_at)})
             if ranks.main:
-                _prune(root, tc.keep, protect=set())
+                _prune(root, tc.keep, protect={saved_at.name})
         return stopped
 
     loop.run(parts, stream, planned, on_step)
@@ -570,7 +572,7 @@ def train_ranks(
     result = out / "train_result.json"
     if code != 0 or not result.is_file():
         why = rank_failure(log)[:300]
-        if reason := refusal_in(why):
+        if reason := refused_by(rank_failure(log), out, died=True):
             raise failed(out, reason, RESUME_HINT)
         raise RunFailed(f"the {nproc} training ranks exited with code {code}: {why} (log: {log})")
     saved = json.loads(result.read_text())

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from trainwise.config import DataOrigin, StudyConfig, TrialSettings, TrialSpec, check_monitor, maximize, monitored
 from trainwise.errors import ConfigError, RunFailed, check_number
-from trainwise.files import write_atomic
+from trainwise.files import failed, refused_by, write_atomic
 from trainwise.launcher import _kill_group, events
 from trainwise.lifeline import bound_to_me
 
@@ -234,7 +234,8 @@ def run_tune(
         # not running anywhere; it failed, and says why
         study._storage.set_trial_user_attr(killed._trial_id, "error", "interrupted: its tune run was killed")
         study.tell(killed.number, state=optuna.trial.TrialState.FAIL)
-    done = lambda: [t for t in study.trials if t.state.is_finished()]  # noqa: E731
+    # a trial the disk refused is no measurement: it does not count towards --trials
+    done = lambda: [t for t in study.trials if t.state.is_finished() and "refused" not in t.user_attrs]  # noqa: E731
     while len(done()) < n_trials:
         trial = study.ask()
         values = sample(trial, space)
@@ -250,7 +251,12 @@ def run_tune(
         else:
             why = f"no result within --trial-timeout {trial_timeout:g}s; killed" if state == "timeout" else None
             trial.set_user_attr("error", why or _last_line(trial_dir / "stderr.log"))
+            refused = None if why else refused_by(_last_line(trial_dir / "stderr.log"), trial_dir, died=True)
+            if refused:
+                trial.set_user_attr("refused", refused)
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            if refused:
+                raise failed(trial_dir, refused, "make room and run the same command again: finished trials are kept")
         on_trial({"number": trial.number, "state": state, "value": value, "params": values, "steps": steps})
     return _summarise(study)
 
@@ -288,7 +294,7 @@ def _run_one(
     """One training run in its own process; its evaluations are reported to Optuna as they come. A run
     that outlives `timeout_s` is killed (with whatever it started) and ends 'timeout'."""
     trial_dir.mkdir(parents=True, exist_ok=True)
-    (trial_dir / "spec.json").write_text(json.dumps({"spec": spec.to_dict(), "train": train_args}))
+    write_atomic(trial_dir / "spec.json", json.dumps({"spec": spec.to_dict(), "train": train_args}))
     log = open(trial_dir / "stderr.log", "w")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(
         [sys.executable, "-m", "trainwise.tune", str(trial_dir / "spec.json"), str(trial_dir)],
@@ -478,21 +484,27 @@ def best_train_command(
     )  # fmt: skip
     defaults = {f.name: f.default for f in dataclasses.fields(TrialSettings)}
     untold = {k: v for k, v in result.best_params.items() if k not in ("lr", "batch_size")}
-    note = None
+    notes = []
     if untold:
-        values = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in untold.items())
         trained = ", ".join(f"{k}={defaults[k]}" for k in untold)
-        note = f"train has no option for {values}: this command trains {trained} (the defaults)"
-    return train_command(run, train_out(out, f"{out.name}-best")), note
+        notes.append(f"train has no option for {shown(untold)}: this command trains {trained} (the defaults)")
+    if cfg.search == "pbt":
+        notes.append(
+            "PBT's best values are the last of a schedule its member followed on weights it inherited; "
+            "trained from scratch with them, a run is not the one measured"
+        )
+    return train_command(run, train_out(out, f"{out.name}-best")), "; ".join(notes) or None
+
+
+def shown(values: dict) -> str:
+    """Tuned values, as the progress lines and notes show them."""
+    return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
 
 
 def _search(
     cfg: TuneConfig, spec: TrialSpec, out: Path, price, on_line: Callable[[str], None], origin: DataOrigin | None = None
 ) -> tuple[TuneResult, dict]:
     train_args = dataclasses.asdict(cfg.train_config())
-
-    def shown(values: dict) -> str:
-        return ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
 
     if cfg.search == "pbt":
         from trainwise.pbt import run_pbt

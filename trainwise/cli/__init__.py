@@ -91,8 +91,8 @@ def run_compare(cfg, cost=None, console=None, steps_seeds: tuple[int, int] | Non
         prepared = prepare_study(cfg)
     with terminal.study_progress(prepared) as (on_event, on_done):
         # the reports are rewritten as each trial is stored: a killed study's finished trials are readable
-        trials = run_study(prepared, launch, on_event, on_done, lambda so_far: report(prepared, so_far, cost))
-    done = report(prepared, trials, cost)
+        trials = run_study(prepared, launch, on_event, on_done, lambda done: report(prepared, done, cost, steps_seeds))
+    done = report(prepared, trials, cost, steps_seeds)
     terminal.compare_table(done, console)
     check_some_ok(done.table)  # exit 1 when the study ran and no trial produced a result
     if steps_seeds is not None:

@@ -130,7 +130,10 @@ def _csv(text: str) -> tuple[list[dict], list[int]]:
     start = reader.line_num + 1
     for row in reader:
         if row:
-            records.append({name: row[i] if i < len(row) else None for i, name in enumerate(header or [])})
+            record: dict = {name: row[i] if i < len(row) else None for i, name in enumerate(header or [])}
+            if len(row) > len(header or []):
+                record[_EXTRA] = True  # an unquoted comma, usually: the fields after it are shifted
+            records.append(record)
             lines.append(start)
         start = reader.line_num + 1
     return records, lines
@@ -155,8 +158,14 @@ def _jsonl(path: Path, text: str) -> tuple[list[dict], list[int]]:
     return records, lines
 
 
+_EXTRA = "\0more fields"  # a CSV record with more fields than its header
+
+
 def _unusable(record: dict, text_col: str, target_col: str) -> str | None:
-    """Why a record cannot be a row (None when it can): a missing key, or an empty or blank value."""
+    """Why a record cannot be a row (None when it can): more CSV fields than the header (its columns
+    would be shifted), a missing key, or an empty or blank value."""
+    if record.get(_EXTRA):
+        return "more fields than the header"
     for col in (text_col, target_col):
         if col not in record:
             return f"no {col!r} key"

@@ -6,6 +6,7 @@ import csv
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 from trainwise.files import writing
 from trainwise.report.format import cells, footnotes, has_rss, headers, notes, quality
@@ -55,10 +56,11 @@ def write_reports(
     study: dict | None = None,
 ) -> list[Path]:
     """Every file replaced whole: all of them are written aside first and renamed into place only when
-    each was written, so a reader, a kill or a full disk never leaves half of one, nor a set of reports
-    that disagree. `study` (the run's settings: `study_settings`) opens report.md, sits beside the rows
-    in results.json and captions the chart. `progress.json` says how many of the study's trials are in
-    them (a killed study's reports are partial)."""
+    each was written, so a reader, a kill or a full disk never leaves half of one (a set of reports that
+    disagree only if a rename itself fails, which needs no space). `study` (the run's settings:
+    `study_settings`) opens report.md, sits beside the rows in results.json and captions the chart.
+    `progress.json` says how many of the study's trials are in them (a killed study's reports are
+    partial)."""
     paths = [out / "results.json", out / "results.csv", out / "report.md", out / "chart.png"]
     rows = io.StringIO()
     writer = csv.DictWriter(rows, fieldnames=CSV_FIELDS, extrasaction="ignore")
@@ -83,17 +85,17 @@ def write_reports(
     return paths
 
 
-def read_rows(path: Path) -> list | dict:
-    """The rows of a results.json: the list of a study written before the settings were stored beside
-    them is returned as it is; anything else is returned whole for the caller to refuse."""
-    payload = json.loads(path.read_text(encoding="utf-8"))
-    return payload["rows"] if isinstance(payload, dict) and isinstance(payload.get("rows"), list) else payload
+def read_rows(path: Path) -> Any:
+    """The rows of a results.json (`rows_of` its content)."""
+    return rows_of(json.loads(path.read_text(encoding="utf-8")))
 
 
-def read_study(path: Path) -> dict:
-    """The settings stored beside a results.json's rows ({} for a study written before they were)."""
-    payload = json.loads(path.read_text(encoding="utf-8"))
-    return payload.get("study") or {} if isinstance(payload, dict) else {}
+def rows_of(payload: Any) -> Any:
+    """A results.json's rows: its `rows` beside the `study` settings, or the bare list a study wrote
+    before the settings were stored; anything else is returned whole for the caller to refuse."""
+    if isinstance(payload, dict) and isinstance(payload.get("rows"), list):
+        return payload["rows"]
+    return payload
 
 
 def read_progress(study: Path) -> tuple[int, int] | None:
