@@ -132,6 +132,12 @@ $PY benchmarks/overhead.py --rounds 5 | tee runs/bench-overhead.txt
 $PY benchmarks/overhead.py --rounds 3 --fresh | tee -a runs/bench-overhead.txt
 $PY benchmarks/contention.py --start 12 --seconds 40 --busy 2 --out runs/bench-contention | tee runs/bench-contention.txt
 
+# 27. what a new user tripped on (issue 27): a filling tmpfs under compare and train (root), the disk a
+#     short t5-small train keeps, and the demo's report.md rerun from its own command
+[ "$(id -u)" = 0 ] && bash benchmarks/full_disk.sh | tee runs/bench-full-disk.txt
+$TW train --task seq2seq --max-steps 8 --out runs/bench-t5-disk | tee runs/bench-t5-disk.txt
+eval ".venv/bin/$(sed -n '/^```sh$/{n;p}' runs/demo/report.md)" 2>&1 | grep -c '(stored)'
+
 # 17. GPU: not run here (it needs an NVIDIA GPU): seed 001's table and the HF docs' single-GPU study with
 #     --device cuda, each study under runs/gpu; `bash benchmarks/gpu.sh --device cpu` is its CPU dry run
 #    bash benchmarks/gpu.sh
