@@ -464,18 +464,23 @@ def advise_study(studies: Path | list[Path], constraints: Constraints) -> Advice
     return result
 
 
-def quality_basis(study: Path) -> dict:
-    """What a study's short-trial quality rests on: its trials' steps and how many held-out rows scored
-    them ({} when the study's store cannot say)."""
+def _stored_spec(study: Path):
+    """A trial spec from the study's store (None when it has no store or no trial)."""
     from trainwise.study import Store
 
     if not (study / "study.sqlite").is_file():
-        return {}
+        return None
     store = Store(study / "study.sqlite", "STUDY", write=False)
     try:
-        spec = store.spec()
+        return store.spec()
     finally:
         store.close()
+
+
+def quality_basis(study: Path) -> dict:
+    """What a study's short-trial quality rests on: its trials' steps and how many held-out rows scored
+    them ({} when the study's store cannot say)."""
+    spec = _stored_spec(study)
     if spec is None:
         return {}
     s = spec.settings
@@ -502,15 +507,8 @@ def batch_hints(study: Path, rows: list[dict], budget: int) -> dict[str, str]:
     from trainwise.estimate import calibrate, estimate_plan, largest_batch, model_config, runtime_overhead, shape_of
     from trainwise.models import ModelSource
     from trainwise.plan import TrialPlan
-    from trainwise.study import Store
 
-    if not (study / "study.sqlite").is_file():
-        return {}
-    store = Store(study / "study.sqlite", "STUDY", write=False)
-    try:
-        spec = store.spec()
-    finally:
-        store.close()
+    spec = _stored_spec(study)
     if spec is None:
         return {}
     s = spec.settings
