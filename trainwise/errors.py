@@ -51,3 +51,15 @@ def read_json(path, what: str, missing: str | None = None, option: str | None = 
         raise ConfigError(f"{name}: not {what} (not JSON: {e.msg} at line {e.lineno} column {e.colno})") from None
     except RecursionError:
         raise ConfigError(f"{name}: not {what} (JSON nested too deeply)") from None
+
+
+def check_names(verb: str, given, known) -> None:
+    """Keyword arguments of a Python call must be its CLI options' names: an unknown one is one
+    ConfigError naming the closest valid name."""
+    import difflib
+
+    for name in given:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; valid: {', '.join(sorted(known))}"
+            raise ConfigError(f"{verb}: unknown option {name!r}{hint}")

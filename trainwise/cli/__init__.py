@@ -16,10 +16,9 @@ import typer
 # typer (pinned in requirements.lock) vendors click; its usage errors are these classes.
 from typer._click.exceptions import ClickException, NoArgsIsHelpError
 
-from trainwise import quality
 from trainwise import strategies as catalogue
 from trainwise.cli import options as o
-from trainwise.cli.options import default, int_list, price, study_config
+from trainwise.cli.options import default, price, study_config
 from trainwise.errors import ConfigError
 
 app = typer.Typer(
@@ -75,28 +74,20 @@ def compare(
     seeds: Annotated[int, Opt(help="Quality phase: seeds per row (the spread of the verdicts).")] = 2,
 ) -> None:
     """Run one trial per strategy row on the same model and data; print the comparison table."""
-    quality.check(quality_steps, seeds)
-    sweeps = {"batch_sizes": int_list(batch_sizes, "--batch-sizes") if batch_sizes else ()}
-    cfg = study_config(ctx.params, **sweeps, num_workers=int_list(num_workers, "--num-workers"))
-    run_compare(cfg, price(ctx.params), steps_seeds=(quality_steps, seeds) if quality_steps else None)
+    from trainwise.api.compare import CompareOptions
+
+    run_compare(*CompareOptions.of(ctx.params).resolve())
 
 
-def run_compare(cfg, cost=None, console=None, steps_seeds: tuple[int, int] | None = None) -> None:
-    """Prepare, run (or resume) and report a study, then its quality phase (`quality`: steps, seeds)."""
-    from trainwise.launcher import launch
+def run_compare(cfg, cost=None, steps_seeds: tuple[int, int] | None = None, console=None) -> None:
+    """The library's compare, shown on the terminal: progress, the table, the quality phase's verdicts."""
+    from functools import partial
+
+    from trainwise.api.compare import Render, run
     from trainwise.report import terminal
-    from trainwise.study import check_some_ok, prepare_study, report, run_study
 
-    with terminal.err.status(f"trainwise compare: validating input, preparing data and model ({cfg.task})..."):
-        prepared = prepare_study(cfg)
-    with terminal.study_progress(prepared) as (on_event, on_done):
-        # the reports are rewritten as each trial is stored: a killed study's finished trials are readable
-        trials = run_study(prepared, launch, on_event, on_done, lambda done: report(prepared, done, cost, steps_seeds))
-    done = report(prepared, trials, cost, steps_seeds)
-    terminal.compare_table(done, console)
-    check_some_ok(done.table)  # exit 1 when the study ran and no trial produced a result
-    if steps_seeds is not None:
-        quality.run_quality(cfg, done.table, *steps_seeds, launch, terminal.study_progress, terminal.quality_table)
+    render = Render(terminal.study_progress, partial(terminal.compare_table, console=console), terminal.quality_table)
+    run(cfg, cost, steps_seeds, dataclasses.replace(render, status=terminal.err.status))
 
 
 @app.command()

@@ -42,18 +42,6 @@ def price(params: dict[str, Any], checkpoint_minutes: float = 30.0):
     )
 
 
-def int_list(text: str, option: str) -> tuple[int, ...]:
-    from trainwise.errors import ConfigError
-
-    try:
-        values = tuple(dict.fromkeys(int(x) for x in text.split(",") if x.strip()))
-    except ValueError:
-        raise ConfigError(f"{option} {text!r}: give whole numbers like 8,16,32") from None
-    if not values:
-        raise ConfigError(f"{option} {text!r}: give whole numbers like 8,16,32")
-    return values
-
-
 # ---- model and data ----------------------------------------------------------------------------------------
 Model = Annotated[
     str | None,

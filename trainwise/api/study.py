@@ -1,0 +1,58 @@
+"""A study on disk, as Python: its rows, its settings, a DataFrame, advice (`trainwise.open(path)`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+# the columns a notebook shows first (the rest stay in to_pandas())
+SHOWN = ("strategy", "status", "step_time_s", "samples_per_s", "rel_time", "peak_mem_bytes", "rel_mem", "metric")
+
+
+class Study:
+    """A `trainwise compare` study (its --out): `rows` as results.json holds them (one per row and batch
+    cell, the baseline first), `settings` (what it ran with: model, data, device, steps, the command),
+    `to_pandas()`, `advise(...)`. ConfigError when `path` is not a finished study."""
+
+    def __init__(self, path: str | Path):
+        from trainwise.advise import read_results
+
+        self.path = Path(path).resolve()  # a notebook may change its directory later
+        self.rows: list[dict] = read_results(self.path)
+
+    @property
+    def settings(self) -> dict:
+        """results.json's `study` object ({} for a study written before it was stored)."""
+        import json
+
+        payload = json.loads((self.path / "results.json").read_text(encoding="utf-8"))
+        return payload.get("study") or {} if isinstance(payload, dict) else {}
+
+    def to_pandas(self) -> Any:
+        """One DataFrame row per study row and batch cell; nested fields flattened (`env.device_name`)."""
+        import pandas as pd
+
+        return pd.json_normalize(self.rows)
+
+    def advise(self, **options: Any) -> Any:
+        """`trainwise advise` on this study: objective, memory_budget ("8GiB"), max_quality_drop,
+        max_epoch_time ("30m"), max_epoch_cost, as the CLI's options. Returns the Advice."""
+        from trainwise.advise import Constraints, advise_study
+        from trainwise.errors import check_names
+
+        check_names(
+            "advise", options, ("objective", "memory_budget", "max_quality_drop", "max_epoch_time", "max_epoch_cost")
+        )
+        return advise_study([self.path], Constraints.of(options))
+
+    def _repr_html_(self) -> str:
+        frame = self.to_pandas()
+        return f"<p>trainwise study {self.path}</p>" + frame[[c for c in SHOWN if c in frame]].to_html(index=False)
+
+    def __repr__(self) -> str:
+        return f"Study({str(self.path)!r}, {len(self.rows)} rows)"
+
+
+def open_study(path: str | Path) -> Study:
+    """An existing study (the --out of `trainwise compare`)."""
+    return Study(path)
