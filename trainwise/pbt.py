@@ -32,7 +32,7 @@ from pathlib import Path
 
 from trainwise.config import TrialSpec, maximize, monitored
 from trainwise.errors import ConfigError
-from trainwise.tune import PARAMS, Param, TuneResult, apply
+from trainwise.space import PARAMS, Param, TuneResult, apply
 
 # continued from a checkpoint with a new value (decoding only changes how evaluation generates)
 MUTABLE = ("lr", "weight_decay", "label_smoothing", "num_beams", "length_penalty")
