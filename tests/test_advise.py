@@ -132,8 +132,8 @@ def test_a_pick_that_lost_quality_in_short_trials_is_cautioned_towards_the_quali
     within the noise, for the baseline itself, or with a quality-phase verdict, it does not."""
     from trainwise.advise import advise_study
     from trainwise.config import TrialSettings, TrialSpec
-    from trainwise.plan import TrialPlan
     from trainwise.results import TrialResult
+    from trainwise.strategies.plan import TrialPlan
     from trainwise.study import Store
 
     def rows(bf16_metric, **extra):

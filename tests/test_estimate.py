@@ -22,8 +22,8 @@ from trainwise.estimate import (
     terms_of,
 )
 from trainwise.models import ModelSource, build_model
-from trainwise.plan import TrialPlan
 from trainwise.strategies.optim import OPTIMIZERS
+from trainwise.strategies.plan import TrialPlan
 
 
 def plan_of(text: str, accum: int = 4) -> TrialPlan:

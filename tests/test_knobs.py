@@ -12,8 +12,8 @@ import pytest
 
 from trainwise import strategies
 from trainwise.export import RunSettings, export_doc
-from trainwise.plan import TrialPlan
 from trainwise.strategies.base import NA, PROBED, MemoryTerms
+from trainwise.strategies.plan import TrialPlan
 
 SETTINGS = RunSettings("bert-base-uncased", "classification", 32, 128, 48, 5e-5, 100, nproc=2)
 # every value a strategy gives a knob, with the strategy that gives it

@@ -8,7 +8,7 @@ import pytest
 
 from trainwise import strategies
 from trainwise.errors import ConfigError
-from trainwise.plan import TrialPlan
+from trainwise.strategies.plan import TrialPlan
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "strategies.md"
 

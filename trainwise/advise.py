@@ -506,7 +506,7 @@ def batch_hints(study: Path, rows: list[dict], budget: int) -> dict[str, str]:
     study's model cannot be built here (a hub id offline), since the hints add to the measured advice."""
     from trainwise.estimate import calibrate, estimate_plan, largest_batch, model_config, runtime_overhead, shape_of
     from trainwise.models import ModelSource
-    from trainwise.plan import TrialPlan
+    from trainwise.strategies.plan import TrialPlan
 
     spec = _stored_spec(study)
     if spec is None:

@@ -16,9 +16,9 @@ from typing import Literal
 from trainwise import strategies
 from trainwise.data.sources import Skipped, TaskData, data_source, skip_notes
 from trainwise.errors import ConfigError, check_number
-from trainwise.plan import TrialPlan
 from trainwise.strategies import Row
 from trainwise.strategies.memory import ACCUM
+from trainwise.strategies.plan import TrialPlan
 
 TASKS = ("classification", "seq2seq", "image-classification")
 TEXT_TASKS = ("classification", "seq2seq")

@@ -39,9 +39,9 @@ from trainwise import strategies
 from trainwise.errors import ConfigError
 from trainwise.files import write_atomic
 from trainwise.models import ModelSource, _load_config, _preset_config
-from trainwise.plan import TrialPlan
 from trainwise.strategies import Row
 from trainwise.strategies.base import MemoryTerms
+from trainwise.strategies.plan import TrialPlan
 
 GiB = 1024**3
 # the knobs each family names differently; families listed here are probed on tiny configs

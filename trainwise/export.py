@@ -28,8 +28,8 @@ from trainwise import strategies
 from trainwise.config import DataOrigin, TrialSettings, TrialSpec, check_nproc
 from trainwise.errors import ConfigError, check_number
 from trainwise.files import write_atomic
-from trainwise.plan import TrialPlan
 from trainwise.strategies.base import ExportDoc
+from trainwise.strategies.plan import TrialPlan
 
 
 @dataclass(frozen=True)

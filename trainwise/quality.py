@@ -24,7 +24,7 @@ from pathlib import Path
 from trainwise.config import StudyConfig
 from trainwise.errors import ConfigError
 from trainwise.files import write_atomic
-from trainwise.plan import TrialPlan
+from trainwise.strategies.plan import TrialPlan
 
 QUALITY_DIR = "quality"
 NOT_SIGNIFICANT = "no significant difference"

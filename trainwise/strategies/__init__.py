@@ -14,20 +14,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from trainwise.errors import ConfigError
-from trainwise.plan import TrialPlan
 from trainwise.strategies import batching, freezing, memory, optim, precision, scale
 from trainwise.strategies.base import (
     ALL_TASKS,
     NA,
     PACKAGE_EXTRAS,
     ExportDoc,
-    Knob,
     MemoryTerms,
     Probed,
     Runtime,
     Strategy,
     Support,
 )
+from trainwise.strategies.plan import KNOBS, TrialPlan
 
 if TYPE_CHECKING:
     from trainwise.measure.device import DeviceFacts
@@ -46,12 +45,6 @@ def _symmetric(entries: list[Strategy]) -> dict[str, Strategy]:
             registry[other] = dataclasses.replace(o, conflicts=o.conflicts | {s.name})
     return registry
 
-
-# the order the runtime applies the knobs in (model edits: layout, checkpointing, freezing, LoRA; the
-# optimizer before ZeRO-Offload replaces it; precision before ZeRO reads it)
-KNOBS: dict[str, Knob] = {
-    k.name: k for k in [*precision.KNOBS, *memory.KNOBS, *batching.KNOBS, *freezing.KNOBS, *optim.KNOBS, *scale.KNOBS]
-}
 
 REGISTRY: dict[str, Strategy] = _symmetric(
     [

@@ -9,17 +9,22 @@ checkpointing, AdamW, padding to max length, random batches, nothing frozen).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
-if TYPE_CHECKING:
-    from trainwise.strategies.base import Knob
+from trainwise.strategies import batching, freezing, memory, optim, precision, scale
+from trainwise.strategies.base import Knob
 
 V = TypeVar("V")
 
+# Every knob by name, in the order the runtime applies them (model edits: layout, checkpointing,
+# freezing, LoRA; the optimizer before ZeRO-Offload replaces it; precision before ZeRO reads it).
+# The families declare them; a plan holds their values.
+KNOBS: dict[str, Knob] = {
+    k.name: k for k in [*precision.KNOBS, *memory.KNOBS, *batching.KNOBS, *freezing.KNOBS, *optim.KNOBS, *scale.KNOBS]
+}
+
 
 def _knobs() -> Mapping[str, Knob]:
-    from trainwise.strategies import KNOBS  # the registry imports this module: resolved on first use
-
     return KNOBS
 
 
