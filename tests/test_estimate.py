@@ -15,13 +15,12 @@ from trainwise.estimate import (
     Shape,
     calibrate,
     estimate_plan,
-    model_config,
     shape_of,
     state_parts,
     step_temporaries,
     terms_of,
 )
-from trainwise.models import ModelSource, build_model
+from trainwise.models import ModelSource, build_model, model_config
 from trainwise.strategies.optim import OPTIMIZERS
 from trainwise.strategies.plan import TrialPlan
 

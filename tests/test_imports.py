@@ -1,5 +1,5 @@
 """Issue 25: imports point down. The graph of trainwise's imports, counting those inside functions,
-has no cycle but the ones named here, which issue 25's application layer removes; a new one fails."""
+has no cycle."""
 
 from __future__ import annotations
 
@@ -7,12 +7,6 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "trainwise"
-
-# what is left, each a strongly connected set of modules (issue 25 goes on): none may grow, none be added
-KNOWN = {
-    frozenset({"advise", "estimate", "quality", "report.terminal", "study"}),
-}
-
 
 def module_of(path: Path, package: Path = PACKAGE) -> str:
     parts = list(path.relative_to(package).with_suffix("").parts)
@@ -91,7 +85,6 @@ def test_the_graph_sees_imports_inside_functions(tmp_path):
     assert cycles(edges) == [frozenset({"low", "high"})]
 
 
-def test_no_import_cycle_but_the_known_ones():
-    found = set(cycles(graph()))
-    assert found <= KNOWN, f"a new import cycle: {sorted(map(sorted, found - KNOWN))}"
-    assert not KNOWN - found, f"a cycle was removed: take it out of KNOWN ({sorted(map(sorted, KNOWN - found))})"
+def test_no_import_cycle():
+    found = cycles(graph())
+    assert not found, f"import cycles: {sorted(map(sorted, found))}"

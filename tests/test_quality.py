@@ -7,8 +7,9 @@ import json
 import pytest
 
 from trainwise.advise import Constraints, advise, with_quality
+from trainwise.api.quality import candidates
 from trainwise.cli import main
-from trainwise.quality import NOT_SIGNIFICANT, candidates, quality_config, verdicts
+from trainwise.quality import NOT_SIGNIFICANT, quality_config, verdicts
 from trainwise.results import TrialResult
 
 from .conftest import tiny_study

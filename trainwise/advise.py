@@ -9,54 +9,15 @@ still be advised on).
 
 from __future__ import annotations
 
-import dataclasses
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainwise.errors import ConfigError, check_number, read_json
 from trainwise.report.format import human_bytes
 from trainwise.report.write import rows_of
+from trainwise.units import parse_bytes, parse_seconds
 
 OBJECTIVES = ("time", "cost", "quality")
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "kib": 1024,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "mib": 1024**2,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "gib": 1024**3,
-    "t": 1000**4,
-    "tb": 1000**4,
-    "tib": 1024**4,
-}
-
-
-def parse_bytes(text: str, option: str = "--memory-budget") -> int:
-    """'11GB' -> 11e9, '512MiB' -> 512*2**20, '2.5 GiB' -> ...; ConfigError on anything else."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ConfigError(f"{option} {text!r}: give a size such as 11GB, 11GiB or 500MB")
-    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if value <= 0:
-        raise ConfigError(f"{option} must be > 0, got {text!r}")
-    return int(value)
-
-
-_SECONDS = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
-
-
-def parse_seconds(text: str, option: str) -> float:
-    """'90s' -> 90, '30m' -> 1800, '2.5h' -> 9000, '120' -> 120; ConfigError on anything else."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _SECONDS or float(m.group(1)) <= 0:
-        raise ConfigError(f"{option} {text!r}: give a positive duration such as 90s, 30m or 2h")
-    return float(m.group(1)) * _SECONDS[m.group(2).lower()]
 
 
 @dataclass(frozen=True)
@@ -419,131 +380,3 @@ def with_quality(rows: list[dict], verdicts: dict) -> tuple[list[dict], str]:
     if (line := unlearned(means, majority)) is not None:
         note += f"; but {line}"
     return out, note
-
-
-def advise_study(studies: Path | list[Path], constraints: Constraints) -> Advice:
-    """advise on a study's results (with the quality phase's verdicts when it ran), or on several studies'
-    rows side by side (named STUDY/row: the same model measured on other devices or at other prices, where
-    cost ranks differently from time); with a memory budget, each memory-saving row gets a batch hint."""
-    from trainwise.quality import read
-
-    paths = [studies] if isinstance(studies, Path) else list(studies)
-    names = [p.resolve().name or str(p) for p in paths]
-    labels = names if len(set(names)) == len(names) else [str(p) for p in paths]
-    rows: list[dict] = []
-    notes: list[str] = []
-    hints: dict[str, str] = {}
-    machines = []  # a study of several: what its rows were measured on and priced at
-    for path, label in zip(paths, labels, strict=True):
-        own = read_results(path)
-        machines.append(_study_line(label, own))
-
-        def named(n: str, label: str = label) -> str:
-            return n if len(paths) == 1 else f"{label}/{n}"
-
-        if (verdicts := read(path)) is not None:
-            own, note = with_quality(own, verdicts)
-            notes.append(note if len(paths) == 1 else f"{label}: {note}")
-        if constraints.memory_budget_bytes is not None:
-            hints |= {named(k): h for k, h in batch_hints(path, own, constraints.memory_budget_bytes).items()}
-        basis = quality_basis(path)
-        rows += [{**basis, **r, "strategy": named(r["strategy"])} for r in own]
-    result = advise(rows, constraints)
-    result.notes[:0] = notes
-    if len(paths) > 1:
-        result.notes.insert(0, "rows of " + "; ".join(machines))
-    judged = {r["strategy"]: r["quality_verdict"] for r in rows if r.get("quality_verdict")}
-    result.verdicts = [
-        dataclasses.replace(v, reason=f"{v.reason}; quality: {judged[v.strategy]}") if v.strategy in judged else v
-        for v in result.verdicts
-    ]
-    result.verdicts = [
-        dataclasses.replace(v, reason=f"{v.reason}; {hints[v.strategy]}") if v.strategy in hints else v
-        for v in result.verdicts
-    ]
-    return result
-
-
-def _stored_spec(study: Path):
-    """A trial spec from the study's store (None when it has no store or no trial)."""
-    from trainwise.study import Store
-
-    if not (study / "study.sqlite").is_file():
-        return None
-    store = Store(study / "study.sqlite", "STUDY", write=False)
-    try:
-        return store.spec()
-    finally:
-        store.close()
-
-
-def quality_basis(study: Path) -> dict:
-    """What a study's short-trial quality rests on: its trials' steps and how many held-out rows scored
-    them ({} when the study's store cannot say)."""
-    spec = _stored_spec(study)
-    if spec is None:
-        return {}
-    s = spec.settings
-    held = Path(s.data_dir) / "eval.jsonl"
-    n = min(s.eval_samples, len(held.read_text(encoding="utf-8").splitlines())) if held.is_file() else s.eval_samples
-    return {"trial_steps": s.max_steps, "eval_samples": n}
-
-
-def _study_line(label: str, rows: list[dict]) -> str:
-    """'a: Intel Xeon (cpu), $0.1/h' for a study of several: what its rows were measured on and priced at."""
-    row = next((r for r in rows if r.get("status") == "ok"), {})
-    env = row.get("env") or {}
-    price = (row.get("cost_note") or "unpriced").split(",")[0].split(";")[0]
-    device = env.get("device", "?")
-    if device == "cpu" and env.get("torch_threads"):
-        device = f"cpu, {env['torch_threads']} thread" + ("s" if env["torch_threads"] > 1 else "")
-    return f"{label}: {env.get('device_name', '?')} ({device}), {price}"
-
-
-def batch_hints(study: Path, rows: list[dict], budget: int) -> dict[str, str]:
-    """Per row that lets a larger batch fit than the baseline does: up to which batch each fits the budget
-    (so when the row is needed), from `trainwise estimate` on the study's model and lengths. Empty when the
-    study's model cannot be built here (a hub id offline), since the hints add to the measured advice."""
-    from trainwise.estimate import calibrate, estimate_plan, largest_batch, model_config, runtime_overhead, shape_of
-    from trainwise.models import ModelSource
-    from trainwise.strategies.plan import TrialPlan
-
-    spec = _stored_spec(study)
-    if spec is None:
-        return {}
-    s = spec.settings
-    try:
-        config = model_config(ModelSource(s.model_kind, s.model_ref), s.task, s.num_labels or 2)
-    except ConfigError:
-        return {}
-    overhead = runtime_overhead(s.device)
-
-    def estimate_of(plan: TrialPlan):
-        cal, shape = calibrate(config, s.task, plan, s.device), shape_of(config, s.task, plan)
-        peak = estimate_plan(shape, cal, plan, s.batch_size, s.max_length, s.max_target_length, s.device, 1, overhead)
-        fits = largest_batch(shape, cal, plan, budget, s.max_length, s.max_target_length, s.device, overhead)
-        return peak.peak_bytes, fits
-
-    def measured_fit(row: dict | None) -> bool:  # a row measured within the budget at the study's batch
-        return bool(row and row.get("status") == "ok" and row.get("peak_mem_bytes") and needs(row) <= budget)
-
-    # a measurement outranks the estimate: a row measured to fit at the study's batch fits up to at least it
-    base_row = next((r for r in rows if r.get("baseline")), None)
-    base_peak, baseline = estimate_of(TrialPlan())
-    baseline = max(baseline, s.batch_size) if measured_fit(base_row) else baseline
-    hints = {}
-    for row in rows:
-        if row.get("baseline") or row.get("status") != "ok" or not row.get("plan"):
-            continue
-        peak, own = estimate_of(TrialPlan.from_dict(row["plan"]))
-        own = max(own, s.batch_size) if measured_fit(row) else own
-        if peak >= 0.99 * base_peak:
-            continue  # no memory saving the estimate can see at the study's batch
-        if baseline >= s.batch_size:
-            hints[row["strategy"]] = f"not needed for memory at batch {s.batch_size}: baseline fits up to ~{baseline}"
-        elif own == 0:
-            hints[row["strategy"]] = "does not fit the budget at any batch (estimate)"
-        else:
-            hint = f"fits up to ~{own}" if baseline == 0 else f"only needed when batch > {baseline}; fits up to ~{own}"
-            hints[row["strategy"]] = f"{hint} (estimate)"
-    return hints

@@ -38,10 +38,11 @@ from typing import Any
 from trainwise import strategies
 from trainwise.errors import ConfigError
 from trainwise.files import write_atomic
-from trainwise.models import ModelSource, _load_config, _preset_config
+from trainwise.models import ModelSource, meta_model, model_config
 from trainwise.strategies import Row
 from trainwise.strategies.base import MemoryTerms
 from trainwise.strategies.plan import TrialPlan
+from trainwise.units import parse_bytes
 
 GiB = 1024**3
 # the knobs each family names differently; families listed here are probed on tiny configs
@@ -193,27 +194,6 @@ def _dims(config: Any) -> dict[str, int]:
     if not (h and n_enc):
         raise ConfigError(f"cannot read hidden size / layer count from the {family!r} config")
     return dict(hidden=h, ffn=f, heads=H, enc_layers=n_enc, dec_layers=n_dec, vocab=int(config.vocab_size))
-
-
-def model_config(source: ModelSource, task: str, num_labels: int):
-    if source.kind == "preset":
-        return _preset_config(source.ref, num_labels)
-    config = _load_config(source)
-    if task == "classification":
-        config.num_labels = num_labels
-    return config
-
-
-def meta_model(config: Any, task: str, **model_kwargs: Any):
-    """The model with every tensor on the meta device: real shapes, no memory, no init time."""
-    import torch
-    from transformers import AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    auto = AutoModelForSeq2SeqLM if task == "seq2seq" else AutoModelForSequenceClassification
-    with torch.device("meta"):
-        return auto.from_config(config, **model_kwargs)
 
 
 def shape_of(config: Any, task: str, plan: TrialPlan) -> Shape:
@@ -644,8 +624,6 @@ class EstimateConfig:
     @classmethod
     def of(cls, params: dict[str, Any]) -> EstimateConfig:
         """From the `estimate` command's options."""
-        from trainwise.advise import parse_bytes
-
         memory = params.get("device_memory")
         names = {f.name for f in dataclasses.fields(cls) if f.init} - {"rows", "device_memory", "zero_stage"}
         return cls(

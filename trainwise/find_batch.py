@@ -257,8 +257,8 @@ def find_batch(
     on_point: Callable[[str], None],
 ) -> FindBatchReport:
     """Prepare the study once (`config(batch size)`: a study of the one row), then search the candidates."""
-    from trainwise.estimate import calibrate, estimate_plan, model_config, runtime_overhead, shape_of
-    from trainwise.models import ModelSource
+    from trainwise.estimate import calibrate, estimate_plan, runtime_overhead, shape_of
+    from trainwise.models import ModelSource, model_config
     from trainwise.report.format import human_bytes
     from trainwise.study import prepare_study, refused
 
@@ -271,7 +271,7 @@ def find_batch(
     if not usable:
         raise ConfigError(f"no candidate is a multiple of --accum-steps {accum}")
     on_status("validating input, preparing data and model...")
-    prepared = prepare_study(config(usable[0]))
+    prepared = prepare_study(config(usable[0]), on_point)
     base = prepared.specs[0]
     s = base.settings
     limit = fb.memory_limit if fb.memory_limit is not None else default_limit(s.device)

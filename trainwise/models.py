@@ -303,3 +303,24 @@ def head_note(source: ModelSource, num_labels: int) -> str | None:
         f"{source.display()} was saved with a {config.num_labels}-label classification head and the data has "
         f"{num_labels} labels: the head is re-initialised (its other weights are kept)"
     )
+
+
+def model_config(source: ModelSource, task: str, num_labels: int):
+    if source.kind == "preset":
+        return _preset_config(source.ref, num_labels)
+    config = _load_config(source)
+    if task == "classification":
+        config.num_labels = num_labels
+    return config
+
+
+def meta_model(config: Any, task: str, **model_kwargs: Any):
+    """The model with every tensor on the meta device: real shapes, no memory, no init time."""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    auto = AutoModelForSeq2SeqLM if task == "seq2seq" else AutoModelForSequenceClassification
+    with torch.device("meta"):
+        return auto.from_config(config, **model_kwargs)

@@ -103,17 +103,6 @@ def check(steps: int | None, seeds: int) -> None:
         raise ConfigError(f"--seeds must be >= 1, got {seeds}")
 
 
-def candidates(table: list[dict]) -> list[str]:
-    """The rows worth a quality verdict: the baseline and the Pareto front of time and memory (their
-    short-trial quality left out: it is what this phase replaces), as row texts, in table order."""
-    from trainwise.advise import Constraints, advise
-
-    rows = [{**e, "metric": None} for e in table if e.get("status") == "ok"]
-    front = {v.strategy for v in advise(rows, Constraints()).verdicts if v.pareto}
-    chosen = [e["row"] for e in rows if e.get("baseline") or e["strategy"] in front]
-    return list(dict.fromkeys(chosen))
-
-
 def quality_config(cfg: StudyConfig, rows: list[str], steps: int, seeds: int) -> StudyConfig:
     """The quality study: the same model, data and settings, the chosen rows, longer, one trial per seed."""
     return dataclasses.replace(
@@ -181,20 +170,3 @@ def read(study: Path) -> dict | None:
 
     path = study / QUALITY_DIR / "quality.json"
     return read_json(path, "a trainwise quality file") if path.is_file() else None
-
-
-def run_quality(cfg: StudyConfig, table: list[dict], steps: int, seeds: int, launch, progress, on_table) -> list:
-    """Choose the candidates from the speed study's table, run their quality study, write the verdicts."""
-    from trainwise.study import prepare_study, run_study
-
-    rows = candidates(table)
-    if not rows:
-        return []
-    prepared = prepare_study(quality_config(cfg, rows, steps, seeds))
-    with progress(prepared) as (on_event, on_done):
-        trials = run_study(prepared, launch, on_event, on_done)
-    s = prepared.specs[0].settings
-    found = verdicts(trials, s.model_kind == "preset" and s.task != "image-classification")
-    write(prepared.out, found, seeds)
-    on_table(found, seeds)
-    return found

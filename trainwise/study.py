@@ -75,6 +75,7 @@ class PreparedStudy:
     recorded: dict[str, Support] = dataclasses.field(default_factory=dict)
     row_notes: dict[str, str] = dataclasses.field(default_factory=dict)  # row text -> what the device changed
     n_eval: int = 0  # held-out rows prepared (before --eval-samples takes its share)
+    notes: tuple[str, ...] = ()  # what the user should know about the input (rows skipped, a new head)
 
     def cell_of(self, spec: TrialSpec) -> Cell:
         return next(c for c in self.cells if c.matches(spec))
@@ -223,7 +224,10 @@ def _fit_to_device(cfg: StudyConfig, device: str, caps: set[str], facts: DeviceF
     return verdicts, recorded, row_notes
 
 
-def prepare_study(cfg: StudyConfig) -> PreparedStudy:
+def prepare_study(cfg: StudyConfig, on_note: Callable[[str], None] = lambda _line: None) -> PreparedStudy:
+    """Every check of the input, then the data, the tokenizer and the trial specs on disk. What the user
+    should know about the input (rows skipped, a head trained new) goes to `on_note` as it is found, and
+    stays on the result's `notes`."""
     device, caps = resolve_device(cfg.device)
     unsupported: dict[str, str] = {}
     for row in cfg.rows:
@@ -259,10 +263,11 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
         cfg.task, dataset, cfg.train_file, cfg.eval_file, cfg.text_column, cfg.target_column, cfg.max_train_samples
     )
     train, evals, labels = data.train, data.evals, data.labels
+    notes = [f"trainwise: data: {note}" for note in data.notes()]  # rows not used: said, never silent
     if cfg.task == "classification" and (note := head_note(source, len(labels))):
-        from trainwise.report.terminal import err, say
-
-        say(f"trainwise: note: {note}", err)
+        notes.insert(0, f"trainwise: note: {note}")
+    for note in notes:
+        on_note(note)
     largest = max(c.batch_size for c in cfg.cells())
     if len(train) < largest:
         raise ConfigError(f"the training data has {len(train)} rows, fewer than the batch size {largest}")
@@ -277,10 +282,6 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
     _write_jsonl(data_dir / "eval.jsonl", evals)
     write_atomic(data_dir / "labels.json", json.dumps(labels))
     write_atomic(data_dir / "origin.json", json.dumps(dataclasses.asdict(DataOrigin.of(cfg, data))))
-    from trainwise.report.terminal import err, say
-
-    for note in data.notes():  # rows the data had that the study will not use: said, never silent
-        say(f"trainwise: data: {note}", err)
     tokenizer_dir = None
     if source.kind == "preset":
         tok_path = out / "tokenizer"
@@ -294,7 +295,9 @@ def prepare_study(cfg: StudyConfig) -> PreparedStudy:
 
     settings = _settings(cfg, device, source, tokenizer_dir, data_dir, len(labels), len(train))
     prepared = _specs(cfg, settings, fingerprint, unsupported, out)
-    return dataclasses.replace(prepared, verdicts=verdicts, recorded=recorded, row_notes=row_notes, n_eval=len(evals))
+    return dataclasses.replace(
+        prepared, verdicts=verdicts, recorded=recorded, row_notes=row_notes, n_eval=len(evals), notes=tuple(notes)
+    )
 
 
 def _settings(cfg: StudyConfig, device: str, source, tokenizer_dir, data_dir: Path, n_labels: int, n_train: int):
@@ -408,8 +411,8 @@ def _check_ranks(cfg: StudyConfig, device: str, unsupported: dict[str, str]) -> 
 def _check_plans_apply(source, cfg: StudyConfig, unsupported: dict[str, str]) -> None:
     """Every row's model edits (checkpointing, freezing, LoRA) apply to this model: tried on the meta
     device, so a row that cannot (LoRA on a model peft cannot target) is bad input, not a failed trial."""
-    from trainwise.estimate import meta_model, model_config
     from trainwise.loop import apply_plan
+    from trainwise.models import meta_model, model_config
 
     config = None
     for row in cfg.rows:
@@ -884,34 +887,3 @@ def _model_source(kind: str, ref: str) -> str:
         "dir": f"local directory {ref}",
         "hub": f"Hugging Face Hub id {ref}",
     }.get(kind, f"{kind} {ref}")
-
-
-def study_spec(study: Path, name: str | None, on_note: Callable[[str], None], options: dict | None = None) -> TrialSpec:
-    """A compare study's trial spec for a row (default: advise's pick), for `train --plan`: the study's
-    model, data, batch, lengths, lr and seed, as its trial ran them (`options` may not give them again)."""
-    from trainwise.advise import partial_note, study_row
-
-    taken = ("model", "model_preset", "dataset", "train_file", "eval_file", "lr")
-    given = [f"--{k.replace('_', '-')}" for k in taken if (options or {}).get(k)]
-    if given:
-        raise ConfigError(f"--plan takes the model, data and settings from the study: leave out {', '.join(given)}")
-    if options is not None:  # the run's --out: checked as prepare_study checks it for the other path
-        check_ours(Path(options["out"]), options["force"])
-
-    partial = partial_note(study)
-    if partial:
-        on_note(f"trainwise: note: {partial}")
-    store = Store.of(study, "--plan")
-    try:
-        entry = study_row(study, name, "--plan")
-        if name is None:
-            on_note(f"trainwise train: {entry['strategy']!r}, the plan advise recommends in {study}")
-        spec = store.spec(entry.get("row", entry["strategy"]))
-    finally:
-        store.close()
-    if spec is None:
-        raise ConfigError(f"--plan {study}: the store holds no trial of {entry['strategy']!r}")
-    if "batch_size" in entry:  # the cell's own batch size and workers (a sweep's cells share a row)
-        settings = dataclasses.replace(spec.settings, batch_size=entry["batch_size"], num_workers=entry["workers"])
-        spec = dataclasses.replace(spec, settings=settings)
-    return spec

@@ -309,7 +309,7 @@ def tune(
             # it does not restart (seen with Ray 2.60); a half-done population is not resumed
             raise ConfigError(f"{out} already holds a PBT study; PBT studies do not resume: use another --out")
     on_status("trainwise tune: validating input, preparing data and model...")
-    spec = prepare_study(study).specs[0]
+    spec = prepare_study(study, on_line).specs[0]
     with hold(out):  # one command at a time in --out
         return _search(cfg, spec, out, price, on_line, DataOrigin.of(study))
 

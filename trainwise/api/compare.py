@@ -123,23 +123,25 @@ class Render:
     """How a caller shows a running compare; each part defaults to showing nothing.
     progress(prepared) is a context manager giving (on_event(spec, event), on_done(spec, result, stored));
     table(report) shows the study's table; quality(rows, seeds) the quality phase's verdicts;
-    status(text) is a context manager shown while the input is checked and prepared."""
+    status(text) is a context manager shown while the input is checked and prepared; note(line) shows
+    what the user should know about the input (rows skipped, a head trained new)."""
 
     progress: Callable = _silent
     table: Callable[[Any], None] = lambda _report: None
     quality: Callable[[list, int], None] = lambda _rows, _seeds: None
     status: Callable[[str], Any] = lambda _text: contextlib.nullcontext()
+    note: Callable[[str], None] = lambda _line: None
 
 
 def run(cfg: StudyConfig, price=None, quality_phase: tuple[int, int] | None = None, render: Render = Render()) -> Study:
     """Prepare, run (or resume) and report a study, then its quality phase (steps, seeds). RunFailed when
     the study ran and no trial produced a result."""
-    from trainwise import quality
+    from trainwise.api.quality import run_quality
     from trainwise.launcher import launch
     from trainwise.study import check_some_ok, prepare_study, report, run_study
 
     with render.status(f"trainwise compare: validating input, preparing data and model ({cfg.task})..."):
-        prepared = prepare_study(cfg)
+        prepared = prepare_study(cfg, render.note)
     with render.progress(prepared) as (on_event, on_done):
         # the reports are rewritten as each trial is stored: a killed study's finished trials are readable
         write = lambda so_far: report(prepared, so_far, price, quality_phase)  # noqa: E731
@@ -148,7 +150,7 @@ def run(cfg: StudyConfig, price=None, quality_phase: tuple[int, int] | None = No
     render.table(done)
     check_some_ok(done.table)
     if quality_phase is not None:
-        quality.run_quality(cfg, done.table, *quality_phase, launch, render.progress, render.quality)
+        run_quality(cfg, done.table, *quality_phase, launch, render.progress, render.quality)
     return Study(prepared.out)
 
 

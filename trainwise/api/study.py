@@ -37,7 +37,8 @@ class Study:
     def advise(self, **options: Any) -> Any:
         """`trainwise advise` on this study: objective, memory_budget ("8GiB"), max_quality_drop,
         max_epoch_time ("30m"), max_epoch_cost, as the CLI's options. Returns the Advice."""
-        from trainwise.advise import Constraints, advise_study
+        from trainwise.advise import Constraints
+        from trainwise.api.advise import advise_study
         from trainwise.errors import check_names
 
         check_names(

@@ -87,7 +87,8 @@ def run_compare(cfg, cost=None, steps_seeds: tuple[int, int] | None = None, cons
     from trainwise.report import terminal
 
     render = Render(terminal.study_progress, partial(terminal.compare_table, console=console), terminal.quality_table)
-    run(cfg, cost, steps_seeds, dataclasses.replace(render, status=terminal.err.status))
+    note = partial(terminal.say, console=terminal.err)
+    run(cfg, cost, steps_seeds, dataclasses.replace(render, status=terminal.err.status, note=note))
 
 
 @app.command()
@@ -116,7 +117,8 @@ def advise(
 
     STUDY: a `trainwise compare` --out (--run: run or resume it first); several, each priced, rank by cost too.
     """
-    from trainwise.advise import Constraints, advise_study, partial_note
+    from trainwise.advise import Constraints, partial_note
+    from trainwise.api.advise import advise_study
     from trainwise.report import terminal
 
     constraints, paths = Constraints.of(ctx.params), [Path(s) for s in study]
@@ -226,11 +228,11 @@ def find_batch(
     trial_timeout: o.TrialTimeout = 900.0,
 ) -> None:
     """Find the fastest batch size that fits: climb the candidates, measure samples/s, bisect at the edge."""
-    from trainwise.advise import parse_bytes
     from trainwise.find_batch import FindBatchConfig
     from trainwise.find_batch import find_batch as search
     from trainwise.launcher import launch
     from trainwise.report import terminal
+    from trainwise.units import parse_bytes
 
     limit = parse_bytes(memory_limit, "--memory-limit") if memory_limit is not None else None
     fb = FindBatchConfig(candidates, steps, limit, refine, use_estimate)
@@ -286,9 +288,10 @@ def train(
     preemptions_per_hour: o.Preemptions = 0.5,
 ) -> None:
     """Train for real with one plan: periodic eval, best checkpoint, early stopping, resumable checkpoints."""
+    from trainwise.api.advise import study_spec
     from trainwise.config import TrainConfig
     from trainwise.report import terminal
-    from trainwise.study import prepare_study, study_spec
+    from trainwise.study import prepare_study
     from trainwise.tracking import parse_report_to
 
     tc = TrainConfig(epochs, max_steps, eval_every, save_every, patience, min_delta, monitor, keep_checkpoints)
@@ -301,7 +304,7 @@ def train(
         rows = [strategies or "baseline"]
         cfg = study_config(ctx.params, strategies=rows, max_steps=2, warmup_steps=0, num_workers=(num_workers,))
         with terminal.err.status("trainwise train: validating input, preparing data and model..."):
-            prepared = prepare_study(cfg)
+            prepared = prepare_study(cfg, lambda note: terminal.say(note, terminal.err))
         if prepared.unsupported:
             raise ConfigError(f"{cfg.rows[0].text!r}: {next(iter(prepared.unsupported.values()))}")
         spec = prepared.specs[0]

@@ -1,0 +1,33 @@
+"""The quality phase as a call: the speed study's candidates trained longer, with seeds, and their verdicts
+(the statistics and the files are `trainwise.quality`)."""
+
+from __future__ import annotations
+
+from trainwise import quality
+from trainwise.advise import Constraints, advise
+from trainwise.config import StudyConfig
+from trainwise.study import prepare_study, run_study
+
+
+def candidates(table: list[dict]) -> list[str]:
+    """The rows worth a quality verdict: the baseline and the Pareto front of time and memory (their
+    short-trial quality left out: it is what this phase replaces), as row texts, in table order."""
+    rows = [{**e, "metric": None} for e in table if e.get("status") == "ok"]
+    front = {v.strategy for v in advise(rows, Constraints()).verdicts if v.pareto}
+    chosen = [e["row"] for e in rows if e.get("baseline") or e["strategy"] in front]
+    return list(dict.fromkeys(chosen))
+
+
+def run_quality(cfg: StudyConfig, table: list[dict], steps: int, seeds: int, launch, progress, on_table) -> list:
+    """Choose the candidates from the speed study's table, run their quality study, write the verdicts."""
+    rows = candidates(table)
+    if not rows:
+        return []
+    prepared = prepare_study(quality.quality_config(cfg, rows, steps, seeds))
+    with progress(prepared) as (on_event, on_done):
+        trials = run_study(prepared, launch, on_event, on_done)
+    s = prepared.specs[0].settings
+    found = quality.verdicts(trials, s.model_kind == "preset" and s.task != "image-classification")
+    quality.write(prepared.out, found, seeds)
+    on_table(found, seeds)
+    return found
