@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from trainwise.config import TrialSpec
-from trainwise.train import TrainConfig, run_train
+from trainwise.train import TrainConfig, TrainJob, run_train
 from trainwise.trial import run_trial
 
 
@@ -26,14 +26,8 @@ def main(specs_path: str, out_path: str) -> None:
         trained: list[float] = []
         tc = TrainConfig(epochs=10, max_steps=spec.settings.max_steps, eval_every=1, checkpoints=False)
         with tempfile.TemporaryDirectory() as out:  # each rank its own run directory
-            run_train(
-                spec,
-                tc,
-                Path(out),
-                False,
-                lambda e, t=trained: t.append(e["loss"]) if e["event"] == "step" else None,
-                print,
-            )
+            on_event = lambda e, t=trained: t.append(e["loss"]) if e["event"] == "step" else None  # noqa: E731
+            run_train(TrainJob(spec, tc, Path(out), on_event=on_event, warn=print))
         losses[spec.row] = [measured, trained, r.state_bytes, r.n_params]
     if rank == 0:
         Path(out_path).write_text(json.dumps(losses))

@@ -20,7 +20,7 @@ from trainwise.errors import ConfigError
 from trainwise.models import ModelSource, build_model
 from trainwise.strategies.freezing import apply_lora, frozen_parameters, layer_stack, lower_layer_parameters
 from trainwise.strategies.optim import OPTIMIZERS
-from trainwise.train import TrainConfig, run_train
+from trainwise.train import TrainConfig, TrainJob, run_train
 from trainwise.trial import run_trial
 
 from .conftest import in_process_rows, tiny_study
@@ -41,7 +41,8 @@ def _compare_and_train(spec, out: Path) -> tuple[list[float], list[float], objec
     r = run_trial(spec, progress=lambda e: measured.append(e["loss"]) if e.get("event") == "step" else None)
     trained: list[float] = []
     tc = TrainConfig(epochs=10, max_steps=spec.settings.max_steps, eval_every=1, save_every=1, checkpoints=False)
-    run_train(spec, tc, out, False, lambda e: trained.append(e["loss"]) if e["event"] == "step" else None, print)
+    on_event = lambda e: trained.append(e["loss"]) if e["event"] == "step" else None  # noqa: E731
+    run_train(TrainJob(spec, tc, out, on_event=on_event, warn=print))
     return measured, trained, r
 
 

@@ -140,7 +140,7 @@ def _run(tmp_path, cls_csv, name, adopt=None, max_steps=8, **settings):
     import dataclasses
     from pathlib import Path
 
-    from trainwise.train import run_train
+    from trainwise.train import TrainJob, run_train
 
     from .conftest import tiny_study
 
@@ -149,7 +149,7 @@ def _run(tmp_path, cls_csv, name, adopt=None, max_steps=8, **settings):
     steps: list[dict] = []
     tc = TrainConfig(epochs=10, max_steps=max_steps, eval_every=4, save_every=4)
     emit = lambda e: steps.append(e) if e["event"] == "step" else None  # noqa: E731
-    r = run_train(spec, tc, Path(tmp_path / name), False, emit, print, adopt=adopt)
+    r = run_train(TrainJob(spec, tc, Path(tmp_path / name), on_event=emit, warn=print), adopt=adopt)
     return r, steps
 
 
@@ -159,7 +159,7 @@ def test_early_stopping_watches_the_evaluation_loss_when_asked(tmp_path, cls_csv
     import dataclasses
     from pathlib import Path
 
-    from trainwise.train import run_train
+    from trainwise.train import TrainJob, run_train
 
     from .conftest import tiny_study
 
@@ -167,7 +167,7 @@ def test_early_stopping_watches_the_evaluation_loss_when_asked(tmp_path, cls_csv
     spec = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, lr=3e-3))
     for monitor, pick in (("eval_loss", min), ("metric", max)):
         tc = TrainConfig(epochs=10, max_steps=8, eval_every=2, save_every=8, monitor=monitor)
-        r = run_train(spec, tc, Path(tmp_path / monitor), False, lambda e: None, print)
+        r = run_train(TrainJob(spec, tc, Path(tmp_path / monitor), warn=print))
         key = "eval_loss" if monitor == "eval_loss" else "accuracy"
         values = [e[key] for e in r.evals]
         assert len(values) == 4 and all(v == v and v >= 0 for v in values)

@@ -1,9 +1,13 @@
-"""Run every trial in a fresh process; whatever happens to it becomes a TrialResult.
+"""Every process trainwise starts goes through `run_child`: a compare trial (`launch`), the ranks of a
+training run (`train.train_ranks`) and a tune trial (`tune._run_one`).
 
 A fresh process per trial makes measurements independent (allocator state, peak RSS, compiled
-kernels, accelerate's global state) and contains crashes: an exception or OOM is reported by the
-worker; a hang past the timeout is killed (`timeout`); a process that dies without a result
-(SIGKILL from the OS OOM killer, a segfault) is `crashed`.
+kernels, accelerate's global state) and contains crashes. The child runs in its own session, bound to
+this process by the lifeline (it dies with it), and speaks JSON lines on stdout; `run_child` hands them
+to a callback, kills the child's whole group past a timeout, on the callback's word or on Ctrl-C, and
+says how it ended (`Exit`). Each caller turns that into its own result: for a compare trial an
+exception or OOM is reported by the worker; a hang past the timeout is killed (`timeout`); a process
+that dies without a result (SIGKILL from the OS OOM killer, a segfault) is `crashed`.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
@@ -18,6 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +32,140 @@ from trainwise.distributed import is_multiprocess
 from trainwise.lifeline import bound_to_me
 from trainwise.results import TrialResult, combine_ranks
 
+GRACE_S = 5.0  # after the child exits, how long its stdout may stay open (held by something it started)
 
-def _tail(path: Path, lines: int = 1) -> str:
+
+@dataclass(frozen=True)
+class Exit:
+    """How a child process ended."""
+
+    code: int  # its exit status; -N: killed by signal N
+    timed_out: bool  # it outlived its timeout and was killed, with everything it started
+    stopped: bool  # the event callback asked to stop it: killed, with everything it started
+    killed_by: (
+        str | None
+    )  # the signal that ended it, and for a SIGKILL not sent here, whether the OOM killer counted one
+    tail: str  # why it failed, from its log: the last line (torchrun: the failing rank's error or root cause)
+    wall_s: float
+    log: Path
+
+
+def run_child(
+    module: str,
+    args: list[str],
+    log: Path,
+    on_event: Callable[[dict], bool | None],
+    *,
+    ranks: int | None = None,
+    device: str = "cpu",
+    timeout_s: float | None = None,
+) -> Exit:
+    """Run `python -m module *args` (under torchrun with `ranks` ranks when given) in a fresh process in its
+    own session that dies with this one; its stderr goes to `log`. Each JSON object it prints on a line of
+    stdout goes to `on_event`, in this thread; when that returns True the child is stopped. The child and
+    all it started are killed past `timeout_s` seconds, and when this thread is interrupted (Ctrl-C,
+    SIGTERM: the child has its own session and would not see the signal)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", module, *args]
+    if ranks is not None:
+        cmd[1:2] = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", "-m"]
+        if device == "cpu":
+            env["DS_ACCELERATOR"] = "cpu"  # DeepSpeed would look for a GPU
+            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks)))
+    start, ooms = time.perf_counter(), oom_kills()
+    deadline = None if timeout_s is None else start + timeout_s
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, preexec_fn=bound_to_me()
+        )
+        lines: queue.Queue[dict | None] = queue.Queue()
+        threading.Thread(target=_forward, args=(proc, lines), daemon=True).start()
+        try:
+            ended_here = _pump(proc, lines, on_event, deadline)
+            if ended_here is None:
+                try:
+                    proc.wait(timeout=None if deadline is None else max(0.0, deadline - time.perf_counter()))
+                except subprocess.TimeoutExpired:
+                    _kill_group(proc)
+                    ended_here = "timeout"
+        except BaseException:
+            _kill_group(proc)
+            raise
+    code = proc.returncode
+    killed_by = None
+    if code < 0:
+        killed_by = signal.Signals(-code).name
+        if -code == signal.SIGKILL and ended_here is None:
+            killed_by += killer(ooms)
+    tail = rank_failure(log) if ranks is not None else last_line(log)
+    wall = time.perf_counter() - start
+    return Exit(code, ended_here == "timeout", ended_here == "stopped", killed_by, tail, wall, log)
+
+
+def _pump(
+    proc: subprocess.Popen,
+    lines: queue.Queue[dict | None],
+    on_event: Callable[[dict], bool | None],
+    deadline: float | None,
+) -> str | None:
+    """Hand the child's events to `on_event` until its stdout closes; 'timeout' or 'stopped' when it was
+    killed here for that."""
+    exited_at = None
+    while True:
+        now = time.perf_counter()
+        if proc.poll() is None:
+            if deadline is not None and now >= deadline:
+                _kill_group(proc)
+                return "timeout"
+        elif exited_at is None:
+            exited_at = now
+        elif now - exited_at > GRACE_S:  # it is gone, but something it started still holds its stdout
+            return None
+        wait = 1.0 if deadline is None else min(1.0, max(0.0, deadline - now))
+        try:
+            event = lines.get(timeout=wait)
+        except queue.Empty:
+            continue
+        if event is None:
+            return None
+        if on_event(event) is True:
+            _kill_group(proc)
+            return "stopped"
+
+
+def _forward(proc: subprocess.Popen, lines: queue.Queue[dict | None]) -> None:
+    for event in events(proc):
+        lines.put(event)
+    lines.put(None)
+
+
+def events(proc: subprocess.Popen) -> Iterator[dict]:
+    """The progress events a child prints on stdout, one JSON object a line (libraries' stray prints
+    skipped); trials, tune trials and training ranks all speak this way."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(event, dict):
+            yield event
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the child and anything it started (dataloader workers, ranks); it runs in its own session."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def last_line(log: Path) -> str:
+    """The last line a process wrote to its log (the exception, usually); '' when there is none."""
     try:
-        text = path.read_text(errors="replace").strip().splitlines()
+        text = log.read_text(errors="replace").strip().splitlines()
     except OSError:
         return ""
-    return " | ".join(text[-lines:])
+    return text[-1] if text else ""
 
 
 def rank_failure(log: Path) -> str:
@@ -49,82 +182,13 @@ def rank_failure(log: Path) -> str:
         return raised[-1].strip()
     root = next((i for i, line in enumerate(lines) if line.startswith("Root Cause")), None)
     if root is None:
-        return _tail(log)
+        return last_line(log)
     fields: dict[str, str] = {}
     for line in lines[root:]:
         key, _, value = line.strip().partition(":")
         fields.setdefault(key.strip(), value.strip())
     rank, code = fields.get("rank", "?"), fields.get("exitcode", "?")
     return f"rank {rank}: exit code {code}, {fields.get('traceback', '')}".strip()
-
-
-def launch(spec: TrialSpec, trial_dir: Path, timeout_s: float, on_event: Callable[[dict], None]) -> TrialResult:
-    trial_dir.mkdir(parents=True, exist_ok=True)
-    spec_path, result_path, log_path = (trial_dir / n for n in ("spec.json", "result.json", "stderr.log"))
-    result_path.unlink(missing_ok=True)
-    spec_path.write_text(json.dumps(spec.to_dict(), indent=1))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-    nproc = spec.settings.nproc
-    multi = is_multiprocess(spec)
-    cmd = [sys.executable, "-m", "trainwise.worker", str(spec_path), str(result_path)]
-    if multi:
-        for old in trial_dir.glob("result.rank*.json"):
-            old.unlink()
-        cmd[1:2] = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m"]
-        if spec.settings.device == "cpu":
-            env["DS_ACCELERATOR"] = "cpu"  # DeepSpeed would look for a GPU
-            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    start, ooms = time.perf_counter(), oom_kills()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            text=True,
-            env=env,
-            preexec_fn=bound_to_me(),  # its own session, and it dies with this process
-        )
-        reader = threading.Thread(target=_read_events, args=(proc, on_event), daemon=True)
-        reader.start()
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
-        except BaseException:  # Ctrl-C: the child has its own session and would not see the signal
-            _kill_group(proc)
-            raise
-        reader.join(timeout=5)
-    wall = time.perf_counter() - start
-
-    base: dict[str, Any] = {
-        "strategy": spec.row,
-        "repeat": spec.repeat,
-        "plan": spec.plan.to_dict(),
-        "wall_s": wall,
-    }
-    if timed_out:
-        return TrialResult(status="timeout", message=f"no result within --trial-timeout {timeout_s:g}s; killed", **base)
-    if multi:
-        ranks = [rank_result_path(result_path, r) for r in range(nproc)]
-        if any(p.exists() for p in ranks):
-            parts = [TrialResult.from_dict(json.loads(p.read_text())) if p.exists() else None for p in ranks]
-            result = combine_ranks(parts, nproc)
-            result.wall_s = wall
-            return result
-    elif result_path.exists():
-        result = TrialResult.from_dict(json.loads(result_path.read_text()))
-        result.wall_s = wall
-        return result
-    code = proc.returncode
-    if code is not None and code < 0:
-        name = signal.Signals(-code).name
-        message = f"trial process killed by {name}{killer(ooms) if -code == signal.SIGKILL else ''}"
-    else:
-        why = rank_failure(log_path) if multi else _tail(log_path)
-        message = f"trial process exited with code {code} and no result: {why[:300]}"
-    return TrialResult(status="crashed", message=message, **base)
 
 
 def oom_kills() -> int | None:
@@ -148,31 +212,56 @@ def killer(before: int | None) -> str:
     return " (not the out-of-memory killer, which counted no kill: another process, or a scheduler)"
 
 
+# ---- a compare trial ----------------------------------------------------------------------------
+
+
+def launch(spec: TrialSpec, trial_dir: Path, timeout_s: float, on_event: Callable[[dict], None]) -> TrialResult:
+    """One compare trial in a fresh process (`trainwise.worker`; under torchrun for ranks and ZeRO); whatever
+    happens to it becomes a TrialResult."""
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    spec_path, result_path, log_path = (trial_dir / n for n in ("spec.json", "result.json", "stderr.log"))
+    result_path.unlink(missing_ok=True)
+    spec_path.write_text(json.dumps(spec.to_dict(), indent=1))
+    nproc = spec.settings.nproc
+    multi = is_multiprocess(spec)
+    if multi:
+        for old in trial_dir.glob("result.rank*.json"):
+            old.unlink()
+    end = run_child(
+        "trainwise.worker",
+        [str(spec_path), str(result_path)],
+        log_path,
+        on_event,
+        ranks=nproc if multi else None,
+        device=spec.settings.device,
+        timeout_s=timeout_s,
+    )
+    base: dict[str, Any] = {
+        "strategy": spec.row,
+        "repeat": spec.repeat,
+        "plan": spec.plan.to_dict(),
+        "wall_s": end.wall_s,
+    }
+    if end.timed_out:
+        return TrialResult(status="timeout", message=f"no result within --trial-timeout {timeout_s:g}s; killed", **base)
+    if multi:
+        ranks = [rank_result_path(result_path, r) for r in range(nproc)]
+        if any(p.exists() for p in ranks):
+            parts = [TrialResult.from_dict(json.loads(p.read_text())) if p.exists() else None for p in ranks]
+            result = combine_ranks(parts, nproc)
+            result.wall_s = end.wall_s
+            return result
+    elif result_path.exists():
+        result = TrialResult.from_dict(json.loads(result_path.read_text()))
+        result.wall_s = end.wall_s
+        return result
+    if end.killed_by is not None:
+        message = f"trial process killed by {end.killed_by}"
+    else:
+        message = f"trial process exited with code {end.code} and no result: {end.tail[:300]}"
+    return TrialResult(status="crashed", message=message, **base)
+
+
 def rank_result_path(result_path: Path, rank: int) -> Path:
     """Where rank `rank` of a multi-process trial writes its result."""
     return result_path.with_name(f"{result_path.stem}.rank{rank}{result_path.suffix}")
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill the trial and anything it started (dataloader workers); it runs in its own session."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
-def events(proc: subprocess.Popen) -> Iterator[dict]:
-    """The progress events a child prints on stdout, one JSON object a line (libraries' stray prints
-    skipped); trials, tune trials and training ranks all speak this way."""
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(event, dict):
-            yield event
-
-
-def _read_events(proc: subprocess.Popen, on_event: Callable[[dict], None]) -> None:
-    for event in events(proc):
-        on_event(event)

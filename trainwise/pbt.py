@@ -100,7 +100,7 @@ def _member(config: dict, spec_blob: dict, train_args: dict, scratch: str) -> No
     import torch
     from ray import tune
 
-    from trainwise.train import TrainConfig, run_train
+    from trainwise.train import TrainConfig, TrainJob, run_train
 
     cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
     torch.set_num_threads(max(1, int(cpus)))
@@ -141,7 +141,7 @@ def _member(config: dict, spec_blob: dict, train_args: dict, scratch: str) -> No
             adopt = work / "adopted"
             with handed.as_directory() as d:
                 shutil.copytree(d, adopt)
-        run_train(spec, tc, work / "run", False, emit, lambda msg: None, adopt=adopt)
+        run_train(TrainJob(spec, tc, work / "run", on_event=emit), adopt=adopt)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

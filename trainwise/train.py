@@ -97,6 +97,41 @@ class TrainResult:
         return 1 - self.steps / self.planned_steps
 
 
+def _ignore(_: object) -> None:
+    """A listener that hears nothing (warnings of ranks other than 0: rank 0 says the same)."""
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """One training run: what to train (the spec: model, data, plan, settings), for how long and with what
+    evaluation and checkpoints (tc), where (out), whether to continue the checkpoints there (resume), which
+    trackers get its curves (report_to), and who hears it: `on_event` gets step, eval, checkpoint and note
+    events, `warn` one-line warnings."""
+
+    spec: TrialSpec
+    tc: TrainConfig
+    out: Path
+    resume: bool = False
+    report_to: tuple[str, ...] = ()
+    on_event: Callable[[dict], None] = _ignore
+    warn: Callable[[str], None] = _ignore
+
+    def to_dict(self) -> dict:
+        """What a rank needs to run the job (the listeners stay here)."""
+        return {
+            "spec": self.spec.to_dict(),
+            "tc": asdict(self.tc),
+            "out": str(self.out),
+            "resume": self.resume,
+            "report_to": list(self.report_to),
+        }
+
+    @classmethod
+    def from_dict(cls, blob: dict, on_event: Callable[[dict], None], warn: Callable[[str], None]) -> TrainJob:
+        spec, tc, out = TrialSpec.from_dict(blob["spec"]), TrainConfig(**blob["tc"]), Path(blob["out"])
+        return cls(spec, tc, out, bool(blob["resume"]), tuple(blob["report_to"]), on_event, warn)
+
+
 def disk_use(out: Path) -> dict[str, int]:
     """What a run keeps under `out`, in bytes (a file linked from two places counted once)."""
     parts = {name: tree_bytes(out / name) for name in ("checkpoints", "best", "final")}
@@ -304,17 +339,37 @@ def _prune(root: Path, keep: int, protect: set[str]) -> None:
 # ---- the run ------------------------------------------------------------------------------------
 
 
-def run_train(
-    spec: TrialSpec,
-    tc: TrainConfig,
-    out: Path,
-    resume: bool,
-    emit: Callable[[dict], None],
-    warn: Callable[[str], None],
-    adopt: Path | None = None,
-) -> TrainResult:
-    """Train; `emit` gets step, eval and checkpoint events. `adopt`: start from this checkpoint (of
-    another run of the same model, plan, data and batch) with this spec's hyper-parameters (PBT)."""
+def run_train(job: TrainJob, adopt: Path | None = None) -> TrainResult:
+    """Train in this process; `job.on_event` gets step, eval and checkpoint events, and the trackers of
+    `job.report_to` (--report-to) the run's curves. `adopt`: start from this checkpoint (of another run of
+    the same model, plan, data and batch) with this spec's hyper-parameters (PBT)."""
+    if not job.report_to:
+        return _fit(job, adopt)
+    from trainwise.tracking import Tracker
+
+    spec, tc, out = job.spec, job.tc, job.out
+    # the spec's max_steps is a placeholder: the train config's (its cap) replaces it
+    params = {"plan": spec.row, **dataclasses.asdict(spec.settings), **dataclasses.asdict(tc)}
+    out.mkdir(parents=True, exist_ok=True)
+    tracker = Tracker(job.report_to, out, f"{out.name} {spec.row}", params)
+
+    def on_event(event: dict) -> None:
+        tracker.log(event)
+        job.on_event(event)
+
+    try:
+        r = _fit(dataclasses.replace(job, on_event=on_event), adopt)
+    except BaseException:
+        tracker.close(failed=True)
+        raise
+    keep = ("steps", "planned_steps", "final_loss", "best_step", "best_value", "wall_s", "compute_saved")
+    tracker.close({k: getattr(r, k) for k in keep})
+    return r
+
+
+def _fit(job: TrainJob, adopt: Path | None) -> TrainResult:
+    """The run itself: the loop, with evaluation, checkpoints and early stopping around its steps."""
+    spec, tc, out, resume, emit, warn = job.spec, job.tc, job.out, job.resume, job.on_event, job.warn
     s = spec.settings
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
@@ -329,7 +384,7 @@ def run_train(
     ranks = Ranks.from_env()
     engine = parts.model if parts.rt.deepspeed is not None else None  # DeepSpeed's engine: ZeRO checkpoints
     if not ranks.main:
-        warn = _quiet
+        warn = _ignore  # rank 0 says the same
 
     root = out / "checkpoints"
     state = TrainState(fingerprint=fingerprint(spec), base=fingerprint(spec, with_lr=False))
@@ -425,10 +480,6 @@ def run_train(
     return result
 
 
-def _quiet(_message: str) -> None:
-    """Warnings of ranks other than 0 (rank 0 says the same)."""
-
-
 def save_model_dir(dest: Path, parts: loop.Parts, data: TrialData, record: dict) -> None:
     """Write the model where users load it (`best/`, `final/`): for text tasks a Hugging Face model
     directory (config with the data's label names, safetensors weights, tokenizer); for images the
@@ -488,93 +539,32 @@ def check_one_process(cfg: StudyConfig, verb: str) -> None:
         )
 
 
-def train(
-    spec: TrialSpec,
-    tc: TrainConfig,
-    out: Path,
-    resume: bool,
-    report_to: tuple[str, ...],
-    emit: Callable[[dict], None],
-    warn: Callable[[str], None],
-) -> TrainResult:
-    """`run_train` with the run's curves sent to the trackers asked for (--report-to)."""
-    from trainwise.tracking import Tracker
-
-    tracker = None
-    if report_to:
-        # the spec's max_steps is a placeholder: the train config's (its cap) replaces it
-        params = {"plan": spec.row, **dataclasses.asdict(spec.settings), **dataclasses.asdict(tc)}
-        out.mkdir(parents=True, exist_ok=True)
-        tracker = Tracker(report_to, out, f"{out.name} {spec.row}", params)
-
-    def emit_all(event: dict) -> None:
-        if tracker is not None:
-            tracker.log(event)
-        emit(event)
-
-    try:
-        r = run_train(spec, tc, out, resume, emit_all, warn)
-    except BaseException:
-        if tracker is not None:
-            tracker.close(failed=True)
-        raise
-    if tracker is not None:
-        keep = ("steps", "planned_steps", "final_loss", "best_step", "best_value", "wall_s", "compute_saved")
-        tracker.close({k: getattr(r, k) for k in keep})
-    return r
-
-
-def train_ranks(
-    spec: TrialSpec,
-    tc: TrainConfig,
-    out: Path,
-    resume: bool,
-    report_to: tuple[str, ...],
-    emit: Callable[[dict], None],
-    warn: Callable[[str], None],
-) -> TrainResult:
-    """`train` over the ranks a plan needs (data parallel, ZeRO): torchrun runs this module's `main` in
+def train_ranks(job: TrainJob) -> TrainResult:
+    """`run_train` over the ranks a plan needs (data parallel, ZeRO): torchrun runs this module's `main` in
     each, as `compare --nproc` runs its trials; rank 0's events come back as JSON lines. Checkpoints are
     written by every rank together, so `--resume` continues a run that was killed."""
-    import subprocess
-    import sys
+    from trainwise.launcher import run_child
 
-    from trainwise.launcher import _kill_group, events, rank_failure
-    from trainwise.lifeline import bound_to_me
-
+    out, nproc = job.out, job.spec.settings.nproc
     out.mkdir(parents=True, exist_ok=True)
     (out / "train_result.json").unlink(missing_ok=True)
     args = out / "ranks.json"
-    job = {"spec": spec.to_dict(), "tc": asdict(tc), "out": str(out), "resume": resume, "report_to": list(report_to)}
-    args.write_text(json.dumps(job))
-    nproc = spec.settings.nproc
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-    if spec.settings.device == "cpu":
-        env["DS_ACCELERATOR"] = "cpu"  # DeepSpeed would look for a GPU
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    cmd += ["-m", "trainwise.train", str(args)]
-    log = out / "ranks.log"
-    with open(log, "w") as stderr:
-        proc = subprocess.Popen(  # its own session, and it dies with this process
-            cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, preexec_fn=bound_to_me()
-        )
-        try:
-            for event in events(proc):
-                if event.get("event") == "warning":
-                    warn(event["message"])
-                else:
-                    emit(event)
-            code = proc.wait()
-        except BaseException:  # Ctrl-C: the ranks have their own session and would not see it
-            _kill_group(proc)
-            raise
+    args.write_text(json.dumps(job.to_dict()))
+
+    def on_event(event: dict) -> None:
+        if event.get("event") == "warning":
+            job.warn(event["message"])
+        else:
+            job.on_event(event)
+
+    end = run_child(
+        "trainwise.train", [str(args)], out / "ranks.log", on_event, ranks=nproc, device=job.spec.settings.device
+    )
     result = out / "train_result.json"
-    if code != 0 or not result.is_file():
-        why = rank_failure(log)[:300]
-        if reason := refused_by(rank_failure(log), out, died=True):
+    if end.code != 0 or not result.is_file():
+        if reason := refused_by(end.tail, out, died=True):
             raise failed(out, reason, RESUME_HINT)
-        raise RunFailed(f"the {nproc} training ranks exited with code {code}: {why} (log: {log})")
+        raise RunFailed(f"the {nproc} training ranks exited with code {end.code}: {end.tail[:300]} (log: {end.log})")
     saved = json.loads(result.read_text())
     saved.pop("compute_saved", None)
     return TrainResult(**saved)
@@ -587,56 +577,41 @@ def main(argv: list[str]) -> int:
 
     die_with_parent()  # torchrun's agent: if it dies, so does this rank
 
-    job = json.loads(Path(argv[0]).read_text())
-    spec, tc = TrialSpec.from_dict(job["spec"]), TrainConfig(**job["tc"])
+    blob = json.loads(Path(argv[0]).read_text())
     ranks = Ranks.from_env()
     # rank 0 prints the events; the test seam TRAINWISE_FAULT="train:kill@STEP" acts in every rank
-    emit = _emitter("train", spec.settings.batch_size, ranks.main)
+    emit = _emitter("train", TrialSpec.from_dict(blob["spec"]).settings.batch_size, ranks.main)
 
     def warn(message: str) -> None:
         emit({"event": "warning", "message": message})
 
-    out, resume = Path(job["out"]), bool(job["resume"])
-    if ranks.main:
-        train(spec, tc, out, resume, tuple(job["report_to"]), emit, warn)
-    else:
-        run_train(spec, tc, out, resume, emit, warn)
+    job = TrainJob.from_dict(blob, emit, warn)
+    run_train(job if ranks.main else dataclasses.replace(job, report_to=()))  # rank 0 reports to the trackers
     return 0
 
 
-def train_any(
-    spec: TrialSpec,
-    tc: TrainConfig,
-    out: Path,
-    resume: bool,
-    report_to: tuple[str, ...],
-    show: Callable[[dict], None],
-    warn: Callable[[str], None],
-) -> TrainResult:
-    """`train` in this process, or over the ranks the plan needs (data parallel, ZeRO) under torchrun."""
-    from trainwise.study import hold
-
-    with hold(out):  # one command at a time in --out (and the folder is marked trainwise's)
-        return _train_any(spec, tc, out, resume, report_to, show, warn)
-
-
-def _train_any(spec, tc, out, resume, report_to, show, warn) -> TrainResult:
+def train_any(job: TrainJob) -> TrainResult:
+    """Train in this process, or over the ranks the plan needs (data parallel, ZeRO) under torchrun; one
+    command at a time in `job.out` (and the folder is marked trainwise's)."""
     from trainwise.distributed import is_multiprocess
+    from trainwise.study import hold
     from trainwise.worker import _emitter
 
-    show({"event": "note", "message": writes_line(out, tc)})
-    if is_multiprocess(spec):
-        warn_line = f"{spec.row!r} over {spec.settings.nproc} ranks (torchrun; their output: {out}/ranks.log)"
-        show({"event": "note", "message": warn_line})
-        return train_ranks(spec, tc, out, resume, report_to, show, warn)
-    fault = _emitter("train", spec.settings.batch_size)  # the test seam: TRAINWISE_FAULT="train:kill@STEP"
+    spec, out = job.spec, job.out
+    with hold(out):
+        job.on_event({"event": "note", "message": writes_line(out, job.tc)})
+        if is_multiprocess(spec):
+            line = f"{spec.row!r} over {spec.settings.nproc} ranks (torchrun; their output: {out}/ranks.log)"
+            job.on_event({"event": "note", "message": line})
+            return train_ranks(job)
+        fault = _emitter("train", spec.settings.batch_size)  # the test seam: TRAINWISE_FAULT="train:kill@STEP"
 
-    def emit(event: dict) -> None:
-        show(event)
-        with contextlib.redirect_stdout(io.StringIO()):  # the seam's emitter prints JSON lines: not here
-            fault(event)
+        def on_event(event: dict) -> None:
+            job.on_event(event)
+            with contextlib.redirect_stdout(io.StringIO()):  # the seam's emitter prints JSON lines: not here
+                fault(event)
 
-    return train(spec, tc, out, resume, report_to, emit, warn)
+        return run_train(dataclasses.replace(job, on_event=on_event))
 
 
 def writes_line(out: Path, tc: TrainConfig) -> str:

@@ -16,9 +16,7 @@ import dataclasses
 import json
 import math
 import os
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,8 +25,7 @@ from pathlib import Path
 from trainwise.config import DataOrigin, StudyConfig, TrialSettings, TrialSpec, check_monitor, maximize, monitored
 from trainwise.errors import ConfigError, RunFailed, check_number
 from trainwise.files import failed, refused_by, write_atomic
-from trainwise.launcher import _kill_group, events
-from trainwise.lifeline import bound_to_me
+from trainwise.launcher import run_child
 from trainwise.space import (
     Param,
     TuneResult,
@@ -91,7 +88,7 @@ def run_tune(
         values = sample(trial, space)
         started = time.perf_counter()
         trial_dir = out / "trials" / f"{trial.number:04d}"
-        state, value, steps = _run_one(apply(spec, values), train_args, trial_dir, trial, trial_timeout)
+        state, value, steps, why = _run_one(apply(spec, values), train_args, trial_dir, trial, trial_timeout)
         trial.set_user_attr("steps", steps)
         trial.set_user_attr("wall_s", time.perf_counter() - started)
         if state == "complete":
@@ -99,9 +96,8 @@ def run_tune(
         elif state == "pruned":
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         else:
-            why = f"no result within --trial-timeout {trial_timeout:g}s; killed" if state == "timeout" else None
-            trial.set_user_attr("error", why or _last_line(trial_dir / "stderr.log"))
-            refused = None if why else refused_by(_last_line(trial_dir / "stderr.log"), trial_dir, died=True)
+            trial.set_user_attr("error", why)
+            refused = None if state == "timeout" else refused_by(why, trial_dir, died=True)
             if refused:
                 trial.set_user_attr("refused", refused)
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -140,68 +136,44 @@ def _summarise(study) -> TuneResult:
 
 def _run_one(
     spec: TrialSpec, train_args: dict, trial_dir: Path, trial, timeout_s: float = 900.0
-) -> tuple[str, float | None, int]:
-    """One training run in its own process; its evaluations are reported to Optuna as they come. A run
-    that outlives `timeout_s` is killed (with whatever it started) and ends 'timeout'."""
+) -> tuple[str, float | None, int, str]:
+    """One training run in its own process; its evaluations are reported to Optuna as they come, and a run
+    Optuna prunes is killed (with whatever it started), as is one that outlives `timeout_s`. Returns the
+    trial's state (complete, pruned, timeout or fail), its best value, its steps and why it failed."""
     trial_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(trial_dir / "spec.json", json.dumps({"spec": spec.to_dict(), "train": train_args}))
-    log = open(trial_dir / "stderr.log", "w")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "trainwise.tune", str(trial_dir / "spec.json"), str(trial_dir)],
-        stdout=subprocess.PIPE,
-        stderr=log,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"},
-        preexec_fn=bound_to_me(),  # its own session, and it dies with this process
-    )
-    state, value, steps = "fail", None, 0
     monitor = train_args["monitor"]
-    expired = threading.Event()
+    value: float | None = None
+    steps = 0
 
-    def expire() -> None:
-        expired.set()
-        _kill_group(proc)
+    def on_event(event: dict) -> bool:
+        """True: Optuna prunes the trial, stop it."""
+        nonlocal value, steps
+        if event.get("event") == "eval":
+            steps = event["step"]
+            v = monitored(event, monitor)
+            if v is not None and math.isfinite(v):
+                value = v if value is None else (max(value, v) if maximize(monitor) else min(value, v))
+                trial.report(v, steps)
+                return trial.should_prune()
+        elif event.get("event") == "done":
+            steps = event["steps"]
+        return False
 
-    timer = threading.Timer(timeout_s, expire)
-    timer.start()
-    try:
-        for event in events(proc):
-            if event.get("event") == "eval":
-                steps = event["step"]
-                v = monitored(event, monitor)
-                if v is not None and math.isfinite(v):
-                    value = v if value is None else (max(value, v) if maximize(monitor) else min(value, v))
-                    trial.report(v, steps)
-                    if trial.should_prune():
-                        state = "pruned"
-                        _kill_group(proc)
-                        break
-            elif event.get("event") == "done":
-                steps = event["steps"]
-        proc.wait()
-    except BaseException:
-        _kill_group(proc)
-        raise
-    finally:
-        timer.cancel()
-        log.close()
-    if state != "pruned":
-        state = "timeout" if expired.is_set() else "complete" if proc.returncode == 0 and value is not None else "fail"
-    return state, value, steps
-
-
-def _last_line(log: Path) -> str:
-    """Why a trial failed: the last line its process wrote to stderr (the exception, usually)."""
-    try:
-        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    except OSError:
-        return "no stderr.log"
-    return lines[-1][:300] if lines else "it exited without a word"
+    args = [str(trial_dir / "spec.json"), str(trial_dir)]
+    end = run_child("trainwise.tune", args, trial_dir / "stderr.log", on_event, timeout_s=timeout_s)
+    if end.stopped:
+        return "pruned", value, steps, ""
+    if end.timed_out:
+        return "timeout", value, steps, f"no result within --trial-timeout {timeout_s:g}s; killed"
+    if end.code == 0 and value is not None:
+        return "complete", value, steps, ""
+    return "fail", value, steps, end.tail[:300] or "it exited without a word"
 
 
 def _trial_main(argv: list[str]) -> int:
     """Entry of a trial's process: train with the sampled settings, print evaluations as JSON lines."""
-    from trainwise.train import TrainConfig, run_train
+    from trainwise.train import TrainConfig, TrainJob, run_train
 
     blob = json.loads(Path(argv[0]).read_text())
     spec = TrialSpec.from_dict(blob["spec"])
@@ -211,7 +183,7 @@ def _trial_main(argv: list[str]) -> int:
         if event.get("event") == "eval":
             print(json.dumps(event), flush=True)
 
-    r = run_train(spec, tc, Path(argv[1]), False, emit, lambda msg: print(msg, file=sys.stderr))
+    r = run_train(TrainJob(spec, tc, Path(argv[1]), on_event=emit, warn=lambda msg: print(msg, file=sys.stderr)))
     print(json.dumps({"event": "done", "steps": r.steps}), flush=True)
     return 0
 

@@ -312,7 +312,7 @@ def train(
     from trainwise import train as run  # torch: after every check of the input
 
     warn = lambda msg: terminal.say(f"trainwise: warning: {msg}", terminal.err)  # noqa: E731
-    r = run.train_any(spec, tc, Path(out), resume, backends, terminal.train_event, warn)
+    r = run.train_any(run.TrainJob(spec, tc, Path(out), resume, backends, terminal.train_event, warn))
     for line in run.summary(r, tc, cost):
         terminal.say(line)
 

@@ -1,0 +1,77 @@
+"""The one launcher (`launcher.run_child`) that starts a compare trial, a training run's ranks and a tune
+trial: events come back as they are printed, a child past its timeout or stopped by its listener dies with
+everything it started, and a failure says why in one line."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from trainwise.launcher import run_child
+
+from .killing import alive_after
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _importable(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))  # `python -m tests.child` from any directory
+
+
+def test_a_child_that_prints_events_and_exits_0(tmp_path):
+    seen: list[dict] = []
+    end = run_child("tests.child", ["events"], tmp_path / "log", seen.append, timeout_s=60)
+    assert [e["step"] for e in seen] == [1, 2, 3]  # the stray print skipped
+    assert (end.code, end.timed_out, end.stopped, end.killed_by) == (0, False, False, None)
+    assert end.log == tmp_path / "log" and 0 < end.wall_s < 60
+
+
+def test_a_child_past_its_timeout_is_killed_with_everything_it_started(tmp_path):
+    started: list[int] = []
+    t0 = time.perf_counter()
+    end = run_child("tests.child", ["hang"], tmp_path / "log", lambda e: started.append(e["pid"]), timeout_s=1.5)
+    assert end.timed_out and not end.stopped and end.code == -signal.SIGKILL
+    assert end.killed_by == "SIGKILL"  # killed here: no guess about the out-of-memory killer
+    assert 1.5 <= time.perf_counter() - t0 < 10
+    assert started and alive_after([psutil.Process(started[0])]) == []  # the grandchild died with its group
+
+
+def test_a_listener_returning_true_stops_the_child(tmp_path):
+    seen: list[dict] = []
+
+    def on_event(event: dict) -> bool:
+        seen.append(event)
+        return len(seen) == 3
+
+    end = run_child("tests.child", ["chatty"], tmp_path / "log", on_event, timeout_s=60)
+    assert end.stopped and not end.timed_out and end.code == -signal.SIGKILL and len(seen) == 3
+
+
+def test_an_interrupted_launcher_kills_the_child_and_its_group(tmp_path):
+    started: list[int] = []
+
+    def on_event(event: dict) -> None:
+        started.append(event["pid"])
+        raise KeyboardInterrupt  # Ctrl-C while the child runs
+
+    with pytest.raises(KeyboardInterrupt):
+        run_child("tests.child", ["hang"], tmp_path / "log", on_event, timeout_s=60)
+    assert started and alive_after([psutil.Process(started[0])]) == []
+
+
+def test_a_failing_child_reports_its_exit_code_and_last_log_line(tmp_path):
+    end = run_child("tests.child", ["fail"], tmp_path / "log", lambda e: None, timeout_s=60)
+    assert (end.code, end.timed_out, end.killed_by) == (3, False, None)
+    assert end.tail == "ValueError: the last line says why"
+
+
+def test_a_child_killed_from_outside_names_the_signal_and_who_may_have_sent_it(tmp_path):
+    end = run_child("tests.child", ["killed"], tmp_path / "log", lambda e: None, timeout_s=60)
+    assert end.code == -signal.SIGKILL and not end.timed_out
+    assert end.killed_by is not None and end.killed_by.startswith("SIGKILL (")
+    assert "out-of-memory killer" in end.killed_by
