@@ -158,3 +158,124 @@ def combine_ranks(results: list[TrialResult | None], expected_world: int) -> Tri
         rank_peak_mem_bytes=peaks,
         world_size=expected_world,
     )
+
+
+@dataclass(frozen=True)
+class StudyRow:
+    """One row of a study's table (results.json's `rows`): a cell's trials aggregated (trainwise.study.aggregate),
+    with units in the field names as in TrialResult. Medians over the cell's ok repeats keep the type a median
+    gives (an int, or a float between two). `to_dict()` is results.json's entry, key for key in its order;
+    `from_dict()` reads it back, and the rows of older studies (missing keys take their defaults)."""
+
+    strategy: str  # the table's name: the row, plus the swept values (`bf16 @bs16`)
+    random_init: bool = False  # a text size preset: random weights, so its quality says little
+    row: str | None = None  # the row's text (`bf16+grad_ckpt`); None in studies from before it was stored
+    baseline: bool = False
+    batch_size: int | None = None  # the cell's (None in studies from before cells)
+    workers: int | None = None
+    status: str = "?"  # one of results.STATUSES (the last trial's when none was ok)
+    message: str = ""
+    repeats: int = 0  # ok trials
+    mem_kind: str | None = None
+    compute_dtype: str | None = None
+    peak_mode: str | None = None
+    mfu_note: str = ""
+    support_note: str = ""
+    precision_ratio: float | None = None
+    metric_name: str | None = None
+    plan: dict = field(default_factory=dict)  # knob values (TrialPlan.to_dict)
+    env: dict = field(default_factory=dict)  # trainwise.measure.env.environment: free-form
+    world_size: int = 1
+    rank_peak_mem_bytes: list | None = None
+    trace: str | None = None
+    # medians over the ok repeats, each on its own (study.NUMERIC)
+    padding_waste: float | None = None
+    peak_mem_bytes: float | None = None
+    peak_reserved_bytes: float | None = None
+    peak_rss_bytes: float | None = None
+    state_bytes: float | None = None
+    rss_before_model_bytes: float | None = None
+    flops_per_step: float | None = None
+    peak_flops_per_s: float | None = None
+    train_loss: float | None = None
+    final_loss: float | None = None
+    metric: float | None = None
+    eval_s: float | None = None
+    wall_s: float | None = None
+    # the timing of one trial, the median one by samples/s (study.TIMING)
+    step_time_s: float | None = None
+    step_time_median_s: float | None = None
+    step_time_p90_s: float | None = None
+    step_time_iqr_s: float | None = None
+    timed_steps: int | None = None
+    data_wait_s: float | None = None
+    compute_s: float | None = None
+    optimizer_s: float | None = None
+    warmup_s: float | None = None
+    compile_s: float | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    epoch_time_s: float | None = None
+    timed_s: float | None = None
+    other_cpu_share: float | None = None
+    steal_share: float | None = None
+    contended: bool | None = None
+    cpu_mhz: list | None = None
+    mfu: float | None = None
+    timing_repeat: int | None = None  # which repeat the timing columns are
+    discarded_runs: int = 0
+    # present only when a trial of the cell was ok (None: the key is absent from results.json)
+    metrics: dict | None = None
+    step_time_s_all: list | None = None
+    # relative to the baseline, and the noise floor that judges it
+    rel_time: float | None = None  # baseline samples/s / this row's: > 1 is slower
+    rel_mem: float | None = None
+    noise_floor: float | None = None
+    noise_source: str = ""
+    within_noise: bool | None = None
+    # a priced study (report.format.add_cost): both keys are in results.json exactly when cost_note is not None
+    cost_per_epoch: float | None = None  # USD for one projected epoch
+    cost_note: str | None = None  # the price it was computed at
+    # what advise adds from beside the table (never in results.json unless set): the quality phase's verdict,
+    # and the steps and held-out rows the speed trials' quality rests on
+    quality_verdict: str | None = None
+    trial_steps: int | None = None
+    eval_samples: int | None = None
+    # keys this version does not know (a newer trainwise's results.json): kept, written back last
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def row_text(self) -> str:
+        """The row's text, or its table name in studies from before the text was stored."""
+        return self.row or self.strategy
+
+    @property
+    def priced(self) -> bool:
+        return self.cost_note is not None
+
+    def to_dict(self) -> dict:
+        """results.json's entry for this row: today's keys in today's order (the optional ones only when set)."""
+        out: dict = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "extra" or (f.name in _ABSENT_WHEN_NONE and value is None):
+                continue
+            if f.name in ("cost_per_epoch", "cost_note") and not self.priced:
+                continue
+            out[f.name] = value
+        return {**out, **self.extra}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> StudyRow:
+        """A results.json entry, of this version or an older one (absent keys take their defaults; unknown
+        keys go to `extra`). The entry must have a 'strategy' (advise.read_results refuses one without)."""
+        known = _ROW_FIELDS
+        extra = {k: v for k, v in d.items() if k not in known}
+        if "cost_per_epoch" in d and d.get("cost_note") is None:  # priced, without a note: keep it priced
+            d = {**d, "cost_note": ""}
+        return cls(**{k: v for k, v in d.items() if k in known}, extra=extra)
+
+
+# keys results.json holds only when they have a value (see StudyRow.to_dict)
+_ABSENT_WHEN_NONE = frozenset({"metrics", "step_time_s_all", "quality_verdict", "trial_steps", "eval_samples"})
+_ROW_FIELDS = frozenset(f.name for f in fields(StudyRow)) - {"extra"}
