@@ -10,9 +10,15 @@ from trainwise.advise import Constraints, advise
 from trainwise.cli import main
 from trainwise.errors import ConfigError
 from trainwise.report.write import read_rows
+from trainwise.results import StudyRow
 from trainwise.units import parse_bytes
 
 GiB = 1024**3
+
+
+def typed(rows: list[dict]) -> list[StudyRow]:
+    """Rows written as results.json holds them, as advise takes them."""
+    return [StudyRow.from_dict(r) for r in rows]
 
 
 def row(name, samples_per_s, mem_gib, metric=80.0, status="ok"):
@@ -39,7 +45,7 @@ ROWS = [
 
 
 def test_pareto_front_and_ranking_by_time():
-    a = advise(ROWS, Constraints(objective="time"))
+    a = advise(typed(ROWS), Constraints(objective="time"))
     assert a.reference == "baseline" and a.recommended == "bf16"
     pareto = {v.strategy for v in a.verdicts if v.pareto}
     assert pareto == {"baseline", "bf16", "grad_ckpt", "adafactor"}
@@ -58,25 +64,25 @@ def test_rows_timed_under_load_or_inside_the_noise_are_said_so():
     rows = [row("baseline", 10.0, 7.0), row("bf16", 10.3, 5.5), row("grad_ckpt", 7.3, 3.5)]
     rows[1].update(within_noise=True, noise_floor=0.05)
     rows[2].update(contended=True)
-    a = advise(rows, Constraints(objective="time"))
+    a = advise(typed(rows), Constraints(objective="time"))
     assert a.recommended == "bf16"
     assert any("'bf16' is within the noise floor (±5.0%) of 'baseline' in time" in n for n in a.notes), a.notes
     assert any(n.startswith("timed under load, so their times are unreliable: grad_ckpt") for n in a.notes)
     ckpt = next(v for v in a.verdicts if v.strategy == "grad_ckpt")
     assert ckpt.reason.endswith("; timed under load (unreliable)")
-    quiet = advise([row("baseline", 10.0, 7.0), row("bf16", 25.0, 5.5)], Constraints(objective="time"))
+    quiet = advise(typed([row("baseline", 10.0, 7.0), row("bf16", 25.0, 5.5)]), Constraints(objective="time"))
     assert not any("noise" in n or "load" in n for n in quiet.notes)
 
 
 def test_memory_budget_and_quality_drop_exclude_rows():
-    a = advise(ROWS, Constraints(memory_budget_bytes=4 * GiB))
+    a = advise(typed(ROWS), Constraints(memory_budget_bytes=4 * GiB))
     assert a.recommended == "grad_ckpt"
     assert {v.strategy for v in a.verdicts if v.feasible} == {"grad_ckpt"}
     assert (
         "(peak tensors 5.50 GiB + runtime), more than the budget 4.00 GiB"
         in next(v for v in a.verdicts if v.strategy == "bf16").reason
     )
-    a = advise(ROWS, Constraints(max_quality_drop=1.0))
+    a = advise(typed(ROWS), Constraints(max_quality_drop=1.0))
     assert a.recommended == "baseline", "bf16 loses 2 points, more than allowed"
     assert "more than 1 below" in next(v for v in a.verdicts if v.strategy == "bf16").reason
 
@@ -88,40 +94,40 @@ def test_the_budget_is_compared_with_tensors_plus_runtime_like_the_estimates_tot
 
     cpu = {**row("grad_ckpt", 7.3, 3.5), "mem_kind": "cpu_allocated", "rss_before_model_bytes": GiB}
     cuda = {**row("grad_ckpt", 7.3, 3.5), "mem_kind": "cuda_allocated"}
-    assert needs(cpu) == int(4.5 * GiB) and needs(cuda) == int(4.0 * GiB)
+    assert needs(typed([cpu])[0]) == int(4.5 * GiB) and needs(typed([cuda])[0]) == int(4.0 * GiB)
     rows = [{**r, "mem_kind": "cpu_allocated", "rss_before_model_bytes": GiB} for r in ROWS]
-    assert advise(rows, Constraints(memory_budget_bytes=4 * GiB)).recommended is None, "3.5 GiB + 1 GiB > 4 GiB"
-    assert advise(rows, Constraints(memory_budget_bytes=5 * GiB)).recommended == "grad_ckpt"
+    assert advise(typed(rows), Constraints(memory_budget_bytes=4 * GiB)).recommended is None, "3.5 GiB + 1 GiB > 4 GiB"
+    assert advise(typed(rows), Constraints(memory_budget_bytes=5 * GiB)).recommended == "grad_ckpt"
 
 
 def test_time_and_cost_budgets_exclude_rows_by_their_epoch():
     """Issue 15, part 3: --max-epoch-time against the projected epoch, --max-epoch-cost against $/epoch."""
     rows = [{**r, "epoch_time_s": 1000 / r["samples_per_s"]} for r in ROWS if r["status"] == "ok"]
-    a = advise(rows, Constraints.of({"max_epoch_time": "120s"}))  # baseline 100 s, grad_ckpt 137 s
+    a = advise(typed(rows), Constraints.of({"max_epoch_time": "120s"}))  # baseline 100 s, grad_ckpt 137 s
     assert "grad_ckpt" not in {v.strategy for v in a.verdicts if v.feasible} and a.recommended == "bf16"
     reason = next(v for v in a.verdicts if v.strategy == "grad_ckpt").reason
     assert "an epoch takes 2.3 min, more than --max-epoch-time 2.0 min" in reason
     priced = [{**r, "cost_per_epoch": r["epoch_time_s"] * 0.01} for r in rows]  # $36/h
-    a = advise(priced, Constraints.of({"max_epoch_cost": 0.5}))  # bf16 $0.40; the others $1.00 and more
+    a = advise(typed(priced), Constraints.of({"max_epoch_cost": 0.5}))  # bf16 $0.40; the others $1.00 and more
     assert {v.strategy for v in a.verdicts if v.feasible} == {"bf16"}
     with pytest.raises(ConfigError, match="the study has no prices"):
-        advise(rows, Constraints.of({"max_epoch_cost": 0.5}))
+        advise(typed(rows), Constraints.of({"max_epoch_cost": 0.5}))
     for bad in ("soon", "-3m", "0s"):
         with pytest.raises(ConfigError, match="--max-epoch-time"):
             Constraints.of({"max_epoch_time": bad})
 
 
 def test_quality_objective_and_impossible_budget():
-    a = advise(ROWS, Constraints(objective="quality"))
+    a = advise(typed(ROWS), Constraints(objective="quality"))
     assert a.recommended == "baseline"  # of the 80-point rows, the fastest
-    a = advise(ROWS, Constraints(memory_budget_bytes=1 * GiB))
+    a = advise(typed(ROWS), Constraints(memory_budget_bytes=1 * GiB))
     assert a.recommended is None
     assert any("nothing fits 1.00 GiB" in n and "'grad_ckpt'" in n for n in a.notes)
 
 
 def test_without_a_baseline_rows_are_relative_to_the_best_row():
     rows = [r for r in ROWS if r["strategy"] != "baseline"]
-    a = advise(rows, Constraints())
+    a = advise(typed(rows), Constraints())
     assert a.reference == "bf16"
     assert any("no successful baseline" in n for n in a.notes)
     assert next(v for v in a.verdicts if v.strategy == "bf16").rel_time == 1.0
@@ -140,7 +146,7 @@ def test_a_pick_that_lost_quality_in_short_trials_is_cautioned_towards_the_quali
     def rows(bf16_metric, **extra):
         return [{**row("baseline", 10.0, 7.0, 50.0), **extra}, {**row("bf16", 25.0, 5.5, bf16_metric), **extra}]
 
-    a = advise(rows(41.25, eval_samples=160, trial_steps=16), Constraints())
+    a = advise(typed(rows(41.25, eval_samples=160, trial_steps=16)), Constraints())
     assert a.recommended == "bf16"
     caution = [n for n in a.notes if n.startswith("caution:")]
     assert len(caution) == 1 and "'bf16' scored 8.75 accuracy points below 'baseline'" in caution[0]
@@ -148,10 +154,10 @@ def test_a_pick_that_lost_quality_in_short_trials_is_cautioned_towards_the_quali
     assert "--quality-steps" in caution[0]
     assert "caution: its quality is a short trial's" in next(v for v in a.verdicts if v.strategy == "bf16").reason
     quiet = [
-        advise(rows(46.0, eval_samples=160), Constraints()),  # 4 points: within ±5.5
-        advise(rows(50.0), Constraints()),  # no drop
-        advise(rows(41.25, quality_verdict="no significant difference (40-52 over 3 seeds)"), Constraints()),
-        advise([row("baseline", 30.0, 7.0, 50.0), row("bf16", 25.0, 5.5, 41.25)], Constraints()),  # the baseline
+        advise(typed(rows(46.0, eval_samples=160)), Constraints()),  # 4 points: within ±5.5
+        advise(typed(rows(50.0)), Constraints()),  # no drop
+        advise(typed(rows(41.25, quality_verdict="no significant difference (40-52 over 3 seeds)")), Constraints()),
+        advise(typed([row("baseline", 30.0, 7.0, 50.0), row("bf16", 25.0, 5.5, 41.25)]), Constraints()),  # the baseline
     ]
     assert [n for a in quiet for n in a.notes if "caution" in n] == []
 
@@ -171,7 +177,7 @@ def test_a_pick_that_lost_quality_in_short_trials_is_cautioned_towards_the_quali
 
 
 def test_nothing_ok_is_advice_too():
-    a = advise([row("baseline", 0, 0, status="oom")], Constraints())
+    a = advise(typed([row("baseline", 0, 0, status="oom")]), Constraints())
     assert a.recommended is None and a.verdicts[0].status == "oom"
 
 
@@ -269,7 +275,7 @@ def test_a_batch_hint_never_contradicts_a_measured_row(tmp_path, cls_csv, monkey
     argv += ["--no-remeasure"]  # the noise floor plays no part here: one trial fewer
     assert main([*argv, "--warmup-steps", "1", "--eval-samples", "0", "--out", str(out)]) == 0
     rows = read_rows(out / "results.json")
-    budget = max(needs(r) for r in rows) + 1  # every row measured within it
+    budget = max(needs(r) for r in typed(rows)) + 1  # every row measured within it
     monkeypatch.setattr(trainwise.api.advise, "largest_batch", lambda *a, **k: 0)  # an estimate that disagrees
     advice = advise_study(out, Constraints(memory_budget_bytes=budget))
     assert all(v.feasible for v in advice.verdicts)

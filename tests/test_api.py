@@ -46,8 +46,8 @@ def api_study(tmp_path_factory):
 def test_the_docs_example_runs_and_returns_the_study_it_wrote(api_study):
     out, scope = api_study
     study = scope["study"]
-    assert [r["strategy"] for r in study.rows] == ["baseline", "dynamic_pad"]
-    assert all(r["status"] == "ok" for r in study.rows)
+    assert [r.strategy for r in study.rows] == ["baseline", "dynamic_pad"]
+    assert all(r.status == "ok" for r in study.rows)
     table = scope["table"]
     assert list(table["strategy"]) == ["baseline", "dynamic_pad"] and "env.device_name" in table.columns
     assert study.settings["command"].startswith(f"trainwise compare --out {out}")
@@ -70,7 +70,7 @@ def test_the_api_and_the_cli_give_the_same_rows(api_study, tmp_path):
     assert main([*argv, "--warmup-steps", "1", "--no-remeasure", "--out", str(tmp_path / "cli")]) == 0
     same = ("strategy", "status", "train_loss", "metric", "padding_waste", "state_bytes", "flops_per_step", "repeats")
     cli = [{k: r.get(k) for k in same} for r in read_rows(tmp_path / "cli" / "results.json")]
-    api = [{k: r.get(k) for k in same} for r in trainwise.open(out).rows]
+    api = [{k: getattr(r, k) for k in same} for r in trainwise.open(out).rows]
     assert cli == api
 
 

@@ -50,11 +50,11 @@ def test_the_cpu_clock_at_the_start_and_the_end_is_kept():
     r = between(replace(_s(0, 0.0), mhz=3000.0), replace(_s(10, 10.0, own=10.0), mhz=2100.0), cpus=2)
     assert r["cpu_mhz"] == [3000.0, 2100.0]
     from trainwise.report.format import notes
+    from trainwise.results import StudyRow
 
-    rows = [{"strategy": "baseline", "status": "ok", "baseline": True, "cpu_mhz": [3000.0, 2100.0]}]
-    assert any("clock fell" in line and "3000 -> 2100 MHz" in line for line in notes(rows))
-    rows[0]["cpu_mhz"] = [2300.0, 2300.0]
-    assert not any("clock fell" in line for line in notes(rows))
+    row = StudyRow("baseline", status="ok", baseline=True, cpu_mhz=[3000.0, 2100.0])
+    assert any("clock fell" in line and "3000 -> 2100 MHz" in line for line in notes([row]))
+    assert not any("clock fell" in line for line in notes([replace(row, cpu_mhz=[2300.0, 2300.0])]))
     if cpu_mhz() is not None:  # Linux reports it (cpufreq or /proc/cpuinfo)
         here = sample()
         assert here is not None and here.mhz is not None and 100 < here.mhz < 10_000
@@ -91,5 +91,5 @@ def test_a_trial_timed_under_load_is_flagged_in_results_and_table(tmp_path, cls_
     [(_, r)] = trials
     assert r.status == "ok" and r.contended is True and r.other_cpu_share > CONTENDED_SHARE, r
     [row] = aggregate(study.cells, trials)
-    assert row["contended"] is True and cells(row)[7].endswith("(loaded)")
+    assert row.contended is True and cells(row)[7].endswith("(loaded)")
     assert any(line.startswith("measured under load — timings unreliable") for line in notes([row]))

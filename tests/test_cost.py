@@ -11,6 +11,7 @@ from trainwise.cost import Price, resolve_price
 from trainwise.errors import ConfigError
 from trainwise.report.format import add_cost, headers
 from trainwise.report.write import read_rows
+from trainwise.results import StudyRow
 
 
 def test_dedicated_and_low_priority_arithmetic_with_the_seed_000_prices():
@@ -53,11 +54,11 @@ def test_bad_price_input(kw, message):
 
 
 def test_priced_tables_get_a_cost_column_and_a_note():
-    table = [{"strategy": "baseline", "status": "ok", "epoch_time_s": 1800.0}, {"strategy": "x", "status": "oom"}]
-    add_cost(table, Price(10.0, "$10/h"))
-    assert headers(table)[-1] == "$/epoch" and table[0]["cost_per_epoch"] == pytest.approx(5.0)
-    assert table[1]["cost_per_epoch"] is None
-    assert headers([{"strategy": "a"}])[-1] == "MFU", "no price, no column"
+    table = [StudyRow("baseline", status="ok", epoch_time_s=1800.0), StudyRow("x", status="oom")]
+    table = add_cost(table, Price(10.0, "$10/h"))
+    assert headers(table)[-1] == "$/epoch" and table[0].cost_per_epoch == pytest.approx(5.0)
+    assert table[1].cost_per_epoch is None and table[1].to_dict()["cost_per_epoch"] is None
+    assert headers([StudyRow("a")])[-1] == "MFU", "no price, no column"
 
 
 def test_compare_reports_cost_per_row(tmp_path, cls_csv, capsys):
@@ -80,15 +81,12 @@ def test_a_sku_for_other_hardware_than_the_study_ran_on_is_said_in_the_note():
 
     sku = resolve_price(None, "ND40rs_v2")
     assert sku is not None and sku.hardware == "8x V100 32GB (seed 000)"
-    rows = lambda device: [{"strategy": "baseline", "epoch_time_s": 60.0, "env": {"device_name": device}}]  # noqa: E731
+    rows = lambda device: [StudyRow("baseline", epoch_time_s=60.0, env={"device_name": device})]  # noqa: E731
     for device in ("Intel(R) Xeon(R) Processor", "NVIDIA H100 80GB HBM3"):
-        table = rows(device)
-        add_cost(table, sku)
-        assert f"the times were measured on {device}" in table[0]["cost_note"]
-        assert "not a prediction for it" in table[0]["cost_note"]
-    table = rows("Tesla V100-SXM2-32GB")
-    add_cost(table, sku)
-    assert "note" not in table[0]["cost_note"], "the SKU's own GPU: no note"
-    table = rows("Intel(R) Xeon(R) Processor")
-    add_cost(table, resolve_price(3.0, None))
-    assert table[0]["cost_note"] == "$3/h", "a bare price names no hardware"
+        [row] = add_cost(rows(device), sku)
+        assert f"the times were measured on {device}" in (row.cost_note or "")
+        assert "not a prediction for it" in (row.cost_note or "")
+    [row] = add_cost(rows("Tesla V100-SXM2-32GB"), sku)
+    assert "note" not in (row.cost_note or ""), "the SKU's own GPU: no note"
+    [row] = add_cost(rows("Intel(R) Xeon(R) Processor"), resolve_price(3.0, None))
+    assert row.cost_note == "$3/h", "a bare price names no hardware"

@@ -111,7 +111,7 @@ def test_default_rows_on_an_emulating_cpu_record_bf16_and_train_all_without_it(t
     assert "26.0x slower" in by_row["bf16"].message and "no avx512_bf16" in by_row["bf16"].message
     assert by_row["all"].support_note.startswith("trained with fp32 instead of bf16")
     table = aggregate(prepared.cells, trials)
-    bf16 = next(e for e in table if e["strategy"] == "bf16")
+    bf16 = next(e for e in table if e.strategy == "bf16")
     assert cells(bf16, footnotes(table)["bf16"])[7] == "~2600% (linear)"
     assert any(line.startswith("all: trained with fp32") for line in notes(table))
 
@@ -268,9 +268,9 @@ def test_a_slow_step_moves_no_column_of_the_row_away_from_the_others():
 
     cells = [Cell(parse_row("baseline", 4), 32, 0), Cell(parse_row("grad_ckpt", 4), 32, 0)]
     b, g = aggregate(cells, [(Spec("baseline"), base), (Spec("grad_ckpt"), other)])
-    per_sample = (g["step_time_s"] / 32) / (b["step_time_s"] / 32)
-    assert g["rel_time"] == pytest.approx(per_sample) == pytest.approx(g["epoch_time_s"] / b["epoch_time_s"])
-    assert g["rel_time"] == pytest.approx(1.3 / 2.8)
+    per_sample = (g.step_time_s / 32) / (b.step_time_s / 32)
+    assert g.rel_time == pytest.approx(per_sample) == pytest.approx(g.epoch_time_s / b.epoch_time_s)
+    assert g.rel_time == pytest.approx(1.3 / 2.8)
 
 
 def test_ranks_combine_at_the_slowest_ranks_step():
@@ -308,9 +308,9 @@ def test_the_noise_floor_and_verdicts_use_clean_runs_only():
     cells = [Cell(strategies.parse_row(r, 4), 32, 0) for r in ("baseline", "adafactor")]
     trials = [(Spec("baseline", 0), base_clean), (Spec("adafactor", 0), loaded), (Spec("baseline", 1), base_loaded)]
     base, row = aggregate(cells, trials)
-    assert base["step_time_s"] == 1.0, "the clean run gives the row's timing"
-    assert base["noise_floor"] < 0.1, "the loaded run (8.19 s) is not in the floor"
-    assert row["within_noise"] is None, "a row timed under load gets no verdict"
+    assert base.step_time_s == 1.0, "the clean run gives the row's timing"
+    assert base.noise_floor < 0.1, "the loaded run (8.19 s) is not in the floor"
+    assert row.within_noise is None, "a row timed under load gets no verdict"
 
 
 def test_a_failed_re_run_keeps_the_run_measured_under_load(tmp_path, cls_csv, monkeypatch):
@@ -386,7 +386,7 @@ def test_a_trial_contended_by_a_busy_process_is_measured_again(tmp_path, cls_csv
     assert any(e.get("event") == "note" and "measuring again (1 of --retries 2)" in e["text"] for e in events)
     [row] = aggregate(study.cells, trials)
     assert any(line.startswith("re-measured:") and f"baseline {r.discarded_runs}" in line for line in notes([row]))
-    assert row["step_time_s"] == r.step_time_s and row["discarded_runs"] == r.discarded_runs
+    assert row.step_time_s == r.step_time_s and row.discarded_runs == r.discarded_runs
 
 
 # ---- trainwise doctor --------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ errors the libraries raise (OSError, safetensors', SQLite's, a trial's message) 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -20,7 +21,7 @@ import pytest
 
 from trainwise.errors import OutputFailed
 from trainwise.files import OUTPUT_EXIT, exit_line, refusal, write_atomic, writing
-from trainwise.results import TrialResult
+from trainwise.results import StudyRow, TrialResult
 
 BERT = ["--model-preset", "bert-tiny", "--batch-size", "8", "--max-length", "32", "--eval-samples", "8"]
 
@@ -177,7 +178,7 @@ def test_an_unwrapped_refusal_reaching_the_cli_is_one_line_with_the_file(tmp_pat
 def test_reports_that_cannot_be_written_leave_the_previous_set_whole(tmp_path, monkeypatch):
     from trainwise.report import write
 
-    rows = [{"strategy": "baseline", "status": "error", "message": "m", "rel_time": None, "rel_mem": None}]
+    rows = [StudyRow("baseline", status="error", message="m")]
     write.write_reports(tmp_path, rows, "t", 1, 2, {"model": "m"})
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
 
@@ -186,7 +187,7 @@ def test_reports_that_cannot_be_written_leave_the_previous_set_whole(tmp_path, m
 
     monkeypatch.setattr(write, "chart", full)
     with pytest.raises(OutputFailed, match="chart.png"):
-        write.write_reports(tmp_path, [*rows, {**rows[0], "strategy": "bf16"}], "t", 2, 2, {"model": "m"})
+        write.write_reports(tmp_path, [*rows, dataclasses.replace(rows[0], strategy="bf16")], "t", 2, 2, {"model": "m"})
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before, "no half set, no temporary file"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -10,9 +11,14 @@ from trainwise.advise import Constraints, advise, with_quality
 from trainwise.api.quality import candidates
 from trainwise.cli import main
 from trainwise.quality import NOT_SIGNIFICANT, quality_config, verdicts
-from trainwise.results import TrialResult
+from trainwise.results import StudyRow, TrialResult
 
 from .conftest import tiny_study
+
+
+def typed(rows: list[dict]) -> list[StudyRow]:
+    """Rows written as results.json holds them, as advise and candidates take them."""
+    return [StudyRow.from_dict(r) for r in rows]
 
 
 def _trials(study, made: dict[str, list[float]]):
@@ -82,11 +88,11 @@ def test_a_phase_that_learned_nothing_says_its_verdicts_compare_nothing(tmp_path
     assert "no candidate beats always answering the commonest class (40.0%)" in capsys.readouterr().out
     assert unlearned([40.0, 52.0], 40.0) is None, "one row learned: the verdicts mean something"
     q = {"seeds": 2, "rows": [r.to_dict() for r in found]}
-    assert "no candidate beats" in with_quality([{"strategy": "baseline", "status": "ok"}], q)[1]
-    entries = [{"status": "ok", "metric": m, "metric_name": "accuracy", "metrics": {"majority_accuracy": 40.0}}
+    assert "no candidate beats" in with_quality([StudyRow("baseline", status="ok")], q)[1]
+    entries = [StudyRow(f"r{m}", status="ok", metric=m, metric_name="accuracy", metrics={"majority_accuracy": 40.0})
                for m in (40.0, 38.0)]  # fmt: skip
     assert "no row beats it" in (majority_note(entries) or "")
-    entries[0]["metric"] = 55.0
+    entries[0] = dataclasses.replace(entries[0], metric=55.0)
     assert (
         majority_note(entries) == "accuracy: always answering the commonest class scores 40.0% on these held-out rows"
     )
@@ -103,7 +109,7 @@ def test_candidates_are_the_baseline_and_the_time_memory_front(tmp_path, cls_csv
 
     table = [row("baseline", 10, 900, 20), row("bf16", 12, 800, 10), row("slow", 5, 950, 90), row("small", 8, 300, 5)]
     # 'slow' has the best 16-step quality, but is dominated in time and memory: the phase does not train it
-    assert candidates(table) == ["baseline", "bf16", "small"]
+    assert candidates(typed(table)) == ["baseline", "bf16", "small"]
     cfg = quality_config(tiny_study(tmp_path, cls_csv, "classification", ["baseline"]).config, ["baseline"], 40, 3)
     assert (cfg.max_steps, cfg.repeat, cfg.seed_per_repeat, cfg.remeasure) == (40, 3, True, False)
     assert cfg.out.endswith("/quality")
@@ -129,9 +135,9 @@ def test_advise_uses_the_verdicts_not_the_short_trials_quality():
         "rows": [q_row("baseline", "reference", [59, 61]), q_row("bf16", NOT_SIGNIFICANT, [56, 60])]
         + [q_row("lean", "worse", [49, 51])],
     }
-    short = advise(rows, Constraints(max_quality_drop=3.0))
+    short = advise(typed(rows), Constraints(max_quality_drop=3.0))
     assert short.recommended == "lean", "on 16-step accuracies bf16 looks 15 points worse and lean better"
-    rows_q, note = with_quality(rows, q)
+    rows_q, note = with_quality(typed(rows), q)
     a = advise(rows_q, Constraints(max_quality_drop=3.0))
     assert a.recommended == "bf16", "bf16's drop is inside the seeds' ranges: no drop; lean is 10 points worse"
     assert "quality phase (200 steps x 2 seeds)" in note
@@ -153,7 +159,7 @@ def test_a_row_the_quality_phase_did_not_train_wins_nothing_on_quality():
     q["rows"].append({"strategy": "lean", "verdict": NOT_SIGNIFICANT, "values": [49, 51], "steps": 99})
     for r in q["rows"]:
         r |= {"mean": sum(r["values"]) / 2, "low": min(r["values"]), "high": max(r["values"])}
-    judged, _ = with_quality(rows, q)
+    judged, _ = with_quality(typed(rows), q)
     by = {v.strategy: v for v in advise(judged, Constraints()).verdicts}
     assert "dominated by lean" in by["adafactor"].reason and "quality unknown" in by["adafactor"].reason
     assert "dominated by lean (no slower, no more memory, its quality measured)" in by["slow"].reason, (
@@ -163,7 +169,7 @@ def test_a_row_the_quality_phase_did_not_train_wins_nothing_on_quality():
     # lean judged worse and excluded by the quality floor: adafactor's quality is unknown, so it cannot be
     # shown no worse than the baseline: both are on the front; adafactor wins on time, said to have no verdict
     q["rows"][1] |= {"verdict": "worse", "values": [30, 32], "mean": 31, "low": 30, "high": 32}
-    tight = advise(with_quality(rows, q)[0], Constraints(max_quality_drop=5.0))
+    tight = advise(with_quality(typed(rows), q)[0], Constraints(max_quality_drop=5.0))
     assert tight.recommended == "adafactor" and any("no quality verdict" in n for n in tight.notes)
     assert {v.strategy for v in tight.verdicts if v.pareto} == {"adafactor", "baseline"}
     assert "neither's quality known" in next(v.reason for v in tight.verdicts if v.strategy == "slow")

@@ -43,7 +43,7 @@ def test_a_failing_trial_is_a_row_and_the_study_goes_on(tmp_path, cls_csv, monke
     assert results[0].status == status and message in results[0].message
     assert results[1].status == "ok", "the study went on after the fault"
     table = aggregate(study.cells, trials)
-    assert table[0]["rel_time"] is None and table[1]["rel_time"] == pytest.approx(1.0)
+    assert table[0].rel_time is None and table[1].rel_time == pytest.approx(1.0)
 
 
 def test_compare_writes_every_report_and_resumes(tmp_path, cls_csv, capsys, monkeypatch):
@@ -150,8 +150,9 @@ def test_repeats_are_interleaved_and_reported_as_medians(tmp_path, cls_csv):
     ]
     trials, _ = _run(study)
     table = aggregate(study.cells, trials)
-    assert table[0]["repeats"] == 2 and len(table[0]["step_time_s_all"]) == 2
-    assert min(table[0]["step_time_s_all"]) <= table[0]["step_time_s"] <= max(table[0]["step_time_s_all"])
+    times = table[0].step_time_s_all
+    assert table[0].repeats == 2 and times is not None and len(times) == 2
+    assert min(times) <= table[0].step_time_s <= max(times)
 
 
 def test_time_epoch_and_cost_of_a_row_come_from_one_repeat_and_agree(tmp_path, cls_csv):
@@ -172,18 +173,14 @@ def test_time_epoch_and_cost_of_a_row_come_from_one_repeat_and_agree(tmp_path, c
         r = TrialResult(spec.row, "ok", spec.repeat, samples_per_s=sps, step_time_s=step, epoch_time_s=n / sps)
         trials.append((spec, r))
     table = aggregate(study.cells, trials)
-    add_cost(table, Price(36.0, "$36/h"))
+    table = add_cost(table, Price(36.0, "$36/h"))
     ckpt = table[1]
-    assert ckpt["timing_repeat"] == 0 and (ckpt["samples_per_s"], ckpt["step_time_s"]) == (9.0, 0.2)
-    assert ckpt["rel_time"] == pytest.approx(10.0 / 9.0)
-    assert ckpt["epoch_time_s"] == pytest.approx(n / 9.0) and ckpt["cost_per_epoch"] == pytest.approx(n / 9.0 / 100)
+    assert ckpt.timing_repeat == 0 and (ckpt.samples_per_s, ckpt.step_time_s) == (9.0, 0.2)
+    assert ckpt.rel_time == pytest.approx(10.0 / 9.0)
+    assert ckpt.epoch_time_s == pytest.approx(n / 9.0) and ckpt.cost_per_epoch == pytest.approx(n / 9.0 / 100)
     # they agree: slower than the baseline per sample, so a longer and dearer epoch
     base = table[0]
-    assert (
-        (ckpt["rel_time"] > 1)
-        == (ckpt["epoch_time_s"] > base["epoch_time_s"])
-        == (ckpt["cost_per_epoch"] > base["cost_per_epoch"])
-    )
+    assert (ckpt.rel_time > 1) == (ckpt.epoch_time_s > base.epoch_time_s) == (ckpt.cost_per_epoch > base.cost_per_epoch)
 
 
 def test_rows_inside_the_noise_read_as_such(tmp_path, cls_csv):
@@ -207,9 +204,9 @@ def test_rows_inside_the_noise_read_as_such(tmp_path, cls_csv):
         for spec in study.specs
     ]
     base, bf16, accum = aggregate(study.cells, trials)
-    assert base["noise_floor"] == pytest.approx((10.8 - 9.6) / 10.0)
-    assert bf16["within_noise"] is True and cells(bf16)[7] == "≈ baseline"
-    assert accum["within_noise"] is False and cells(accum)[7] == f"{100 * 10.0 / 5.0:.0f}%"
+    assert base.noise_floor == pytest.approx((10.8 - 9.6) / 10.0)
+    assert bf16.within_noise is True and cells(bf16)[7] == "≈ baseline"
+    assert accum.within_noise is False and cells(accum)[7] == f"{100 * 10.0 / 5.0:.0f}%"
     assert any(
         "noise floor ±12.0% (the spread of the baseline's 3 repeats)" in line for line in notes([base, bf16, accum])
     )
@@ -217,8 +214,8 @@ def test_rows_inside_the_noise_read_as_such(tmp_path, cls_csv):
     for _, r in one:
         r.step_time_iqr_s, r.timed_steps = 0.01, 16
     base1 = aggregate(study.cells, one)[0]
-    assert base1["noise_floor"] == pytest.approx(2 * 2**0.5 * 1.253 * 0.01 / 1.349 / 0.1 / 4)
-    assert "one repeat" in base1["noise_source"]
+    assert base1.noise_floor == pytest.approx(2 * 2**0.5 * 1.253 * 0.01 / 1.349 / 0.1 / 4)
+    assert "one repeat" in base1.noise_source
 
 
 def test_one_repeat_runs_the_baseline_again_last_for_the_noise_floor(tmp_path, cls_csv):
@@ -235,8 +232,8 @@ def test_one_repeat_runs_the_baseline_again_last_for_the_noise_floor(tmp_path, c
         for s in study.specs
     ]
     base, bf16, _ = aggregate(study.cells, trials)
-    assert base["repeats"] == 2 and base["noise_floor"] == pytest.approx(1.0 / 9.5)
-    assert "run first and again last" in base["noise_source"] and bf16["within_noise"] is True
+    assert base.repeats == 2 and base.noise_floor == pytest.approx(1.0 / 9.5)
+    assert "run first and again last" in base.noise_source and bf16.within_noise is True
     for i, kw in enumerate([dict(remeasure=False), dict(remeasure=True, repeat=2)]):
         other = tiny_study(tmp_path / str(i), cls_csv, "classification", rows, eval_samples=0, **kw)
         assert len(other.specs) == 3 * other.config.repeat
@@ -265,7 +262,7 @@ def test_quality_from_random_weights_is_said_to_be_so(tmp_path, cls_csv):
         metric_name="accuracy",
     )
     table = aggregate(study.cells, [(s, made(s)) for s in study.specs])
-    assert all(e["random_init"] for e in table)
+    assert all(e.random_init for e in table)
     assert dict(zip(headers(table), cells(table[0]), strict=True))["quality"] == "acc 40.0% (random init)"
     assert any(line.startswith("random init: quality not meaningful") for line in notes(table))
     assert any(n.startswith("random init: quality not meaningful") for n in advise(table, Constraints()).notes)
@@ -274,7 +271,7 @@ def test_quality_from_random_weights_is_said_to_be_so(tmp_path, cls_csv):
         for s in study.specs
     ]
     table = aggregate(study.cells, pretrained)
-    assert not any(e["random_init"] for e in table)
+    assert not any(e.random_init for e in table)
     assert not any("random init" in line for line in notes(table))
     assert dict(zip(headers(table), cells(table[0]), strict=True))["quality"] == "acc 40.0%"
 

@@ -14,11 +14,11 @@ from trainwise.errors import ConfigError
 from trainwise.measure.timing import StepTimes, percentile, summarize_steps
 from trainwise.models import PRESETS, bundled_minilm_dir, resolve_model
 from trainwise.report.format import cells, headers, human_bytes
-from trainwise.results import TrialResult
+from trainwise.results import StudyRow, TrialResult
 from trainwise.study import aggregate
 
 
-def aggregate_of(texts: list[str], results: list[TrialResult]) -> list[dict]:
+def aggregate_of(texts: list[str], results: list[TrialResult]) -> list[StudyRow]:
     """aggregate() over results of these rows, each one cell at batch 16 (as a study of them would give)."""
     from trainwise import strategies
     from trainwise.config import Cell, TrialSettings, TrialSpec
@@ -66,7 +66,7 @@ def test_percentile_and_step_summary():
 def test_throughput_is_samples_over_total_time_not_mean_of_rates():
     """Two steps of 16 samples: 1 s and 3 s -> 8 samples/s, not mean(16, 5.33) = 10.67."""
     r = [TrialResult("baseline", "ok", samples_per_s=32 / 4.0, peak_mem_bytes=100, step_time_s=2.0)]
-    assert aggregate_of(["baseline"], r)[0]["samples_per_s"] == 8.0
+    assert aggregate_of(["baseline"], r)[0].samples_per_s == 8.0
 
 
 def test_relative_columns_against_the_baseline():
@@ -76,8 +76,8 @@ def test_relative_columns_against_the_baseline():
         TrialResult("fp16", "unsupported", message="needs cuda"),
     ]
     table = aggregate_of(["baseline", "grad_ckpt", "fp16"], results)
-    assert table[1]["rel_time"] == pytest.approx(1.25) and table[1]["rel_mem"] == pytest.approx(0.6)
-    assert table[2]["rel_time"] is None and table[2]["status"] == "unsupported"
+    assert table[1].rel_time == pytest.approx(1.25) and table[1].rel_mem == pytest.approx(0.6)
+    assert table[2].rel_time is None and table[2].status == "unsupported"
     row = dict(zip(headers(table), cells(table[1]), strict=True))
     assert (row["time %"], row["peak mem"], row["mem %"], row["MFU"]) == ("125%", "600 B", "60%", "-")
     assert "RSS" not in headers(table)  # no CPU allocator rows here
@@ -155,7 +155,7 @@ def test_markdown_marks_failed_rows_with_their_footnote_by_itself():
     text = markdown(table, "t")
     assert "| fp16 | unsupported [1] |" in text
     assert "- [1] fp16: unsupported: needs cuda" in text
-    assert "note" not in table[1], "rendering does not modify the rows"
+    assert "note" not in table[1].to_dict(), "rendering does not modify the rows"
 
 
 def test_a_trial_key_ignores_fields_at_their_defaults(tmp_path, cls_csv):

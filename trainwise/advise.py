@@ -9,12 +9,15 @@ still be advised on).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainwise.errors import ConfigError, check_number, read_json
 from trainwise.report.format import human_bytes
 from trainwise.report.write import rows_of
+from trainwise.results import StudyRow
 from trainwise.units import parse_bytes, parse_seconds
 
 OBJECTIVES = ("time", "cost", "quality")
@@ -70,43 +73,47 @@ class Advice:
     notes: list[str]
 
 
-def _time(row: dict) -> float:
-    return 1.0 / row["samples_per_s"]  # seconds per sample: epoch time up to a constant
+def _time(row: StudyRow) -> float:
+    return 1.0 / (row.samples_per_s or 0.0)  # seconds per sample: epoch time up to a constant (advise: ok rows)
 
 
-def needs(row: dict) -> int:
+def _mem(row: StudyRow) -> float:
+    return row.peak_mem_bytes or 0
+
+
+def needs(row: StudyRow) -> int:
     """What a row needs of a device, on the basis `trainwise estimate`'s total uses: the peak of live
     tensors plus the runtime (CUDA: the context; CPU: the trial process's RSS before the model was built,
     i.e. torch + transformers + the data). Compared with --memory-budget."""
     from trainwise.measure.memory import CUDA_CONTEXT_BYTES
 
-    runtime = CUDA_CONTEXT_BYTES if row.get("mem_kind") == "cuda_allocated" else row.get("rss_before_model_bytes") or 0
-    return int(row["peak_mem_bytes"]) + int(runtime)
+    runtime = CUDA_CONTEXT_BYTES if row.mem_kind == "cuda_allocated" else row.rss_before_model_bytes or 0
+    return int(_mem(row)) + int(runtime)
 
 
-def _dominates(a: dict, b: dict) -> bool:
+def _dominates(a: StudyRow, b: StudyRow) -> bool:
     """a is no worse than b in time, memory and quality, and better in one. A row without a quality figure
     (not trained by the quality phase) never dominates one with it: it cannot be shown no worse; one with a
     quality figure may dominate one without (b's quality is unknown, so nothing is shown to favour it)."""
-    qa, qb = a.get("metric"), b.get("metric")
+    qa, qb = a.metric, b.metric
     if qa is None and qb is not None:
         return False
-    q_no_worse = qb is None or qa >= qb
+    q_no_worse = qb is None or (qa is not None and qa >= qb)
     q_better = qa is not None and qb is not None and qa > qb
-    ca, cb = a.get("cost_per_epoch"), b.get("cost_per_epoch")  # rows priced differently (several studies)
+    ca, cb = a.cost_per_epoch, b.cost_per_epoch  # rows priced differently (several studies)
     c_no_worse = ca is None or cb is None or ca <= cb
     c_better = ca is not None and cb is not None and ca < cb
-    no_worse = _time(a) <= _time(b) and a["peak_mem_bytes"] <= b["peak_mem_bytes"] and q_no_worse and c_no_worse
-    better = _time(a) < _time(b) or a["peak_mem_bytes"] < b["peak_mem_bytes"] or q_better or c_better
+    no_worse = _time(a) <= _time(b) and _mem(a) <= _mem(b) and q_no_worse and c_no_worse
+    better = _time(a) < _time(b) or _mem(a) < _mem(b) or q_better or c_better
     return no_worse and better
 
 
-def _objective_key(objective: str):
+def _objective_key(objective: str) -> Callable[[StudyRow], tuple]:
     if objective == "quality":
-        return lambda r: (-(r.get("metric") if r.get("metric") is not None else float("-inf")), _time(r))
+        return lambda r: (-(r.metric if r.metric is not None else float("-inf")), _time(r))
     if objective == "cost":  # $/epoch where priced (advise refuses a mix); on one price it ranks like time
-        return lambda r: (r.get("cost_per_epoch") or 0.0, _time(r), r["peak_mem_bytes"])
-    return lambda r: (_time(r), r["peak_mem_bytes"])
+        return lambda r: (r.cost_per_epoch or 0.0, _time(r), _mem(r))
+    return lambda r: (_time(r), _mem(r))
 
 
 def _duration(seconds: float) -> str:
@@ -123,64 +130,57 @@ def _pct(x: float) -> str:
     return f"{100 * (x - 1):+.0f}%"
 
 
-def advise(rows: list[dict], constraints: Constraints) -> Advice:
-    ok = [r for r in rows if r.get("status") == "ok" and r.get("samples_per_s") and r.get("peak_mem_bytes")]
+def advise(rows: list[StudyRow], constraints: Constraints) -> Advice:
+    ok = [r for r in rows if r.status == "ok" and r.samples_per_s and r.peak_mem_bytes]
     notes: list[str] = []
-    prices = {r.get("cost_note") for r in ok if r.get("cost_per_epoch") is not None}
+    prices = {r.cost_note for r in ok if r.cost_per_epoch is not None}
     if constraints.objective == "cost" and len(prices) <= 1:
         notes.append(
             "cost ranks like time here: every row ran at the same price per hour (advise several studies, "
             "each priced for its machine, to rank by cost across devices)"
         )
-    if (
-        constraints.objective == "cost"
-        and prices
-        and (bare := [r["strategy"] for r in ok if r.get("cost_per_epoch") is None])
-    ):
+    if constraints.objective == "cost" and prices and (bare := [r.strategy for r in ok if r.cost_per_epoch is None]):
         raise ConfigError(
             f"--objective cost: {', '.join(bare)} have no price; price their study with compare --out STUDY "
             "--price-per-hour P (or --sku), which re-reports it from the store without re-running"
         )
     if not ok:
-        verdicts = [
-            Verdict(r["strategy"], r.get("status", "?"), False, False, f"no result: {r.get('message', '')}")
-            for r in rows
-        ]
+        verdicts = [Verdict(r.strategy, r.status, False, False, f"no result: {r.message}") for r in rows]
         return Advice(None, verdicts, None, ["no row finished ok; nothing to advise on", *notes])
 
-    if any(r.get("random_init") and r.get("metric") is not None for r in ok):
+    if any(r.random_init and r.metric is not None for r in ok):
         from trainwise.report.format import RANDOM_INIT_NOTE
 
         notes.append(RANDOM_INIT_NOTE)
     key = _objective_key(constraints.objective)
-    reference = next((r for r in ok if r.get("baseline")), None) or min(ok, key=key)
-    if not reference.get("baseline"):
+    reference = next((r for r in ok if r.baseline), None) or min(ok, key=key)
+    if not reference.baseline:
         notes.append(
-            f"no successful baseline row: figures are relative to {reference['strategy']!r}, "
+            f"no successful baseline row: figures are relative to {reference.strategy!r}, "
             f"the best row for {constraints.objective}"
         )
     budget = constraints.memory_budget_bytes
-    ref_q = reference.get("metric")
+    ref_q = reference.metric
 
-    if constraints.max_epoch_usd is not None and not any(r.get("cost_per_epoch") is not None for r in ok):
+    if constraints.max_epoch_usd is not None and not any(r.cost_per_epoch is not None for r in ok):
         raise ConfigError(
             "--max-epoch-cost: the study has no prices; run compare with --price-per-hour or --sku (or --price-file)"
         )
 
-    def infeasible_reason(r: dict) -> str | None:
-        epoch, usd = r.get("epoch_time_s"), r.get("cost_per_epoch")
+    def infeasible_reason(r: StudyRow) -> str | None:
+        epoch, usd = r.epoch_time_s, r.cost_per_epoch
         if constraints.max_epoch_s is not None and epoch is not None and epoch > constraints.max_epoch_s:
             return f"an epoch takes {_duration(epoch)}, more than --max-epoch-time {_duration(constraints.max_epoch_s)}"
         if constraints.max_epoch_usd is not None and usd is not None and usd > constraints.max_epoch_usd:
             return f"an epoch costs ${usd:.4g}, more than --max-epoch-cost ${constraints.max_epoch_usd:g}"
         if budget is not None and needs(r) > budget:
             return (
-                f"needs {human_bytes(needs(r))} (peak tensors {human_bytes(r['peak_mem_bytes'])} + runtime), "
+                f"needs {human_bytes(needs(r))} (peak tensors {human_bytes(r.peak_mem_bytes)} + runtime), "
                 f"more than the budget {human_bytes(budget)}"
             )
         drop = constraints.max_quality_drop
-        if drop is not None and ref_q is not None and r.get("metric") is not None and ref_q - r["metric"] > drop:
-            return f"{r['metric_name']} {r['metric']:.2f} is more than {drop:g} below the reference ({ref_q:.2f})"
+        if drop is not None and ref_q is not None and r.metric is not None and ref_q - r.metric > drop:
+            return f"{r.metric_name} {r.metric:.2f} is more than {drop:g} below the reference ({ref_q:.2f})"
         return None
 
     feasible = [r for r in ok if infeasible_reason(r) is None]
@@ -188,18 +188,18 @@ def advise(rows: list[dict], constraints: Constraints) -> Advice:
     if budget is not None and not feasible:
         smallest = min(ok, key=needs)
         notes.append(
-            f"nothing fits {human_bytes(budget)}: the smallest row, {smallest['strategy']!r}, needs "
+            f"nothing fits {human_bytes(budget)}: the smallest row, {smallest.strategy!r}, needs "
             f"{human_bytes(needs(smallest))}; try a smaller batch, grad_ckpt + grad_accum, "
             "freezing, or (issue 3) ZeRO offload / LoRA"
         )
 
-    judged = any(r.get("quality_verdict") for r in ok)  # quality from the quality phase (with_quality)
+    judged = any(r.quality_verdict for r in ok)  # quality from the quality phase (with_quality)
     verdicts = []
     for r in sorted(ok, key=key):
-        rel_t, rel_m = _time(r) / _time(reference), r["peak_mem_bytes"] / reference["peak_mem_bytes"]
-        dq = r["metric"] - ref_q if r.get("metric") is not None and ref_q is not None else None
+        rel_t, rel_m = _time(r) / _time(reference), _mem(r) / _mem(reference)
+        dq = r.metric - ref_q if r.metric is not None and ref_q is not None else None
         effect = f"{_pct(rel_t)} time, {_pct(rel_m)} memory" + (
-            f", {dq:+.2f} {r['metric_name']}" if dq is not None else ""
+            f", {dq:+.2f} {r.metric_name}" if dq is not None else ""
         )
         why = infeasible_reason(r)
         if why:
@@ -207,95 +207,87 @@ def advise(rows: list[dict], constraints: Constraints) -> Advice:
         elif r in front:
             reason = f"Pareto-optimal: {effect}"
         else:
-            by = next((o for o in feasible if o.get("metric") is not None and _dominates(o, r)), None) or next(
+            by = next((o for o in feasible if o.metric is not None and _dominates(o, r)), None) or next(
                 o for o in feasible if _dominates(o, r)
             )  # a row whose quality is known is the better witness
             worse = (
                 "no worse quality"
-                if r.get("metric") is not None
+                if r.metric is not None
                 else "its quality measured"
-                if by.get("metric") is not None
+                if by.metric is not None
                 else "neither's quality known"
             )
-            dearer = ", no dearer" if by.get("cost_per_epoch") is not None and len(prices) > 1 else ""
-            reason = f"dominated by {by['strategy']} (no slower, no more memory{dearer}, {worse}): {effect}"
+            dearer = ", no dearer" if by.cost_per_epoch is not None and len(prices) > 1 else ""
+            reason = f"dominated by {by.strategy} (no slower, no more memory{dearer}, {worse}): {effect}"
         if r is reference:
             reason = f"reference row; {reason}"
-        if judged and r.get("metric") is None:
+        if judged and r.metric is None:
             reason += "; quality unknown (not trained by the quality phase)"
-        if r.get("contended"):
+        if r.contended:
             reason += "; timed under load (unreliable)"
-        if r.get("support_note"):  # its precision is emulated or inert on this device: why its time is what it is
-            reason += f"; {r['support_note']}"
-        cost = r.get("cost_per_epoch")
-        verdicts.append(Verdict(r["strategy"], "ok", why is None, r in front, reason, rel_t, rel_m, dq, cost))
+        if r.support_note:  # its precision is emulated or inert on this device: why its time is what it is
+            reason += f"; {r.support_note}"
+        verdicts.append(Verdict(r.strategy, "ok", why is None, r in front, reason, rel_t, rel_m, dq, r.cost_per_epoch))
     verdicts.sort(key=lambda v: (not v.pareto, not v.feasible))  # stable: keeps the objective order inside
     for r in rows:
         if r not in ok:
-            verdicts.append(
-                Verdict(
-                    r["strategy"],
-                    r.get("status", "?"),
-                    False,
-                    False,
-                    f"did not run to completion ({r.get('status')}): {r.get('message', '')}",
-                )
-            )
+            reason = f"did not run to completion ({r.status}): {r.message}"
+            verdicts.append(Verdict(r.strategy, r.status, False, False, reason))
     best = min(front, key=key) if front else None
-    loaded = [r["strategy"] for r in ok if r.get("contended")]
+    loaded = [r.strategy for r in ok if r.contended]
     if loaded:
         notes.append(
             f"timed under load, so their times are unreliable: {', '.join(loaded)}; run the study again on a "
             "quiet machine before trusting a ranking by time or cost"
         )
-    if judged and best is not None and best.get("metric") is None:
+    if judged and best is not None and best.metric is None:
         notes.append(
-            f"the recommended row {best['strategy']!r} has no quality verdict (the rows that would dominate it "
+            f"the recommended row {best.strategy!r} has no quality verdict (the rows that would dominate it "
             "were excluded): give compare --strategies with it and --quality-steps before relying on its quality"
         )
     if best is not None and (caution := quality_caution(best, reference)) is not None:
         notes.append(caution)
-        pick = next(v for v in verdicts if v.strategy == best["strategy"])
+        pick = next(v for v in verdicts if v.strategy == best.strategy)
         pick.reason += "; caution: its quality is a short trial's, below the reference's (see the note)"
-    if best is not None and best is not reference and best.get("within_noise") and constraints.objective != "quality":
+    if best is not None and best is not reference and best.within_noise and constraints.objective != "quality":
         notes.append(
-            f"{best['strategy']!r} is within the noise floor (±{100 * best['noise_floor']:.1f}%) of "
-            f"{reference['strategy']!r} in time: its lead may be noise (--repeat 3 narrows it)"
+            f"{best.strategy!r} is within the noise floor (±{100 * (best.noise_floor or 0.0):.1f}%) of "
+            f"{reference.strategy!r} in time: its lead may be noise (--repeat 3 narrows it)"
         )
-    return Advice(reference["strategy"], verdicts, best["strategy"] if best else None, notes)
+    return Advice(reference.strategy, verdicts, best.strategy if best else None, notes)
 
 
-def quality_noise(row: dict, reference: dict) -> float | None:
+def quality_noise(row: StudyRow, reference: StudyRow) -> float | None:
     """How far two rows' accuracy may differ by the held-out sample alone, in points: one standard error of
     the difference of two proportions over the study's `eval_samples` held-out rows (None: another metric,
     or the count is unknown). The rows are scored on the same samples, so this errs towards noise."""
-    n = row.get("eval_samples")
-    if row.get("metric_name") != "accuracy" or not n:
+    n = row.eval_samples
+    if row.metric_name != "accuracy" or not n or row.metric is None or reference.metric is None:
         return None
-    p, q = row["metric"] / 100, reference["metric"] / 100
+    p, q = row.metric / 100, reference.metric / 100
     return 100 * ((p * (1 - p) + q * (1 - q)) / n) ** 0.5
 
 
-def quality_caution(best: dict, reference: dict) -> str | None:
+def quality_caution(best: StudyRow, reference: StudyRow) -> str | None:
     """A caution when the pick's quality is below the reference's beyond the noise and that quality comes
     from the speed trials (a few steps each; no quality phase judged it): a weak signal either way, which
     the quality phase (compare --quality-steps, over seeds) measures before the pick is adopted."""
-    if best is reference or best.get("quality_verdict") or best.get("metric") is None:
+    if best is reference or best.quality_verdict or best.metric is None:
         return None
-    if reference.get("metric") is None or reference.get("quality_verdict"):
+    if reference.metric is None or reference.quality_verdict:
         return None
-    drop, noise = reference["metric"] - best["metric"], quality_noise(best, reference)
+    drop, noise = reference.metric - best.metric, quality_noise(best, reference)
     if drop < 0.005 or (noise is not None and drop <= noise):  # not shown (2 decimals), or within the noise
         return None
-    steps = f"{best['trial_steps']}-step " if best.get("trial_steps") else ""
+    steps = f"{best.trial_steps}-step " if best.trial_steps else ""
     within = (
-        f"more than the held-out noise (±{noise:.2f}: one standard error over {best['eval_samples']} samples)"
+        f"more than the held-out noise (±{noise:.2f}: one standard error over {best.eval_samples} samples)"
         if noise is not None
         else "with no noise estimate for this metric"
     )
     return (
-        f"caution: {best['strategy']!r} scored {drop:.2f} {best['metric_name']} points below {reference['strategy']!r} "
-        f"({best['metric']:.2f} vs {reference['metric']:.2f}) in the {steps}speed trials, {within}; a short trial's "
+        f"caution: {best.strategy!r} scored {drop:.2f} {best.metric_name} points below {reference.strategy!r} "
+        f"({best.metric:.2f} vs {reference.metric:.2f}) in the {steps}speed trials, {within}; a short trial's "
         "quality is a weak signal: before adopting it, run the study's compare again with --quality-steps N "
         "(e.g. 200) --seeds 3, whose quality phase trains the candidates longer over seeds and tests the difference"
     )
@@ -304,8 +296,8 @@ def quality_caution(best: dict, reference: dict) -> str | None:
 # ---- a study on disk -----------------------------------------------------------------------------
 
 
-def read_results(study: Path) -> list[dict]:
-    """A study's results.json rows (ConfigError when it is missing or not one)."""
+def read_results(study: Path) -> list[StudyRow]:
+    """A study's results.json rows, typed (ConfigError when it is missing or not one)."""
     path = study / "results.json"
     if study.exists() and not study.is_dir():
         raise ConfigError(f"{study}: not a study directory (a file); give the --out of `trainwise compare`")
@@ -314,7 +306,7 @@ def read_results(study: Path) -> list[dict]:
     rows = rows_of(read_json(path, "a trainwise results file"))
     if not isinstance(rows, list) or not all(isinstance(r, dict) and "strategy" in r for r in rows):
         raise ConfigError(f"{path}: not a trainwise results file (expected a list of rows with 'strategy')")
-    return rows
+    return [StudyRow.from_dict(r) for r in rows]
 
 
 def partial_note(study: Path) -> str | None:
@@ -331,7 +323,7 @@ def partial_note(study: Path) -> str | None:
     )
 
 
-def study_row(study: Path, name: str | None, flag: str = "--study") -> dict:
+def study_row(study: Path, name: str | None, flag: str = "--study") -> StudyRow:
     """A finished study's results entry for a row (its table name or its row text), or the one advise
     recommends (objective time, no constraints) when `name` is None."""
     rows = read_results(study)
@@ -340,15 +332,13 @@ def study_row(study: Path, name: str | None, flag: str = "--study") -> dict:
         if advice.recommended is None:
             raise ConfigError(f"{flag} {study}: no row finished ok; pass --strategies")
         name = advice.recommended
-    found = next((r for r in rows if r["strategy"] == name), None) or next(
-        (r for r in rows if r.get("row") == name), None
-    )
+    found = next((r for r in rows if r.strategy == name), None) or next((r for r in rows if r.row == name), None)
     if found is None:
-        raise ConfigError(f"{flag} {study}: no row {name!r}; its rows: {', '.join(r['strategy'] for r in rows)}")
+        raise ConfigError(f"{flag} {study}: no row {name!r}; its rows: {', '.join(r.strategy for r in rows)}")
     return found
 
 
-def with_quality(rows: list[dict], verdicts: dict) -> tuple[list[dict], str]:
+def with_quality(rows: list[StudyRow], verdicts: dict) -> tuple[list[StudyRow], str]:
     """Rows whose quality is the quality phase's (quality/quality.json), not the speed trials': a row's
     metric becomes its seeds' mean, or the baseline's when the difference is not significant (so it
     neither dominates nor is excluded by --max-quality-drop on noise); rows the phase did not train
@@ -359,13 +349,13 @@ def with_quality(rows: list[dict], verdicts: dict) -> tuple[list[dict], str]:
     reference = next((q for q in verdicts["rows"] if q["verdict"] == "reference"), None)
     out = []
     for r in rows:
-        q = by_row.get(r.get("row", r["strategy"]))
+        q = by_row.get(r.row_text)
         if q is None:
-            out.append({**r, "metric": None})
+            out.append(dataclasses.replace(r, metric=None))
             continue
         metric = reference["mean"] if q["verdict"] == NOT_SIGNIFICANT and reference is not None else q["mean"]
         verdict = f"{q['verdict']} ({q['low']:.2f}-{q['high']:.2f} over {len(q['values'])} seeds)"
-        out.append({**r, "metric": metric, "quality_verdict": verdict})
+        out.append(dataclasses.replace(r, metric=metric, quality_verdict=verdict))
     steps = verdicts["rows"][0]["steps"] if verdicts["rows"] else 0
     note = (
         f"quality from the quality phase ({steps} steps x {verdicts['seeds']} seeds) for "

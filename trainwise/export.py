@@ -371,17 +371,17 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         store = Store.of(Path(cfg.study))
         try:
             entry = study_row(Path(cfg.study), cfg.strategies)
-            spec = store.spec(entry.get("row", entry["strategy"]))
+            spec = store.spec(entry.row_text)
             origin = store.origin()
         finally:
             store.close()
         if spec is None:
-            raise ConfigError(f"--study {cfg.study}: the store holds no trial of {entry['strategy']!r}")
+            raise ConfigError(f"--study {cfg.study}: the store holds no trial of {entry.strategy!r}")
         s = spec.settings
         text, (model, preset) = spec.row, named_model(s)
         task, batch, accum, lengths, lr = (
             s.task,
-            entry.get("batch_size", s.batch_size),
+            entry.batch_size if entry.batch_size is not None else s.batch_size,
             s.accum_steps,
             (s.max_length, s.max_target_length),
             s.lr,

@@ -90,8 +90,7 @@ def point_noise(r: TrialResult) -> float | None:
     (twice the standard error of the difference of two median steps, from the step-to-step variation)."""
     from trainwise.study import noise_floor
 
-    steps = {"step_time_iqr_s": r.step_time_iqr_s, "step_time_s": r.step_time_s, "timed_steps": r.timed_steps}
-    return noise_floor(steps, [])[0]
+    return noise_floor(r, [])[0]
 
 
 def ties(points: list[BatchPoint]) -> list[int]:

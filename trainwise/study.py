@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,7 @@ from trainwise.measure import contention
 from trainwise.measure.device import DeviceFacts, precision_ratio
 from trainwise.measure.device import facts as device_facts
 from trainwise.models import bundled_minilm_dir, head_note, resolve_model, train_tokenizer
-from trainwise.results import TrialResult
+from trainwise.results import StudyRow, TrialResult
 from trainwise.strategies import Row, Support
 
 
@@ -692,8 +693,8 @@ NUMERIC = (
 )
 
 
-def aggregate(cells: list[Cell], trials: Trials) -> list[dict]:
-    """One entry per cell: medians over its ok repeats, and time/memory relative to the baseline."""
+def aggregate(cells: list[Cell], trials: Trials) -> list[StudyRow]:
+    """One row per cell: medians over its ok repeats, and time/memory relative to the baseline."""
     table = []
     for cell in cells:
         results = [r for spec, r in trials if cell.matches(spec)]
@@ -702,69 +703,75 @@ def aggregate(cells: list[Cell], trials: Trials) -> list[dict]:
         ok = [r for r in results if r.status == "ok"]
         first = (ok or results)[-1]
         settings = next(spec.settings for spec, _ in trials if cell.matches(spec))
-        entry: dict = {
-            "strategy": cell.label(),
-            # a text size preset: random weights, so a few steps' quality says nothing about fine-tuning
-            "random_init": settings.model_kind == "preset" and settings.task in TEXT_TASKS,
-            "row": cell.row.text,
-            "baseline": cell.row.is_baseline,
-            "batch_size": cell.batch_size,
-            "workers": cell.workers,
-            "status": first.status,
-            "message": "" if ok else first.message,
-            "repeats": len(ok),
-            "mem_kind": first.mem_kind,
-            "compute_dtype": first.compute_dtype,
-            "peak_mode": first.peak_mode,
-            "mfu_note": first.mfu_note,
-            "support_note": first.support_note,
-            "precision_ratio": first.precision_ratio,
-            "metric_name": first.metric_name,
-            "plan": first.plan,
-            "env": first.env,
-            "world_size": first.world_size,
-            "rank_peak_mem_bytes": first.rank_peak_mem_bytes,
-            "trace": first.trace,
-        }
+        medians: dict[str, Any] = {}
         for name in NUMERIC:
             values = [getattr(r, name) for r in ok if getattr(r, name) is not None]
-            entry[name] = statistics.median(values) if values else None
+            medians[name] = statistics.median(values) if values else None
         timed = [r for r in ok if r.samples_per_s is not None]
         timed = sorted([r for r in timed if not r.contended] or timed, key=lambda r: r.samples_per_s or 0.0)
         middle = timed[(len(timed) - 1) // 2] if timed else None  # the lower median: an even count takes the slower
-        for name in TIMING:
-            entry[name] = getattr(middle, name) if middle is not None else None
-        entry["timing_repeat"] = middle.repeat if middle is not None else None
-        entry["discarded_runs"] = sum(r.discarded_runs for r in results)
-        if ok:
-            entry["metrics"] = {
-                k: statistics.median([r.metrics[k] for r in ok if k in r.metrics]) for k in ok[0].metrics
-            }
-            entry["step_time_s_all"] = [r.step_time_s for r in ok]
-        table.append(entry)
+        timing: dict[str, Any] = {name: getattr(middle, name) if middle is not None else None for name in TIMING}
+        row = StudyRow(
+            strategy=cell.label(),
+            # a text size preset: random weights, so a few steps' quality says nothing about fine-tuning
+            random_init=settings.model_kind == "preset" and settings.task in TEXT_TASKS,
+            row=cell.row.text,
+            baseline=cell.row.is_baseline,
+            batch_size=cell.batch_size,
+            workers=cell.workers,
+            status=first.status,
+            message="" if ok else first.message,
+            repeats=len(ok),
+            mem_kind=first.mem_kind,
+            compute_dtype=first.compute_dtype,
+            peak_mode=first.peak_mode,
+            mfu_note=first.mfu_note,
+            support_note=first.support_note,
+            precision_ratio=first.precision_ratio,
+            metric_name=first.metric_name,
+            plan=first.plan,
+            env=first.env,
+            world_size=first.world_size,
+            rank_peak_mem_bytes=first.rank_peak_mem_bytes,
+            trace=first.trace,
+            **medians,
+            **timing,
+            timing_repeat=middle.repeat if middle is not None else None,
+            discarded_runs=sum(r.discarded_runs for r in results),
+            metrics={k: statistics.median([r.metrics[k] for r in ok if k in r.metrics]) for k in ok[0].metrics}
+            if ok
+            else None,
+            step_time_s_all=[r.step_time_s for r in ok] if ok else None,
+        )
+        table.append(row)
     # the reference: the baseline row (with a sweep, the first baseline cell: smallest batch, fewest workers)
-    base = next((e for e in table if e["baseline"] and e["status"] == "ok"), None)
-    ref = next((c for c in cells if base and c.label() == base["strategy"]), None)
+    base = next((e for e in table if e.baseline and e.status == "ok"), None)
+    ref = next((c for c in cells if base and c.label() == base.strategy), None)
     # the noise floor from clean runs only: one loaded baseline read 8.19 s/step, its re-run 1.80, and a
     # floor of +-114% called every row "≈ baseline"
     repeats = [r for spec, r in trials if ref and ref.matches(spec) and r.status == "ok" and not r.contended]
     floor, source = noise_floor(base, repeats)
     if len(repeats) == 2 and not any(spec.repeat for spec, _ in trials if ref and not ref.matches(spec)):
         source = "the baseline run first and again last, --repeat 1"
-    for e in table:
-        e["rel_time"] = e["rel_mem"] = None
-        e["noise_floor"], e["noise_source"], e["within_noise"] = floor, source, None
-        if base and e["status"] == "ok":
-            e["rel_time"] = base["samples_per_s"] / e["samples_per_s"]
-            # a row (or baseline) timed under load gets no verdict: its time % is shown, flagged, not judged
-            if floor is not None and not e["baseline"] and not e.get("contended") and not base.get("contended"):
-                e["within_noise"] = abs(e["rel_time"] - 1) <= floor
-            if base["peak_mem_bytes"] and e["peak_mem_bytes"] is not None:
-                e["rel_mem"] = e["peak_mem_bytes"] / base["peak_mem_bytes"]
-    return table
+    return [_relative(e, base, floor, source) for e in table]
 
 
-def noise_floor(base: dict | None, repeats: list[TrialResult]) -> tuple[float | None, str]:
+def _relative(e: StudyRow, base: StudyRow | None, floor: float | None, source: str) -> StudyRow:
+    """A row with its time and memory relative to the baseline's, judged against the noise floor."""
+    rel_time = rel_mem = within = None
+    if base and e.status == "ok" and base.samples_per_s and e.samples_per_s:
+        rel_time = base.samples_per_s / e.samples_per_s
+        # a row (or baseline) timed under load gets no verdict: its time % is shown, flagged, not judged
+        if floor is not None and not e.baseline and not e.contended and not base.contended:
+            within = abs(rel_time - 1) <= floor
+        if base.peak_mem_bytes and e.peak_mem_bytes is not None:
+            rel_mem = e.peak_mem_bytes / base.peak_mem_bytes
+    return dataclasses.replace(
+        e, rel_time=rel_time, rel_mem=rel_mem, noise_floor=floor, noise_source=source, within_noise=within
+    )
+
+
+def noise_floor(base: StudyRow | TrialResult | None, repeats: list[TrialResult]) -> tuple[float | None, str]:
     """How far a row's time % may stray from 100% by noise alone, relative, and where that comes from:
     the spread (max - min over the median) of the baseline's repeats when it has 2 or more; with one,
     twice the standard error of its median step from the step-to-step variation (IQR), which misses the
@@ -775,7 +782,7 @@ def noise_floor(base: dict | None, repeats: list[TrialResult]) -> tuple[float | 
     if len(speeds) >= 2:
         spread = (max(speeds) - min(speeds)) / statistics.median(speeds)
         return spread, f"the spread of the baseline's {len(speeds)} repeats"
-    iqr, step, n = base.get("step_time_iqr_s"), base.get("step_time_s"), base.get("timed_steps") or 0
+    iqr, step, n = base.step_time_iqr_s, base.step_time_s, base.timed_steps or 0
     if iqr is None or not step or n < 2:
         return None, ""
     sigma = iqr / 1.349  # a normal's IQR is 1.349 sigma; the median's standard error is 1.253 sigma / sqrt(n)
@@ -784,13 +791,13 @@ def noise_floor(base: dict | None, repeats: list[TrialResult]) -> tuple[float | 
     )
 
 
-def check_some_ok(table: list[dict]) -> None:
+def check_some_ok(table: list[StudyRow]) -> None:
     """RunFailed (exit 1) when the study ran and no row produced a result, with the count per status."""
-    if any(e["status"] == "ok" for e in table):
+    if any(e.status == "ok" for e in table):
         return
     counts: dict[str, int] = {}
     for e in table:
-        counts[e["status"]] = counts.get(e["status"], 0) + 1
+        counts[e.status] = counts.get(e.status, 0) + 1
     summary = ", ".join(f"{n} {status}" for status, n in counts.items())
     raise RunFailed(f"every trial failed ({summary}); see the table above")
 
@@ -798,7 +805,7 @@ def check_some_ok(table: list[dict]) -> None:
 @dataclass
 class Report:
     title: str
-    table: list[dict]
+    table: list[StudyRow]
     paths: list[Path]
 
 
@@ -810,14 +817,14 @@ def report(prepared: PreparedStudy, trials: Trials, price=None, quality: tuple[i
     s = prepared.specs[0].settings
     table = aggregate(prepared.cells, trials)
     if price is not None:
-        add_cost(table, price)
+        table = add_cost(table, price)
     title = f"trainwise compare: {s.model_label} / {s.task} / {s.device}"
     done = len({spec.key() for spec, _ in trials})
     study = study_settings(prepared, table, price, quality)
     return Report(title, table, write_reports(prepared.out, table, title, done, len(prepared.specs), study))
 
 
-def study_settings(prepared: PreparedStudy, table: list[dict], price=None, quality=None) -> dict[str, object]:
+def study_settings(prepared: PreparedStudy, table: list[StudyRow], price=None, quality=None) -> dict[str, object]:
     """What a study ran with, in words a reader of its report alone needs (results.json's `study`,
     report.md's opening block, the chart's caption): model and its source, data and its source with
     its row counts, device and environment, batch, lengths, steps, lr, seed, repeats, and the command
@@ -825,7 +832,7 @@ def study_settings(prepared: PreparedStudy, table: list[dict], price=None, quali
     from trainwise.measure.env import environment
 
     cfg, s = prepared.config, prepared.specs[0].settings
-    env: dict = next((e["env"] for e in table if e.get("env")), {}) or environment(s.device)
+    env: dict = next((e.env for e in table if e.env), {}) or environment(s.device)
     origin = _origin(prepared.out)
     data = DataOrigin.of(cfg).describe()
     kind, _, name = (origin.source or "" if origin else "").partition(":")

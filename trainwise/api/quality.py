@@ -3,22 +3,25 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from trainwise import quality
 from trainwise.advise import Constraints, advise
 from trainwise.config import StudyConfig
+from trainwise.results import StudyRow
 from trainwise.study import prepare_study, run_study
 
 
-def candidates(table: list[dict]) -> list[str]:
+def candidates(table: list[StudyRow]) -> list[str]:
     """The rows worth a quality verdict: the baseline and the Pareto front of time and memory (their
     short-trial quality left out: it is what this phase replaces), as row texts, in table order."""
-    rows = [{**e, "metric": None} for e in table if e.get("status") == "ok"]
+    rows = [dataclasses.replace(e, metric=None) for e in table if e.status == "ok"]
     front = {v.strategy for v in advise(rows, Constraints()).verdicts if v.pareto}
-    chosen = [e["row"] for e in rows if e.get("baseline") or e["strategy"] in front]
+    chosen = [e.row_text for e in rows if e.baseline or e.strategy in front]
     return list(dict.fromkeys(chosen))
 
 
-def run_quality(cfg: StudyConfig, table: list[dict], steps: int, seeds: int, launch, progress, on_table) -> list:
+def run_quality(cfg: StudyConfig, table: list[StudyRow], steps: int, seeds: int, launch, progress, on_table) -> list:
     """Choose the candidates from the speed study's table, run their quality study, write the verdicts."""
     rows = candidates(table)
     if not rows:

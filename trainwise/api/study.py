@@ -5,20 +5,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trainwise.results import StudyRow
+
 # the columns a notebook shows first (the rest stay in to_pandas())
 SHOWN = ("strategy", "status", "step_time_s", "samples_per_s", "rel_time", "peak_mem_bytes", "rel_mem", "metric")
 
 
 class Study:
-    """A `trainwise compare` study (its --out): `rows` as results.json holds them (one per row and batch
-    cell, the baseline first), `settings` (what it ran with: model, data, device, steps, the command),
-    `to_pandas()`, `advise(...)`. ConfigError when `path` is not a finished study."""
+    """A `trainwise compare` study (its --out): `rows`, results.json's rows as StudyRow (one per row and
+    batch cell, the baseline first; fields with units in their names: `step_time_s`, `peak_mem_bytes`),
+    `settings` (what it ran with: model, data, device, steps, the command), `to_pandas()`, `advise(...)`.
+    ConfigError when `path` is not a finished study."""
 
     def __init__(self, path: str | Path):
         from trainwise.advise import read_results
 
         self.path = Path(path).resolve()  # a notebook may change its directory later
-        self.rows: list[dict] = read_results(self.path)
+        self.rows: list[StudyRow] = read_results(self.path)
 
     @property
     def settings(self) -> dict:
@@ -29,10 +32,11 @@ class Study:
         return payload.get("study") or {} if isinstance(payload, dict) else {}
 
     def to_pandas(self) -> Any:
-        """One DataFrame row per study row and batch cell; nested fields flattened (`env.device_name`)."""
+        """One DataFrame row per study row and batch cell, its columns results.json's keys; nested fields
+        flattened (`env.device_name`)."""
         import pandas as pd
 
-        return pd.json_normalize(self.rows)
+        return pd.json_normalize([r.to_dict() for r in self.rows])
 
     def advise(self, **options: Any) -> Any:
         """`trainwise advise` on this study: objective, memory_budget ("8GiB"), max_quality_drop,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from trainwise.files import human_bytes
+from trainwise.results import StudyRow
 
 HEADERS = [
     "strategy",
@@ -22,32 +25,39 @@ HEADERS = [
 ]
 
 
-def headers(table: list[dict]) -> list[str]:
+def headers(table: list[StudyRow]) -> list[str]:
     """The table's columns: HEADERS with RSS after peak mem on CPU, then MFU, and $/epoch when the study
     was priced (see add_cost)."""
     cols = list(HEADERS)
     if has_rss(table):
         cols.insert(cols.index("mem %") + 1, "RSS")
-    return cols + ["MFU"] + (["$/epoch"] if any("cost_per_epoch" in e for e in table) else [])
+    return cols + ["MFU"] + (["$/epoch"] if any(e.priced for e in table) else [])
 
 
-def has_rss(table: list[dict]) -> bool:
-    return any(e.get("mem_kind") == "cpu_allocated" for e in table)
+def has_rss(table: list[StudyRow]) -> bool:
+    return any(e.mem_kind == "cpu_allocated" for e in table)
 
 
-def add_cost(table: list[dict], price) -> None:
-    """Price every row's projected epoch (trainwise.cost.Price; re-work included for low-priority)."""
+def add_cost(table: list[StudyRow], price) -> list[StudyRow]:
+    """The rows with their projected epoch priced (trainwise.cost.Price; re-work included for low-priority)."""
+    note = price.label + (
+        f", x{price.rework_factor():.3f} expected re-work ({price.preemptions_per_hour:g} preemptions/h, "
+        f"checkpoint every {60 * price.checkpoint_hours:g} min, restart {60 * price.restart_hours:g} min)"
+        if price.low_priority
+        else ""
+    )
+    priced = []
     for e in table:
-        e["cost_per_epoch"] = price.cost(e["epoch_time_s"]) if e.get("epoch_time_s") is not None else None
-        e["cost_note"] = price.label + (
-            f", x{price.rework_factor():.3f} expected re-work ({price.preemptions_per_hour:g} preemptions/h, "
-            f"checkpoint every {60 * price.checkpoint_hours:g} min, restart {60 * price.restart_hours:g} min)"
-            if price.low_priority
-            else ""
+        device = e.env.get("device_name")
+        mismatch = price.mismatch(str(device)) if device else None
+        priced.append(
+            dataclasses.replace(
+                e,
+                cost_per_epoch=price.cost(e.epoch_time_s) if e.epoch_time_s is not None else None,
+                cost_note=note + (f"; note: {mismatch}" if mismatch else ""),
+            )
         )
-        device = (e.get("env") or {}).get("device_name")
-        if device and (mismatch := price.mismatch(str(device))):
-            e["cost_note"] += f"; note: {mismatch}"
+    return priced
 
 
 def _seconds(x: float | None) -> str:
@@ -58,14 +68,13 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.0f}%"
 
 
-def quality(e: dict) -> str:
-    if e.get("metric") is None:
+def quality(e: StudyRow) -> str:
+    if e.metric is None:
         return "-"
-    mark = " (random init)" if e.get("random_init") else ""
-    if e["metric_name"] == "accuracy":
-        return f"acc {e['metric']:.1f}%{mark}"
-    m = e.get("metrics", {})
-    return f"R-L {e['metric']:.1f} / BLEU {m.get('bleu', 0):.1f}{mark}"
+    mark = " (random init)" if e.random_init else ""
+    if e.metric_name == "accuracy":
+        return f"acc {e.metric:.1f}%{mark}"
+    return f"R-L {e.metric:.1f} / BLEU {(e.metrics or {}).get('bleu', 0):.1f}{mark}"
 
 
 RANDOM_INIT_NOTE = (
@@ -75,47 +84,51 @@ RANDOM_INIT_NOTE = (
 )
 
 
-def footnotes(table: list[dict]) -> dict[str, int]:
+def footnotes(table: list[StudyRow]) -> dict[str, int]:
     """Footnote number of every row that did not end ok, in table order."""
-    failed = [e["strategy"] for e in table if e["status"] != "ok"]
+    failed = [e.strategy for e in table if e.status != "ok"]
     return {name: i for i, name in enumerate(failed, 1)}
 
 
-def cells(e: dict, note: int | None = None, with_rss: bool = False) -> list[str]:
+def _fixed(x: float | None, digits: int) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def cells(e: StudyRow, note: int | None = None, with_rss: bool = False) -> list[str]:
     """A row's cells under `headers(table)` (`with_rss`: the table has the RSS column)."""
-    ok = e["status"] == "ok"
+    ok = e.status == "ok"
     row = [
-        e["strategy"],
-        e["status"] if note is None else f"{e['status']} [{note}]",
-        f"{e['step_time_s']:.3f}" if ok else "-",
-        f"{e['data_wait_s']:.3f}" if ok and e.get("data_wait_s") is not None else "-",
-        f"{e['optimizer_s']:.3f}" if ok and e.get("optimizer_s") is not None else "-",
-        f"{e['samples_per_s']:.1f}" if ok else "-",
-        _seconds(e.get("epoch_time_s")) if ok else "-",
+        e.strategy,
+        e.status if note is None else f"{e.status} [{note}]",
+        _fixed(e.step_time_s, 3) if ok else "-",
+        _fixed(e.data_wait_s, 3) if ok else "-",
+        _fixed(e.optimizer_s, 3) if ok else "-",
+        _fixed(e.samples_per_s, 1) if ok else "-",
+        _seconds(e.epoch_time_s) if ok else "-",
         _time_cell(e),
-        human_bytes(e["peak_mem_bytes"]) if ok else "-",
-        _pct(e["rel_mem"]),
+        human_bytes(e.peak_mem_bytes) if ok else "-",
+        _pct(e.rel_mem),
     ]
     rest = [
-        human_bytes(e["state_bytes"]) if ok else "-",
-        _pct(e["padding_waste"]) if ok else "-",
-        f"{e['train_loss']:.3f}" if ok else "-",
+        human_bytes(e.state_bytes) if ok else "-",
+        _pct(e.padding_waste) if ok else "-",
+        _fixed(e.train_loss, 3) if ok else "-",
         quality(e) if ok else "-",
-        _mfu(e.get("mfu")) if ok else "-",
-    ] + ([f"{e['cost_per_epoch']:.4g}" if e["cost_per_epoch"] is not None else "-"] if "cost_per_epoch" in e else [])
-    rss = [human_bytes(e.get("peak_rss_bytes")) if ok else "-"] if with_rss else []
+        _mfu(e.mfu) if ok else "-",
+    ] + ([f"{e.cost_per_epoch:.4g}" if e.cost_per_epoch is not None else "-"] if e.priced else [])
+    rss = [human_bytes(e.peak_rss_bytes) if ok else "-"] if with_rss else []
     return row + rss + rest
 
 
-def _time_cell(e: dict) -> str:
+def _time_cell(e: StudyRow) -> str:
     """time %: relative to the baseline; '≈ baseline' inside the noise floor; '(loaded)' when timed under
     load; for a row recorded from the precision micro-benchmark (not trained), that ratio, marked."""
-    if e["status"] == "emulated" and e.get("precision_ratio"):
-        return f"~{100 * e['precision_ratio']:.0f}% (linear)"
-    if e["status"] != "ok":
+    if e.status == "emulated" and e.precision_ratio:
+        return f"~{100 * e.precision_ratio:.0f}% (linear)"
+    if e.status != "ok":
         return "-"
-    cell = "≈ baseline" if e.get("within_noise") else _pct(e["rel_time"])
-    return cell + (" (loaded)" if e.get("contended") else "")
+    cell = "≈ baseline" if e.within_noise else _pct(e.rel_time)
+    return cell + (" (loaded)" if e.contended else "")
 
 
 def _mfu(x: float | None) -> str:
@@ -126,18 +139,18 @@ def _clock_fell(mhz: list | None) -> bool:
     return bool(mhz and mhz[0] and mhz[1] < 0.9 * mhz[0])
 
 
-def _peak_label(e: dict) -> str:
+def _peak_label(e: StudyRow) -> str:
     """The probe's mode, e.g. fp32, autocast-bf16, weights-bf16 (stores from before it: the dtype)."""
-    return e.get("peak_mode") or e.get("compute_dtype") or "?"
+    return e.peak_mode or e.compute_dtype or "?"
 
 
-def _mfu_notes(table: list[dict]) -> list[str]:
-    ok = [e for e in table if e["status"] == "ok"]
-    counted = [e for e in ok if e.get("mfu") is not None]
-    lines = [f"{e['strategy']}: {e['mfu_note']}" for e in ok if e.get("mfu_note")]
+def _mfu_notes(table: list[StudyRow]) -> list[str]:
+    ok = [e for e in table if e.status == "ok"]
+    counted = [e for e in ok if e.mfu is not None]
+    lines = [f"{e.strategy}: {e.mfu_note}" for e in ok if e.mfu_note]
     if not counted:
         return lines
-    peaks = sorted({(_peak_label(e), e["peak_flops_per_s"]) for e in counted if e.get("peak_flops_per_s")})
+    peaks = sorted({(_peak_label(e), e.peak_flops_per_s) for e in counted if e.peak_flops_per_s})
     return [
         "MFU: FLOPs of a step counted by torch.utils.flop_counter (matmuls, convolutions, attention; on one "
         "extra step, scaled to the average step by padded positions) / step time / this device's peak for a "
@@ -148,11 +161,11 @@ def _mfu_notes(table: list[dict]) -> list[str]:
     ]
 
 
-def majority_note(entries: list[dict]) -> str | None:
+def majority_note(entries: list[StudyRow]) -> str | None:
     """For accuracy: what always answering the held-out rows' commonest class scores, and a warning when
     no row beats it (the model has not learned the task yet: its quality figures compare nothing)."""
-    shares = {(e.get("metrics") or {}).get("majority_accuracy") for e in entries} - {None}
-    scores = [e["metric"] for e in entries if e.get("metric") is not None and e.get("metric_name") == "accuracy"]
+    shares = {(e.metrics or {}).get("majority_accuracy") for e in entries} - {None}
+    scores = [e.metric for e in entries if e.metric is not None and e.metric_name == "accuracy"]
     if len(shares) != 1 or not scores:
         return None
     share = float(shares.pop() or 0.0)
@@ -162,47 +175,43 @@ def majority_note(entries: list[dict]) -> str | None:
     return line
 
 
-def notes(table: list[dict]) -> list[str]:
-    base = next((e for e in table if e.get("baseline")), None)
+def notes(table: list[StudyRow]) -> list[str]:
+    base = next((e for e in table if e.baseline), None)
     marks = footnotes(table)
-    lines = [
-        f"[{marks[e['strategy']]}] {e['strategy']}: {e['status']}: {e['message']}"
-        for e in table
-        if e["strategy"] in marks
-    ]
-    if base is None or base["status"] != "ok":
+    lines = [f"[{marks[e.strategy]}] {e.strategy}: {e.status}: {e.message}" for e in table if e.strategy in marks]
+    if base is None or base.status != "ok":
         lines.append("No successful baseline row: time % and mem % are not available.")
-    floor = next((e for e in table if e.get("noise_floor") is not None), None)
-    if floor is not None:
-        close = [e["strategy"] for e in table if e.get("within_noise")]
+    floor = next((e for e in table if e.noise_floor is not None), None)
+    if floor is not None and floor.noise_floor is not None:
+        close = [e.strategy for e in table if e.within_noise]
         lines.append(
-            f"noise floor ±{100 * floor['noise_floor']:.1f}% ({floor['noise_source']}): time % reads "
+            f"noise floor ±{100 * floor.noise_floor:.1f}% ({floor.noise_source}): time % reads "
             f"'≈ baseline' inside it" + (f" ({', '.join(close)})" if close else "; no row is inside it")
         )
-    loaded = [e for e in table if e["status"] == "ok" and e.get("contended")]
+    loaded = [e for e in table if e.status == "ok" and e.contended]
     if loaded:
         lines.append(
             "measured under load — timings unreliable, no verdict on their time % (other processes' share of "
             "the CPUs during the timed steps, after every re-run --retries allowed; run again on a quiet "
-            "machine): " + ", ".join(f"{e['strategy']} {_pct(e.get('other_cpu_share'))}" for e in loaded)
+            "machine): " + ", ".join(f"{e.strategy} {_pct(e.other_cpu_share)}" for e in loaded)
         )
-    rerun = [e for e in table if e.get("discarded_runs")]
+    rerun = [e for e in table if e.discarded_runs]
     if rerun:
         lines.append(
             "re-measured: runs timed under load were discarded and run again once the machine was quiet ("
-            + ", ".join(f"{e['strategy']} {e['discarded_runs']}" for e in rerun)
+            + ", ".join(f"{e.strategy} {e.discarded_runs}" for e in rerun)
             + "); the noise floor and time % use the clean runs"
         )
-    lines += [f"{e['strategy']}: {e['support_note']}" for e in table if e["status"] == "ok" and e.get("support_note")]
-    throttled = [e for e in table if e["status"] == "ok" and _clock_fell(e.get("cpu_mhz"))]
+    lines += [f"{e.strategy}: {e.support_note}" for e in table if e.status == "ok" and e.support_note]
+    throttled = [(e, e.cpu_mhz) for e in table if e.status == "ok" and e.cpu_mhz and _clock_fell(e.cpu_mhz)]
     if throttled:
         lines.append(
             "the CPU clock fell during the timed steps (throttling: slower steps with no other process): "
-            + ", ".join(f"{e['strategy']} {e['cpu_mhz'][0]:.0f} -> {e['cpu_mhz'][1]:.0f} MHz" for e in throttled)
+            + ", ".join(f"{e.strategy} {mhz[0]:.0f} -> {mhz[1]:.0f} MHz" for e, mhz in throttled)
         )
-    if (line := majority_note([e for e in table if e["status"] == "ok"])) is not None:
+    if (line := majority_note([e for e in table if e.status == "ok"])) is not None:
         lines.append(line)
-    kinds = {e["mem_kind"] for e in table if e.get("mem_kind")}
+    kinds = {e.mem_kind for e in table if e.mem_kind}
     if "cpu_allocated" in kinds:
         lines.append(
             "peak mem (CPU): the peak of live tensor bytes in a training step (the allocator's peak, what "
@@ -219,36 +228,36 @@ def notes(table: list[dict]) -> list[str]:
         lines.append("peak mem (CUDA): torch.cuda.max_memory_allocated over the training steps.")
     lines.append("state: weights + gradients + optimizer state bytes, counted from the tensors.")
     lines += _mfu_notes(table)
-    if any(e.get("random_init") and e.get("metric") is not None for e in table):
+    if any(e.random_init and e.metric is not None for e in table):
         lines.append(RANDOM_INIT_NOTE)
-    priced = next((e for e in table if e.get("cost_note")), None)
+    priced = next((e for e in table if e.cost_note), None)
     if priced:
-        lines.append(f"$/epoch: USD for one projected epoch at {priced['cost_note']}.")
-    traces = [e for e in table if e.get("trace")]
+        lines.append(f"$/epoch: USD for one projected epoch at {priced.cost_note}.")
+    traces = [e for e in table if e.trace]
     if traces:
         lines.append(
             "--profile: times include the profiler's overhead; traces (chrome://tracing, ui.perfetto.dev): "
-            + "; ".join(f"{e['strategy']}: {e['trace']}" for e in traces)
+            + "; ".join(f"{e.strategy}: {e.trace}" for e in traces)
         )
     for e in table:
-        if e["status"] == "ok" and e.get("compile_s") is not None:
+        if e.status == "ok" and e.compile_s is not None:
             lines.append(
-                f"{e['strategy']}: torch.compile took {e['compile_s']:.1f} s in the untimed warm-up steps "
+                f"{e.strategy}: torch.compile took {e.compile_s:.1f} s in the untimed warm-up steps "
                 "(not in step time; a new input shape compiles again, see p90 in results.csv)."
             )
-        if e["status"] != "ok":
+        if e.status != "ok":
             continue
-        ds = (e.get("plan") or {}).get("zero_stage")
+        ds = e.plan.get("zero_stage")
         ds_note = "; DeepSpeed steps inside backward (its step is in step (s), optim (s) ~0)" if ds else ""
-        peaks = e.get("rank_peak_mem_bytes") or []
-        if (e.get("world_size") or 1) > 1 and peaks:
+        peaks = e.rank_peak_mem_bytes or []
+        if (e.world_size or 1) > 1 and peaks:
             lines.append(
-                f"{e['strategy']}: {e['world_size']} ranks, peak mem per rank "
+                f"{e.strategy}: {e.world_size} ranks, peak mem per rank "
                 f"{', '.join(human_bytes(p) for p in peaks)} (total {human_bytes(sum(peaks))}){ds_note}."
             )
         elif ds_note:
-            lines.append(f"{e['strategy']}:{ds_note[1:]}.")
-    if any((e.get("world_size") or 1) > 1 for e in table):
+            lines.append(f"{e.strategy}:{ds_note[1:]}.")
+    if any((e.world_size or 1) > 1 for e in table):
         lines.append(
             "ranks: time is the slowest rank's, samples/s all ranks', peak mem the largest rank's, state per rank."
         )

@@ -107,9 +107,7 @@ def compare_table(report: Any, console: Console | None = None) -> None:
     grid = _grid(report.title, headers(report.table))
     marks = footnotes(report.table)
     for e in report.table:
-        grid.add_row(
-            *cells(e, marks.get(e["strategy"]), has_rss(report.table)), style=None if e["status"] == "ok" else "red"
-        )
+        grid.add_row(*cells(e, marks.get(e.strategy), has_rss(report.table)), style=None if e.status == "ok" else "red")
     console.print(grid)
     for line in notes(report.table):
         say(f"  {line}", console)

@@ -10,6 +10,7 @@ from typing import Any
 
 from trainwise.files import writing
 from trainwise.report.format import cells, footnotes, has_rss, headers, notes, quality
+from trainwise.results import StudyRow
 
 PROGRESS = "progress.json"  # how many of the study's trials the reports hold
 
@@ -49,7 +50,7 @@ CSV_FIELDS = [
 
 def write_reports(
     out: Path,
-    table: list[dict],
+    table: list[StudyRow],
     title: str,
     done: int | None = None,
     total: int | None = None,
@@ -62,12 +63,13 @@ def write_reports(
     `progress.json` says how many of the study's trials are in them (a killed study's reports are
     partial)."""
     paths = [out / "results.json", out / "results.csv", out / "report.md", out / "chart.png"]
+    entries = [e.to_dict() for e in table]
     rows = io.StringIO()
     writer = csv.DictWriter(rows, fieldnames=CSV_FIELDS, extrasaction="ignore")
     writer.writeheader()
-    writer.writerows(table)
+    writer.writerows(entries)
     texts = {
-        paths[0]: json.dumps({"study": study or {}, "rows": table}, indent=1, default=str),
+        paths[0]: json.dumps({"study": study or {}, "rows": entries}, indent=1, default=str),
         paths[1]: rows.getvalue(),
         paths[2]: markdown(table, title, study),
     }
@@ -86,7 +88,8 @@ def write_reports(
 
 
 def read_rows(path: Path) -> Any:
-    """The rows of a results.json (`rows_of` its content)."""
+    """The rows of a results.json as the file holds them (`rows_of` its content): dicts, keys as written.
+    Typed (StudyRow): `trainwise.advise.read_results` on the study's directory."""
     return rows_of(json.loads(path.read_text(encoding="utf-8")))
 
 
@@ -150,15 +153,15 @@ def caption(study: dict | None) -> str:
     )
 
 
-def markdown(table: list[dict], title: str, study: dict | None = None) -> str:
+def markdown(table: list[StudyRow], title: str, study: dict | None = None) -> str:
     marks = footnotes(table)
     cols = headers(table)
     lines = [f"# {title}", "", *settings_block(study), "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += [
-        "| " + " | ".join(c.replace("|", "/") for c in cells(e, marks.get(e["strategy"]), has_rss(table))) + " |"
+        "| " + " | ".join(c.replace("|", "/") for c in cells(e, marks.get(e.strategy), has_rss(table))) + " |"
         for e in table
     ]
-    env: dict = next((e["env"] for e in table if e.get("env")), {})
+    env: dict = next((e.env for e in table if e.env), {})
     lines += ["", *[f"- {n}" for n in notes(table)]]
     if env:
         keys = ("device_name", "torch", "transformers", "accelerate", "commit")
@@ -166,7 +169,7 @@ def markdown(table: list[dict], title: str, study: dict | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def chart(table: list[dict], path: Path, title: str, caption: str = "") -> None:
+def chart(table: list[StudyRow], path: Path, title: str, caption: str = "") -> None:
     """Time vs memory relative to the baseline, each strategy a point labelled with its quality."""
     import matplotlib
 
@@ -174,16 +177,18 @@ def chart(table: list[dict], path: Path, title: str, caption: str = "") -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=110)
-    pts = [e for e in table if e["status"] == "ok" and e["rel_time"] is not None and e["rel_mem"] is not None]
-    for e in pts:
-        x, y = 100 * e["rel_time"], 100 * e["rel_mem"]
-        ax.scatter([x], [y], s=45, color="tab:red" if e.get("baseline") else "tab:blue")
-        ax.annotate(f"{e['strategy']}\n{quality(e)}", (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7)
+    pts = [
+        (e, t, m) for e in table if e.status == "ok" and (t := e.rel_time) is not None and (m := e.rel_mem) is not None
+    ]
+    for e, t, m in pts:
+        x, y = 100 * t, 100 * m
+        ax.scatter([x], [y], s=45, color="tab:red" if e.baseline else "tab:blue")
+        ax.annotate(f"{e.strategy}\n{quality(e)}", (x, y), textcoords="offset points", xytext=(6, 4), fontsize=7)
     ax.axvline(100, color="grey", lw=0.6, ls="--")
     ax.axhline(100, color="grey", lw=0.6, ls="--")
     ax.set_xlabel("training time, % of baseline (lower is faster)")
     ax.set_ylabel("peak memory, % of baseline")
-    failed = [e["strategy"] for e in table if e["status"] != "ok"]
+    failed = [e.strategy for e in table if e.status != "ok"]
     ax.set_title(title + (f"\nnot plotted: {', '.join(failed)}" if failed else ""), fontsize=9)
     if not pts:
         ax.text(0.5, 0.5, "no rows relative to a successful baseline", ha="center", transform=ax.transAxes)
