@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 
 import pytest
@@ -182,7 +183,7 @@ def test_unknown_family_falls_back_to_probing_its_own_config(tmp_path, capsys, m
     """A family with no tiny-config recipe (DistilBERT) is probed on its own config, cached, and the CLI says so."""
     from transformers import DistilBertConfig, DistilBertForSequenceClassification
 
-    import trainwise.estimate as est
+    est = importlib.import_module("trainwise.estimate")  # trainwise.estimate: the API's call
     from trainwise.cli import main
     from trainwise.models import train_tokenizer
 
@@ -203,7 +204,7 @@ def test_unknown_family_falls_back_to_probing_its_own_config(tmp_path, capsys, m
 def test_calibration_is_cached_and_says_which_it_was(tmp_path, monkeypatch, capsys):
     """The probe runs once per family and plan; the estimate says "calibrated now" when this command
     measured it and "cached" only when it was read from the cache (issue 27)."""
-    import trainwise.estimate as est
+    est = importlib.import_module("trainwise.estimate")  # trainwise.estimate: the API's call
     from trainwise.cli import main
 
     monkeypatch.setenv("TRAINWISE_CACHE", str(tmp_path))

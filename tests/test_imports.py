@@ -8,6 +8,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "trainwise"
 
+
 def module_of(path: Path, package: Path = PACKAGE) -> str:
     parts = list(path.relative_to(package).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)

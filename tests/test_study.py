@@ -130,6 +130,18 @@ def test_compare_writes_every_report_and_resumes(tmp_path, cls_csv, capsys, monk
     assert second.err.count("(stored)") == 4
     assert read_rows(out / "results.json")[0]["status"] == "ok"
 
+    # issue 25: the study keeps the options it ran with (study.yaml); --config with it reruns the same study
+    from trainwise.api.options import CompareOptions
+
+    given = dict(zip((a[2:].replace("-", "_") for a in argv[1::2]), argv[2::2], strict=True))
+    typed = {k: int(v) if v.isdigit() else v for k, v in given.items()}
+    assert CompareOptions.of({}, config=out / "study.yaml") == CompareOptions.of(typed)  # every option, defaults too
+    assert main(["compare", "--config", str(out / "study.yaml")]) == 0
+    assert capsys.readouterr().err.count("(stored)") == 4
+    # a flag given on the command line wins over the file; a key the file should not have is one line
+    assert main(["compare", "--config", str(out / "study.yaml"), "--max-steps", "0"]) == 2
+    assert "--max-steps must be > 0, got 0" in capsys.readouterr().err
+
 
 def test_resume_runs_only_what_is_missing(tmp_path, cls_csv):
     study = tiny_study(tmp_path, cls_csv, "classification", ["baseline"], eval_samples=0)

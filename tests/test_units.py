@@ -203,8 +203,8 @@ def test_a_study_config_writes_the_command_that_builds_it_again(given):
     """Issue 27: report.md carries the command that reruns its study; parsed by the CLI, it gives the same config."""
     from typer.main import get_command
 
+    from trainwise.api.options import CompareOptions
     from trainwise.cli import app
-    from trainwise.cli.options import study_config
     from trainwise.strategies import DEFAULT_STRATEGIES
 
     cfg = StudyConfig(out="runs/x", **{"strategies": DEFAULT_STRATEGIES.split(","), **given})
@@ -212,8 +212,7 @@ def test_a_study_config_writes_the_command_that_builds_it_again(given):
     assert words[:2] == ["trainwise", "compare"]
     compare = get_command(app).commands["compare"]  # type: ignore[attr-defined]
     params = compare.make_context("compare", words[2:]).params
-    sweeps = {k: tuple(int(x) for x in params[k].split(",")) for k in ("batch_sizes", "num_workers") if params[k]}
-    again = study_config(params, **{"batch_sizes": (), **sweeps})
+    again = CompareOptions.of({k: v for k, v in params.items() if k != "config"}).resolve()[0]
     from dataclasses import fields
 
     from trainwise.config import _NOT_OPTIONS

@@ -1,24 +1,43 @@
 """trainwise: controlled trials of training strategies, measured honestly.
 
 The Python API (docs/python-api.md): `trainwise.compare(...)` runs a study as `trainwise compare` does
-and returns it; `trainwise.open(path)` reads one. They are looked up on first use, so that `import
-trainwise` (and the CLI's start) stays light.
+and returns it; `trainwise.open(path)` reads one; `estimate`, `find_batch`, `export`, `train` and `tune`
+are the other verbs, each with the CLI's options as keyword arguments (and `config=` a study file). They
+are looked up on first use, so that `import trainwise` (and the CLI's start) stays light.
 """
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["compare", "open"]
+__all__ = ["compare", "estimate", "export", "find_batch", "open", "train", "tune"]
+_VERBS = {"compare", "estimate", "export", "find_batch", "train", "tune"}  # each trainwise.api.<verb>.<verb>
+
+
+class _Package(types.ModuleType):
+    """`trainwise.estimate` (and train, tune, export, find_batch) is the API's call, though the library
+    has modules of those names: importing `trainwise.estimate` would set the package's attribute to the
+    module, so that one attribute is not set; code reaches the modules with `from trainwise.estimate
+    import ...` or `importlib.import_module`."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _VERBS and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:
     # deferred: the API modules import the study machinery, which the CLI's bad-input paths never need
-    if name == "compare":
-        from trainwise.api.compare import compare
+    if name in _VERBS:
+        import importlib
 
-        return compare
+        return getattr(importlib.import_module(f"trainwise.api.{name}"), name)
     if name == "open":
         from trainwise.api.study import open_study
 

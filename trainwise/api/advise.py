@@ -143,15 +143,14 @@ def batch_hints(study: Path, rows: list[StudyRow], budget: int) -> dict[str, str
     return hints
 
 
-def study_spec(study: Path, name: str | None, on_note: Callable[[str], None], options: dict | None = None) -> TrialSpec:
+def study_spec(
+    study: Path, name: str | None, on_note: Callable[[str], None], out: Path | None = None, force: bool = False
+) -> TrialSpec:
     """A compare study's trial spec for a row (default: advise's pick), for `train --plan`: the study's
-    model, data, batch, lengths, lr and seed, as its trial ran them (`options` may not give them again)."""
-    taken = ("model", "model_preset", "dataset", "train_file", "eval_file", "lr")
-    given = [f"--{k.replace('_', '-')}" for k in taken if (options or {}).get(k)]
-    if given:
-        raise ConfigError(f"--plan takes the model, data and settings from the study: leave out {', '.join(given)}")
-    if options is not None:  # the run's --out: checked as prepare_study checks it for the other path
-        check_ours(Path(options["out"]), options["force"])
+    model, data, batch, lengths, lr and seed, as its trial ran them. `out`: the run's, checked as
+    prepare_study checks it on the other path."""
+    if out is not None:
+        check_ours(out, force)
 
     partial = partial_note(study)
     if partial:

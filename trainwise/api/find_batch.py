@@ -1,0 +1,25 @@
+"""`trainwise find-batch` as a call: climb the candidate batch sizes, measure, bisect at the edge."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trainwise.api.options import FindBatchOptions
+from trainwise.api.render import Render
+from trainwise.find_batch import FindBatchReport
+from trainwise.find_batch import find_batch as search
+from trainwise.launcher import launch
+
+
+def start(options: FindBatchOptions, render: Render = Render()) -> FindBatchReport:
+    fb = options.resolve()
+    with render.status("trainwise find-batch: ...") as status:
+        return search(
+            options.strategies, options.accum_steps, options.config_at, fb, launch, render.update(status), render.line
+        )
+
+
+def find_batch(config: str | Path | None = None, render: Render = Render(), **options: Any) -> FindBatchReport:
+    """`trainwise find-batch` in Python: the CLI's options as keyword arguments (over a study file's)."""
+    return start(FindBatchOptions.of(options, config), render)

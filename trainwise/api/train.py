@@ -1,0 +1,48 @@
+"""`trainwise train` as a call: one plan trained for real (periodic eval, best checkpoint, early stopping,
+resumable), from the options or from a study's row (`plan_study`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trainwise.api.options import TrainOptions
+from trainwise.api.render import Render
+from trainwise.errors import ConfigError
+
+
+def start(options: TrainOptions, render: Render = Render()):
+    """Check and prepare, then train; returns the TrainResult (`train.summary` words it)."""
+    from trainwise.tracking import parse_report_to
+
+    tc, backends = options.train_config(), parse_report_to(options.report_to)  # checked before torch loads
+    options.price()  # a bad price is said now, not after the run (the summary prices it)
+    if options.plan_study is not None:
+        from trainwise.api.advise import study_spec
+
+        taken = ("model", "model_preset", "dataset", "train_file", "eval_file", "lr")
+        given = [f"--{k.replace('_', '-')}" for k in taken if getattr(options, k)]
+        if given:
+            raise ConfigError(f"--plan takes the model, data and settings from the study: leave out {', '.join(given)}")
+        spec = study_spec(Path(options.plan_study), options.strategies, render.note, Path(options.out), options.force)
+    else:
+        from trainwise.study import prepare_study
+
+        cfg = options.plan_config()
+        with render.status("trainwise train: validating input, preparing data and model..."):
+            prepared = prepare_study(cfg, render.note)
+        if prepared.unsupported:
+            raise ConfigError(f"{cfg.rows[0].text!r}: {next(iter(prepared.unsupported.values()))}")
+        spec = prepared.specs[0]
+        if (verdict := prepared.verdicts.get(spec.row)) is not None and verdict.status != "native":
+            render.note(f"trainwise: note: {verdict.line()}")  # trained as asked; why it may be slow
+    from trainwise.train import TrainJob, train_any  # torch: after every check of the input
+
+    warn = lambda msg: render.note(f"trainwise: warning: {msg}")  # noqa: E731
+    return train_any(TrainJob(spec, tc, Path(options.out), options.resume, backends, render.event, warn))
+
+
+def train(config: str | Path | None = None, render: Render = Render(), **options: Any):
+    """`trainwise train` in Python: the CLI's options as keyword arguments (over a study file's). Returns
+    the TrainResult (steps, best metric, the model directory)."""
+    return start(TrainOptions.of(options, config), render)

@@ -1,0 +1,24 @@
+"""`trainwise tune` as a call: search one plan's hyper-parameters (Optuna random / TPE, or Ray PBT)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trainwise.api.options import TuneOptions
+from trainwise.api.render import Render
+from trainwise.space import TuneResult
+
+
+def start(options: TuneOptions, render: Render = Render()) -> tuple[TuneResult, dict]:
+    """(the search's result, tune_result.json's content)."""
+    from trainwise.tune import tune as search_space
+
+    cfg, study = options.resolve()
+    with render.status("trainwise tune: ...") as status:
+        return search_space(cfg, study, options.price(), render.update(status), render.line)
+
+
+def tune(config: str | Path | None = None, render: Render = Render(), **options: Any) -> tuple[TuneResult, dict]:
+    """`trainwise tune` in Python: the CLI's options as keyword arguments (over a study file's)."""
+    return start(TuneOptions.of(options, config), render)
