@@ -23,7 +23,6 @@ recipe is probed on its own config at 1-3 layers instead, and the estimate says 
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import hashlib
 import json
@@ -42,7 +41,6 @@ from trainwise.models import ModelSource, meta_model, model_config
 from trainwise.strategies import Row
 from trainwise.strategies.base import MemoryTerms
 from trainwise.strategies.plan import TrialPlan
-from trainwise.units import parse_bytes
 
 GiB = 1024**3
 # the knobs each family names differently; families listed here are probed on tiny configs
@@ -620,18 +618,6 @@ class EstimateConfig:
             check_accum(row, self.batch_size)
             parsed.append(row)
         object.__setattr__(self, "parsed", tuple(parsed))
-
-    @classmethod
-    def of(cls, params: dict[str, Any]) -> EstimateConfig:
-        """From the `estimate` command's options."""
-        memory = params.get("device_memory")
-        names = {f.name for f in dataclasses.fields(cls) if f.init} - {"rows", "device_memory", "zero_stage"}
-        return cls(
-            rows=tuple(params["strategies"].split(",")),
-            device_memory=parse_bytes(memory, "--device-memory") if memory is not None else None,
-            zero_stage=params.get("zero", 0),
-            **{k: v for k, v in params.items() if k in names},
-        )
 
 
 # rows tried, in order of how little they change training, when a budget is too small

@@ -312,11 +312,6 @@ class ExportConfig:
     device: str = "cuda"
     force: bool = False  # write into an --out that holds files trainwise did not write
 
-    @classmethod
-    def of(cls, params: dict) -> ExportConfig:
-        """From the `export` command's options (named like the fields)."""
-        return cls(**{f.name: params[f.name] for f in dataclasses.fields(cls) if f.name in params})
-
     def __post_init__(self) -> None:
         if self.device not in ("cuda", "cpu"):
             raise ConfigError(f"--device must be cuda or cpu, not {self.device!r}")

@@ -20,6 +20,7 @@ from trainwise.errors import ConfigError, check_names
 from trainwise.strategies import DEFAULT_STRATEGIES, ESTIMATE_STRATEGIES, shown
 
 _STUDY: dict[str, Any] = {f.name: f.default for f in fields(StudyConfig) if f.init}  # the shared defaults
+CONSTRAINTS = ("objective", "memory_budget", "max_quality_drop", "max_epoch_time", "max_epoch_cost")  # advise's
 PATHS = ("out", "train_file", "eval_file", "price_file", "space", "study", "plan_study")  # absolute in a study file
 
 
@@ -107,7 +108,9 @@ class Options:
             check_type(name, value, hints[name], f" (in {config})" if name not in given else "")
         missing = [f.name for f in fields(cls) if f.name not in values and f.default is dataclasses.MISSING]
         if missing:
-            raise ConfigError(f"{cls.VERB}: {missing[0]} is required")
+            raise ConfigError(
+                f"{cls.VERB}: --{missing[0].replace('_', '-')} is required (a flag, or a key of --config)"
+            )
         return cls(**values)
 
     def study_config(self, **fixed: Any) -> StudyConfig:
@@ -312,16 +315,8 @@ class AdviseOptions(Options):
 
     def constraints(self):
         from trainwise.advise import Constraints
-        from trainwise.units import parse_bytes, parse_seconds
 
-        memory, epoch = self.memory_budget, self.max_epoch_time
-        return Constraints(
-            self.objective,
-            parse_bytes(memory) if memory is not None else None,
-            self.max_quality_drop,
-            parse_seconds(epoch, "--max-epoch-time") if epoch is not None else None,
-            self.max_epoch_cost,
-        )
+        return Constraints.of({k: getattr(self, k) for k in CONSTRAINTS})
 
     def paths(self) -> list[Path]:
         if self.run and len(self.study) > 1:

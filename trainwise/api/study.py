@@ -14,7 +14,8 @@ SHOWN = ("strategy", "status", "step_time_s", "samples_per_s", "rel_time", "peak
 class Study:
     """A `trainwise compare` study (its --out): `rows`, results.json's rows as StudyRow (one per row and
     batch cell, the baseline first; fields with units in their names: `step_time_s`, `peak_mem_bytes`),
-    `settings` (what it ran with: model, data, device, steps, the command), `to_pandas()`, `advise(...)`.
+    `settings` (what it ran with: model, data, device, steps, the command), `to_pandas()`, `advise(...)`,
+    `export(...)`.
     ConfigError when `path` is not a finished study."""
 
     def __init__(self, path: str | Path):
@@ -41,14 +42,20 @@ class Study:
     def advise(self, **options: Any) -> Any:
         """`trainwise advise` on this study: objective, memory_budget ("8GiB"), max_quality_drop,
         max_epoch_time ("30m"), max_epoch_cost, as the CLI's options. Returns the Advice."""
-        from trainwise.advise import Constraints
         from trainwise.api.advise import advise_study
+        from trainwise.api.options import CONSTRAINTS, AdviseOptions
         from trainwise.errors import check_names
 
-        check_names(
-            "advise", options, ("objective", "memory_budget", "max_quality_drop", "max_epoch_time", "max_epoch_cost")
-        )
-        return advise_study([self.path], Constraints.of(options))
+        check_names("advise", options, CONSTRAINTS)
+        return advise_study([self.path], AdviseOptions.of({"study": [str(self.path)], **options}).constraints())
+
+    def export(self, **options: Any) -> Any:
+        """`trainwise export --study` on this study: its row (default: advise's pick, or `strategies=`)
+        written as TrainingArguments, accelerate and DeepSpeed configs and a train command into `out`.
+        Returns what was written (`row`, `paths`, `notes`)."""
+        from trainwise.api.export import export
+
+        return export(**{**options, "study": str(self.path)})
 
     def _repr_html_(self) -> str:
         frame = self.to_pandas()

@@ -51,7 +51,10 @@ def _parameter(f: dataclasses.Field, hint: Any) -> inspect.Parameter:
     else:
         shown = meta.get("show_default")
         info = typer.Option(*meta.get("flags", ()), help=meta["help"], show_default=True if shown is None else shown)
-    default = inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
+    default = f.default
+    if default is dataclasses.MISSING:  # required: an argument by the parser, an option by Options.of (or a file)
+        default = inspect.Parameter.empty if meta.get("argument") else None
+        hint = hint if meta.get("argument") else hint | None
     return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[hint, info])
 
 
