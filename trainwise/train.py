@@ -98,7 +98,7 @@ class TrainResult:
 
 
 def _ignore(_: object) -> None:
-    """A listener that hears nothing (warnings of ranks other than 0: rank 0 says the same)."""
+    """A listener that hears nothing: a job's default, and the warnings of ranks other than 0."""
 
 
 @dataclass(frozen=True)
