@@ -25,11 +25,22 @@ def _start(tmp_path, csv, *extra):
     return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
+def _is_trial(p: psutil.Process) -> bool:
+    """A trial's process: exec'd as trainwise.worker (a torchrun rank), or forked by the zygote."""
+    try:
+        command, parent = " ".join(p.cmdline()), p.parent()
+        return "trainwise.worker" in command or (
+            parent is not None and "trainwise.zygote" in " ".join(parent.cmdline())
+        )
+    except psutil.Error:
+        return False
+
+
 def _trial_processes(parent: psutil.Process, expected: int, timeout: float = 120.0) -> list[psutil.Process]:
     """The command's descendants once the trial's processes (and torchrun's ranks) are up."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = [p for p in parent.children(recursive=True) if "trainwise.worker" in " ".join(p.cmdline())]
+        found = [p for p in parent.children(recursive=True) if _is_trial(p)]
         if len(found) >= expected:
             time.sleep(3)  # into the hang
             return parent.children(recursive=True)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainwise import zygote
 from trainwise.config import TrialSpec
 from trainwise.distributed import is_multiprocess
 from trainwise.lifeline import bound_to_me
@@ -75,9 +76,13 @@ def run_child(
     start, ooms = time.perf_counter(), oom_kills()
     deadline = None if timeout_s is None else start + timeout_s
     with open(log, "w") as stderr:
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, preexec_fn=bound_to_me()
-        )
+        proc: Any
+        if ranks is None and zygote.enabled():  # forked from a process that has imported torch already
+            proc = zygote.spawn(module, args, env, stderr)
+        else:
+            proc = subprocess.Popen(
+                cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, preexec_fn=bound_to_me()
+            )
         lines: queue.Queue[dict | None] = queue.Queue()
         threading.Thread(target=_forward, args=(proc, lines), daemon=True).start()
         try:

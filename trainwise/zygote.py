@@ -1,0 +1,238 @@
+"""A warm start for trial processes: a fresh process per trial, without paying torch's import each time.
+
+Importing torch and transformers takes a trial process 2-4 s on 2 CPU cores, as long as a tiny trial
+trains. The zygote is one process per command that imports them once and then only forks: each trial
+is a child forked from it, so it starts clean (no allocator state, no compiled kernels, no training
+state: the zygote never runs a tensor op, never touches CUDA) with the imports already done. The child
+runs `python -m module args` as it would have been exec'd (runpy), in its own session, with the caller's
+environment and directory, stdout and stderr on the descriptors the caller passed, and dies with the
+zygote, which dies with the command (lifeline). `launcher.run_child` uses it for one-process children
+(trials, tune trials) on Linux; TRAINWISE_FORK=0 turns it off (every child exec'd from scratch).
+
+Protocol over a socket pair (one JSON object per message, length-prefixed): the caller sends
+{"module", "args", "env", "cwd"} with two descriptors (stdout, stderr) and gets {"pid"}; when a child
+ends the zygote sends {"pid", "status"} (the exit code, or -N when signal N killed it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from typing import IO
+
+PRELOAD = ("torch", "transformers", "trainwise.trial")  # what every trial imports (not the __main__ modules)
+_HEADER = struct.Struct("!I")
+
+
+def enabled() -> bool:
+    return sys.platform.startswith("linux") and os.environ.get("TRAINWISE_FORK", "1") != "0"
+
+
+def _send(sock: socket.socket, message: dict, fds: list[int] | None = None) -> None:
+    data = json.dumps(message).encode()
+    payload = _HEADER.pack(len(data)) + data
+    if fds:
+        socket.send_fds(sock, [payload], fds)
+    else:
+        sock.sendall(payload)
+
+
+def _recv_exact(sock: socket.socket, n: int, fds: list[int]) -> bytes | None:
+    chunks = b""
+    while len(chunks) < n:
+        data, got, _flags, _addr = socket.recv_fds(sock, n - len(chunks), 4)
+        fds += got
+        if not data:
+            return None
+        chunks += data
+    return chunks
+
+
+def _recv(sock: socket.socket) -> tuple[dict, list[int]] | None:
+    fds: list[int] = []
+    header = _recv_exact(sock, _HEADER.size, fds)
+    if header is None:
+        return None
+    body = _recv_exact(sock, _HEADER.unpack(header)[0], fds)
+    return (json.loads(body), fds) if body is not None else None
+
+
+# ---- the caller's side ----------------------------------------------------------------------------------------
+class Forked:
+    """A child forked by the zygote, used as the launcher uses a Popen: pid, stdout, poll, wait, returncode."""
+
+    def __init__(self, zygote: Zygote, pid: int, stdout: IO[str]):
+        self.zygote, self.pid, self.stdout = zygote, pid, stdout
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.zygote.status(self.pid, block=False)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        while self.returncode is None:
+            self.returncode = self.zygote.status(self.pid, block=True, timeout=timeout)
+        return self.returncode
+
+
+class Zygote:
+    """The caller's handle on the zygote process: started on first use, one per command."""
+
+    def __init__(self) -> None:
+        from trainwise.lifeline import bound_to_me
+
+        ours, theirs = socket.socketpair()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "trainwise.zygote", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            preexec_fn=bound_to_me(),
+        )
+        theirs.close()
+        self.sock = ours
+        self.lock = threading.Lock()  # one fork request at a time: the next {"pid"} reply is its answer
+        self.changed = threading.Condition()
+        self.exits: dict[int, int] = {}
+        self.started: list[int] = []
+        self.alive = True
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        while (got := _recv(self.sock)) is not None:
+            message, _ = got
+            with self.changed:
+                if "status" in message:
+                    self.exits[message["pid"]] = message["status"]
+                else:
+                    self.started.append(message["pid"])
+                self.changed.notify_all()
+        with self.changed:
+            self.alive = False
+            self.changed.notify_all()
+
+    def spawn(self, module: str, args: list[str], env: dict[str, str], stderr: IO) -> Forked:
+        read, write = os.pipe()
+        try:
+            with self.lock, self.changed:
+                request = {"module": module, "args": args, "env": env, "cwd": os.getcwd()}
+                _send(self.sock, request, [write, stderr.fileno()])
+                if not self.changed.wait_for(lambda: self.started or not self.alive, timeout=600):
+                    raise RuntimeError("the zygote did not fork within 600 s")
+                if not self.started:
+                    raise RuntimeError("the zygote is gone")
+                pid = self.started.pop(0)
+        finally:
+            os.close(write)
+        return Forked(self, pid, open(read, encoding="utf-8", errors="replace"))
+
+    def status(self, pid: int, block: bool, timeout: float | None = None) -> int | None:
+        with self.changed:
+            ended = lambda: pid in self.exits or not self.alive  # noqa: E731
+            if block and not self.changed.wait_for(ended, timeout=timeout):
+                raise subprocess.TimeoutExpired(f"pid {pid}", timeout or 0)
+            if pid in self.exits:
+                return self.exits.pop(pid)
+            return None if self.alive else -signal.SIGKILL  # the zygote died: so did its children
+
+
+_zygote: Zygote | None = None
+_start_lock = threading.Lock()
+
+
+def spawn(module: str, args: list[str], env: dict[str, str], stderr: IO) -> Forked:
+    """`python -m module args` as a child of this command's zygote (started on first use)."""
+    global _zygote
+    with _start_lock:
+        if _zygote is None or _zygote.proc.poll() is not None:
+            _zygote = Zygote()
+    return _zygote.spawn(module, args, env, stderr)
+
+
+# ---- the zygote ------------------------------------------------------------------------------------------------
+def _child(request: dict, out_fd: int, err_fd: int, sock: socket.socket) -> None:
+    """In the forked child: become `python -m module args`, then exit with its status."""
+    import runpy
+    import traceback
+
+    code = 1
+    try:
+        sock.close()
+        os.setsid()
+        from trainwise.lifeline import die_with_parent
+
+        die_with_parent()
+        for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        os.close(out_fd)
+        os.close(err_fd)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115  (line-buffered: events go out at once)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.environ["TRAINWISE_FORKED"] = "1"  # the trial's env record says how its process started
+        sys.argv = [request["module"], *request["args"]]
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        if isinstance(e.code, int) or e.code is None:
+            code = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+
+def _serve(sock: socket.socket) -> None:
+    children: set[int] = set()
+    while True:
+        ready, _, _ = select.select([sock], [], [], 0.05)
+        if ready:
+            got = _recv(sock)
+            if got is None:  # the command is gone: so are we (and, by their lifeline, the children)
+                return
+            request, fds = got
+            pid = os.fork()
+            if pid == 0:
+                _child(request, fds[0], fds[1], sock)
+            for fd in fds:
+                os.close(fd)
+            children.add(pid)
+            _send(sock, {"pid": pid})
+        for pid in list(children):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                children.discard(pid)
+                _send(sock, {"pid": pid, "status": os.waitstatus_to_exitcode(status)})
+
+
+def main(argv: list[str]) -> int:
+    from trainwise.lifeline import die_with_parent
+
+    die_with_parent()
+    sock = socket.socket(fileno=int(argv[0]))
+    for name in PRELOAD:
+        importlib.import_module(name)
+    _serve(sock)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
