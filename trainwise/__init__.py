@@ -1,9 +1,10 @@
 """trainwise: controlled trials of training strategies, measured honestly.
 
 The Python API (docs/python-api.md): `trainwise.compare(...)` runs a study as `trainwise compare` does
-and returns it; `trainwise.open(path)` reads one; `estimate`, `find_batch`, `export`, `train` and `tune`
-are the other verbs, each with the CLI's options as keyword arguments (and `config=` a study file). They
-are looked up on first use, so that `import trainwise` (and the CLI's start) stays light.
+and returns it; `trainwise.open(path)` reads one; `advise`, `estimate`, `find_batch`, `export`,
+`train` and `tune` are the other verbs, each with the CLI's options as keyword arguments (and
+`config=` a study file). They are looked up on first use, so that `import trainwise` (and the CLI's
+start) stays light.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ import types
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["compare", "estimate", "export", "find_batch", "open", "train", "tune"]
-_VERBS = {"compare", "estimate", "export", "find_batch", "train", "tune"}  # each trainwise.api.<verb>.<verb>
+__all__ = ["advise", "compare", "estimate", "export", "find_batch", "open", "train", "tune"]
+_VERBS = {"advise", "compare", "estimate", "export", "find_batch", "train", "tune"}  # each trainwise.api.<verb>.<verb>
 
 
 class _Package(types.ModuleType):
-    """`trainwise.estimate` (and train, tune, export, find_batch) is the API's call, though the library
+    """`trainwise.estimate` (and advise, train, tune, export, find_batch) is the API's call, though the library
     has modules of those names: importing `trainwise.estimate` would set the package's attribute to the
     module, so that one attribute is not set; code reaches the modules with `from trainwise.estimate
     import ...` or `importlib.import_module`."""

@@ -1,14 +1,19 @@
-"""advise on studies on disk: their results, the quality phase's verdicts, batch hints from the estimate,
-and a study's row as a trial spec for `train --plan`. The ranking itself is `trainwise.advise` (pure)."""
+"""`trainwise advise` as a call, and advise on studies on disk: their results, the quality phase's
+verdicts, batch hints from the estimate, and a study's row as a trial spec for `train --plan`. The
+ranking itself is `trainwise.advise` (pure)."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from trainwise import quality
-from trainwise.advise import Advice, Constraints, advise, needs, partial_note, read_results, study_row, with_quality
+from trainwise.advise import Advice, Constraints, needs, partial_note, read_results, study_row, with_quality
+from trainwise.advise import advise as rank
+from trainwise.api.options import AdviseOptions
+from trainwise.api.render import Render
 from trainwise.config import TrialSpec
 from trainwise.errors import ConfigError
 from trainwise.estimate import calibrate, estimate_plan, largest_batch, runtime_overhead, shape_of
@@ -16,6 +21,28 @@ from trainwise.models import ModelSource, model_config
 from trainwise.results import StudyRow
 from trainwise.strategies.plan import TrialPlan
 from trainwise.study import Store, check_ours
+
+
+def start(options: AdviseOptions, render: Render = Render()) -> Advice:
+    """--run: run (or resume) the study first, as compare; then advise on the studies, and say which are
+    partial (killed, or still running)."""
+    paths = options.paths()
+    constraints = options.constraints()
+    if options.run:
+        from trainwise.api.compare import run
+
+        run(options.compare_config(), render=render)
+    with render.status("advising (a budget adds batch hints: an estimate, a probe on first use)..."):
+        result = advise_study(paths, constraints)
+    for partial in filter(None, map(partial_note, paths)):
+        render.note(f"trainwise: note: {partial}")
+    return result
+
+
+def advise(config: str | Path | None = None, render: Render = Render(), **options: Any) -> Advice:
+    """`trainwise advise` in Python: `study=[paths]` and the CLI's options as keyword arguments (over a
+    study file's). Returns the Advice (`recommended`, `verdicts` with their reasons, `notes`)."""
+    return start(AdviseOptions.of(options, config), render)
 
 
 def advise_study(studies: Path | list[Path], constraints: Constraints) -> Advice:
@@ -43,7 +70,7 @@ def advise_study(studies: Path | list[Path], constraints: Constraints) -> Advice
             hints |= {named(k): h for k, h in batch_hints(path, own, constraints.memory_budget_bytes).items()}
         basis = quality_basis(path)
         rows += [dataclasses.replace(r, strategy=named(r.strategy), **_unset(r, basis)) for r in own]
-    result = advise(rows, constraints)
+    result = rank(rows, constraints)
     result.notes[:0] = notes
     if len(paths) > 1:
         result.notes.insert(0, "rows of " + "; ".join(machines))

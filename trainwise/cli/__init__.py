@@ -95,22 +95,23 @@ def _terminal():
     return terminal, Render(status=terminal.err.status, note=say, line=say, event=terminal.train_event)
 
 
-def run_compare(cfg, cost=None, steps_seeds: tuple[int, int] | None = None, console=None, options=None) -> None:
-    """The library's compare, shown on the terminal: progress, the table, the quality phase's verdicts."""
+def _study_render(console=None):
+    """The terminal's render of a running study: progress, the table (on `console`), the quality phase."""
     from functools import partial
-
-    from trainwise.api.compare import run
 
     terminal, render = _terminal()
     table = partial(terminal.compare_table, console=console)
-    render = dataclasses.replace(render, progress=terminal.study_progress, table=table, quality=terminal.quality_table)
-    run(cfg, cost, steps_seeds, render, options)
+    return terminal, dataclasses.replace(
+        render, progress=terminal.study_progress, table=table, quality=terminal.quality_table
+    )
 
 
 @verb(api.CompareOptions)
 def compare(o: api.CompareOptions, _json: bool) -> None:
     """Run one trial per strategy row on the same model and data; print the comparison table."""
-    run_compare(*o.resolve(), options=o)
+    from trainwise.api.compare import start
+
+    start(o, _study_render()[1])
 
 
 @verb(api.AdviseOptions, json_help="Print the advice as JSON.")
@@ -119,17 +120,10 @@ def advise(o: api.AdviseOptions, as_json: bool) -> None:
 
     STUDY: a `trainwise compare` --out (--run: run or resume it first); several, each priced, rank by cost too.
     """
-    from trainwise.advise import partial_note
-    from trainwise.api.advise import advise_study
+    from trainwise.api.advise import start
+    from trainwise.report import terminal
 
-    terminal, _ = _terminal()
-    constraints, paths = o.constraints(), o.paths()
-    if o.run:
-        run_compare(o.compare_config(), console=terminal.err if as_json else terminal.out)
-    with terminal.err.status("advising (a budget adds batch hints: an estimate, a probe on first use)..."):
-        result = advise_study(paths, constraints)
-    for partial in filter(None, map(partial_note, paths)):
-        terminal.say(f"trainwise: note: {partial}", terminal.err)
+    result = start(o, _study_render(terminal.err if as_json else terminal.out)[1])
     if as_json:
         return terminal.out.print_json(json.dumps(dataclasses.asdict(result)))
     terminal.advise_table(result, ", ".join(o.study), o.objective)
