@@ -9,6 +9,7 @@ start) stays light.
 
 from __future__ import annotations
 
+import importlib
 import sys
 import types
 from typing import Any
@@ -34,13 +35,11 @@ sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:
-    # deferred: the API modules import the study machinery, which the CLI's bad-input paths never need
+    # the API modules import the study machinery, which `import trainwise` and the CLI's bad-input paths never need
     if name in _VERBS:
-        import importlib
-
         return getattr(importlib.import_module(f"trainwise.api.{name}"), name)
     if name == "open":
-        from trainwise.api.study import open_study
+        from trainwise.api.study import open_study  # on first use: `import trainwise` stays light
 
         return open_study
     raise AttributeError(f"module 'trainwise' has no attribute {name!r}")

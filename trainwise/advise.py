@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainwise.errors import ConfigError, check_number, read_json
-from trainwise.report.format import human_bytes
-from trainwise.report.write import rows_of
+from trainwise.measure.memory import CUDA_CONTEXT_BYTES
+from trainwise.quality import NOT_SIGNIFICANT, unlearned
+from trainwise.report.format import RANDOM_INIT_NOTE, human_bytes
+from trainwise.report.write import read_progress, rows_of
 from trainwise.results import StudyRow
 from trainwise.units import parse_bytes, parse_seconds
 
@@ -85,7 +87,6 @@ def needs(row: StudyRow) -> int:
     """What a row needs of a device, on the basis `trainwise estimate`'s total uses: the peak of live
     tensors plus the runtime (CUDA: the context; CPU: the trial process's RSS before the model was built,
     i.e. torch + transformers + the data). Compared with --memory-budget."""
-    from trainwise.measure.memory import CUDA_CONTEXT_BYTES
 
     runtime = CUDA_CONTEXT_BYTES if row.mem_kind == "cuda_allocated" else row.rss_before_model_bytes or 0
     return int(_mem(row)) + int(runtime)
@@ -149,8 +150,6 @@ def advise(rows: list[StudyRow], constraints: Constraints) -> Advice:
         return Advice(None, verdicts, None, ["no row finished ok; nothing to advise on", *notes])
 
     if any(r.random_init and r.metric is not None for r in ok):
-        from trainwise.report.format import RANDOM_INIT_NOTE
-
         notes.append(RANDOM_INIT_NOTE)
     key = _objective_key(constraints.objective)
     reference = next((r for r in ok if r.baseline), None) or min(ok, key=key)
@@ -311,7 +310,6 @@ def read_results(study: Path) -> list[StudyRow]:
 
 def partial_note(study: Path) -> str | None:
     """A line saying the study is partial (killed or still running), or None when it is whole."""
-    from trainwise.report.write import read_progress
 
     progress = read_progress(study)
     if progress is None or progress[0] >= progress[1]:
@@ -343,7 +341,6 @@ def with_quality(rows: list[StudyRow], verdicts: dict) -> tuple[list[StudyRow], 
     metric becomes its seeds' mean, or the baseline's when the difference is not significant (so it
     neither dominates nor is excluded by --max-quality-drop on noise); rows the phase did not train
     have no quality. Returns the rows and a note saying so."""
-    from trainwise.quality import NOT_SIGNIFICANT
 
     by_row = {q["strategy"]: q for q in verdicts["rows"]}
     reference = next((q for q in verdicts["rows"] if q["verdict"] == "reference"), None)
@@ -363,7 +360,6 @@ def with_quality(rows: list[StudyRow], verdicts: dict) -> tuple[list[StudyRow], 
         + "; a difference its test does not call (seeds' ranges with 2 seeds, Welch's t with 3 or more) counts as "
         "none; the other rows' short-trial quality is not used"
     )
-    from trainwise.quality import unlearned
 
     means = [q["mean"] for q in verdicts["rows"]]
     majority = verdicts["rows"][0].get("majority") if verdicts["rows"] else None

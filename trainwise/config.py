@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Literal
 
 from trainwise import strategies
@@ -88,8 +90,6 @@ class StudyConfig:
         """The command line that runs this config again: every option that differs from the CLI's default
         (--out, files and local model directories made absolute, so it runs from any directory), then
         `extra` (the options that are not the config's: price, quality phase)."""
-        import shlex
-        from pathlib import Path
 
         words = ["trainwise", verb]
         for f in fields(self):
@@ -246,7 +246,6 @@ class DataOrigin:
     @classmethod
     def of(cls, cfg: StudyConfig, data: TaskData | None = None) -> DataOrigin:
         """`data`: what a text task read (without it, the source is named from the options alone)."""
-        from pathlib import Path
 
         def absolute(path: str | None) -> str | None:
             return None if path is None else str(Path(path).resolve())

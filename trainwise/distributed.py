@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from trainwise import strategies
+
 if TYPE_CHECKING:
     from trainwise.config import TrialSpec
 
@@ -32,7 +34,6 @@ class Ranks:
 
 def is_multiprocess(spec: TrialSpec) -> bool:
     """Whether a trial runs under torchrun: several ranks, or a plan that needs a process group (DeepSpeed)."""
-    from trainwise import strategies
 
     s = spec.settings
     return s.nproc > 1 or strategies.runtime(spec.plan, s.task, s.device).needs_ranks

@@ -6,6 +6,11 @@ it is raised at the edge (config, strategy parsing, data and model resolution) b
 is built or any file is written.
 """
 
+import difflib
+import json
+import math
+from pathlib import Path
+
 
 class ConfigError(ValueError):
     """Bad input from the user: the message says what is wrong and what to do instead."""
@@ -24,7 +29,6 @@ class OutputFailed(RuntimeError):
 def check_number(option: str, value: float, low: float = 0.0, *, inclusive: bool = False) -> None:
     """A numeric option must be finite and above `low` (at least `low` when inclusive): NaN and inf,
     which compare false with everything, are refused here rather than trained with."""
-    import math
 
     if not (math.isfinite(value) and (value >= low if inclusive else value > low)):
         raise ConfigError(f"{option} must be a finite number {'>=' if inclusive else '>'} {low:g}, got {value:g}")
@@ -34,8 +38,6 @@ def read_json(path, what: str, missing: str | None = None, option: str | None = 
     """A JSON file the user points at, parsed; every way it can be wrong is one ConfigError naming the
     file (and the option that gave it): missing (`missing`, when given, says what to do), unreadable,
     not UTF-8, not JSON, nested too deeply."""
-    import json
-    from pathlib import Path
 
     path = Path(path)
     name = f"{option} {path}" if option else str(path)
@@ -56,7 +58,6 @@ def read_json(path, what: str, missing: str | None = None, option: str | None = 
 def check_names(verb: str, given, known) -> None:
     """Keyword arguments of a Python call must be its CLI options' names: an unknown one is one
     ConfigError naming the closest valid name."""
-    import difflib
 
     for name in given:
         if name not in known:

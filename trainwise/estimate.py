@@ -23,11 +23,13 @@ recipe is probed on its own config at 1-3 layers instead, and the estimate says 
 
 from __future__ import annotations
 
+import copy
 import gc
 import hashlib
 import json
 import math
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -35,12 +37,17 @@ from pathlib import Path
 from typing import Any
 
 from trainwise import strategies
+from trainwise.config import DEVICES, TEXT_TASKS, check_accum, check_nproc
+from trainwise.data.sources import read_task_data, tokenizer_corpus
 from trainwise.errors import ConfigError
 from trainwise.files import write_atomic
-from trainwise.models import ModelSource, meta_model, model_config
+from trainwise.measure.memory import CUDA_CONTEXT_BYTES, AllocatedPeak, rss_bytes
+from trainwise.models import ModelSource, load_tokenizer, meta_model, model_config, resolve_model, train_tokenizer
+from trainwise.report.format import human_bytes
 from trainwise.strategies import Row
 from trainwise.strategies.base import MemoryTerms
 from trainwise.strategies.plan import TrialPlan
+from trainwise.strategies.scale import FLAGS, ZERO
 
 GiB = 1024**3
 # the knobs each family names differently; families listed here are probed on tiny configs
@@ -268,7 +275,6 @@ def _cache_dir() -> Path:
 
 
 def _tiny_config(base: Any, h: int, f: int, H: int, n: int, vocab: int) -> Any:
-    import copy
 
     config = copy.deepcopy(base)
     keys = FAMILY_KEYS[config.model_type]
@@ -285,7 +291,6 @@ def _tiny_config(base: Any, h: int, f: int, H: int, n: int, vocab: int) -> Any:
 
 
 def _own_config(base: Any, n: int) -> Any:
-    import copy
 
     config = copy.deepcopy(base)
     for key in ("num_hidden_layers", "encoder_layers", "decoder_layers", "num_layers", "num_decoder_layers"):
@@ -306,7 +311,6 @@ def probe_point(config: Any, task: str, plan: TrialPlan, micro: int, src_len: in
 
     from trainwise.data.tasks import Batch
     from trainwise.loop import accumulate_step, apply_plan, new_accelerator
-    from trainwise.measure.memory import AllocatedPeak
 
     torch.manual_seed(0)
     rt = strategies.runtime(plan, task, device)
@@ -437,10 +441,7 @@ def step_temporaries(s: Shape, terms: MemoryTerms) -> int:
 def runtime_overhead(device: str) -> int:
     """Memory the process holds besides tensors: the CUDA context, or on CPU the loaded libraries."""
     if device == "cuda":
-        from trainwise.measure.memory import CUDA_CONTEXT_BYTES
-
         return CUDA_CONTEXT_BYTES
-    from trainwise.measure.memory import rss_bytes
 
     return rss_bytes()  # this process has imported torch + transformers, as a trial does
 
@@ -521,11 +522,8 @@ class DataFacts:
 
     @classmethod
     def read(cls, cfg: EstimateConfig, source: ModelSource) -> DataFacts:
-        import tempfile
 
-        from trainwise.data.sources import read_task_data, tokenizer_corpus
         from trainwise.data.tasks import encode
-        from trainwise.models import load_tokenizer, train_tokenizer
 
         data = read_task_data(cfg.task, cfg.dataset, cfg.train_file, None, cfg.text_column, cfg.target_column)
         train, labels = data.train, data.labels
@@ -570,8 +568,6 @@ class EstimateConfig:
     parsed: tuple[Row, ...] = field(init=False)
 
     def __post_init__(self) -> None:
-        from trainwise.config import DEVICES, TEXT_TASKS, check_accum, check_nproc
-        from trainwise.strategies.scale import FLAGS, ZERO
 
         if self.task not in TEXT_TASKS:
             raise ConfigError(
@@ -742,9 +738,6 @@ def run_estimate(
     """Estimate every row of `cfg`; when none fits the device memory, say why and what would."""
     import torch
 
-    from trainwise.models import resolve_model
-    from trainwise.report.format import human_bytes
-
     target = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
     probe_device = target if target == "cpu" or torch.cuda.is_available() else "cpu"
     source = resolve_model(model, model_preset, cfg.task, (cfg.max_length, cfg.max_target_length))
@@ -847,7 +840,6 @@ def run_estimate(
 
 
 def _impossible(base: Shape, budget: int, overhead: int, rescue: list, nproc: int) -> list[str]:
-    from trainwise.report.format import human_bytes
 
     if overhead >= budget:
         return [f"impossible: the runtime alone ({human_bytes(overhead)}) does not fit {human_bytes(budget)}."]

@@ -24,10 +24,15 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from trainwise import strategies
+from trainwise.advise import partial_note, study_row
 from trainwise.config import DataOrigin, TrialSettings, TrialSpec, check_nproc
 from trainwise.errors import ConfigError, check_number
+from trainwise.estimate import EstimateConfig
 from trainwise.files import write_atomic
+from trainwise.models import preset_config_kwargs, resolve_model
 from trainwise.strategies.base import ExportDoc
 from trainwise.strategies.plan import TrialPlan
 
@@ -233,7 +238,6 @@ def _pretrained_lines(s: RunSettings, auto: str, labels: dict[str, str], doc: Ex
 def _preset_lines(s: RunSettings, auto: str, labels: dict[str, str], doc: ExportDoc) -> list[str]:
     """A size preset as trainwise builds it: the architecture from its config (written out here, so nothing
     is downloaded), random weights from the run's seed, and the tokenizer the study trained on its data."""
-    from trainwise.models import preset_config_kwargs
 
     family, kwargs = preset_config_kwargs(s.model)
     config_args = ", ".join([*(f"{k}={v!r}" for k, v in kwargs.items()), *(f"{k}={v}" for k, v in labels.items())])
@@ -281,7 +285,6 @@ def write_export(plan: TrialPlan, s: RunSettings, out: Path, force: bool = False
 
 
 def _yaml(d: dict) -> str:
-    import yaml
 
     return yaml.safe_dump(d, sort_keys=False)
 
@@ -345,8 +348,6 @@ def epochs_for(spec: TrialSpec, max_steps: int) -> int:
 
 def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str]]:
     """Resolve the plan and its settings (from the study, or from the options), then write the files."""
-    from trainwise.estimate import EstimateConfig
-    from trainwise.models import resolve_model
 
     task, batch, accum, lengths, lr = (
         cfg.task,
@@ -359,7 +360,6 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
     origin, train_rows, tokenizer_dir = None, None, None
     labels: tuple[str, ...] = ()
     if cfg.study is not None:
-        from trainwise.advise import study_row
         from trainwise.data.prepared import read_labels
         from trainwise.study import Store
 
@@ -426,8 +426,6 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
     )
     paths, notes = write_export(row.plan, run, out, cfg.force)
     if cfg.study is not None:
-        from trainwise.advise import partial_note
-
         partial = partial_note(Path(cfg.study))
         if partial:
             notes.insert(0, partial)

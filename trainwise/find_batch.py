@@ -21,10 +21,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from trainwise import strategies
 from trainwise.config import StudyConfig
 from trainwise.errors import ConfigError
+from trainwise.estimate import calibrate, estimate_plan, runtime_overhead, shape_of
 from trainwise.files import write_atomic, writing
+from trainwise.measure.memory import CUDA_CONTEXT_BYTES
+from trainwise.models import ModelSource, model_config
+from trainwise.report.format import human_bytes
 from trainwise.results import TrialResult
 
 
@@ -125,7 +131,6 @@ def _noise_said(points: list[BatchPoint]) -> str:
 
 
 def measured_bytes(result: TrialResult, device: str) -> int | None:
-    from trainwise.measure.memory import CUDA_CONTEXT_BYTES
 
     if device == "cuda":
         return None if result.peak_reserved_bytes is None else result.peak_reserved_bytes + CUDA_CONTEXT_BYTES
@@ -205,7 +210,6 @@ def default_limit(device: str) -> int:
         import torch
 
         return int(torch.cuda.get_device_properties(0).total_memory)
-    import psutil
 
     available = int(psutil.virtual_memory().available)
     return available - max(2**30, available // 10)
@@ -256,9 +260,6 @@ def find_batch(
     on_point: Callable[[str], None],
 ) -> FindBatchReport:
     """Prepare the study once (`config(batch size)`: a study of the one row), then search the candidates."""
-    from trainwise.estimate import calibrate, estimate_plan, runtime_overhead, shape_of
-    from trainwise.models import ModelSource, model_config
-    from trainwise.report.format import human_bytes
     from trainwise.study import prepare_study, refused
 
     rows = strategies.parse_rows(row_text, accum_steps)

@@ -28,6 +28,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState
+from accelerate.utils import DeepSpeedPlugin
 from transformers import get_linear_schedule_with_warmup
 
 from trainwise import strategies
@@ -88,13 +91,9 @@ def new_accelerator(rt: Runtime, micro_batch_per_rank: int, max_grad_norm: float
         # accelerate consults DeepSpeed when it is installed; on CPU DeepSpeed's auto-detection prints a
         # warning ("unable to detect" a GPU) into train's output. Saying the device up front is quiet.
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    from accelerate import Accelerator
-    from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state(reset_partial_state=True)  # one run per process, but tests reuse one
     if rt.deepspeed is not None:
-        from accelerate.utils import DeepSpeedPlugin
-
         config = {
             **rt.deepspeed,
             # the loop keeps its own accumulation windows and loss normalisation

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainwise.config import StudyConfig
-from trainwise.errors import ConfigError
+from trainwise.errors import ConfigError, read_json
 from trainwise.files import write_atomic
 from trainwise.strategies.plan import TrialPlan
 
@@ -166,7 +166,6 @@ def write(out: Path, rows: list[QualityRow], seeds: int) -> Path:
 
 def read(study: Path) -> dict | None:
     """A study's quality verdicts (its --out/quality/quality.json), or None when it has none."""
-    from trainwise.errors import read_json
 
     path = study / QUALITY_DIR / "quality.json"
     return read_json(path, "a trainwise quality file") if path.is_file() else None

@@ -11,6 +11,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
+from trainwise import strategies
 from trainwise.config import TrialSpec
 from trainwise.errors import ConfigError
 
@@ -83,7 +86,6 @@ def load_space(path: str) -> list[Param]:
     batch_size: {choices: [8, 16, 32]}
     weight_decay: {low: 0.0, high: 0.1}
     """
-    import yaml
 
     p = Path(path)
     if not p.is_file():
@@ -150,7 +152,6 @@ def sample(trial, space: list[Param]) -> dict:
 
 def apply(spec: TrialSpec, values: dict) -> TrialSpec:
     """The trial's spec: the sampled values in its settings (batch_size stays a multiple of accum)."""
-    from trainwise import strategies
 
     s = spec.settings
     changes = dict(values)

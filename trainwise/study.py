@@ -42,7 +42,18 @@ from trainwise.files import failed, refused_by, write_atomic, writing
 from trainwise.measure import contention
 from trainwise.measure.device import DeviceFacts, precision_ratio
 from trainwise.measure.device import facts as device_facts
-from trainwise.models import bundled_minilm_dir, head_note, resolve_model, train_tokenizer
+from trainwise.measure.env import environment
+from trainwise.models import (
+    ModelSource,
+    bundled_minilm_dir,
+    head_note,
+    meta_model,
+    model_config,
+    resolve_model,
+    train_tokenizer,
+)
+from trainwise.report.format import add_cost
+from trainwise.report.write import write_reports
 from trainwise.results import StudyRow, TrialResult
 from trainwise.strategies import Row, Support
 
@@ -356,7 +367,6 @@ def _specs(cfg: StudyConfig, settings, fingerprint: str, unsupported: dict[str, 
 
 def _prepare_images(cfg: StudyConfig, device: str, unsupported: dict[str, str], out: Path) -> PreparedStudy:
     """image-classification: a project ResNeXt preset on digits, CIFAR-10 or image folders."""
-    from trainwise.models import ModelSource
     from trainwise.vision import VISION_PRESETS, load_image_data, save_images
 
     preset = cfg.model_preset or "resnext-tiny"
@@ -413,7 +423,6 @@ def _check_plans_apply(source, cfg: StudyConfig, unsupported: dict[str, str]) ->
     """Every row's model edits (checkpointing, freezing, LoRA) apply to this model: tried on the meta
     device, so a row that cannot (LoRA on a model peft cannot target) is bad input, not a failed trial."""
     from trainwise.loop import apply_plan
-    from trainwise.models import meta_model, model_config
 
     config = None
     for row in cfg.rows:
@@ -811,8 +820,6 @@ class Report:
 
 def report(prepared: PreparedStudy, trials: Trials, price=None, quality: tuple[int, int] | None = None) -> Report:
     """The study's table (priced when asked), written as results.json/.csv, report.md and chart.png."""
-    from trainwise.report.format import add_cost
-    from trainwise.report.write import write_reports
 
     s = prepared.specs[0].settings
     table = aggregate(prepared.cells, trials)
@@ -829,7 +836,6 @@ def study_settings(prepared: PreparedStudy, table: list[StudyRow], price=None, q
     report.md's opening block, the chart's caption): model and its source, data and its source with
     its row counts, device and environment, batch, lengths, steps, lr, seed, repeats, and the command
     that runs it again."""
-    from trainwise.measure.env import environment
 
     cfg, s = prepared.config, prepared.specs[0].settings
     env: dict = next((e.env for e in table if e.env), {}) or environment(s.device)

@@ -17,6 +17,7 @@ data and batch, with its own learning rate, weight decay and label smoothing fro
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import io
@@ -30,13 +31,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, load_model, save_file, save_model
 
 from trainwise import loop, strategies
 from trainwise.config import StudyConfig, TrainConfig, TrialSpec, maximize, monitored
 from trainwise.data.prepared import TrialData, load_data
-from trainwise.distributed import Ranks
+from trainwise.distributed import Ranks, is_multiprocess
 from trainwise.errors import ConfigError, RunFailed
 from trainwise.files import failed, free_space, human_bytes, refused_by, tree_bytes, write_atomic, writing
+from trainwise.launcher import run_child
+from trainwise.lifeline import die_with_parent
+from trainwise.study import hold
+from trainwise.tracking import Tracker
+from trainwise.worker import _emitter
 
 LATEST = "latest"
 
@@ -249,7 +256,6 @@ RESUME_HINT = "make room and run the same command with --resume: it continues fr
 
 def _write_checkpoint(tmp: Path, final: Path, root: Path, model, optimizer, scheduler, state, engine) -> None:
     """Rank 0's part of a checkpoint: the files into `tmp`, then renamed to `final`, then `latest` moved."""
-    from safetensors.torch import save_file, save_model
 
     extra: dict = {
         "scheduler": scheduler.state_dict(),
@@ -312,7 +318,6 @@ def find_resumable(root: Path, warn: Callable[[str], None]) -> Path | None:
 
 def load_checkpoint(ckpt: Path, model, optimizer, scheduler, engine=None) -> TrainState:
     """Every rank loads the checkpoint: the replicas from the safetensors, or (ZeRO) its own partition."""
-    from safetensors.torch import load_file, load_model
 
     extra = json.loads((ckpt / "extra.json").read_text())
     if (ckpt / "zero").is_dir() != (engine is not None):
@@ -345,7 +350,6 @@ def run_train(job: TrainJob, adopt: Path | None = None) -> TrainResult:
     the same model, plan, data and batch) with this spec's hyper-parameters (PBT)."""
     if not job.report_to:
         return _fit(job, adopt)
-    from trainwise.tracking import Tracker
 
     spec, tc, out = job.spec, job.tc, job.out
     # the spec's max_steps is a placeholder: the train config's (its cap) replaces it
@@ -486,7 +490,6 @@ def save_model_dir(dest: Path, parts: loop.Parts, data: TrialData, record: dict)
     weights. LoRA adapters are merged into a copy, so the directory needs no peft. ZeRO-3's partitioned
     weights are gathered first (every rank calls this); rank 0 writes. The directory is built aside and
     swapped in, so a kill leaves the previous one whole."""
-    import copy
 
     model = getattr(parts.raw_model, "_orig_mod", parts.raw_model)  # torch.compile's wrapper
     main = Ranks.from_env().main
@@ -514,7 +517,6 @@ def save_model_dir(dest: Path, parts: loop.Parts, data: TrialData, record: dict)
 
 
 def _write_model_dir(tmp: Path, model, data: TrialData, state_dict: dict | None, record: dict) -> None:
-    from safetensors.torch import save_file, save_model
 
     tmp.mkdir(parents=True)
     if data.save is not None:
@@ -543,7 +545,6 @@ def train_ranks(job: TrainJob) -> TrainResult:
     """`run_train` over the ranks a plan needs (data parallel, ZeRO): torchrun runs this module's `main` in
     each, as `compare --nproc` runs its trials; rank 0's events come back as JSON lines. Checkpoints are
     written by every rank together, so `--resume` continues a run that was killed."""
-    from trainwise.launcher import run_child
 
     out, nproc = job.out, job.spec.settings.nproc
     out.mkdir(parents=True, exist_ok=True)
@@ -572,8 +573,6 @@ def train_ranks(job: TrainJob) -> TrainResult:
 
 def main(argv: list[str]) -> int:
     """One rank of `train_ranks`: `python -m trainwise.train RANKS.json` under torchrun."""
-    from trainwise.lifeline import die_with_parent
-    from trainwise.worker import _emitter
 
     die_with_parent()  # torchrun's agent: if it dies, so does this rank
 
@@ -593,9 +592,6 @@ def main(argv: list[str]) -> int:
 def train_any(job: TrainJob) -> TrainResult:
     """Train in this process, or over the ranks the plan needs (data parallel, ZeRO) under torchrun; one
     command at a time in `job.out` (and the folder is marked trainwise's)."""
-    from trainwise.distributed import is_multiprocess
-    from trainwise.study import hold
-    from trainwise.worker import _emitter
 
     spec, out = job.spec, job.out
     with hold(out):

@@ -24,8 +24,10 @@ from pathlib import Path
 
 from trainwise.config import DataOrigin, StudyConfig, TrialSettings, TrialSpec, check_monitor, maximize, monitored
 from trainwise.errors import ConfigError, RunFailed, check_number
+from trainwise.export import RunSettings, epochs_for, named_model, train_command, train_out
 from trainwise.files import failed, refused_by, write_atomic
 from trainwise.launcher import run_child
+from trainwise.pbt import EXPERIMENT, check_pbt, run_pbt
 from trainwise.space import (
     Param,
     TuneResult,
@@ -273,8 +275,6 @@ def tune(
     check_one_process(study, "tune")
     out = Path(study.out)
     if cfg.search == "pbt":
-        from trainwise.pbt import EXPERIMENT, check_pbt
-
         check_pbt(list(cfg.params), cfg.ray_address)
         if (out / EXPERIMENT).exists():
             # Ray can restore the experiment, but its synchronous PBT then waits forever for members
@@ -292,7 +292,6 @@ def best_train_command(
     """The `trainwise train` command that trains the best trial's settings (its values on the tune's model,
     data and plan, for the trial's --max-steps, into a run folder beside --out), and a note naming the
     tuned values `train` has no option for (it trains those at their defaults). None: no trial finished."""
-    from trainwise.export import RunSettings, epochs_for, named_model, train_command, train_out
 
     if not result.best_params:
         return None
@@ -329,8 +328,6 @@ def _search(
     train_args = dataclasses.asdict(cfg.train_config())
 
     if cfg.search == "pbt":
-        from trainwise.pbt import run_pbt
-
         cpus = cfg.cpus_per_trial or max(1.0, float((os.cpu_count() or 1) // cfg.trials))
         gpus = 1.0 if spec.settings.device == "cuda" else 0.0
 

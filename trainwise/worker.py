@@ -16,9 +16,14 @@ import os
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
 
+from trainwise.config import TrialSpec
 from trainwise.files import write_atomic
+from trainwise.launcher import rank_result_path
+from trainwise.lifeline import die_with_parent
+from trainwise.results import TrialResult
 
 OOM_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory")
 
@@ -59,18 +64,13 @@ def _emitter(strategy: str, batch_size: int, main_rank: bool = True):
 
 
 def main(argv: list[str]) -> int:
-    from trainwise.lifeline import die_with_parent
 
     die_with_parent()  # a trial never outlives the study (or torchrun) that started it
     spec_path, result_path = Path(argv[0]), Path(argv[1])
-    from trainwise.config import TrialSpec
-    from trainwise.results import TrialResult
 
     spec = TrialSpec.from_dict(json.loads(spec_path.read_text()))
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     if "RANK" in os.environ:  # launched by torchrun (data parallel or ZeRO): one result per rank
-        from trainwise.launcher import rank_result_path
-
         result_path = rank_result_path(result_path, rank)
     try:
         from trainwise.trial import run_trial
@@ -85,7 +85,6 @@ def main(argv: list[str]) -> int:
             raise
         status = "oom" if is_oom(exc) else "error"
         message = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-        import traceback
 
         traceback.print_exc(file=sys.stderr)
         result = TrialResult(

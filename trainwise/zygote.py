@@ -20,6 +20,7 @@ import contextlib
 import importlib
 import json
 import os
+import runpy
 import select
 import signal
 import socket
@@ -27,7 +28,10 @@ import struct
 import subprocess
 import sys
 import threading
+import traceback
 from typing import IO
+
+from trainwise.lifeline import bound_to_me, die_with_parent
 
 PRELOAD = ("torch", "transformers", "trainwise.trial")  # what every trial imports (not the __main__ modules)
 _HEADER = struct.Struct("!I")
@@ -89,7 +93,6 @@ class Zygote:
     """The caller's handle on the zygote process: started on first use, one per command."""
 
     def __init__(self) -> None:
-        from trainwise.lifeline import bound_to_me
 
         ours, theirs = socket.socketpair()
         self.proc = subprocess.Popen(
@@ -161,14 +164,11 @@ def spawn(module: str, args: list[str], env: dict[str, str], stderr: IO) -> Fork
 # ---- the zygote ------------------------------------------------------------------------------------------------
 def _child(request: dict, out_fd: int, err_fd: int, sock: socket.socket) -> None:
     """In the forked child: become `python -m module args`, then exit with its status."""
-    import runpy
-    import traceback
 
     code = 1
     try:
         sock.close()
         os.setsid()
-        from trainwise.lifeline import die_with_parent
 
         die_with_parent()
         for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -224,7 +224,6 @@ def _serve(sock: socket.socket) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from trainwise.lifeline import die_with_parent
 
     die_with_parent()
     sock = socket.socket(fileno=int(argv[0]))

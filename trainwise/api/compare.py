@@ -14,6 +14,7 @@ from trainwise.api.options import CompareOptions
 from trainwise.api.render import Render
 from trainwise.api.study import Study
 from trainwise.config import StudyConfig
+from trainwise.launcher import launch
 
 STUDY_FILE = "study.yaml"  # the options a study ran with; `--config` reruns it
 
@@ -28,7 +29,6 @@ def run(
     """Prepare, run (or resume) and report a study, then its quality phase (steps, seeds). RunFailed when
     the study ran and no trial produced a result. `options`, when given, are saved as the study's file."""
     from trainwise.api.quality import run_quality
-    from trainwise.launcher import launch
     from trainwise.study import check_some_ok, prepare_study, report, run_study
 
     with render.status(f"trainwise compare: validating input, preparing data and model ({cfg.task})..."):

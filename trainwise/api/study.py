@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+from trainwise.advise import read_results
+from trainwise.api.export import export
+from trainwise.api.options import CONSTRAINTS, AdviseOptions
+from trainwise.errors import check_names
 from trainwise.results import StudyRow
 
 # the columns a notebook shows first (the rest stay in to_pandas())
@@ -19,7 +24,6 @@ class Study:
     ConfigError when `path` is not a finished study."""
 
     def __init__(self, path: str | Path):
-        from trainwise.advise import read_results
 
         self.path = Path(path).resolve()  # a notebook may change its directory later
         self.rows: list[StudyRow] = read_results(self.path)
@@ -27,7 +31,6 @@ class Study:
     @property
     def settings(self) -> dict:
         """results.json's `study` object ({} for a study written before it was stored)."""
-        import json
 
         payload = json.loads((self.path / "results.json").read_text(encoding="utf-8"))
         return payload.get("study") or {} if isinstance(payload, dict) else {}
@@ -43,8 +46,6 @@ class Study:
         """`trainwise advise` on this study: objective, memory_budget ("8GiB"), max_quality_drop,
         max_epoch_time ("30m"), max_epoch_cost, as the CLI's options. Returns the Advice."""
         from trainwise.api.advise import advise_study
-        from trainwise.api.options import CONSTRAINTS, AdviseOptions
-        from trainwise.errors import check_names
 
         check_names("advise", options, CONSTRAINTS)
         return advise_study([self.path], AdviseOptions.of({"study": [str(self.path)], **options}).constraints())
@@ -53,7 +54,6 @@ class Study:
         """`trainwise export --study` on this study: its row (default: advise's pick, or `strategies=`)
         written as TrainingArguments, accelerate and DeepSpeed configs and a train command into `out`.
         Returns what was written (`row`, `paths`, `notes`)."""
-        from trainwise.api.export import export
 
         return export(**{**options, "study": str(self.path)})
 

@@ -9,11 +9,11 @@ from typing import Any
 from trainwise.api.options import TrainOptions
 from trainwise.api.render import Render
 from trainwise.errors import ConfigError
+from trainwise.tracking import parse_report_to
 
 
 def start(options: TrainOptions, render: Render = Render()):
     """Check and prepare, then train; returns the TrainResult (`train.summary` words it)."""
-    from trainwise.tracking import parse_report_to
 
     tc, backends = options.train_config(), parse_report_to(options.report_to)  # checked before torch loads
     options.price()  # a bad price is said now, not after the run (the summary prices it)

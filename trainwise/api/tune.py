@@ -8,11 +8,11 @@ from typing import Any
 from trainwise.api.options import TuneOptions
 from trainwise.api.render import Render
 from trainwise.space import TuneResult
+from trainwise.tune import tune as search_space
 
 
 def start(options: TuneOptions, render: Render = Render()) -> tuple[TuneResult, dict]:
     """(the search's result, tune_result.json's content)."""
-    from trainwise.tune import tune as search_space
 
     cfg, study = options.resolve()
     with render.status("trainwise tune: ...") as status:

@@ -11,11 +11,13 @@ import csv
 import io
 import json
 import os
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainwise.data.builtin import BUILTIN_DATASETS, _is_eval, load_builtin
 from trainwise.errors import ConfigError
+from trainwise.models import check_hub_reachable
 
 Rows = list[dict[str, str]]
 FILE_SUFFIXES = (".csv", ".json", ".jsonl")
@@ -209,8 +211,6 @@ def _load_hub(name: str, text_col: str, target_col: str) -> tuple[Rows, Rows, tu
             "needs the 'datasets' package: pip install 'trainwise[hub]'"
         ) from None
     if "1" not in (os.environ.get("HF_HUB_OFFLINE"), os.environ.get("HF_DATASETS_OFFLINE")):
-        from trainwise.models import check_hub_reachable
-
         check_hub_reachable(name, "dataset")  # one line now, not a minute of retries
     try:
         ds = datasets.load_dataset(name)
@@ -303,7 +303,6 @@ def read_task_data(
     """The user's rows for a text task, checked the one way compare, train and estimate all read them.
     A fixed shuffle (files and corpora come grouped: the stdlib corpus by module, and eval and
     --max-train-samples take prefixes); eval rows of unseen classes left out, and counted."""
-    import random
 
     if dataset in BUILTIN_DATASETS and BUILTIN_DATASETS[dataset] != task:
         raise ConfigError(f"dataset {dataset!r} is a {BUILTIN_DATASETS[dataset]} dataset, not {task}")

@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 CONTENDED_SHARE = 0.25  # other processes' share of all CPUs' time during the timed steps
 STOLEN_SHARE = 0.10  # the hypervisor's
 # /proc/stat counts in ticks of 10 ms: over a shorter window than this the share is too coarse to judge
@@ -39,7 +41,6 @@ class CpuSample:
 
 def sample() -> CpuSample | None:
     """Now, or None where /proc/stat cannot be read (not Linux)."""
-    import psutil
 
     try:
         fields = Path("/proc/stat").read_text().splitlines()[0].split()

@@ -18,8 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from trainwise.errors import OutputFailed
 from trainwise.files import write_atomic
+from trainwise.measure import contention
+from trainwise.measure.env import cpu_name
 
 # the CPU flags that decide a 16-bit precision's verdict (the rest of /proc/cpuinfo's list is not kept)
 PRECISION_FLAGS = ("avx512_bf16", "amx_bf16", "amx_fp16", "avx512_fp16", "avx512f", "avx2", "amx_tile")
@@ -59,12 +63,9 @@ def cpu_flags() -> frozenset[str]:
 
 def facts(device: str) -> DeviceFacts:
     """This machine's `device` ("cpu" or "cuda"), with the injected facts where they are set."""
-    from trainwise.measure.env import cpu_name
 
     injected = "TRAINWISE_CPU_FLAGS" in os.environ or "TRAINWISE_CUDA_CAPABILITY" in os.environ
     if device != "cuda":
-        import psutil
-
         return DeviceFacts("cpu", cpu_name(), cpu_flags(), None, psutil.virtual_memory().total, injected)
     import torch
 
@@ -177,9 +178,6 @@ def cached(kind: str, device: str, what: str, measure: Callable[[], dict]) -> di
     would have been 3x too high): then it is used once and measured again next time. Returns the
     measurement's dict with "cached": True when it was read from the cache."""
     import torch
-
-    from trainwise.measure import contention
-    from trainwise.measure.env import cpu_name
 
     name = torch.cuda.get_device_name() if device == "cuda" else f"{cpu_name()} x{torch.get_num_threads()} threads"
     key = "".join(c if c.isalnum() else "_" for c in f"{name}-{what}-torch{torch.__version__}")

@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from trainwise.measure import device as dev  # a module: tests replace dev.best_linear
+
 
 class Counted:
     """FLOPs counted inside a `with` block (None when the counter could not run, e.g. a compiled model)."""
@@ -60,14 +62,13 @@ def matmul_peak(device: str, mode: str, budget_s: float = 1.0) -> float:
     is sized to the device (trainwise.measure.device.best_linear: a few ms on a slow path, large enough
     to fill a GPU), best of repeated runs within `budget_s`, cached per device, threads, mode and torch
     version (not when the machine was busy meanwhile)."""
-    from trainwise.measure.device import best_linear, cached
 
     def measure() -> dict:
-        best, n = best_linear(device, mode, budget_s)
+        best, n = dev.best_linear(device, mode, budget_s)
         return {"flops_per_s": best, "n": n}
 
     what = mode + ("-tf32" if device == "cuda" and mode == "fp32" and _tf32_on() else "")
-    return float(cached("peak", device, f"linear-{what}", measure)["flops_per_s"])
+    return float(dev.cached("peak", device, f"linear-{what}", measure)["flops_per_s"])
 
 
 def _tf32_on() -> bool:

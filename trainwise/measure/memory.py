@@ -10,9 +10,11 @@ and the trial reports that beside the peak.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import resource
 import sys
+import tempfile
 from collections.abc import Iterable, Iterator
 
 import psutil
@@ -138,9 +140,6 @@ def _quiet_native_output() -> Iterator[None]:
 
 def _profiler_peak(prof) -> int:
     """Max of the running allocation total over the profiler's CPU [memory] events."""
-    import json
-    import os
-    import tempfile
 
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)

@@ -13,7 +13,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from trainwise.report.format import cells, footnotes, has_rss, headers, human_bytes, notes
+from trainwise import strategies as catalogue
+from trainwise.quality import unlearned
+from trainwise.report.format import RANDOM_INIT_NOTE, cells, footnotes, has_rss, headers, human_bytes, notes
 
 # Piped or in CI, rich would wrap the table at 80 columns; give it room instead.
 out = Console() if sys.stdout.isatty() else Console(width=240)  # pipes and files: the whole table
@@ -174,8 +176,6 @@ def export_report(row: str, paths: list, notes: list[str]) -> None:
 
 def quality_table(rows: list, seeds: int) -> None:
     """The quality phase: each candidate's metric and evaluation loss over the seeds, and its verdict."""
-    from trainwise.quality import unlearned
-    from trainwise.report.format import RANDOM_INIT_NOTE
 
     if not rows:
         return
@@ -279,7 +279,6 @@ def tune_table(result: Any, report: dict, search: str, monitor: str, out_dir: st
 
 
 def strategies_table() -> None:
-    from trainwise import strategies as catalogue
 
     grid = _grid("", ["name", "effect; cost", "conflicts", "requires"])
     for st in catalogue.REGISTRY.values():
