@@ -41,7 +41,7 @@ def is_multiprocess(spec: TrialSpec) -> bool:
 
 def group_size() -> int:
     """The world size the process group really has (1 when there is none)."""
-    import torch
+    import torch  # heavy: torch
 
     dist = torch.distributed
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -51,7 +51,7 @@ def all_sum(value: float | int, world: int) -> float:
     """Sum a number over the ranks (identity for one process)."""
     if world == 1:
         return float(value)
-    import torch
+    import torch  # heavy: torch
 
     t = torch.tensor([float(value)], dtype=torch.float64)
     torch.distributed.all_reduce(t)

@@ -126,7 +126,7 @@ def run_doctor(
     peaks, ratios = _measure_device(resolved)
     env = {**environment(resolved), **{f"{lib}_version": package_version(lib) for lib in LIBRARIES}}
     if resolved == "cuda":
-        import torch
+        import torch  # heavy: torch
 
         env["cudnn"] = torch.backends.cudnn.version()
     report = DoctorReport(facts.to_dict(), env, peaks, ratios)

@@ -204,9 +204,9 @@ def _dims(config: Any) -> dict[str, int]:
 def shape_of(config: Any, task: str, plan: TrialPlan) -> Shape:
     """The plan's model on the meta device: its edits (freezing, LoRA, the weights' dtype) applied, as
     the loop applies them, so what trains is read off the model."""
-    import torch
+    import torch  # heavy: torch
 
-    from trainwise.loop import apply_plan
+    from trainwise.loop import apply_plan  # heavy: trainwise.loop loads torch and transformers
 
     rt = strategies.runtime(plan, task, "cpu")
     model = apply_plan(meta_model(config, task, **rt.model_kwargs), rt)
@@ -306,10 +306,12 @@ def probe_point(config: Any, task: str, plan: TrialPlan, micro: int, src_len: in
     copies (counted exactly elsewhere). The design keeps activations far above the gradients, so the
     peak is the activation peak at the start of backward, not the gradients' build-up at its end.
     """
-    import torch
-    from transformers import AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
+    import torch  # heavy: torch
+    from transformers import AutoModelForSeq2SeqLM, AutoModelForSequenceClassification  # heavy: transformers
 
-    from trainwise.data.tasks import Batch
+    from trainwise.data.tasks import Batch  # heavy: trainwise.data.tasks loads torch
+
+    # heavy: trainwise.loop loads torch and transformers
     from trainwise.loop import accumulate_step, apply_plan, new_accelerator
 
     torch.manual_seed(0)
@@ -352,8 +354,8 @@ def probe_point(config: Any, task: str, plan: TrialPlan, micro: int, src_len: in
 
 def _fit(rows: list[tuple[dict[str, float], int]]) -> tuple[dict[str, float], float]:
     """Non-negative least squares on relative error (every probe point weighs the same)."""
-    import numpy as np
-    from scipy.optimize import nnls
+    import numpy as np  # heavy: numpy
+    from scipy.optimize import nnls  # heavy: scipy
 
     X = np.array([[f[k] for k in FEATURES] for f, _ in rows], dtype=float)
     y = np.array([max(1.0, float(v)) for _, v in rows])
@@ -370,7 +372,7 @@ def calibrate(
 ) -> Calibration:
     """Measured activation coefficients for this family, device and the plan's activation-relevant knobs
     (those whose memory seam asks the probe to reproduce them), cached."""
-    import torch
+    import torch  # heavy: torch
 
     family = config.model_type
     how = "tiny-config probe" if family in FAMILY_KEYS else "own-config probe"
@@ -523,7 +525,7 @@ class DataFacts:
     @classmethod
     def read(cls, cfg: EstimateConfig, source: ModelSource) -> DataFacts:
 
-        from trainwise.data.tasks import encode
+        from trainwise.data.tasks import encode  # heavy: trainwise.data.tasks loads torch
 
         data = read_task_data(cfg.task, cfg.dataset, cfg.train_file, None, cfg.text_column, cfg.target_column)
         train, labels = data.train, data.labels
@@ -736,7 +738,7 @@ def run_estimate(
     model: str | None, model_preset: str | None, cfg: EstimateConfig, on_status: Callable[[str], None]
 ) -> EstimateReport:
     """Estimate every row of `cfg`; when none fits the device memory, say why and what would."""
-    import torch
+    import torch  # heavy: torch
 
     target = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
     probe_device = target if target == "cpu" or torch.cuda.is_available() else "cpu"

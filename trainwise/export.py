@@ -262,7 +262,7 @@ def _preset_lines(s: RunSettings, auto: str, labels: dict[str, str], doc: Export
 def write_export(plan: TrialPlan, s: RunSettings, out: Path, force: bool = False) -> tuple[list[Path], list[str]]:
     """Write the files; returns them and the notes (what TrainingArguments cannot say). A directory that
     holds files trainwise did not write (say, the user's own training_args.json) is refused unless `force`."""
-    from trainwise.study import check_ours, mark
+    from trainwise.study import check_ours, mark  # heavy: trainwise.study loads numpy
 
     check_ours(out, force)
     doc = export_doc(plan, s)
@@ -341,7 +341,7 @@ def named_model(s: TrialSettings) -> tuple[str, bool]:
 
 def epochs_for(spec: TrialSpec, max_steps: int) -> int:
     """A trial cycles its data for max_steps; train stops at --epochs: enough passes for the same steps."""
-    from trainwise import loop
+    from trainwise import loop  # heavy: trainwise.loop loads torch and transformers
 
     return max(1, math.ceil(max_steps / max(1, loop.steps_per_epoch(spec, spec.settings.n_train))))
 
@@ -360,8 +360,8 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
     origin, train_rows, tokenizer_dir = None, None, None
     labels: tuple[str, ...] = ()
     if cfg.study is not None:
-        from trainwise.data.prepared import read_labels
-        from trainwise.study import Store
+        from trainwise.data.prepared import read_labels  # heavy: trainwise.data.prepared loads torch
+        from trainwise.study import Store  # heavy: trainwise.study loads numpy
 
         store = Store.of(Path(cfg.study))
         try:

@@ -94,7 +94,7 @@ class SearchResult:
 def point_noise(r: TrialResult) -> float | None:
     """How far a size's samples/s may stray by noise alone, relative: `compare`'s noise floor for one repeat
     (twice the standard error of the difference of two median steps, from the step-to-step variation)."""
-    from trainwise.study import noise_floor
+    from trainwise.study import noise_floor  # heavy: trainwise.study loads numpy
 
     return noise_floor(r, [])[0]
 
@@ -207,7 +207,7 @@ def search(
 def default_limit(device: str) -> int:
     """CUDA: the device's memory. CPU: available RAM minus 10% (at least 1 GiB) for everything else."""
     if device == "cuda":
-        import torch
+        import torch  # heavy: torch
 
         return int(torch.cuda.get_device_properties(0).total_memory)
 
@@ -260,7 +260,7 @@ def find_batch(
     on_point: Callable[[str], None],
 ) -> FindBatchReport:
     """Prepare the study once (`config(batch size)`: a study of the one row), then search the candidates."""
-    from trainwise.study import prepare_study, refused
+    from trainwise.study import prepare_study, refused  # heavy: trainwise.study loads numpy
 
     rows = strategies.parse_rows(row_text, accum_steps)
     if len(rows) != 1:
@@ -332,10 +332,10 @@ def write_outputs(result: SearchResult, out: Path, title: str) -> list[Path]:
 
 
 def _chart(result: SearchResult, path: Path, title: str) -> Path:
-    import matplotlib
+    import matplotlib  # heavy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: matplotlib
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     ok = [p for p in result.points if p.fits and p.samples_per_s]

@@ -163,7 +163,7 @@ def _resolve_path_or_hub(model: str) -> ModelSource:
 
 
 def _load_config(source: ModelSource):
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # heavy: transformers
 
     if source.kind == "hub" and os.environ.get("HF_HUB_OFFLINE") != "1":
         try:  # the local Hugging Face cache first: no network needed for a model already fetched
@@ -186,8 +186,8 @@ def _load_config(source: ModelSource):
 def check_hub_reachable(repo: str, kind: str) -> None:
     """One quick request to the Hub (no retries), so that an unreachable network is one line at once
     rather than a storm of retries and warnings before the same failure."""
-    from huggingface_hub import HfApi, constants
-    from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub import HfApi, constants  # heavy: huggingface_hub
+    from huggingface_hub.errors import HfHubHTTPError  # heavy: huggingface_hub
 
     try:
         getattr(HfApi(), f"{kind}_info")(repo, timeout=10)
@@ -208,8 +208,8 @@ INSTEAD = {
 
 def train_tokenizer(texts: list[str], preset: str, out_dir: Path) -> None:
     """Train a byte-level BPE tokenizer on the study's text and save it as an HF tokenizer dir."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # heavy: tokenizers
+    from transformers import PreTrainedTokenizerFast  # heavy: transformers
 
     family, kwargs = PRESETS[preset]
     vocab = min(TRAINED_VOCAB_CAP, kwargs["vocab_size"])
@@ -253,7 +253,7 @@ def preset_config_kwargs(preset: str) -> tuple[str, dict[str, Any]]:
 
 
 def _preset_config(preset: str, num_labels: int):
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # heavy: transformers
 
     family, kwargs = preset_config_kwargs(preset)
     config = AutoConfig.for_model(family, **kwargs)
@@ -262,7 +262,7 @@ def _preset_config(preset: str, num_labels: int):
 
 
 def load_tokenizer(source: ModelSource, tokenizer_dir: str | None):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # heavy: transformers
 
     return AutoTokenizer.from_pretrained(tokenizer_dir or source.ref)
 
@@ -270,9 +270,9 @@ def load_tokenizer(source: ModelSource, tokenizer_dir: str | None):
 def build_model(source: ModelSource, task: str, num_labels: int, seed: int, config_overrides=None, **model_kwargs):
     """Build the model with a fixed seed, so every trial of a study starts from the same weights.
     `model_kwargs` go to from_pretrained / from_config (the plan's attn_implementation)."""
-    import torch
-    from transformers import AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
-    from transformers.utils import logging as hf_logging
+    import torch  # heavy: torch
+    from transformers import AutoModelForSeq2SeqLM, AutoModelForSequenceClassification  # heavy: transformers
+    from transformers.utils import logging as hf_logging  # heavy: transformers
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()  # transformers 5's weight-loading bar; trainwise prints its own progress
@@ -316,9 +316,9 @@ def model_config(source: ModelSource, task: str, num_labels: int):
 
 def meta_model(config: Any, task: str, **model_kwargs: Any):
     """The model with every tensor on the meta device: real shapes, no memory, no init time."""
-    import torch
-    from transformers import AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
-    from transformers.utils import logging as hf_logging
+    import torch  # heavy: torch
+    from transformers import AutoModelForSeq2SeqLM, AutoModelForSequenceClassification  # heavy: transformers
+    from transformers.utils import logging as hf_logging  # heavy: transformers
 
     hf_logging.set_verbosity_error()
     auto = AutoModelForSeq2SeqLM if task == "seq2seq" else AutoModelForSequenceClassification

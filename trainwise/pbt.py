@@ -44,8 +44,8 @@ _LISTENERS: list[Callable[[dict], None]] = []
 
 def _ray():
     try:
-        import ray
-        from ray import tune
+        import ray  # optional: trainwise[ray]
+        from ray import tune  # optional: trainwise[ray]
     except ImportError:
         raise ConfigError("--search pbt needs Ray Tune: pip install 'trainwise[ray]'") from None
     return ray, tune
@@ -96,11 +96,11 @@ def objective(record: dict, monitor: str) -> float | None:
 
 def _member(config: dict, spec_blob: dict, train_args: dict, scratch: str) -> None:
     """One member's run: from scratch, or from the checkpoint PBT hands it (with a new config)."""
-    import ray
-    import torch
-    from ray import tune
+    import ray  # optional: trainwise[ray]
+    import torch  # heavy: torch
+    from ray import tune  # optional: trainwise[ray]
 
-    from trainwise.train import TrainConfig, TrainJob, run_train
+    from trainwise.train import TrainConfig, TrainJob, run_train  # heavy: trainwise.train loads torch and transformers
 
     cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
     torch.set_num_threads(max(1, int(cpus)))
@@ -181,9 +181,9 @@ def run_pbt(
     the optimizer steps the whole population ran, the mutations, and the machine time. The space
     and the address were checked at the edge (`check_pbt`)."""
     ray, tune = _ray()
-    from ray.tune import Callback
-    from ray.tune.schedulers import PopulationBasedTraining
-    from ray.tune.search.basic_variant import BasicVariantGenerator
+    from ray.tune import Callback  # optional: trainwise[ray]
+    from ray.tune.schedulers import PopulationBasedTraining  # optional: trainwise[ray]
+    from ray.tune.search.basic_variant import BasicVariantGenerator  # optional: trainwise[ray]
 
     if train_args["eval_every"] != train_args["save_every"]:
         raise ConfigError("pbt perturbs at evaluations, so it checkpoints at each: eval_every must equal save_every")

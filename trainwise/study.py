@@ -60,7 +60,7 @@ from trainwise.strategies import Row, Support
 
 def resolve_device(device: str) -> tuple[str, set[str]]:
     """The device to run on and the capabilities it offers (see strategies.base.CAPABILITIES)."""
-    import torch
+    import torch  # heavy: torch
 
     has_cuda = torch.cuda.is_available()
     if device == "cuda" and not has_cuda:
@@ -367,7 +367,7 @@ def _specs(cfg: StudyConfig, settings, fingerprint: str, unsupported: dict[str, 
 
 def _prepare_images(cfg: StudyConfig, device: str, unsupported: dict[str, str], out: Path) -> PreparedStudy:
     """image-classification: a project ResNeXt preset on digits, CIFAR-10 or image folders."""
-    from trainwise.vision import VISION_PRESETS, load_image_data, save_images
+    from trainwise.vision import VISION_PRESETS, load_image_data, save_images  # heavy: trainwise.vision loads torch
 
     preset = cfg.model_preset or "resnext-tiny"
     if cfg.model is not None or preset not in VISION_PRESETS:
@@ -402,7 +402,7 @@ def _prepare_images(cfg: StudyConfig, device: str, unsupported: dict[str, str], 
 def _check_ranks(cfg: StudyConfig, device: str, unsupported: dict[str, str]) -> None:
     """--nproc: enough devices, and every micro-batch splits evenly over the ranks."""
     if cfg.nproc > 1 and device == "cuda":
-        import torch
+        import torch  # heavy: torch
 
         count = torch.cuda.device_count()
         if cfg.nproc > count:
@@ -422,7 +422,7 @@ def _check_ranks(cfg: StudyConfig, device: str, unsupported: dict[str, str]) -> 
 def _check_plans_apply(source, cfg: StudyConfig, unsupported: dict[str, str]) -> None:
     """Every row's model edits (checkpointing, freezing, LoRA) apply to this model: tried on the meta
     device, so a row that cannot (LoRA on a model peft cannot target) is bad input, not a failed trial."""
-    from trainwise.loop import apply_plan
+    from trainwise.loop import apply_plan  # heavy: trainwise.loop loads torch and transformers
 
     config = None
     for row in cfg.rows:

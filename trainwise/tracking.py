@@ -55,8 +55,8 @@ class Tracker:
             self._start_mlflow(out, run_name, params)
 
     def _start_mlflow(self, out: Path, run_name: str, params: dict) -> None:
-        from mlflow.entities import Param
-        from mlflow.tracking import MlflowClient
+        from mlflow.entities import Param  # optional: trainwise[report] (mlflow)
+        from mlflow.tracking import MlflowClient  # optional: trainwise[report] (mlflow)
 
         uri = os.environ.get("MLFLOW_TRACKING_URI")
         if not uri:
@@ -86,7 +86,7 @@ class Tracker:
 
     def _scalars(self, values: dict[str, float], step: int) -> None:
         if self.tb is None and self.tb_dir is not None:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # optional: trainwise[report] (tensorboard)
 
             # a resumed run starts after its checkpoint: drop what the killed session logged from there on
             self.tb = SummaryWriter(str(self.tb_dir), purge_step=step if step > 1 else None)
@@ -95,7 +95,7 @@ class Tracker:
             for key, value in values.items():
                 self.tb.add_scalar(key, value, step)
         if self.mlflow is not None:
-            from mlflow.entities import Metric
+            from mlflow.entities import Metric  # optional: trainwise[report] (mlflow)
 
             now = int(time.time() * 1000)
             metrics = [Metric(k, v, now, step) for k, v in values.items()]

@@ -495,7 +495,7 @@ def save_model_dir(dest: Path, parts: loop.Parts, data: TrialData, record: dict)
     main = Ranks.from_env().main
     state_dict = None
     if (parts.rt.deepspeed or {}).get("zero_optimization", {}).get("stage") == 3:
-        import deepspeed
+        import deepspeed  # optional: trainwise[deepspeed]
 
         # every rank takes part in gathering the partitioned weights; rank 0 keeps a whole copy
         with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None):

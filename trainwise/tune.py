@@ -40,7 +40,7 @@ from trainwise.space import (
 
 
 def make_sampler(search: str, seed: int, n_trials: int):
-    import optuna
+    import optuna  # optional: trainwise[tune] (optuna)
 
     if search == "random":
         return optuna.samplers.RandomSampler(seed=seed)
@@ -63,7 +63,7 @@ def run_tune(
     if search not in ("random", "tpe"):
         raise ValueError(f"run_tune runs Optuna's random or tpe, not {search!r} (pbt: trainwise.pbt)")
     try:
-        import optuna
+        import optuna  # optional: trainwise[tune] (optuna)
     except ImportError:
         raise ConfigError("trainwise tune needs optuna: pip install 'trainwise[tune]'") from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -110,7 +110,7 @@ def run_tune(
 
 
 def _summarise(study) -> TuneResult:
-    import optuna
+    import optuna  # optional: trainwise[tune] (optuna)
 
     finished = [t for t in study.trials if t.state.is_finished()]
     rows, curve, spent, best, machine_s = [], [], 0, None, 0.0
@@ -175,7 +175,7 @@ def _run_one(
 
 def _trial_main(argv: list[str]) -> int:
     """Entry of a trial's process: train with the sampled settings, print evaluations as JSON lines."""
-    from trainwise.train import TrainConfig, TrainJob, run_train
+    from trainwise.train import TrainConfig, TrainJob, run_train  # heavy: trainwise.train loads torch and transformers
 
     blob = json.loads(Path(argv[0]).read_text())
     spec = TrialSpec.from_dict(blob["spec"])
@@ -246,7 +246,7 @@ class TuneConfig:
         object.__setattr__(self, "params", tuple(load_space(self.space)))
 
     def train_config(self):
-        from trainwise.train import TrainConfig
+        from trainwise.train import TrainConfig  # heavy: trainwise.train loads torch and transformers
 
         if self.search == "pbt":  # a member checkpoints at every evaluation, where PBT exploits and explores
             return TrainConfig(10**6, self.max_steps, self.eval_every, self.eval_every, None, 0.0, self.monitor, keep=1)
@@ -268,8 +268,8 @@ def tune(
     cfg: TuneConfig, study: StudyConfig, price, on_status: Callable[[str], None], on_line: Callable[[str], None]
 ) -> tuple[TuneResult, dict]:
     """Check, prepare the data once, search; returns the result and tune_result.json's content (cost too)."""
-    from trainwise.study import hold, prepare_study
-    from trainwise.train import check_one_process
+    from trainwise.study import hold, prepare_study  # heavy: trainwise.study loads numpy
+    from trainwise.train import check_one_process  # heavy: trainwise.train loads torch and transformers
 
     check_task(list(cfg.params), study.task)
     check_one_process(study, "tune")

@@ -112,7 +112,7 @@ class Images:
 
 
 def load_digits_images() -> tuple[Images, list[str]]:
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # heavy: sklearn
 
     d = load_digits()
     x = (d.images * (255 / 16)).round().astype(np.uint8)[..., None]  # 0..16 gray levels -> 0..255
@@ -176,7 +176,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
 
 def load_image_folder(path: Path, size: int) -> tuple[Images, list[str]]:
     """One sub-directory per class; every image converted to RGB and resized to size x size."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image, UnidentifiedImageError  # heavy: PIL
 
     classes = sorted(p.name for p in path.iterdir() if p.is_dir())
     if len(classes) < 2:

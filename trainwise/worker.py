@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
     if "RANK" in os.environ:  # launched by torchrun (data parallel or ZeRO): one result per rank
         result_path = rank_result_path(result_path, rank)
     try:
-        from trainwise.trial import run_trial
+        from trainwise.trial import run_trial  # heavy: torch, transformers; in the try: a failed import is a row
 
         trace = None
         if spec.settings.profile:

@@ -28,8 +28,8 @@ def run(
 ) -> Study:
     """Prepare, run (or resume) and report a study, then its quality phase (steps, seeds). RunFailed when
     the study ran and no trial produced a result. `options`, when given, are saved as the study's file."""
-    from trainwise.api.quality import run_quality
-    from trainwise.study import check_some_ok, prepare_study, report, run_study
+    from trainwise.api.quality import run_quality  # heavy: trainwise.api.quality loads numpy
+    from trainwise.study import check_some_ok, prepare_study, report, run_study  # heavy: trainwise.study loads numpy
 
     with render.status(f"trainwise compare: validating input, preparing data and model ({cfg.task})..."):
         prepared = prepare_study(cfg, render.note)

@@ -38,14 +38,14 @@ class Study:
     def to_pandas(self) -> Any:
         """One DataFrame row per study row and batch cell, its columns results.json's keys; nested fields
         flattened (`env.device_name`)."""
-        import pandas as pd
+        import pandas as pd  # heavy: pandas
 
         return pd.json_normalize([r.to_dict() for r in self.rows])
 
     def advise(self, **options: Any) -> Any:
         """`trainwise advise` on this study: objective, memory_budget ("8GiB"), max_quality_drop,
         max_epoch_time ("30m"), max_epoch_cost, as the CLI's options. Returns the Advice."""
-        from trainwise.api.advise import advise_study
+        from trainwise.api.advise import advise_study  # heavy: trainwise.api.advise loads numpy
 
         check_names("advise", options, CONSTRAINTS)
         return advise_study([self.path], AdviseOptions.of({"study": [str(self.path)], **options}).constraints())

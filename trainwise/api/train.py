@@ -18,7 +18,7 @@ def start(options: TrainOptions, render: Render = Render()):
     tc, backends = options.train_config(), parse_report_to(options.report_to)  # checked before torch loads
     options.price()  # a bad price is said now, not after the run (the summary prices it)
     if options.plan_study is not None:
-        from trainwise.api.advise import study_spec
+        from trainwise.api.advise import study_spec  # heavy: trainwise.api.advise loads numpy
 
         taken = ("model", "model_preset", "dataset", "train_file", "eval_file", "lr")
         given = [f"--{k.replace('_', '-')}" for k in taken if getattr(options, k)]
@@ -26,7 +26,7 @@ def start(options: TrainOptions, render: Render = Render()):
             raise ConfigError(f"--plan takes the model, data and settings from the study: leave out {', '.join(given)}")
         spec = study_spec(Path(options.plan_study), options.strategies, render.note, Path(options.out), options.force)
     else:
-        from trainwise.study import prepare_study
+        from trainwise.study import prepare_study  # heavy: trainwise.study loads numpy
 
         cfg = options.plan_config()
         with render.status("trainwise train: validating input, preparing data and model..."):

@@ -25,9 +25,9 @@ def accuracy(pred: list[int], gold: list[int]) -> float:
 def text_metrics(pred: list[str], gold: list[str]) -> dict[str, float]:
     """ROUGE F1 x100 (mean over samples, stemmed), corpus BLEU, and BLEU-1..4 (cumulative: the geometric
     mean of the 1..n-gram precisions with the brevity penalty, seed 002's columns), all x100."""
-    import sacrebleu
-    from rouge_score import rouge_scorer
-    from sacrebleu.metrics import BLEU
+    import sacrebleu  # heavy: sacrebleu
+    from rouge_score import rouge_scorer  # heavy: rouge_score
+    from sacrebleu.metrics import BLEU  # heavy: sacrebleu
 
     scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
     sums = {"rouge1": 0.0, "rouge2": 0.0, "rougeL": 0.0}
@@ -53,7 +53,7 @@ def caption_metrics(pred: list[str], gold: list[str]) -> dict[str, float]:
     METEOR 1.5, both x100; {} without the `captioning` extra; no METEOR without Java, with TRAINWISE_METEOR=0,
     or when its JVM fails."""
     try:
-        from pycocoevalcap.cider.cider import Cider
+        from pycocoevalcap.cider.cider import Cider  # optional: trainwise[captioning]
     except ImportError:
         return {}
     if not gold:
@@ -65,7 +65,7 @@ def caption_metrics(pred: list[str], gold: list[str]) -> dict[str, float]:
         return out
     try:
         if not _meteor:
-            from pycocoevalcap.meteor.meteor import Meteor
+            from pycocoevalcap.meteor.meteor import Meteor  # optional: trainwise[captioning]
 
             _meteor.append(Meteor())
         out["meteor"] = 100 * float(_meteor[0].compute_score(refs, hyps)[0])

@@ -52,7 +52,7 @@ class TrialData:
 def save_text_model(model, path: Path, tokenizer, labels: list[str], task: str, state_dict: dict | None) -> None:
     """A Hugging Face model directory: config (with the data's label names), weights, tokenizer, so that
     `from_pretrained` and `pipeline(...)` load it with no trainwise code."""
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # heavy: transformers
 
     hf_logging.disable_progress_bar()  # the shard-writing bar, at every evaluation that improves
     if task == "classification":

@@ -67,7 +67,7 @@ def facts(device: str) -> DeviceFacts:
     injected = "TRAINWISE_CPU_FLAGS" in os.environ or "TRAINWISE_CUDA_CAPABILITY" in os.environ
     if device != "cuda":
         return DeviceFacts("cpu", cpu_name(), cpu_flags(), None, psutil.virtual_memory().total, injected)
-    import torch
+    import torch  # heavy: torch
 
     if not torch.cuda.is_available():  # asked about CUDA where none is visible: what the environment says
         return DeviceFacts("cuda", "no CUDA device visible", cpu_flags(), cuda_capability(None), None, injected)
@@ -86,7 +86,7 @@ def cuda_capability(reported: tuple[int, int] | None) -> tuple[int, int] | None:
 
 
 def _sync(device: str):
-    import torch
+    import torch  # heavy: torch
 
     return torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
@@ -95,8 +95,8 @@ def _linear_runner(device: str, n: int, mode: str):
     """A callable that runs one n x n x n linear layer as a plan's matmuls run it: `mode` is "fp32",
     an autocast dtype ("autocast-bf16", "autocast-fp16") over fp32 weights, or 16-bit weights and inputs
     ("weights-bf16")."""
-    import torch
-    import torch.nn.functional as F
+    import torch  # heavy: torch
+    import torch.nn.functional as F  # heavy: torch
 
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
     kind, _, dtype = mode.partition("-")
@@ -148,7 +148,7 @@ def best_linear(device: str, mode: str, budget_s: float = 0.5, n: int | None = N
         if dt < 0.02:
             reps *= 2
     if device == "cuda":  # the study's own process: give the probe's memory back before the trials run
-        import torch
+        import torch  # heavy: torch
 
         del run
         torch.cuda.empty_cache()
@@ -177,7 +177,7 @@ def cached(kind: str, device: str, what: str, measure: Callable[[], dict]) -> di
     ran (a probe beside a busy process read a third of this machine's peak; cached, every MFU after it
     would have been 3x too high): then it is used once and measured again next time. Returns the
     measurement's dict with "cached": True when it was read from the cache."""
-    import torch
+    import torch  # heavy: torch
 
     name = torch.cuda.get_device_name() if device == "cuda" else f"{cpu_name()} x{torch.get_num_threads()} threads"
     key = "".join(c if c.isalnum() else "_" for c in f"{name}-{what}-torch{torch.__version__}")

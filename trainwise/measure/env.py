@@ -54,7 +54,7 @@ def git_commit() -> str | None:
 
 
 def environment(device: str) -> dict[str, object]:
-    import torch
+    import torch  # heavy: torch
 
     if device == "cuda":
         name = torch.cuda.get_device_name()

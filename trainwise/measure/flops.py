@@ -29,7 +29,7 @@ class Counted:
 
 @contextlib.contextmanager
 def counting() -> Iterator[Counted]:
-    from torch.utils.flop_counter import FlopCounterMode
+    from torch.utils.flop_counter import FlopCounterMode  # heavy: torch
 
     result = Counted()
     mode = FlopCounterMode(display=False)
@@ -72,7 +72,7 @@ def matmul_peak(device: str, mode: str, budget_s: float = 1.0) -> float:
 
 
 def _tf32_on() -> bool:
-    import torch
+    import torch  # heavy: torch
 
     return bool(torch.backends.cuda.matmul.allow_tf32)
 

@@ -56,7 +56,7 @@ def peak_rss_bytes() -> int:
 
 def tensor_bytes(tensors: Iterable) -> int:
     """Bytes of the distinct storages behind these tensors, on any device (tied weights counted once)."""
-    import torch
+    import torch  # heavy: torch
 
     seen: dict[tuple[str, int], int] = {}
     for t in tensors:
@@ -67,13 +67,13 @@ def tensor_bytes(tensors: Iterable) -> int:
 
 
 def cuda_reset_peak() -> None:
-    import torch
+    import torch  # heavy: torch
 
     torch.cuda.reset_peak_memory_stats()
 
 
 def cuda_peaks() -> tuple[int, int]:
-    import torch
+    import torch  # heavy: torch
 
     return int(torch.cuda.max_memory_allocated()), int(torch.cuda.max_memory_reserved())
 
@@ -93,14 +93,14 @@ class AllocatedPeak:
         self.peak_bytes = 0
 
     def __enter__(self) -> AllocatedPeak:
-        import torch
+        import torch  # heavy: torch
 
         if self.device == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             self._start = torch.cuda.memory_allocated()
         else:
-            from torch.profiler import ProfilerActivity, profile
+            from torch.profiler import ProfilerActivity, profile  # heavy: torch
 
             self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
             with _quiet_native_output():
@@ -108,7 +108,7 @@ class AllocatedPeak:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        import torch
+        import torch  # heavy: torch
 
         if self.device == "cuda":
             torch.cuda.synchronize()

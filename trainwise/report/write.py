@@ -171,10 +171,10 @@ def markdown(table: list[StudyRow], title: str, study: dict | None = None) -> st
 
 def chart(table: list[StudyRow], path: Path, title: str, caption: str = "") -> None:
     """Time vs memory relative to the baseline, each strategy a point labelled with its quality."""
-    import matplotlib
+    import matplotlib  # heavy: matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # heavy: matplotlib
 
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=110)
     pts = [

@@ -39,7 +39,7 @@ def frozen_parameters(model: Model, part: str) -> list[torch.nn.Parameter]:
 
 def layer_stack(model: Model) -> torch.nn.ModuleList:
     """The (encoder) stack of transformer layers: BERT encoder.layer, T5 encoder.block, BART encoder.layers."""
-    import torch
+    import torch  # heavy: torch
 
     root = model.get_encoder() if getattr(model.config, "is_encoder_decoder", False) else model.base_model
     stacks = [
@@ -148,6 +148,7 @@ FREEZE_LAYERS = Knob(
 
 def lora_targets(model_type: str) -> list[str] | None:
     """The attention projections peft adapts for this model type (None: peft knows none)."""
+    # optional: trainwise[lora] (peft)
     from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as TARGETS
 
     targets = TARGETS.get(model_type)
@@ -156,7 +157,7 @@ def lora_targets(model_type: str) -> list[str] | None:
 
 def apply_lora(model: Model, r: int, task: str) -> Model:
     """Wrap the model with LoRA adapters (peft); everything else is frozen, the task head trains."""
-    from peft import LoraConfig, TaskType, get_peft_model
+    from peft import LoraConfig, TaskType, get_peft_model  # optional: trainwise[lora] (peft)
 
     targets = lora_targets(model.config.model_type)
     if not targets:

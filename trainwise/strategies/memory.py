@@ -71,7 +71,7 @@ GRAD_CKPT = Knob(
 
 def _offload_act_runtime(value: bool, rt: Runtime) -> None:
     if value:
-        import torch
+        import torch  # heavy: torch
 
         rt.step_contexts.append(lambda: torch.autograd.graph.save_on_cpu(pin_memory=True))
 
@@ -97,7 +97,7 @@ OFFLOAD_ACTIVATIONS = Knob(
 
 def _empty_cache_runtime(value: int, rt: Runtime) -> None:
     if value:
-        import torch
+        import torch  # heavy: torch
 
         def release(step: int) -> None:
             if step % value == 0:

@@ -12,7 +12,7 @@ from trainwise.strategies.base import ExportDoc, Knob, MemoryTerms, Runtime, Str
 
 def _adamw(foreach: bool | None = None, fused: bool | None = None):
     def build(params: list, lr: float, weight_decay: float) -> Any:
-        import torch
+        import torch  # heavy: torch
 
         # foreach/fused None: torch picks (for-each on CUDA, per-tensor on CPU); the variants pin it
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=foreach, fused=fused)
@@ -21,7 +21,7 @@ def _adamw(foreach: bool | None = None, fused: bool | None = None):
 
 
 def _adafactor(params: list, lr: float, weight_decay: float) -> Any:
-    from transformers.optimization import Adafactor
+    from transformers.optimization import Adafactor  # heavy: transformers
 
     # the settings HF TrainingArguments(optim="adafactor") uses: a fixed, external learning rate
     return Adafactor(

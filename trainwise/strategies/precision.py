@@ -30,7 +30,7 @@ AUTOCAST = {"fp32": "no", "bf16": "bf16", "fp16": "fp16", "bf16_pure": "no"}
 
 def _bf16_inputs(model):
     """bf16 weights take bf16 inputs: floating inputs (image pixels) are cast as they enter the model."""
-    import torch
+    import torch  # heavy: torch
 
     def cast(_module, args, kwargs):
         def bf16(x):
@@ -129,7 +129,7 @@ def _tf32_runtime(value: bool, rt: Runtime) -> None:
         return  # a CUDA switch; the strategy requires CUDA, so on CPU the value is always False
 
     def switch() -> None:
-        import torch
+        import torch  # heavy: torch
 
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = value
 
@@ -191,7 +191,7 @@ ATTN = Knob(
 
 def _compile_runtime(value: bool, rt: Runtime) -> None:
     if value:
-        import torch
+        import torch  # heavy: torch
 
         rt.prepared_edits.append(torch.compile)  # lazily: the first (untimed) steps pay for the compile
 
@@ -214,7 +214,7 @@ COMPILE = Knob(
 def _channels_last_runtime(value: bool, rt: Runtime) -> None:
     if not value:
         return
-    import torch
+    import torch  # heavy: torch
 
     def layout(batch):
         batch.inputs["pixel_values"] = batch.inputs["pixel_values"].contiguous(memory_format=torch.channels_last)
