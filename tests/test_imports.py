@@ -89,3 +89,42 @@ def test_the_graph_sees_imports_inside_functions(tmp_path):
 def test_no_import_cycle():
     found = cycles(graph())
     assert not found, f"import cycles: {sorted(map(sorted, found))}"
+
+
+def unexplained_imports(package: Path = PACKAGE) -> list[str]:
+    """`file:line` of every import inside a function with no `#` comment on its line nor on the line above
+    its run of consecutive in-function imports (one comment may explain a block)."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        inner = {}
+        for fn in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                for node in ast.walk(fn):
+                    if isinstance(node, ast.Import | ast.ImportFrom):
+                        inner[node.lineno] = node
+        ends = {node.end_lineno: node.lineno for node in inner.values()}
+        for start in sorted(inner):
+            if "#" in lines[start - 1]:
+                continue
+            above = start - 1
+            while above in ends:  # the block's first line
+                above = ends[above] - 1
+            if not (above >= 1 and lines[above - 1].strip().startswith("#")):
+                found.append(f"{path.relative_to(package.parent)}:{start}")
+    return found
+
+
+def test_every_deferred_import_says_why(tmp_path):
+    """Issue 25: an import inside a function is there to keep start-up light (a heavy or optional package),
+    and says so in a comment; one without a reason belongs at the top of its module."""
+    pkg = tmp_path / "trainwise"
+    pkg.mkdir()
+    (pkg / "m.py").write_text(
+        "def a():\n    import torch  # heavy: torch\n"
+        "def b():\n    # heavy: torch, transformers\n    import torch\n    import transformers\n"
+        "def c():\n    import json\n"
+    )
+    assert unexplained_imports(pkg) == ["trainwise/m.py:8"]
+    found = unexplained_imports()
+    assert not found, f"imports inside functions with no reason (move them to the top, or say why): {found}"
