@@ -137,7 +137,7 @@ def test_a_pick_that_lost_quality_in_short_trials_is_cautioned_towards_the_quali
     """Issue 27: advise recommended a row 8.75 accuracy points below the baseline, measured by a few-step
     speed trial, without a word. Beyond the held-out noise it says so and points to compare --quality-steps;
     within the noise, for the baseline itself, or with a quality-phase verdict, it does not."""
-    from trainwise.api.advise import advise_study
+    from trainwise.api.studies import advise_study
     from trainwise.config import TrialSettings, TrialSpec
     from trainwise.results import TrialResult
     from trainwise.strategies.plan import TrialPlan
@@ -265,9 +265,9 @@ def test_advise_runs_the_study_on_the_fly_and_adds_batch_hints(tmp_path, cls_csv
 def test_a_batch_hint_never_contradicts_a_measured_row(tmp_path, cls_csv, monkeypatch):
     """Issue 15, part 3: the hints come from the estimate, but a row measured within the budget at the
     study's batch is never said to fit only below it ("fits up to ~0" beside a feasible row)."""
-    import trainwise.api.advise
+    import trainwise.api.studies
     from trainwise.advise import needs
-    from trainwise.api.advise import advise_study
+    from trainwise.api.studies import advise_study
 
     out = tmp_path / "study"
     argv = ["compare", "--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--device", "cpu"]
@@ -276,7 +276,7 @@ def test_a_batch_hint_never_contradicts_a_measured_row(tmp_path, cls_csv, monkey
     assert main([*argv, "--warmup-steps", "1", "--eval-samples", "0", "--out", str(out)]) == 0
     rows = read_rows(out / "results.json")
     budget = max(needs(r) for r in typed(rows)) + 1  # every row measured within it
-    monkeypatch.setattr(trainwise.api.advise, "largest_batch", lambda *a, **k: 0)  # an estimate that disagrees
+    monkeypatch.setattr(trainwise.api.studies, "largest_batch", lambda *a, **k: 0)  # an estimate that disagrees
     advice = advise_study(out, Constraints(memory_budget_bytes=budget))
     assert all(v.feasible for v in advice.verdicts)
     reasons = " ".join(v.reason for v in advice.verdicts)

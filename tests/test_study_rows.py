@@ -14,8 +14,8 @@ import pytest
 from rich.console import Console
 
 from trainwise.advise import Constraints, advise, read_results
-from trainwise.api.advise import advise_study
 from trainwise.api.quality import candidates
+from trainwise.api.studies import advise_study
 from trainwise.api.study import Study
 from trainwise.report import terminal
 from trainwise.report.write import markdown, read_rows, write_reports

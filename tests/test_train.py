@@ -13,7 +13,6 @@ import pytest
 
 from trainwise.cli import main
 from trainwise.errors import ConfigError
-from trainwise.report.write import read_rows
 from trainwise.train import EarlyStopping, TrainConfig, find_resumable, verify
 
 
@@ -254,10 +253,9 @@ def test_train_plan_takes_advises_pick_and_the_settings_of_a_compare_study(tmp_p
     compare += ["--batch-size", "4", "--max-length", "24", "--max-steps", "3", "--warmup-steps", "1"]
     compare += ["--eval-samples", "8", "--device", "cpu", "--no-remeasure"]
     assert main([*compare, "--out", str(study)]) == 0
-    results = read_rows(study / "results.json")
-    from trainwise.advise import Constraints, advise
+    from trainwise.advise import Constraints, advise, read_results
 
-    pick = advise(results, Constraints()).recommended
+    pick = advise(read_results(study), Constraints()).recommended
     capsys.readouterr()
     assert (
         main(["train", "--plan", str(study), "--max-steps", "2", "--eval-every", "2", "--out", str(tmp_path / "r")])
@@ -266,7 +264,7 @@ def test_train_plan_takes_advises_pick_and_the_settings_of_a_compare_study(tmp_p
     err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
     assert f"{pick!r}, the plan advise recommends in {study}" in err
     # the study's model and batch: the checkpoint's fingerprint is the one of the study's trial spec
-    from trainwise.api.advise import study_spec
+    from trainwise.api.studies import study_spec
     from trainwise.train import fingerprint
 
     manifest = json.loads((tmp_path / "r" / "checkpoints" / f"ckpt-{2:08d}" / "extra.json").read_text())

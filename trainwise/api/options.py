@@ -15,9 +15,20 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
-from trainwise.config import StudyConfig
+import yaml
+
+from trainwise import quality
+from trainwise.advise import Constraints
+from trainwise.config import StudyConfig, TrainConfig
+from trainwise.cost import resolve_price
 from trainwise.errors import ConfigError, check_names
+from trainwise.estimate import EstimateConfig
+from trainwise.export import ExportConfig
+from trainwise.files import write_atomic
+from trainwise.find_batch import FindBatchConfig
 from trainwise.strategies import DEFAULT_STRATEGIES, ESTIMATE_STRATEGIES, shown
+from trainwise.tune import TuneConfig
+from trainwise.units import parse_bytes
 
 _STUDY: dict[str, Any] = {f.name: f.default for f in fields(StudyConfig) if f.init}  # the shared defaults
 CONSTRAINTS = ("objective", "memory_budget", "max_quality_drop", "max_epoch_time", "max_epoch_cost")  # advise's
@@ -132,18 +143,12 @@ class Options:
         return values
 
     def save(self, path: Path) -> None:
-        import yaml
-
-        from trainwise.files import write_atomic
-
         header = f"# trainwise {self.VERB} --config {path.name}: the options this run used (flags win over it)\n"
         write_atomic(path, header + yaml.safe_dump(self.to_file(), sort_keys=False))
 
 
 def read_config(path: str | Path, cls: type[Options]) -> dict[str, Any]:
     """A study file: a YAML mapping of option names (`max_steps` or `max-steps`) to values."""
-    import yaml
-
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"--config {path}: no such file")
@@ -226,8 +231,6 @@ class Priced(Options):
     preemptions_per_hour: float = option(0.5, "Cost, low-priority: preemptions per hour (an assumption).")
 
     def price(self, checkpoint_minutes: float = 0.0):
-        from trainwise.cost import resolve_price
-
         values = (self.price_per_hour, self.sku, self.price_file, self.low_priority, self.preemptions_per_hour)
         return resolve_price(*values, checkpoint_minutes)
 
@@ -276,8 +279,6 @@ class CompareOptions(Priced):
 
     def resolve(self) -> tuple[StudyConfig, Any, tuple[int, int] | None]:
         """(the StudyConfig, the price or None, (quality steps, seeds) or None), every value validated."""
-        from trainwise import quality
-
         quality.check(self.quality_steps, self.seeds)
         cfg = self.study_config(
             batch_sizes=ints(self.batch_sizes, "--batch-sizes") if self.batch_sizes else (),
@@ -314,8 +315,6 @@ class AdviseOptions(Options):
     device: str = option("auto", DEVICE)
 
     def constraints(self):
-        from trainwise.advise import Constraints
-
         return Constraints.of({k: getattr(self, k) for k in CONSTRAINTS})
 
     def paths(self) -> list[Path]:
@@ -353,9 +352,6 @@ class EstimateOptions(Options):
     device_memory: str | None = option(None, "Memory of one device, e.g. 24GB; adds a fits column.")
 
     def resolve(self):
-        from trainwise.estimate import EstimateConfig
-        from trainwise.units import parse_bytes
-
         values = dataclasses.asdict(self)
         memory = values.pop("device_memory")
         for name in ("model", "model_preset", "strategies", "zero"):
@@ -392,8 +388,6 @@ class ExportOptions(Options):
     force: bool = flag("force", FORCE)
 
     def resolve(self):
-        from trainwise.export import ExportConfig
-
         values = dataclasses.asdict(self)
         return ExportConfig(**{f.name: values[f.name] for f in fields(ExportConfig) if f.name in values})
 
@@ -424,9 +418,6 @@ class FindBatchOptions(Options):
     trial_timeout: float = option(900.0, TIMEOUT)
 
     def resolve(self):
-        from trainwise.find_batch import FindBatchConfig
-        from trainwise.units import parse_bytes
-
         limit = parse_bytes(self.memory_limit, "--memory-limit") if self.memory_limit is not None else None
         return FindBatchConfig(self.candidates, self.steps, limit, self.refine, self.use_estimate)
 
@@ -475,8 +466,6 @@ class TrainOptions(Priced):
     report_to: str | None = option(None, "tensorboard and/or mlflow (comma list); trainwise\\[report].")
 
     def train_config(self):
-        from trainwise.config import TrainConfig
-
         values = (self.epochs, self.max_steps, self.eval_every, self.save_every, self.patience, self.min_delta)
         return TrainConfig(*values, self.monitor, self.keep_checkpoints)
 
@@ -522,8 +511,6 @@ class TuneOptions(Priced):
 
     def resolve(self):
         """(the search's TuneConfig, the one-row StudyConfig every trial trains)."""
-        from trainwise.tune import TuneConfig
-
         values = dataclasses.asdict(self)
         tune = TuneConfig(**{f.name: values[f.name] for f in fields(TuneConfig) if f.init})
         return tune, self.study_config(strategies=[self.strategies], max_steps=2, warmup_steps=0)

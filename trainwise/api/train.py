@@ -18,7 +18,7 @@ def start(options: TrainOptions, render: Render = Render()):
     tc, backends = options.train_config(), parse_report_to(options.report_to)  # checked before torch loads
     options.price()  # a bad price is said now, not after the run (the summary prices it)
     if options.plan_study is not None:
-        from trainwise.api.advise import study_spec  # heavy: trainwise.api.advise loads numpy
+        from trainwise.api.studies import study_spec  # heavy: trainwise.api.studies loads numpy
 
         taken = ("model", "model_preset", "dataset", "train_file", "eval_file", "lr")
         given = [f"--{k.replace('_', '-')}" for k in taken if getattr(options, k)]

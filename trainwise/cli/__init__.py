@@ -8,6 +8,7 @@ Bad input (a ConfigError, or a usage error from the parser) prints one line and 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import json
 import sys
@@ -23,8 +24,19 @@ import typer
 from typer._click.core import ParameterSource
 from typer._click.exceptions import ClickException, NoArgsIsHelpError
 
+from trainwise import lifeline
 from trainwise import strategies as catalogue
+from trainwise.api import compare as compare_api
+from trainwise.api import estimate as estimate_api
+from trainwise.api import export as export_api
+from trainwise.api import find_batch as find_batch_api
 from trainwise.api import options as api
+from trainwise.api import train as train_api
+from trainwise.api import tune as tune_api
+from trainwise.api.render import Render
+from trainwise.files import exit_line
+from trainwise.measure.env import environment
+from trainwise.tune import check_some_complete
 
 app = typer.Typer(
     add_completion=False,
@@ -88,8 +100,7 @@ def verb(options: type[api.Options], name: str | None = None, json_help: str | N
 
 
 def _terminal():
-    from trainwise.api.render import Render
-    from trainwise.report import terminal
+    from trainwise.report import terminal  # start-up: rich, loaded when there is something to show
 
     say = lambda line: terminal.say(line, terminal.err)  # noqa: E731
     return terminal, Render(status=terminal.err.status, note=say, line=say, event=terminal.train_event)
@@ -97,10 +108,8 @@ def _terminal():
 
 def _study_render(console=None):
     """The terminal's render of a running study: progress, the table (on `console`), the quality phase."""
-    from functools import partial
-
     terminal, render = _terminal()
-    table = partial(terminal.compare_table, console=console)
+    table = functools.partial(terminal.compare_table, console=console)
     return terminal, dataclasses.replace(
         render, progress=terminal.study_progress, table=table, quality=terminal.quality_table
     )
@@ -109,9 +118,7 @@ def _study_render(console=None):
 @verb(api.CompareOptions)
 def compare(o: api.CompareOptions, _json: bool) -> None:
     """Run one trial per strategy row on the same model and data; print the comparison table."""
-    from trainwise.api.compare import start
-
-    start(o, _study_render()[1])
+    compare_api.start(o, _study_render()[1])
 
 
 @verb(api.AdviseOptions, json_help="Print the advice as JSON.")
@@ -120,8 +127,8 @@ def advise(o: api.AdviseOptions, as_json: bool) -> None:
 
     STUDY: a `trainwise compare` --out (--run: run or resume it first); several, each priced, rank by cost too.
     """
-    from trainwise.api.advise import start
-    from trainwise.report import terminal
+    from trainwise.api.advise import start  # heavy: loads numpy (the study store's statistics)
+    from trainwise.report import terminal  # start-up: rich
 
     result = start(o, _study_render(terminal.err if as_json else terminal.out)[1])
     if as_json:
@@ -138,10 +145,8 @@ def estimate(o: api.EstimateOptions, as_json: bool) -> None:
     machine, ~5-10 s, cached), never from a guess. With the data compare trains on (--train-file or
     --dataset) the classes and, for dynamically padded rows, the lengths come from it.
     """
-    from trainwise.api.estimate import start
-
     terminal, render = _terminal()
-    report = start(o, render)
+    report = estimate_api.start(o, render)
     terminal.out.print_json(json.dumps(report.to_json())) if as_json else terminal.estimate_table(report)
 
 
@@ -149,29 +154,24 @@ def estimate(o: api.EstimateOptions, as_json: bool) -> None:
 def export(o: api.ExportOptions, _json: bool) -> None:
     """Write a plan as TrainingArguments JSON + Python snippet, accelerate config, ds_config.json (ZeRO) and
     the equivalent `trainwise train` command."""
-    from trainwise.api.export import start
-    from trainwise.report.terminal import export_report
+    from trainwise.report.terminal import export_report  # start-up: rich
 
-    done = start(o)
+    done = export_api.start(o)
     export_report(done.row, done.paths, done.notes)
 
 
 @verb(api.FindBatchOptions, name="find-batch")
 def find_batch(o: api.FindBatchOptions, _json: bool) -> None:
     """Find the fastest batch size that fits: climb the candidates, measure samples/s, bisect at the edge."""
-    from trainwise.api.find_batch import start
-
     terminal, render = _terminal()
-    terminal.find_batch_table(start(o, dataclasses.replace(render, line=terminal.indented)))
+    terminal.find_batch_table(find_batch_api.start(o, dataclasses.replace(render, line=terminal.indented)))
 
 
 @verb(api.TrainOptions)
 def train(o: api.TrainOptions, _json: bool) -> None:
     """Train for real with one plan: periodic eval, best checkpoint, early stopping, resumable checkpoints."""
-    from trainwise.api.train import start
-
     terminal, render = _terminal()
-    r = start(o, render)
+    r = train_api.start(o, render)
     from trainwise.train import summary  # torch: loaded by the run, after every check of the input
 
     for line in summary(r, o.train_config(), o.price()):
@@ -182,11 +182,8 @@ def train(o: api.TrainOptions, _json: bool) -> None:
 def tune(o: api.TuneOptions, _json: bool) -> None:
     """Search lr, batch size, weight decay, warm-up, label smoothing (seq2seq: decoding): Optuna random
     search or TPE (resumable, with pruning), or population-based training with Ray Tune."""
-    from trainwise.api.tune import start
-    from trainwise.tune import check_some_complete
-
     terminal, render = _terminal()
-    result, report = start(o, render)
+    result, report = tune_api.start(o, render)
     terminal.tune_table(result, report, o.search, o.monitor, o.out)
     check_some_complete(result)  # exit 1 when no trial produced a value
 
@@ -196,7 +193,7 @@ def list_strategies(
     markdown: Annotated[bool, typer.Option("--markdown", help="Print docs/strategies.md.")] = False,
 ) -> None:
     """List every strategy with its one-line effect and cost."""
-    from trainwise.report import terminal
+    from trainwise.report import terminal  # start-up: rich
 
     print(catalogue.markdown(), end="") if markdown else terminal.strategies_table()
 
@@ -205,8 +202,8 @@ def list_strategies(
 def doctor(o: api.DoctorOptions, as_json: bool) -> None:
     """What works here: every strategy tried 2 steps on a tiny preset, the device's facts, measured peaks and
     versions (what a bug report quotes). Exit 1 when a strategy the device supports failed."""
-    from trainwise.doctor import run_doctor
-    from trainwise.report import terminal
+    from trainwise.doctor import run_doctor  # heavy: loads numpy
+    from trainwise.report import terminal  # start-up: rich
 
     with terminal.doctor_progress() as (on_event, on_done):
         report = run_doctor(o.device, Path(o.out), on_event, on_done)
@@ -217,26 +214,20 @@ def doctor(o: api.DoctorOptions, as_json: bool) -> None:
 @verb(api.EnvOptions)
 def env(o: api.EnvOptions, _json: bool) -> None:
     """Print the environment trainwise records beside every figure."""
-    from trainwise.measure.env import environment
-    from trainwise.report import terminal
-    from trainwise.study import resolve_device
+    from trainwise.report import terminal  # start-up: rich
+    from trainwise.study import resolve_device  # heavy: loads numpy
 
     resolved, caps = resolve_device(o.device)
     terminal.out.print_json(json.dumps({**environment(resolved), "capabilities": sorted(caps)}))
 
 
 def _interrupted() -> int:
-    from trainwise import lifeline
-
     print(lifeline.interrupted_line(), file=sys.stderr)
     return 130
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trainwise.files import exit_line
-    from trainwise.lifeline import signals_interrupt
-
-    signals_interrupt()  # SIGTERM / SIGHUP: clean up (kill the running trial) like Ctrl-C
+    lifeline.signals_interrupt()  # SIGTERM / SIGHUP: clean up (kill the running trial) like Ctrl-C
     command = typer.main.get_command(app)
     try:
         code = command.main(args=argv, prog_name="trainwise", standalone_mode=False)
