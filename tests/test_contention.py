@@ -81,7 +81,7 @@ def test_a_trial_timed_under_load_is_flagged_in_results_and_table(tmp_path, cls_
     from trainwise.study import aggregate, run_study
 
     # tiny_study: --retries 0, so the flag itself is checked here (tests/test_device.py checks the re-run)
-    study = tiny_study(tmp_path, cls_csv, "classification", ["baseline"], eval_samples=0, max_steps=120)
+    study = tiny_study(tmp_path, cls_csv, "classification", ["baseline"], eval_samples=0, max_steps=40)
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:
         trials = run_study(study, launch, lambda spec, e: None, lambda spec, r, cached: None)

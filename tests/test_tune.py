@@ -230,35 +230,13 @@ def test_a_tune_trial_past_its_timeout_is_killed_and_recorded(tmp_path, cls_csv)
     assert alive == "", "the timed-out trial was killed"
 
 
-def test_pbt_with_two_tiny_members_exploits_from_checkpoints(tmp_path, cls_csv):
-    space = _space(tmp_path, "lr: {low: 1.0e-4, high: 1.0e-2, log: true}\nbatch_size: {choices: [8]}\n")
-    out = tmp_path / "pbt"
-    argv = [sys.executable, "-m", "trainwise.cli", "tune", "--space", space, "--search", "pbt", "--trials", "2"]
-    argv += ["--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--max-length", "32"]
-    argv += ["--monitor", "eval_loss", "--max-steps", "6", "--eval-every", "2", "--eval-samples", "16"]
-    argv += ["--device", "cpu", "--out", str(out)]
-    argv += ["--price-per-hour", "3.6"]
-    run = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    result = json.loads((out / "tune_result.json").read_text())
-    assert [t["state"] for t in result["trials"]] == ["complete", "complete"]
-    assert [t["steps"] for t in result["trials"]] == [6, 6], "no step is run twice, none skipped"
-    assert result["curve"][-1][0] == 12
-    reports = [json.loads(line) for line in (out / "pbt_reports.jsonl").read_text().splitlines()]
-    for member in (0, 1):
-        assert sorted(r["step"] for r in reports if r["member"] == member) == [2, 4, 6]
-    # with two members the worse one continues from the better one's checkpoint at every interval
-    moved = [m for m in result["mutations"] if m["step"] is not None]
-    assert moved, result["mutations"]
-    for m in moved:
-        assert m["step"] in (2, 4), ("continued from a checkpoint, not from step 0", m, reports)
-        assert m["new"]["lr"] != m["old"]["lr"] and m["new"]["batch_size"] == m["old"]["batch_size"] == 8
-        after = [r for r in reports if r["member"] == m["member"] and r["config"]["lr"] == m["new"]["lr"]]
-        assert min(r["step"] for r in after) == m["step"] + 2
-    assert "continues from member" in run.stdout and "cost $" in run.stdout
-    again = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-    assert again.returncode == 2 and "already holds a PBT study; PBT studies do not resume" in again.stderr
-    assert result["cost"]["usd"] == pytest.approx(result["machine_s"] / 3600 * 3.6)
+def test_pbt_members_train_under_out_here_and_in_the_nodes_temp_on_a_cluster(tmp_path):
+    """Where PBT's members keep their checkpoints: under --out with a local Ray (the default), in this
+    user's folder of the node's temporary directory on a cluster (its nodes may not see --out)."""
+    from trainwise.pbt import member_scratch
+
+    assert member_scratch(tmp_path, None) == tmp_path / "pbt-members"
+    assert member_scratch(tmp_path, "127.0.0.1:6379").name == f"trainwise-pbt-{os.getuid()}"
 
 
 def test_decoding_parameters_are_for_seq2seq_and_reach_generation(tmp_path, capsys, monkeypatch, s2s_study):
@@ -293,6 +271,10 @@ def test_decoding_parameters_are_for_seq2seq_and_reach_generation(tmp_path, caps
 
 @pytest.mark.slow
 def test_pbt_runs_its_members_on_a_ray_cluster_given_by_address(tmp_path, cls_csv):
+    """PBT with two tiny members on a Ray cluster started here: they run there (no local Ray), every member
+    evaluates at every interval, the worse one continues from the better one's checkpoint with a mutated
+    lr, the cost is priced, and a second run into the same --out is refused. (A local Ray differs only in
+    the address given to ray.init and where members keep checkpoints: the test above.)"""
     import socket
 
     ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
@@ -304,18 +286,36 @@ def test_pbt_runs_its_members_on_a_ray_cluster_given_by_address(tmp_path, cls_cs
     started = subprocess.run([*head, "--disable-usage-stats"], capture_output=True, text=True, env=env, timeout=120)
     assert started.returncode == 0, started.stderr[-2000:]
     try:
-        space = _space(tmp_path, "lr: {low: 1.0e-4, high: 1.0e-2, log: true}\n")
+        space = _space(tmp_path, "lr: {low: 1.0e-4, high: 1.0e-2, log: true}\nbatch_size: {choices: [8]}\n")
+        out = tmp_path / "pbt"
         argv = [sys.executable, "-m", "trainwise.cli", "tune", "--space", space, "--search", "pbt", "--trials", "2"]
-        argv += ["--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--max-length", "32", "--max-steps", "4"]
-        argv += ["--eval-every", "2", "--eval-samples", "8", "--device", "cpu", "--monitor", "train_loss"]
-        argv += ["--ray-address", f"127.0.0.1:{port}", "--out", str(tmp_path / "pbt")]
+        argv += ["--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--max-length", "32"]
+        argv += ["--monitor", "eval_loss", "--max-steps", "6", "--eval-every", "2", "--eval-samples", "16"]
+        argv += ["--device", "cpu", "--price-per-hour", "3.6", "--ray-address", f"127.0.0.1:{port}", "--out", str(out)]
         sessions = set(glob.glob("/tmp/ray/session_2*"))
         run = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
         assert run.returncode == 0, run.stderr[-3000:]
-        result = json.loads((tmp_path / "pbt" / "tune_result.json").read_text())
-        assert [t["steps"] for t in result["trials"]] == [4, 4]
         # the members ran on that cluster: no local Ray (a new session) was started for them
         assert set(glob.glob("/tmp/ray/session_2*")) == sessions
+        result = json.loads((out / "tune_result.json").read_text())
+        assert [t["state"] for t in result["trials"]] == ["complete", "complete"]
+        assert [t["steps"] for t in result["trials"]] == [6, 6], "no step is run twice, none skipped"
+        assert result["curve"][-1][0] == 12
+        reports = [json.loads(line) for line in (out / "pbt_reports.jsonl").read_text().splitlines()]
+        for member in (0, 1):
+            assert sorted(r["step"] for r in reports if r["member"] == member) == [2, 4, 6]
+        # with two members the worse one continues from the better one's checkpoint at every interval
+        moved = [m for m in result["mutations"] if m["step"] is not None]
+        assert moved, result["mutations"]
+        for m in moved:
+            assert m["step"] in (2, 4), ("continued from a checkpoint, not from step 0", m, reports)
+            assert m["new"]["lr"] != m["old"]["lr"] and m["new"]["batch_size"] == m["old"]["batch_size"] == 8
+            after = [r for r in reports if r["member"] == m["member"] and r["config"]["lr"] == m["new"]["lr"]]
+            assert min(r["step"] for r in after) == m["step"] + 2
+        assert "continues from member" in run.stdout and "cost $" in run.stdout
+        assert result["cost"]["usd"] == pytest.approx(result["machine_s"] / 3600 * 3.6)
+        again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+        assert again.returncode == 2 and "already holds a PBT study; PBT studies do not resume" in again.stderr
     finally:
         subprocess.run([ray_cli, "stop", "--force"], capture_output=True, env=env, timeout=120)
 

@@ -236,11 +236,9 @@ class Priced(Options):
 
 
 @dataclass(frozen=True, kw_only=True)
-class CompareOptions(Priced):
-    """`trainwise compare`: one trial per strategy row on the same model and data. Lists may be given as
-    Python lists or as the CLI's comma text."""
+class ModelData(Options):
+    """The model and the data a study or a run trains (compare, train, tune): shown first by --help."""
 
-    VERB = "compare"
     model: str | None = option(None, MODEL)
     model_preset: str | None = option(None, PRESET)
     task: str = option(_STUDY["task"], TASK)
@@ -249,6 +247,14 @@ class CompareOptions(Priced):
     eval_file: str | None = option(None, EVAL_FILE)
     text_column: str | None = option(None, TEXT_COLUMN)
     target_column: str | None = option(None, TARGET_COLUMN)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareOptions(ModelData, Priced):
+    """`trainwise compare`: one trial per strategy row on the same model and data. Lists may be given as
+    Python lists or as the CLI's comma text."""
+
+    VERB = "compare"
     strategies: str | list[str] = option(DEFAULT_STRATEGIES, ROWS, show_default=shown(DEFAULT_STRATEGIES))
     batch_size: int = option(16, BATCH)
     accum_steps: int = option(_STUDY["accum_steps"], ACCUM)
@@ -427,20 +433,12 @@ class FindBatchOptions(Options):
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainOptions(Priced):
+class TrainOptions(ModelData, Priced):
     """`trainwise train`: train for real with one plan."""
 
     VERB = "train"
     strategies: str | None = option(None, "The plan (a+b) \\[default: baseline]; --plan: a row.")
     plan_study: str | None = option(None, "Train a study's row (advise's pick) as it ran.", "--plan")
-    model: str | None = option(None, MODEL)
-    model_preset: str | None = option(None, PRESET)
-    task: str = option(_STUDY["task"], TASK)
-    dataset: str | None = option(None, DATASET)
-    train_file: str | None = option(None, TRAIN_FILE)
-    eval_file: str | None = option(None, EVAL_FILE)
-    text_column: str | None = option(None, TEXT_COLUMN)
-    target_column: str | None = option(None, TARGET_COLUMN)
     batch_size: int = option(_STUDY["batch_size"], BATCH)
     accum_steps: int = option(_STUDY["accum_steps"], ACCUM)
     max_length: int = option(_STUDY["max_length"], MAX_LENGTH)
@@ -479,7 +477,7 @@ class TrainOptions(Priced):
 
 
 @dataclass(frozen=True, kw_only=True)
-class TuneOptions(Priced):
+class TuneOptions(ModelData, Priced):
     """`trainwise tune`: search the hyper-parameters of one plan."""
 
     VERB = "tune"
@@ -487,14 +485,6 @@ class TuneOptions(Priced):
     search: str = option("tpe", "random or tpe (Optuna, pruning), or pbt (Ray Tune; trainwise\\[ray]).")
     trials: int = option(8, "random/tpe: finished trials to reach; pbt: the population.")
     strategies: str = option("baseline", "The plan every trial trains with.")
-    model: str | None = option(None, MODEL)
-    model_preset: str | None = option(None, PRESET)
-    task: str = option(_STUDY["task"], TASK)
-    dataset: str | None = option(None, DATASET)
-    train_file: str | None = option(None, TRAIN_FILE)
-    eval_file: str | None = option(None, EVAL_FILE)
-    text_column: str | None = option(None, TEXT_COLUMN)
-    target_column: str | None = option(None, TARGET_COLUMN)
     batch_size: int = option(_STUDY["batch_size"], "Batch size when the space does not tune it.")
     max_length: int = option(_STUDY["max_length"], MAX_LENGTH)
     max_steps: int = option(60, "Optimizer steps per trial (the budget unit).")

@@ -72,12 +72,13 @@ def _parameter(f: dataclasses.Field, hint: Any) -> inspect.Parameter:
 
 def verb(options: type[api.Options], name: str | None = None, json_help: str | None = None):
     """Register a handler `(options, as_json) -> None` as a command whose flags are the options' fields
-    (the verb's own first, then the groups it shares), with --config (and --json when it prints JSON)."""
+    (the model and data first, then the verb's own, then the other groups it shares), with --config (and
+    --json when it prints JSON)."""
 
     def register(handler: Callable[[Any, bool], None]) -> Callable[[Any, bool], None]:
         hints = typing.get_type_hints(options)
-        own = set(options.__annotations__)
-        ordered = sorted(dataclasses.fields(options), key=lambda f: f.name not in own)
+        own, first = set(options.__annotations__), set(api.ModelData.__annotations__)
+        ordered = sorted(dataclasses.fields(options), key=lambda f: (f.name not in first, f.name not in own))
         params = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)]
         params += [_parameter(f, _cli_type(hints[f.name])) for f in ordered]
         extra: list[tuple[str, Any, Any]] = [("config", None, Annotated[str | None, typer.Option(help=CONFIG)])]
