@@ -138,6 +138,10 @@ $PY benchmarks/contention.py --start 12 --seconds 40 --busy 2 --out runs/bench-c
 $TW train --task seq2seq --max-steps 8 --out runs/bench-t5-disk | tee runs/bench-t5-disk.txt
 eval ".venv/bin/$(sed -n '/^```sh$/{n;p}' runs/demo/report.md)" 2>&1 | grep -c '(stored)'
 
+# 28. one API (issue 25): trials forked from the zygote vs exec'd (wall, RSS, peaks, step time), and the
+#     suite on a fresh clone (the .ci/run line is in BENCHMARKS section 28)
+bash benchmarks/zygote.sh 2 | tee runs/bench-zygote.txt
+
 # 17. GPU: not run here (it needs an NVIDIA GPU): seed 001's table and the HF docs' single-GPU study with
 #     --device cuda, each study under runs/gpu; `bash benchmarks/gpu.sh --device cpu` is its CPU dry run
 #    bash benchmarks/gpu.sh

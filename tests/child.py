@@ -5,6 +5,7 @@ hang    starts a grandchild that sleeps, says its pid, then sleeps itself
 chatty  prints an event every 50 ms, forever
 fail    writes a traceback to stderr and exits 3
 killed  kills itself with SIGKILL
+where   says how it started: forked by the zygote or not, its directory, a variable of its environment
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ def main(what: str) -> int:
         print("Traceback (most recent call last):\n  File 'x.py'", file=sys.stderr)
         print("ValueError: the last line says why\n", file=sys.stderr)
         return 3
+    if what == "where":
+        forked = os.environ.get("TRAINWISE_FORKED") == "1"
+        say({"event": "where", "forked": forked, "cwd": os.getcwd(), "var": os.environ.get("TW_TEST_VAR")})
+        return 0
     if what == "killed":
         os.kill(os.getpid(), signal.SIGKILL)
     return 1

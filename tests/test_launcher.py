@@ -75,3 +75,29 @@ def test_a_child_killed_from_outside_names_the_signal_and_who_may_have_sent_it(t
     assert end.code == -signal.SIGKILL and not end.timed_out
     assert end.killed_by is not None and end.killed_by.startswith("SIGKILL (")
     assert "out-of-memory killer" in end.killed_by
+
+
+def test_a_forked_child_has_the_callers_environment_and_directory_and_exec_is_the_fallback(tmp_path, monkeypatch):
+    """The zygote forks one-process children on Linux; each gets the environment and directory of the call
+    (not the zygote's, which started earlier); TRAINWISE_FORK=0, or a zygote that cannot serve, execs."""
+    from trainwise import zygote
+
+    def where() -> dict:
+        seen: list[dict] = []
+        end = run_child("tests.child", ["where"], tmp_path / "log", seen.append, timeout_s=120)
+        assert end.code == 0, (tmp_path / "log").read_text()
+        return seen[0]
+
+    monkeypatch.chdir(tmp_path)
+    for value in ("first", "second"):  # set after the zygote started (by the first call) too
+        monkeypatch.setenv("TW_TEST_VAR", value)
+        assert where() == {"event": "where", "forked": True, "cwd": str(tmp_path), "var": value}
+    monkeypatch.setenv("TRAINWISE_FORK", "0")
+    assert where()["forked"] is False
+    monkeypatch.delenv("TRAINWISE_FORK")
+
+    def cannot(*_args, **_kw):
+        raise zygote.Unavailable("the zygote is gone")
+
+    monkeypatch.setattr(zygote, "spawn", cannot)
+    assert where() == {"event": "where", "forked": False, "cwd": str(tmp_path), "var": "second"}

@@ -76,10 +76,11 @@ def run_child(
     start, ooms = time.perf_counter(), oom_kills()
     deadline = None if timeout_s is None else start + timeout_s
     with open(log, "w") as stderr:
-        proc: Any
+        proc: Any = None
         if ranks is None and zygote.enabled():  # forked from a process that has imported torch already
-            proc = zygote.spawn(module, args, env, stderr)
-        else:
+            with contextlib.suppress(zygote.Unavailable):  # else exec'd, as with TRAINWISE_FORK=0
+                proc = zygote.spawn(module, args, env, stderr)
+        if proc is None:
             proc = subprocess.Popen(
                 cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, preexec_fn=bound_to_me()
             )

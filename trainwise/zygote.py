@@ -37,8 +37,15 @@ PRELOAD = ("torch", "transformers", "trainwise.trial")  # what every trial impor
 _HEADER = struct.Struct("!I")
 
 
+class Unavailable(RuntimeError):
+    """The zygote could not fork a child (it died, or refused to serve): the caller execs it instead."""
+
+
+_broken = False  # the zygote could not serve once in this command: exec from then on
+
+
 def enabled() -> bool:
-    return sys.platform.startswith("linux") and os.environ.get("TRAINWISE_FORK", "1") != "0"
+    return sys.platform.startswith("linux") and os.environ.get("TRAINWISE_FORK", "1") != "0" and not _broken
 
 
 def _send(sock: socket.socket, message: dict, fds: list[int] | None = None) -> None:
@@ -130,9 +137,9 @@ class Zygote:
                 request = {"module": module, "args": args, "env": env, "cwd": os.getcwd()}
                 _send(self.sock, request, [write, stderr.fileno()])
                 if not self.changed.wait_for(lambda: self.started or not self.alive, timeout=600):
-                    raise RuntimeError("the zygote did not fork within 600 s")
+                    raise Unavailable("the zygote did not fork within 600 s")
                 if not self.started:
-                    raise RuntimeError("the zygote is gone")
+                    raise Unavailable("the zygote is gone")
                 pid = self.started.pop(0)
         finally:
             os.close(write)
@@ -153,12 +160,17 @@ _start_lock = threading.Lock()
 
 
 def spawn(module: str, args: list[str], env: dict[str, str], stderr: IO) -> Forked:
-    """`python -m module args` as a child of this command's zygote (started on first use)."""
-    global _zygote
+    """`python -m module args` as a child of this command's zygote (started on first use). Unavailable
+    when the zygote cannot serve; it is not started again in this command."""
+    global _zygote, _broken
     with _start_lock:
         if _zygote is None or _zygote.proc.poll() is not None:
             _zygote = Zygote()
-    return _zygote.spawn(module, args, env, stderr)
+    try:
+        return _zygote.spawn(module, args, env, stderr)
+    except (Unavailable, OSError) as e:
+        _broken = True
+        raise Unavailable(str(e)) from e
 
 
 # ---- the zygote ------------------------------------------------------------------------------------------------
@@ -227,8 +239,13 @@ def main(argv: list[str]) -> int:
 
     die_with_parent()
     sock = socket.socket(fileno=int(argv[0]))
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # a CUDA check by an import must not init CUDA
     for name in PRELOAD:
         importlib.import_module(name)
+    import torch  # heavy: torch (imported by the preload already)
+
+    if torch.cuda.is_initialized():  # a forked child cannot use a CUDA context made before the fork
+        return 3  # the socket closes: the caller execs its children instead
     _serve(sock)
     return 0
 
