@@ -135,6 +135,8 @@ class Options:
         """The options as a study file's keys: every one, with paths made absolute so the file reruns the
         same run from any directory."""
         values = dataclasses.asdict(self)
+        own, first = set(type(self).__annotations__), set(ModelData.__annotations__)
+        values = {k: values[k] for k in sorted(values, key=lambda k: (k not in first, k not in own))}  # as --help
         for name in PATHS:
             if isinstance(values.get(name), str):
                 values[name] = str(Path(values[name]).resolve())
