@@ -31,12 +31,6 @@ def indented(line: str) -> None:
     say(f"  {line}", err)
 
 
-def precision_note(verdict: Any) -> None:
-    """train: a note when the plan's precision is emulated or inert on this device (it trains as asked)."""
-    if verdict is not None and verdict.status != "native":
-        say(f"trainwise: note: {verdict.line()}", err)
-
-
 def _grid(title: str, columns: list[str]) -> Table:
     grid = Table(title=title, header_style="bold")
     for h in columns:
