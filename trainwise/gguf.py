@@ -4,7 +4,7 @@
 The package is installed with `--no-deps` (its dependencies build llama-cpp-python from source) and
 never imported here (its import pulls llama_cpp): its file is found through its distribution's record.
 transformers reads the GGUF (with the `gguf` package) and dequantizes it to float32 torch tensors
-(~20 s on 2 cores); `load_gguf_dir` saves the result with save_pretrained (safetensors, the tokenizer
+(~12-15 s on 2 cores); `load_gguf_dir` saves the result with save_pretrained (safetensors, the tokenizer
 and its chat template) under `cache_dir()/models/<stem>-<sha256[:16]>`, so every later load is an
 ordinary `from_pretrained` of that directory, with no gguf package needed. The installed file is checked
 against the SHA-256 pip recorded for it, so a corrupt one is one line, not a model of garbage.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -133,6 +134,32 @@ def load_gguf_dir(gguf: Path) -> Path:
     return target
 
 
+@contextlib.contextmanager
+def _read_once() -> Iterator[None]:
+    """transformers parses the file's header anew for the tokenizer, the config and the weights (~3.6 s
+    each: 49k vocabulary strings), and builds gguf's tensor-name map once per submodule (397 times,
+    4.7 s): while this is open, gguf hands back the first reader of a path and the first map of an
+    (arch, layers), halving the first load. Both are only read by transformers."""
+    import gguf as gguf_py  # heavy: gguf, optional (only to make the directory)
+
+    reader_of, name_map = gguf_py.GGUFReader, gguf_py.get_tensor_name_map
+    readers: dict[tuple, object] = {}
+
+    def reader(path, *args, **kwargs):
+        key = (os.fspath(path), args, tuple(sorted(kwargs.items())))
+        if key not in readers:
+            readers[key] = reader_of(path, *args, **kwargs)
+        return readers[key]
+
+    setattr(gguf_py, "GGUFReader", reader)  # noqa: B010 -- a function where mypy expects the class
+    setattr(gguf_py, "get_tensor_name_map", functools.cache(name_map))  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(gguf_py, "GGUFReader", reader_of)  # noqa: B010
+        setattr(gguf_py, "get_tensor_name_map", name_map)  # noqa: B010
+
+
 def _dequantize(gguf: Path, out: Path) -> None:
     # heavy: transformers (its GGUF path imports gguf)
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -146,7 +173,7 @@ def _dequantize(gguf: Path, out: Path) -> None:
     try:
         # transformers' GGUF reader and its shard writer draw plain tqdm bars, which disable_progress_bar
         # does not reach
-        with open(os.devnull, "w") as null, contextlib.redirect_stderr(null):
+        with open(os.devnull, "w") as null, contextlib.redirect_stderr(null), _read_once():
             try:
                 tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
                 # dequantize=True: plain nn.Linear float32 weights and no quantizer left on the model, so
