@@ -78,8 +78,10 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             g = g.mul_(grad_out).to(h.dtype)
             if grad_h is not None:
                 grad_h[s : s + ctx.chunk] = g @ weight
-            if grad_w is not None:
-                grad_w += (g.T @ hc).float()
+            if grad_w is not None and g.dtype == grad_w.dtype:
+                grad_w.addmm_(g.T, hc)  # in place: no [V, H] temporary per chunk
+            elif grad_w is not None:
+                grad_w += g.T @ hc
             if grad_b is not None:
                 grad_b += g.float().sum(0)
         grad_w = grad_w.to(weight.dtype) if grad_w is not None else None
