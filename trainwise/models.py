@@ -193,7 +193,7 @@ def resolve_model(
     if task == "seq2seq" and not getattr(config, "is_encoder_decoder", False):
         raise ConfigError(f"model {model!r} ({config.model_type}) is not encoder-decoder; seq2seq needs one")
     if task == CAUSAL_LM:
-        check_decoder_only(model, config)
+        check_decoder_only(source.display(), config)
     _check_lengths(source.display(), _positions(config), task, lengths)
     return source
 
@@ -205,15 +205,21 @@ FAMILY_POSITIONS: dict[str, int | None] = {"bert": 512, "bart": 1024, "t5": None
 def check_decoder_only(model: str, config) -> None:
     """causal-lm trains a decoder-only model: an encoder-decoder, or an encoder saved without a causal LM
     head (BERT's checkpoints: BertModel, BertForMaskedLM), is refused in one line."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES  # heavy: transformers
+    # heavy: transformers
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
 
     kind = config.model_type
     if getattr(config, "is_encoder_decoder", False):
         raise ConfigError(f"model {model!r} ({kind}) is encoder-decoder; causal-lm needs a decoder-only model")
     architectures = getattr(config, "architectures", None) or []
     causal = [a for a in architectures if a.endswith(("ForCausalLM", "LMHeadModel"))]
-    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (architectures and not causal):
-        saved = f" (saved as {', '.join(architectures)})" if architectures else ""
+    # a config that names no architecture: an encoder family (one with a masked-LM head) unless set as a decoder
+    encoder = not architectures and kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not config.is_decoder
+    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (architectures and not causal) or encoder:
+        saved = f", saved as {', '.join(architectures)}" if architectures else ""
         raise ConfigError(
             f"model {model!r} ({kind}{saved}) is not a decoder-only language model; causal-lm needs one "
             "(e.g. a Llama, Qwen2 or GPT-2 checkpoint, or --model-preset llama-tiny)"
