@@ -15,23 +15,33 @@ def _grads(model):
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("task", ["classification", "seq2seq"])
+PRESETS = {"classification": "bert-tiny", "seq2seq": "t5-tiny", "causal-lm": "llama-tiny"}
+NO_DROPOUT = {
+    "classification": {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
+    "seq2seq": {"dropout_rate": 0.0},
+    "causal-lm": {"attention_dropout": 0.0},
+}
+
+
+def _target(task: str, i: int, ids: list[int], g: torch.Generator):
+    if task == "classification":
+        return i % 3
+    if task == "seq2seq":
+        return torch.randint(5, 1000, (1 + i % 4,), generator=g).tolist()
+    prompt = 1 + i % 3  # causal-lm: labels aligned with the inputs, -100 on a prompt of varied length
+    return [-100] * prompt + ids[prompt:]
+
+
+@pytest.mark.parametrize("task", ["classification", "seq2seq", "causal-lm"])
 def test_batch8_equals_batch2_times_accum4(task):
     torch.manual_seed(0)
-    preset = "bert-tiny" if task == "classification" else "t5-tiny"
-    no_dropout = (
-        {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
-        if task == "classification"
-        else {"dropout_rate": 0.0}
-    )
-    model = build_model(ModelSource("preset", preset), task, 3, seed=0, config_overrides=no_dropout)
+    model = build_model(ModelSource("preset", PRESETS[task]), task, 3, seed=0, config_overrides=NO_DROPOUT[task])
     model.train()
     g = torch.Generator().manual_seed(1)
     items = []
     for i in range(8):  # different lengths: micro-batches pad differently, the mean must not change
         ids = torch.randint(5, 1000, (3 + 2 * i,), generator=g).tolist()
-        target = i % 3 if task == "classification" else torch.randint(5, 1000, (1 + i % 4,), generator=g).tolist()
-        items.append((ids, target))
+        items.append((ids, _target(task, i, ids, g)))
     collate = Collator(task, 0, "longest", 64, 8)
     dec = model.prepare_decoder_input_ids_from_labels if task == "seq2seq" else None
 

@@ -22,13 +22,31 @@ from trainwise.strategies import Row
 from trainwise.strategies.memory import ACCUM
 from trainwise.strategies.plan import TrialPlan
 
-TASKS = ("classification", "seq2seq", "image-classification")
-TEXT_TASKS = ("classification", "seq2seq")
+CAUSAL_LM = "causal-lm"
+TASKS = ("classification", "seq2seq", CAUSAL_LM, "image-classification")
+TEXT_TASKS = ("classification", "seq2seq", CAUSAL_LM)
 IMAGE_TASK = "image-classification"
-DEFAULT_LR = {"classification": 5e-5, "seq2seq": 5e-5, IMAGE_TASK: 2e-3}  # fine-tuning vs. from scratch
+# fine-tuning vs. from scratch
+DEFAULT_LR = {"classification": 5e-5, "seq2seq": 5e-5, CAUSAL_LM: 5e-5, IMAGE_TASK: 2e-3}
 DEVICES = ("auto", "cpu", "cuda")
-DEFAULT_DATASET = {"classification": "stdlib-topic", "seq2seq": "stdlib-summarize", IMAGE_TASK: "digits"}  # built in
-Task = Literal["classification", "seq2seq"]
+DEFAULT_DATASET = {  # built in
+    "classification": "stdlib-topic",
+    "seq2seq": "stdlib-summarize",
+    CAUSAL_LM: "stdlib-instruct",
+    IMAGE_TASK: "digits",
+}
+Task = Literal["classification", "seq2seq", "causal-lm"]
+# the verbs that do not handle causal-lm yet (issue 26's later slices): each refuses it with one line
+NOT_YET_CAUSAL = ("estimate", "export", "find-batch", "tune")
+
+
+def check_task_supported(task: str, verb: str) -> None:
+    """A verb that cannot run `task` yet says so in one line (exit 2) instead of failing deeper."""
+    if task == CAUSAL_LM and verb in NOT_YET_CAUSAL:
+        raise ConfigError(
+            f"--task causal-lm is not supported by `trainwise {verb}` yet; "
+            "`trainwise compare` and `trainwise train` run it"
+        )
 
 
 # StudyConfig fields that say how a command runs, not what it measures: a rerun leaves them out
@@ -49,6 +67,8 @@ class StudyConfig:
     eval_file: str | None = None
     text_column: str | None = None
     target_column: str | None = None
+    prompt_column: str | None = None  # causal-lm: prompt/response data (the prompt carries no loss)
+    response_column: str | None = None
     batch_size: int = 16
     accum_steps: int = 4
     max_length: int = 128
@@ -143,6 +163,9 @@ class StudyConfig:
             raise ConfigError("--strategies: no rows given; e.g. --strategies baseline,bf16")
         if self.model and self.model_preset:
             raise ConfigError("give either --model or --model-preset, not both")
+        check_lm_columns(self.task, self.prompt_column, self.response_column, self.target_column)
+        if self.task == CAUSAL_LM and self.max_length < 2:
+            raise ConfigError(f"--max-length must be >= 2 for causal-lm (a token and the next), got {self.max_length}")
         if self.dataset and self.train_file:
             raise ConfigError("give either --dataset or --train-file, not both")
         if self.eval_file and not self.train_file:
@@ -158,6 +181,18 @@ class StudyConfig:
         for size in self.batch_sizes or (self.batch_size,):
             for row in self.rows:
                 check_accum(row, size)
+
+
+def check_lm_columns(task: str, prompt: str | None, response: str | None, target: str | None) -> None:
+    """--prompt-column/--response-column are causal-lm's (prompt/response data); the target is another task's."""
+    if task != CAUSAL_LM and (prompt is not None or response is not None):
+        flag = "--prompt-column" if prompt is not None else "--response-column"
+        raise ConfigError(f"{flag} is for --task causal-lm (prompt/response data), not {task}")
+    if task == CAUSAL_LM and target is not None:
+        raise ConfigError(
+            "--target-column is not read by causal-lm: give --prompt-column and --response-column "
+            "(prompt/response data) or --text-column (raw text)"
+        )
 
 
 def check_nproc(nproc: int) -> None:
@@ -202,7 +237,7 @@ class TrainConfig:
 
 # what early stopping, the best checkpoint and tune watch in an evaluation record
 MONITORS = {
-    "metric": "the task's metric on the held-out rows (accuracy / ROUGE-L), higher is better",
+    "metric": "the task's metric on the held-out rows (accuracy / ROUGE-L / -eval loss), higher is better",
     "eval_loss": "the mean loss on the held-out rows, lower is better",
     "train_loss": "the mean training loss since the last evaluation, lower is better",
 }
@@ -222,7 +257,7 @@ def maximize(monitor: str) -> bool:
 def monitored(record: dict, monitor: str) -> float | None:
     """The watched value in an evaluation record (None when the record has none, e.g. no held-out rows)."""
     if monitor == "metric":
-        return record.get("rougeL", record.get("accuracy"))
+        return record.get("rougeL", record.get("accuracy", record.get("neg_eval_loss")))
     return record.get(monitor)
 
 
@@ -242,6 +277,8 @@ class DataOrigin:
     source: str | None = None
     reads: tuple[Skipped, ...] = ()  # per file read: rows read, kept, and skipped by reason with the first line
     not_evaluated: int = 0  # held-out rows of a class no training row has
+    prompt_column: str | None = None  # causal-lm's prompt/response data
+    response_column: str | None = None
 
     @classmethod
     def of(cls, cfg: StudyConfig, data: TaskData | None = None) -> DataOrigin:
@@ -267,6 +304,8 @@ class DataOrigin:
             source,
             data.reads if data is not None else (),
             data.not_evaluated if data is not None else 0,
+            cfg.prompt_column,
+            cfg.response_column,
         )
 
     @classmethod
@@ -286,6 +325,8 @@ class DataOrigin:
             ("--eval-file", self.eval_file),
             ("--text-column", self.text_column),
             ("--target-column", self.target_column),
+            ("--prompt-column", self.prompt_column),
+            ("--response-column", self.response_column),
             ("--max-train-samples", self.max_train_samples),
         ]
         return [
@@ -301,6 +342,8 @@ class DataOrigin:
             if self.train_file
             else ""
         )
+        if self.train_file and (self.prompt_column or self.response_column):
+            columns = f" (prompt {self.prompt_column or 'prompt'!r}, response {self.response_column or 'response'!r})"
         held = f", evaluated on {self.eval_file}" if self.eval_file else ""
         return f"{where}{columns}{held}"
 
@@ -377,6 +420,9 @@ class TrialSettings:
     label_smoothing: float = 0.0
     num_beams: int = 1  # seq2seq evaluation: beam search width (1: greedy)
     length_penalty: float = 1.0  # seq2seq evaluation: beam score / length**penalty
+    # causal-lm: "text" (raw text cut into blocks, every token carries loss) or "prompt_response" (the
+    # response's tokens carry it); "" for the other tasks
+    data_format: str = ""
 
 
 @dataclass(frozen=True)

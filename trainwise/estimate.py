@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwise import strategies
-from trainwise.config import DEVICES, TEXT_TASKS, check_accum, check_nproc
+from trainwise.config import DEVICES, TEXT_TASKS, check_accum, check_nproc, check_task_supported
 from trainwise.data.sources import read_task_data, tokenizer_corpus
 from trainwise.errors import ConfigError
 from trainwise.files import write_atomic
@@ -570,7 +570,7 @@ class EstimateConfig:
     parsed: tuple[Row, ...] = field(init=False)
 
     def __post_init__(self) -> None:
-
+        check_task_supported(self.task, "estimate")
         if self.task not in TEXT_TASKS:
             raise ConfigError(
                 f"--task must be one of {', '.join(TEXT_TASKS)}, not {self.task!r} (the estimate models transformers)"

@@ -28,7 +28,7 @@ import yaml
 
 from trainwise import strategies
 from trainwise.advise import partial_note, study_row
-from trainwise.config import DataOrigin, TrialSettings, TrialSpec, check_nproc
+from trainwise.config import DataOrigin, TrialSettings, TrialSpec, check_nproc, check_task_supported
 from trainwise.errors import ConfigError, check_number
 from trainwise.estimate import EstimateConfig
 from trainwise.files import write_atomic
@@ -316,6 +316,7 @@ class ExportConfig:
     force: bool = False  # write into an --out that holds files trainwise did not write
 
     def __post_init__(self) -> None:
+        check_task_supported(self.task, "export")
         if self.device not in ("cuda", "cpu"):
             raise ConfigError(f"--device must be cuda or cpu, not {self.device!r}")
         if self.max_steps is not None and self.max_steps <= 0:
@@ -373,6 +374,7 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         if spec is None:
             raise ConfigError(f"--study {cfg.study}: the store holds no trial of {entry.strategy!r}")
         s = spec.settings
+        check_task_supported(s.task, "export")
         text, (model, preset) = spec.row, named_model(s)
         task, batch, accum, lengths, lr = (
             s.task,

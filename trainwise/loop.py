@@ -37,7 +37,7 @@ from trainwise import strategies
 from trainwise.config import TrialSpec
 from trainwise.data.prepared import TrialData
 from trainwise.data.samplers import RandomBatches, RankShard, make_batches
-from trainwise.data.tasks import Batch
+from trainwise.data.tasks import Batch, shifted_loss_sum
 from trainwise.distributed import Ranks, all_sum, group_size
 from trainwise.models import ModelSource, build_model
 from trainwise.strategies.base import Runtime
@@ -251,7 +251,10 @@ class Stream:
 
 
 def loss_sum(model, batch: Batch, task: str, decoder_inputs: Callable | None, label_smoothing: float = 0.0):
-    """Summed (not averaged) cross-entropy of one micro-batch, in fp32."""
+    """Summed (not averaged) cross-entropy of one micro-batch, in fp32. A causal LM's: over the tokens
+    whose (shifted) label is not -100, so the window's sum / its loss tokens is HF's `.loss`."""
+    if task == "causal-lm":
+        return shifted_loss_sum(model(**batch.inputs).logits, batch.labels, label_smoothing)
     if task != "seq2seq":  # classification of text or images
         logits = model(**batch.inputs).logits
         return F.cross_entropy(logits.float(), batch.labels, reduction="sum", label_smoothing=label_smoothing)

@@ -63,8 +63,75 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
         "bert",
         dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
     ),
+    # decoder-only (causal-lm): the real families' configs, random weights
+    "gpt2-tiny": ("gpt2", dict(vocab_size=1024, n_embd=64, n_layer=2, n_head=2, n_positions=1024)),
+    "llama-tiny": (
+        "llama",
+        dict(
+            vocab_size=1024,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=2048,
+        ),
+    ),
+    "qwen2-tiny": (
+        "qwen2",
+        dict(
+            vocab_size=1024,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            max_position_embeddings=2048,
+        ),
+    ),
+    "smollm2-135m": (  # HuggingFaceTB/SmolLM2-135M's config.json
+        "llama",
+        dict(
+            vocab_size=49152,
+            hidden_size=576,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            intermediate_size=1536,
+            max_position_embeddings=8192,
+            rms_norm_eps=1e-5,
+            rope_theta=100000.0,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "gpt2-124m": ("gpt2", dict(vocab_size=50257, n_embd=768, n_layer=12, n_head=12, n_positions=1024)),
+    "llama-1b": (  # meta-llama/Llama-3.2-1B's shapes: sized for estimates (5 GB of fp32 weights and AdamW state x3)
+        "llama",
+        dict(
+            vocab_size=128256,
+            hidden_size=2048,
+            num_hidden_layers=16,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=64,
+            intermediate_size=8192,
+            max_position_embeddings=131072,
+            rms_norm_eps=1e-5,
+            rope_theta=500000.0,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 32.0,
+                "high_freq_factor": 4.0,
+                "low_freq_factor": 1.0,
+                "original_max_position_embeddings": 8192,
+            },
+            tie_word_embeddings=True,
+        ),
+    ),
 }
 SEQ2SEQ_FAMILIES = {"t5", "bart"}
+CAUSAL_FAMILIES = {"gpt2", "llama", "qwen2"}
+CAUSAL_LM = "causal-lm"
 BUNDLED_ALIASES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2", "minilm"}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spiece.model", "vocab.json")
 
@@ -97,13 +164,21 @@ def resolve_model(
         if preset not in PRESETS:
             raise ConfigError(f"unknown model preset {preset!r}; presets: {', '.join(PRESETS)}")
         family, kwargs = PRESETS[preset]
+        causal = [p for p, (f, _) in PRESETS.items() if f in CAUSAL_FAMILIES]
+        if task == CAUSAL_LM and family not in CAUSAL_FAMILIES:
+            raise ConfigError(f"preset {preset!r} is not decoder-only; causal-lm needs one of {', '.join(causal)}")
+        if task != CAUSAL_LM and family in CAUSAL_FAMILIES:
+            raise ConfigError(f"preset {preset!r} is a decoder-only language model: use it with --task causal-lm")
         if task == "seq2seq" and family not in SEQ2SEQ_FAMILIES:
             raise ConfigError(f"preset {preset!r} is encoder-only; seq2seq needs a t5-* or bart-* preset")
-        _check_lengths(preset, kwargs.get("max_position_embeddings", FAMILY_POSITIONS[family]), task, lengths)
+        positions = kwargs.get("max_position_embeddings", kwargs.get("n_positions", FAMILY_POSITIONS.get(family)))
+        _check_lengths(preset, positions, task, lengths)
         return ModelSource("preset", preset)
-    if model is None:  # the defaults: a real pretrained encoder offline, or t5-small for seq2seq
+    if model is None:  # the defaults: a real pretrained encoder offline, t5-small for seq2seq, smollm2 for causal-lm
         if task == "seq2seq":
             return ModelSource("preset", "t5-small")
+        if task == CAUSAL_LM:  # the preset until the pretrained SmolLM2 can be built offline
+            return ModelSource("preset", "smollm2-135m")
         model = "all-MiniLM-L6-v2"
     label = ""
     if model.lower() in BUNDLED_ALIASES:
@@ -117,12 +192,38 @@ def resolve_model(
     config = _load_config(source)
     if task == "seq2seq" and not getattr(config, "is_encoder_decoder", False):
         raise ConfigError(f"model {model!r} ({config.model_type}) is not encoder-decoder; seq2seq needs one")
+    if task == CAUSAL_LM:
+        check_decoder_only(source.display(), config)
     _check_lengths(source.display(), _positions(config), task, lengths)
     return source
 
 
 # learned position embeddings of the presets' families (T5's are relative: no limit)
 FAMILY_POSITIONS: dict[str, int | None] = {"bert": 512, "bart": 1024, "t5": None}
+
+
+def check_decoder_only(model: str, config) -> None:
+    """causal-lm trains a decoder-only model: an encoder-decoder, or an encoder saved without a causal LM
+    head (BERT's checkpoints: BertModel, BertForMaskedLM), is refused in one line."""
+    # heavy: transformers
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    kind = config.model_type
+    if getattr(config, "is_encoder_decoder", False):
+        raise ConfigError(f"model {model!r} ({kind}) is encoder-decoder; causal-lm needs a decoder-only model")
+    architectures = getattr(config, "architectures", None) or []
+    causal = [a for a in architectures if a.endswith(("ForCausalLM", "LMHeadModel"))]
+    # a config that names no architecture: an encoder family (one with a masked-LM head) unless set as a decoder
+    encoder = not architectures and kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not config.is_decoder
+    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (architectures and not causal) or encoder:
+        saved = f", saved as {', '.join(architectures)}" if architectures else ""
+        raise ConfigError(
+            f"model {model!r} ({kind}{saved}) is not a decoder-only language model; causal-lm needs one "
+            "(e.g. a Llama, Qwen2 or GPT-2 checkpoint, or --model-preset llama-tiny)"
+        )
 
 
 def _positions(config) -> int | None:
@@ -202,7 +303,7 @@ def check_hub_reachable(repo: str, kind: str) -> None:
 
 INSTEAD = {
     "model": "pass a local directory, --model-preset, or all-MiniLM-L6-v2",
-    "dataset": "use --train-file or a built-in dataset (stdlib-topic, stdlib-summarize, digits)",
+    "dataset": "use --train-file or a built-in dataset (stdlib-topic, stdlib-summarize, stdlib-instruct, digits)",
 }
 
 
@@ -223,10 +324,11 @@ def train_tokenizer(texts: list[str], preset: str, out_dir: Path) -> None:
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
-    single = f"$A {EOS}" if family == "t5" else f"{BOS} $A {EOS}"
-    tok.post_processor = processors.TemplateProcessing(
-        single=single, special_tokens=[(BOS, SPECIALS.index(BOS)), (EOS, SPECIALS.index(EOS))]
-    )
+    if family not in CAUSAL_FAMILIES:  # a causal LM's text gets no specials: trainwise adds EOS where one ends
+        single = f"$A {EOS}" if family == "t5" else f"{BOS} $A {EOS}"
+        tok.post_processor = processors.TemplateProcessing(
+            single=single, special_tokens=[(BOS, SPECIALS.index(BOS)), (EOS, SPECIALS.index(EOS))]
+        )
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token=PAD,
@@ -267,18 +369,31 @@ def load_tokenizer(source: ModelSource, tokenizer_dir: str | None):
     return AutoTokenizer.from_pretrained(tokenizer_dir or source.ref)
 
 
+def auto_class(task: str):
+    """The transformers Auto class that builds a task's model."""
+    # heavy: transformers
+    from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
+
+    if task == CAUSAL_LM:
+        return AutoModelForCausalLM
+    return AutoModelForSeq2SeqLM if task == "seq2seq" else AutoModelForSequenceClassification
+
+
 def build_model(source: ModelSource, task: str, num_labels: int, seed: int, config_overrides=None, **model_kwargs):
     """Build the model with a fixed seed, so every trial of a study starts from the same weights.
-    `model_kwargs` go to from_pretrained / from_config (the plan's attn_implementation)."""
+    `model_kwargs` go to from_pretrained / from_config (the plan's attn_implementation). A causal LM
+    trains with sdpa attention (unless the plan says otherwise) and no key/value cache."""
     import torch  # heavy: torch
-    from transformers import AutoModelForSeq2SeqLM, AutoModelForSequenceClassification  # heavy: transformers
     from transformers.utils import logging as hf_logging  # heavy: transformers
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()  # transformers 5's weight-loading bar; trainwise prints its own progress
     torch.manual_seed(seed)
-    auto = AutoModelForSeq2SeqLM if task == "seq2seq" else AutoModelForSequenceClassification
+    auto = auto_class(task)
     overrides = dict(config_overrides or {})
+    if task == CAUSAL_LM:
+        overrides.setdefault("use_cache", False)
+        model_kwargs.setdefault("attn_implementation", "sdpa")
     if source.kind == "preset":
         config = _preset_config(source.ref, num_labels)
         for k, v in overrides.items():
@@ -317,10 +432,9 @@ def model_config(source: ModelSource, task: str, num_labels: int):
 def meta_model(config: Any, task: str, **model_kwargs: Any):
     """The model with every tensor on the meta device: real shapes, no memory, no init time."""
     import torch  # heavy: torch
-    from transformers import AutoModelForSeq2SeqLM, AutoModelForSequenceClassification  # heavy: transformers
     from transformers.utils import logging as hf_logging  # heavy: transformers
 
     hf_logging.set_verbosity_error()
-    auto = AutoModelForSeq2SeqLM if task == "seq2seq" else AutoModelForSequenceClassification
+    auto = auto_class(task)
     with torch.device("meta"):
         return auto.from_config(config, **model_kwargs)

@@ -33,6 +33,9 @@ class TrialResult:
     samples_per_s: float | None = None  # samples / timed seconds (one statistic per row: totals)
     tokens_per_s: float | None = None  # non-pad tokens / timed seconds
     padding_waste: float | None = None  # fraction of computed positions that are padding
+    # causal-lm: fraction of the real (non-pad) tokens that carry loss (the response's, after the shift);
+    # None for the other tasks
+    loss_token_share: float | None = None
     epoch_time_s: float | None = None  # projected: training samples / samples_per_s
     # memory
     # peak of live tensor bytes (the allocator's peak, what `estimate` predicts): CUDA max_memory_allocated
@@ -190,6 +193,7 @@ class StudyRow:
     trace: str | None = None
     # medians over the ok repeats, each on its own (study.NUMERIC)
     padding_waste: float | None = None
+    loss_token_share: float | None = None  # causal-lm only (None: the key is absent from results.json)
     peak_mem_bytes: float | None = None
     peak_reserved_bytes: float | None = None
     peak_rss_bytes: float | None = None
@@ -277,5 +281,7 @@ class StudyRow:
 
 
 # keys results.json holds only when they have a value (see StudyRow.to_dict)
-_ABSENT_WHEN_NONE = frozenset({"metrics", "step_time_s_all", "quality_verdict", "trial_steps", "eval_samples"})
+_ABSENT_WHEN_NONE = frozenset(
+    {"metrics", "step_time_s_all", "quality_verdict", "trial_steps", "eval_samples", "loss_token_share"}
+)
 _ROW_FIELDS = frozenset(f.name for f in fields(StudyRow)) - {"extra"}

@@ -27,6 +27,7 @@ import numpy as np
 
 from trainwise import strategies
 from trainwise.config import (
+    CAUSAL_LM,
     DEFAULT_DATASET,
     IMAGE_TASK,
     TEXT_TASKS,
@@ -47,6 +48,7 @@ from trainwise.models import (
     ModelSource,
     bundled_minilm_dir,
     head_note,
+    load_tokenizer,
     meta_model,
     model_config,
     resolve_model,
@@ -272,8 +274,18 @@ def prepare_study(cfg: StudyConfig, on_note: Callable[[str], None] = lambda _lin
 
     dataset = cfg.dataset or (None if cfg.train_file else DEFAULT_DATASET[cfg.task])
     data = read_task_data(
-        cfg.task, dataset, cfg.train_file, cfg.eval_file, cfg.text_column, cfg.target_column, cfg.max_train_samples
+        cfg.task,
+        dataset,
+        cfg.train_file,
+        cfg.eval_file,
+        cfg.text_column,
+        cfg.target_column,
+        cfg.max_train_samples,
+        cfg.prompt_column,
+        cfg.response_column,
     )
+    if cfg.task == CAUSAL_LM and source.kind != "preset":
+        check_eos(source)
     train, evals, labels = data.train, data.evals, data.labels
     notes = [f"trainwise: data: {note}" for note in data.notes()]  # rows not used: said, never silent
     if cfg.task == "classification" and (note := head_note(source, len(labels))):
@@ -283,6 +295,7 @@ def prepare_study(cfg: StudyConfig, on_note: Callable[[str], None] = lambda _lin
     largest = max(c.batch_size for c in cfg.cells())
     if len(train) < largest:
         raise ConfigError(f"the training data has {len(train)} rows, fewer than the batch size {largest}")
+    n_train = len(train)  # training samples; raw text is cut into blocks once the tokenizer is known
 
     # Everything the user gave is valid: from here on files are written.
     data_dir = out / "data"
@@ -304,15 +317,48 @@ def prepare_study(cfg: StudyConfig, on_note: Callable[[str], None] = lambda _lin
                 train_tokenizer(tokenizer_corpus(train), source.ref, tok_path)
             write_atomic(stamp, f"{source.ref} {fingerprint}")
         tokenizer_dir = str(tok_path.resolve())
+    if data.data_format == "text":
+        n_train = text_samples(source, tokenizer_dir, train, cfg.max_length)
+        if n_train < largest:
+            raise ConfigError(
+                f"the training text makes {n_train} blocks of --max-length {cfg.max_length} tokens, fewer than the "
+                f"batch size {largest}"
+            )
 
-    settings = _settings(cfg, device, source, tokenizer_dir, data_dir, len(labels), len(train))
+    settings = _settings(cfg, device, source, tokenizer_dir, data_dir, len(labels), n_train, data.data_format)
     prepared = _specs(cfg, settings, fingerprint, unsupported, out)
     return dataclasses.replace(
         prepared, verdicts=verdicts, recorded=recorded, row_notes=row_notes, n_eval=len(evals), notes=tuple(notes)
     )
 
 
-def _settings(cfg: StudyConfig, device: str, source, tokenizer_dir, data_dir: Path, n_labels: int, n_train: int):
+def check_eos(source: ModelSource) -> None:
+    """A causal LM's tokenizer must end a text with EOS (trainwise appends it to every response and document)."""
+    try:
+        tokenizer = load_tokenizer(source, None)
+    except Exception as e:  # a directory or hub id whose tokenizer files do not load
+        raise ConfigError(f"cannot load the tokenizer of {source.display()}: {str(e).splitlines()[0][:160]}") from None
+    if tokenizer.eos_token_id is None:
+        raise ConfigError(f"{source.display()}'s tokenizer has no EOS token; causal-lm ends every text with one")
+
+
+def text_samples(source: ModelSource, tokenizer_dir: str | None, train: list[dict], max_length: int) -> int:
+    """How many blocks of max_length tokens a causal LM's raw training text makes (its samples)."""
+    from trainwise.data.tasks import encode_lm  # heavy: trainwise.data.tasks loads torch
+
+    return len(encode_lm(train, load_tokenizer(source, tokenizer_dir), "text", max_length))
+
+
+def _settings(
+    cfg: StudyConfig,
+    device: str,
+    source,
+    tokenizer_dir,
+    data_dir: Path,
+    n_labels: int,
+    n_train: int,
+    data_format: str = "",
+):
     assert cfg.lr is not None, "StudyConfig resolves the task's default"
     return TrialSettings(
         task=cfg.task,
@@ -335,6 +381,7 @@ def _settings(cfg: StudyConfig, device: str, source, tokenizer_dir, data_dir: Pa
         n_train=n_train,
         nproc=cfg.nproc,
         profile=cfg.profile,
+        data_format=data_format,
     )
 
 
@@ -687,6 +734,7 @@ TIMING = (
 # the others: medians over the repeats, each on its own (memory and quality are not timings)
 NUMERIC = (
     "padding_waste",
+    "loss_token_share",
     "peak_mem_bytes",
     "peak_reserved_bytes",
     "peak_rss_bytes",

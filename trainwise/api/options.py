@@ -19,7 +19,7 @@ import yaml
 
 from trainwise import quality
 from trainwise.advise import Constraints
-from trainwise.config import StudyConfig, TrainConfig
+from trainwise.config import StudyConfig, TrainConfig, check_task_supported
 from trainwise.cost import resolve_price
 from trainwise.errors import ConfigError, check_names
 from trainwise.estimate import EstimateConfig
@@ -49,18 +49,18 @@ def flag(name: str, help: str) -> Any:
 # ---- the help of the options several verbs share (one text each) ---------------------------------------------
 MODEL = (
     "Local HF model dir or hub id (offline: a dir, or 'all-MiniLM-L6-v2' from the bundled package). "
-    "Default: all-MiniLM-L6-v2 for classification, preset t5-small for seq2seq."
+    "Default: all-MiniLM-L6-v2 for classification, preset t5-small for seq2seq, preset smollm2-135m for causal-lm."
 )
 PRESET = (
     "Build an architecture from its config with random weights: t5-tiny, t5-small, t5-base, bart-tiny, bart-base, "
-    "bert-tiny, minilm-l6, bert-base; image-classification: resnext-tiny (default), resnext-small, resnext29-8x16d, "
-    "resnext29-8x64d."
+    "bert-tiny, minilm-l6, bert-base; causal-lm: gpt2-tiny, llama-tiny, qwen2-tiny, smollm2-135m, gpt2-124m, "
+    "llama-1b; image-classification: resnext-tiny (default), resnext-small, resnext29-8x16d, resnext29-8x64d."
 )
-TASK = "classification, seq2seq or image-classification (ResNeXt; seed 003)."
+TASK = "classification, seq2seq, causal-lm (decoder-only LMs) or image-classification (ResNeXt; seed 003)."
 TEXT_TASK = "classification or seq2seq."
 DATASET = (
-    "Built-in offline dataset (stdlib-topic for classification, stdlib-summarize for seq2seq, digits for "
-    "image-classification: the defaults) or a HF dataset name."
+    "Built-in offline dataset (stdlib-topic for classification, stdlib-summarize for seq2seq, stdlib-instruct for "
+    "causal-lm, digits for image-classification: the defaults) or a HF dataset name."
 )
 TRAIN_FILE = (
     "Training data: .csv, .json or .jsonl; image-classification: a CIFAR-10 cifar-10-batches-py directory (its "
@@ -69,6 +69,8 @@ TRAIN_FILE = (
 EVAL_FILE = "Evaluation data (default: a deterministic 10% of --train-file)."
 TEXT_COLUMN = "Input text column of the files \\[default: text]."
 TARGET_COLUMN = "Label (classification) or target text (seq2seq) column \\[default: target]."
+PROMPT_COLUMN = "causal-lm: the prompt column of prompt/response data (no loss on it) \\[default: prompt]."
+RESPONSE_COLUMN = "causal-lm: the response column (its tokens carry the loss) \\[default: response]."
 MAX_TRAIN_SAMPLES = "Use only the first N training rows."
 ROWS = (
     "Comma list of rows; '+' combines strategies in a row (bf16+grad_ckpt); 'all' is the seed studies' All Applied "
@@ -97,7 +99,7 @@ NPROC = (
 )
 TIMEOUT = "Seconds before a trial is killed and recorded 'timeout'."
 FORCE = "Write into an --out that holds files trainwise did not write (refused otherwise)."
-MONITOR = "metric (accuracy / ROUGE-L, maximised), eval_loss or train_loss."
+MONITOR = "metric (accuracy / ROUGE-L / -eval loss, maximised), eval_loss or train_loss."
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,6 +251,8 @@ class ModelData(Options):
     eval_file: str | None = option(None, EVAL_FILE)
     text_column: str | None = option(None, TEXT_COLUMN)
     target_column: str | None = option(None, TARGET_COLUMN)
+    prompt_column: str | None = option(None, PROMPT_COLUMN)
+    response_column: str | None = option(None, RESPONSE_COLUMN)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -426,6 +430,7 @@ class FindBatchOptions(Options):
     trial_timeout: float = option(900.0, TIMEOUT)
 
     def resolve(self):
+        check_task_supported(self.task, "find-batch")
         limit = parse_bytes(self.memory_limit, "--memory-limit") if self.memory_limit is not None else None
         return FindBatchConfig(self.candidates, self.steps, limit, self.refine, self.use_estimate)
 
@@ -503,6 +508,7 @@ class TuneOptions(ModelData, Priced):
 
     def resolve(self):
         """(the search's TuneConfig, the one-row StudyConfig every trial trains)."""
+        check_task_supported(self.task, "tune")
         values = dataclasses.asdict(self)
         tune = TuneConfig(**{f.name: values[f.name] for f in fields(TuneConfig) if f.init})
         return tune, self.study_config(strategies=[self.strategies], max_steps=2, warmup_steps=0)

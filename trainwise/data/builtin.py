@@ -7,6 +7,8 @@ the interpreter running trainwise, and cached as JSONL after the first build.
   line. ~6k pairs; source length median ~45 words, p90 ~180 (close to SAMSum's shape).
 - `stdlib-topic` (classification): the first paragraph of a function/class docstring -> the
   top-level stdlib module it belongs to, over the 10 most common modules.
+- `stdlib-instruct` (causal-lm, prompt/response): an instruction line and a function's signature as
+  written (`def name(args) -> ret:`) -> the first paragraph of its docstring.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from trainwise.files import write_atomic
 BUILTIN_DATASETS = {
     "stdlib-summarize": "seq2seq",
     "stdlib-topic": "classification",
+    "stdlib-instruct": "causal-lm",
 }
+INSTRUCTION = "Describe what this function does:\n"  # stdlib-instruct's prompt, before the signature
 TOPIC_CLASSES = 10
 _SKIP_PARTS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 
@@ -98,6 +102,22 @@ def _topic_pairs() -> list[dict[str, str]]:
     return [r for r in rows if r["target"] in keep]
 
 
+def _instruct_pairs() -> list[dict[str, str]]:
+    """Prompt (the instruction and the signature as written, decorators left out) -> the docstring's first
+    paragraph, on one line."""
+    rows = []
+    for _module, lines, node, doc in _documented((ast.FunctionDef, ast.AsyncFunctionDef)):
+        paragraph = " ".join(doc.strip().split("\n\n")[0].split())
+        if len(paragraph.split()) < 4:
+            continue
+        kept = lines[node.lineno - 1 : node.body[0].lineno - 1]
+        indent = min((len(x) - len(x.lstrip()) for x in kept if x.strip()), default=0)
+        signature = "\n".join(x[indent:].rstrip() for x in kept if x.strip())
+        if signature.startswith(("def ", "async def ")) and signature.endswith(":"):
+            rows.append({"text": INSTRUCTION + signature, "target": paragraph})
+    return rows
+
+
 def _is_eval(text: str) -> bool:
     """Deterministic 90/10 split by content hash (stable across runs and machines)."""
     return int(hashlib.sha1(text.encode()).hexdigest()[:8], 16) % 10 == 0
@@ -109,7 +129,8 @@ def load_builtin(name: str) -> tuple[list[dict[str, str]], list[dict[str, str]]]
     version = f"py{sys.version_info.major}{sys.version_info.minor}"
     path = cache_dir() / "datasets" / f"{name}-{version}-v2.jsonl"
     if not path.exists():
-        rows = _summarize_pairs() if name == "stdlib-summarize" else _topic_pairs()
+        build = {"stdlib-summarize": _summarize_pairs, "stdlib-topic": _topic_pairs, "stdlib-instruct": _instruct_pairs}
+        rows = build[name]()
         seen: set[str] = set()
         unique = []
         for r in rows:  # drop exact duplicates (overloads, copied helpers)

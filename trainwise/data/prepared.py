@@ -4,6 +4,7 @@ batch it, and how to score a model on the held-out rows."""
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,7 +16,16 @@ import torch.nn.functional as F
 
 from trainwise.config import TrialSpec
 from trainwise.data.metrics import accuracy, text_metrics
-from trainwise.data.tasks import IGNORE_INDEX, Batch, Collator, Encoded, EncodedDataset, encode
+from trainwise.data.tasks import (
+    IGNORE_INDEX,
+    Batch,
+    Collator,
+    Encoded,
+    EncodedDataset,
+    encode,
+    lm_ids,
+    shifted_loss_sum,
+)
 from trainwise.models import ModelSource, load_tokenizer
 from trainwise.vision import IMAGE_TASK, ImageDataset, Images, collate_images, read_images
 
@@ -58,7 +68,16 @@ def save_text_model(model, path: Path, tokenizer, labels: list[str], task: str, 
     if task == "classification":
         model.config.id2label = dict(enumerate(labels))
         model.config.label2id = {label: i for i, label in enumerate(labels)}
-    model.save_pretrained(path, state_dict=state_dict)
+    if task == "causal-lm":  # generation reads the cache and the pad id; training ran without a cache
+        pad, _eos = lm_ids(tokenizer)
+        model.config.use_cache = model.generation_config.use_cache = True
+        model.generation_config.pad_token_id = pad
+        try:
+            model.save_pretrained(path, state_dict=state_dict)
+        finally:
+            model.config.use_cache = model.generation_config.use_cache = False
+    else:
+        model.save_pretrained(path, state_dict=state_dict)
     tokenizer.save_pretrained(path)
 
 
@@ -66,22 +85,30 @@ def load_data(spec: TrialSpec) -> TrialData:
     return _image_data(spec) if spec.settings.task == IMAGE_TASK else _text_data(spec)
 
 
+# the tasks' headline metrics, higher is better: a causal LM's is minus its evaluation loss (mean cross-entropy
+# per loss token, in nats), so the quality phase and advise rank it as they rank accuracy; perplexity beside it
+METRICS = {"classification": "accuracy", "seq2seq": "rougeL", "causal-lm": "neg_eval_loss"}
+
+
 def _text_data(spec: TrialSpec) -> TrialData:
     s = spec.settings
     tokenizer = load_tokenizer(ModelSource(s.model_kind, s.model_ref), s.tokenizer_dir)
     train_rows, eval_rows, labels = read_prepared(s.data_dir)
     label2id = {label: i for i, label in enumerate(labels)}
-    train = encode(train_rows, tokenizer, s.task, s.max_length, s.max_target_length, label2id)
+    lengths = (s.max_length, s.max_target_length)
+    train = encode(train_rows, tokenizer, s.task, *lengths, label2id, s.data_format)
     eval_rows = eval_rows[: s.eval_samples]
-    evals = encode(eval_rows, tokenizer, s.task, s.max_length, s.max_target_length, label2id)
+    evals = encode(eval_rows, tokenizer, s.task, *lengths, label2id, s.data_format)
     gold = [r["target"] for r in eval_rows]
+    pad = lm_ids(tokenizer)[0] if s.task == "causal-lm" else tokenizer.pad_token_id
+    evaluate = evaluate_lm if s.task == "causal-lm" else evaluate_text
     return TrialData(
         EncodedDataset(train),
         train.lengths(),
-        lambda padding: Collator(s.task, tokenizer.pad_token_id, padding, s.max_length, s.max_target_length),
+        lambda padding: Collator(s.task, pad, padding, s.max_length, s.max_target_length),
         len(evals),
-        lambda model, acc: evaluate_text(model, acc, evals, gold, spec, tokenizer, labels),
-        "rougeL" if s.task == "seq2seq" else "accuracy",
+        lambda model, acc: evaluate(model, acc, evals, gold, spec, tokenizer, labels),
+        METRICS[s.task],
         save=lambda model, path, weights: save_text_model(model, path, tokenizer, labels, s.task, weights),
     )
 
@@ -148,6 +175,27 @@ def evaluate_text(model, accelerator, enc: Encoded, gold: list[str], spec: Trial
         ids = [labels.index(g) for g in gold]
         return {"accuracy": 100 * accuracy(preds, ids), "majority_accuracy": majority, **eval_loss}
     return {**text_metrics([p.strip() for p in preds], gold), **eval_loss}
+
+
+@torch.no_grad()
+def evaluate_lm(model, accelerator, enc: Encoded, _gold, spec: TrialSpec, tokenizer, _labels) -> dict[str, float]:
+    """A causal LM on the held-out rows: the mean cross-entropy per loss token (`eval_loss`), its perplexity,
+    and `neg_eval_loss`, the task's metric (higher is better)."""
+    s = spec.settings
+    model.eval()
+    collate = Collator(s.task, lm_ids(tokenizer)[0], "longest", s.max_length, s.max_target_length)
+    ds = EncodedDataset(enc)
+    loss_sum, items = 0.0, 0
+    for start in range(0, len(ds), s.batch_size):
+        batch = collate([ds[i] for i in range(start, min(start + s.batch_size, len(ds)))]).to(accelerator.device)
+        with accelerator.autocast():
+            loss_sum += float(shifted_loss_sum(model(**batch.inputs).logits, batch.labels))
+        items += batch.loss_items
+    model.train()
+    if not items:
+        return {}
+    loss = loss_sum / items
+    return {"neg_eval_loss": -loss, "eval_loss": loss, "perplexity": math.exp(min(loss, 700.0))}
 
 
 @torch.no_grad()

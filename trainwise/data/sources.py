@@ -63,14 +63,15 @@ class Skipped:
     def from_dict(cls, d: dict) -> Skipped:
         return cls(d["file"], d["read"], d["kept"], {k: Skip(**v) for k, v in d["reasons"].items()}, d["unit"])
 
-    def check(self) -> None:
-        """More than SKIP_LIMIT of the rows unusable is the wrong column or a broken file: one line, exit 2."""
+    def check(self, flags: str = "--text-column/--target-column") -> None:
+        """More than SKIP_LIMIT of the rows unusable is the wrong column or a broken file: one line, exit 2.
+        `flags`: the options that chose the columns read."""
         if self.count > SKIP_LIMIT * self.read:
             reason, first = self.main()
             raise ConfigError(
                 f"{self.file}: {self.count} of {self.read} rows ({self.count / self.read:.1%}) cannot be used, "
                 f"more than the {SKIP_LIMIT:.0%} trainwise skips: {first.rows} {reason}, first at {self.unit} "
-                f"{first.first}; fix those rows or choose --text-column/--target-column"
+                f"{first.first}; fix those rows or choose {flags}"
             )
 
 
@@ -163,12 +164,30 @@ def _jsonl(path: Path, text: str) -> tuple[list[dict], list[int]]:
 _EXTRA = "\0more fields"  # a CSV record with more fields than its header
 
 
-def _unusable(record: dict, text_col: str, target_col: str) -> str | None:
+@dataclass(frozen=True)
+class Columns:
+    """Which columns of a file a task reads, and the options that named them: the input text (stored as
+    "text") and, unless the task reads text alone (causal-lm's raw text), the target (stored as "target")."""
+
+    text: str = "text"
+    target: str | None = "target"
+    text_flag: str = "--text-column"
+    target_flag: str = "--target-column"
+
+    def named(self) -> list[tuple[str, str]]:
+        """(option, column) of every column read."""
+        return [(self.text_flag, self.text)] + ([(self.target_flag, self.target)] if self.target is not None else [])
+
+    def flags(self) -> str:
+        return "/".join(flag for flag, _ in self.named())
+
+
+def _unusable(record: dict, columns: Columns) -> str | None:
     """Why a record cannot be a row (None when it can): more CSV fields than the header (its columns
     would be shifted), a missing key, or an empty or blank value."""
     if record.get(_EXTRA):
         return "more fields than the header"
-    for col in (text_col, target_col):
+    for _flag, col in columns.named():
         if col not in record:
             return f"no {col!r} key"
         if record[col] is None or not str(record[col]).strip():
@@ -176,33 +195,33 @@ def _unusable(record: dict, text_col: str, target_col: str) -> str | None:
     return None
 
 
-def _columns(
-    records: list[dict], places: list[int], unit: str, path: Path, text_col: str, target_col: str
-) -> tuple[Rows, Skipped]:
+def _columns(records: list[dict], places: list[int], unit: str, path: Path, columns: Columns) -> tuple[Rows, Skipped]:
     if records and not all(isinstance(r, dict) for r in records):
         raise ConfigError(f"{path}: every record must be an object with named columns")
     available = sorted({k for r in records for k in r}) if records else []
-    for flag, col in (("--text-column", text_col), ("--target-column", target_col)):
+    for flag, col in columns.named():
         if records and col not in available:
             raise ConfigError(f"{path}: no column {col!r} ({flag}); columns are: {', '.join(map(str, available))}")
     rows: Rows = []
     reasons: dict[str, Skip] = {}
     for record, place in zip(records, places, strict=True):
-        reason = _unusable(record, text_col, target_col)
+        reason = _unusable(record, columns)
         if reason is None:
-            rows.append({"text": str(record[text_col]), "target": str(record[target_col])})
+            target = "" if columns.target is None else str(record[columns.target])
+            rows.append({"text": str(record[columns.text]), "target": target})
         else:
             seen = reasons.get(reason)
             reasons[reason] = Skip(seen.rows + 1, seen.first) if seen else Skip(1, place)
     if not rows:
         why = f": {Skipped(str(path), len(records), 0, reasons, unit).why()}" if reasons else ""
-        raise ConfigError(f"{path}: no usable rows (empty file, or {text_col!r}/{target_col!r} all empty){why}")
+        named = "/".join(repr(col) for _flag, col in columns.named())
+        raise ConfigError(f"{path}: no usable rows (empty file, or {named} all empty){why}")
     skipped = Skipped(str(path), len(records), len(rows), reasons, unit)
-    skipped.check()
+    skipped.check(columns.flags())
     return rows, skipped
 
 
-def _load_hub(name: str, text_col: str, target_col: str) -> tuple[Rows, Rows, tuple[Skipped, ...]]:
+def _load_hub(name: str, columns: Columns) -> tuple[Rows, Rows, tuple[Skipped, ...]]:
     try:
         import datasets  # optional extra: pip install 'trainwise[hub]'
     except ImportError:
@@ -221,16 +240,34 @@ def _load_hub(name: str, text_col: str, target_col: str) -> tuple[Rows, Rows, tu
             f"{', '.join(BUILTIN_DATASETS)}, or use --train-file"
         ) from None
     split_train = ds["train"] if "train" in ds else ds[next(iter(ds))]
-    train, read = _split_rows(list(split_train), name, text_col, target_col)
+    train, read = _split_rows(list(split_train), name, columns)
     eval_split = next((ds[s] for s in ("validation", "test") if s in ds), None)
     if eval_split is None:
         return [r for r in train if not _is_eval(r["text"])], [r for r in train if _is_eval(r["text"])], (read,)
-    evals, eval_read = _split_rows(list(eval_split), name, text_col, target_col)
+    evals, eval_read = _split_rows(list(eval_split), name, columns)
     return train, evals, (read, eval_read)
 
 
-def _split_rows(records: list, name: str, text_col: str, target_col: str) -> tuple[Rows, Skipped]:
-    return _columns(records, list(range(1, len(records) + 1)), "row", Path(name), text_col, target_col)
+def _split_rows(records: list, name: str, columns: Columns) -> tuple[Rows, Skipped]:
+    return _columns(records, list(range(1, len(records) + 1)), "row", Path(name), columns)
+
+
+def task_columns(
+    task: str,
+    text_column: str | None,
+    target_column: str | None,
+    prompt_column: str | None = None,
+    response_column: str | None = None,
+) -> Columns:
+    """The columns a task reads. causal-lm: prompt/response data when either column is named (the prompt is
+    stored as "text", the response as "target"), otherwise raw text (one column)."""
+    if task == "causal-lm":
+        if prompt_column is not None or response_column is not None:
+            return Columns(
+                prompt_column or "prompt", response_column or "response", "--prompt-column", "--response-column"
+            )
+        return Columns(text_column or "text", None)
+    return Columns(text_column or "text", target_column or "target")
 
 
 def load_rows(
@@ -239,20 +276,22 @@ def load_rows(
     eval_file: str | None,
     text_column: str | None,
     target_column: str | None,
+    columns: Columns | None = None,
 ) -> tuple[Rows, Rows, tuple[Skipped, ...]]:
     """Resolve the user's data choice into (train, eval) rows, eval a 10% hold-out by default, and what
-    reading each file (or dataset split) skipped; nothing for a built-in corpus."""
+    reading each file (or dataset split) skipped; nothing for a built-in corpus. `columns`: what the task
+    reads (task_columns), by default the text and target columns."""
+    columns = columns or Columns(text_column or "text", target_column or "target")
     if dataset in BUILTIN_DATASETS:
         return (*load_builtin(dataset), ())
-    text_col, target_col = text_column or "text", target_column or "target"
     if dataset:
-        return _load_hub(dataset, text_col, target_col)
+        return _load_hub(dataset, columns)
     assert train_file, "StudyConfig guarantees a dataset or a train file"
     train_path = Path(train_file)
-    train, read = _columns(*_records(train_path), train_path, text_col, target_col)
+    train, read = _columns(*_records(train_path), train_path, columns)
     if eval_file:
         eval_path = Path(eval_file)
-        evals, eval_read = _columns(*_records(eval_path), eval_path, text_col, target_col)
+        evals, eval_read = _columns(*_records(eval_path), eval_path, columns)
         return train, evals, (read, eval_read)
     held_out = [r for r in train if _is_eval(r["text"])]
     if not held_out or len(held_out) == len(train):
@@ -277,6 +316,7 @@ class TaskData:
     source: str  # see data_source
     reads: tuple[Skipped, ...]  # one per file or split read: the train file first
     not_evaluated: int = 0  # held-out rows of a class no training row has: a classifier cannot score them
+    data_format: str = ""  # causal-lm: "text" (raw text) or "prompt_response" (TrialSettings.data_format)
 
     def notes(self) -> list[str]:
         return skip_notes(self.reads, self.not_evaluated)
@@ -299,6 +339,8 @@ def read_task_data(
     text_column: str | None,
     target_column: str | None,
     max_train_samples: int | None = None,
+    prompt_column: str | None = None,
+    response_column: str | None = None,
 ) -> TaskData:
     """The user's rows for a text task, checked the one way compare, train and estimate all read them.
     A fixed shuffle (files and corpora come grouped: the stdlib corpus by module, and eval and
@@ -306,12 +348,16 @@ def read_task_data(
 
     if dataset in BUILTIN_DATASETS and BUILTIN_DATASETS[dataset] != task:
         raise ConfigError(f"dataset {dataset!r} is a {BUILTIN_DATASETS[dataset]} dataset, not {task}")
-    train, evals, reads = load_rows(dataset, train_file, eval_file, text_column, target_column)
+    columns = task_columns(task, text_column, target_column, prompt_column, response_column)
+    train, evals, reads = load_rows(dataset, train_file, eval_file, text_column, target_column, columns)
     source = data_source(dataset, train_file)
     random.Random(1234).shuffle(train)
     random.Random(4321).shuffle(evals)
     if max_train_samples:
         train = train[:max_train_samples]
+    if task == "causal-lm":  # a built-in corpus is prompt/response data
+        prompted = columns.target is not None or dataset in BUILTIN_DATASETS
+        return TaskData(train, evals, [], source, reads, data_format="prompt_response" if prompted else "text")
     if task != "classification":
         return TaskData(train, evals, [], source, reads)
     labels = sorted({r["target"] for r in train})
@@ -325,4 +371,4 @@ def read_task_data(
 
 def tokenizer_corpus(train: Rows) -> list[str]:
     """What a size preset's tokenizer is trained on: the training rows' texts and targets."""
-    return [t for r in train for t in (r["text"], r["target"])]
+    return [t for r in train for t in (r["text"], r["target"]) if t]

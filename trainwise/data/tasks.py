@@ -2,6 +2,11 @@
 
 Samples are tokenized once, truncated but unpadded; padding is the collator's job, so the plan's
 `padding` ("max_length" like the seed studies, or "longest" in the batch) is one argument here.
+
+causal-lm samples are token ids with their labels aligned to them (the model shifts them: position t
+predicts label t+1): raw text is concatenated, an EOS after each document, and cut into blocks of
+max_length (the last partial block kept), every token a label; a prompt/response row is the prompt's
+tokens, the response's and EOS, labelled -100 on the prompt.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 IGNORE_INDEX = -100
 
@@ -25,9 +31,50 @@ class Encoded:
         return [len(x) for x in self.input_ids]
 
 
-def encode(rows, tokenizer, task: str, max_length: int, max_target_length: int, label2id=None) -> Encoded:
+def lm_ids(tokenizer) -> tuple[int, int]:
+    """(pad id, eos id) of a causal LM's tokenizer: without a pad token (GPT-2's), EOS pads; padding is never
+    a label, so which id it is does not matter to the loss."""
+    eos = tokenizer.eos_token_id
+    assert eos is not None, "prepare_study refuses a causal-lm tokenizer without an EOS token"
+    return (tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos), eos
+
+
+def text_blocks(docs: list[list[int]], eos: int, max_length: int) -> list[list[int]]:
+    """Documents' token ids concatenated, each followed by EOS, cut into blocks of max_length: no token is
+    lost (the last block may be shorter)."""
+    stream = [t for doc in docs for t in (*doc, eos)]
+    return [stream[i : i + max_length] for i in range(0, len(stream), max_length)]
+
+
+def prompt_response(prompt: list[int], response: list[int], max_length: int) -> tuple[list[int], list[int]]:
+    """(input ids, labels) of one prompt/response pair: prompt + response (EOS included), at most max_length
+    tokens. A long pair loses the prompt's beginning first; a response longer than the room keeps half the
+    room for the prompt's end (so the response is predicted from some prompt) and loses its own end."""
+    keep = min(len(prompt), max(max_length - len(response), max_length // 2))
+    kept = prompt[len(prompt) - keep :] if keep > 0 else []
+    answer = response[: max_length - len(kept)]
+    return kept + answer, [IGNORE_INDEX] * len(kept) + answer
+
+
+def encode_lm(rows, tokenizer, data_format: str, max_length: int) -> Encoded:
+    """causal-lm samples (see the module's docstring); text has no special tokens but the EOS added here."""
+    _pad, eos = lm_ids(tokenizer)
+    prompts = tokenizer([r["text"] for r in rows], add_special_tokens=False)["input_ids"]
+    if data_format == "text":
+        blocks = text_blocks(prompts, eos, max_length)
+        return Encoded(blocks, [list(b) for b in blocks])
+    responses = tokenizer([r["target"] for r in rows], add_special_tokens=False)["input_ids"]
+    pairs = [prompt_response(p, [*r, eos], max_length) for p, r in zip(prompts, responses, strict=True)]
+    return Encoded([ids for ids, _ in pairs], [labels for _, labels in pairs])
+
+
+def encode(
+    rows, tokenizer, task: str, max_length: int, max_target_length: int, label2id=None, data_format: str = ""
+) -> Encoded:
     if not rows:
         return Encoded([], [])
+    if task == "causal-lm":
+        return encode_lm(rows, tokenizer, data_format, max_length)
     texts = [r["text"] for r in rows]
     ids = tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
     if task == "classification":
@@ -35,6 +82,18 @@ def encode(rows, tokenizer, task: str, max_length: int, max_target_length: int, 
         return Encoded(ids, [label2id[r["target"]] for r in rows])
     targets = tokenizer(text_target=[r["target"] for r in rows], truncation=True, max_length=max_target_length)
     return Encoded(ids, targets["input_ids"])
+
+
+def shifted_loss_sum(logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """A causal LM's summed cross-entropy in fp32, as transformers' ForCausalLMLoss computes it before its
+    mean: position t predicts label t+1, -100 labels (prompt, padding) ignored."""
+    return F.cross_entropy(
+        logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+        labels[:, 1:].reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        reduction="sum",
+        label_smoothing=label_smoothing,
+    )
 
 
 @dataclass
@@ -46,7 +105,8 @@ class Batch:
     n_samples: int
     real_tokens: int  # non-pad tokens (inputs + targets)
     padded_tokens: int  # positions computed on, pads included (inputs + targets)
-    loss_items: int  # what the loss averages over: samples, or non-ignored target tokens
+    # what the loss averages over: samples, or non-ignored target tokens (causal-lm: labels after the shift)
+    loss_items: int
 
     def pin_memory(self) -> Batch:
         """Called by DataLoader(pin_memory=True) worker threads, so host->GPU copies can overlap."""
@@ -92,7 +152,10 @@ class Collator:
         input_ids = _pad(ids, width, self.pad_id)
         mask = (torch.arange(width)[None, :] < torch.tensor([len(x) for x in ids])[:, None]).long()
         real, padded = sum(len(x) for x in ids), len(ids) * width
-        if self.task == "classification":
+        if self.task == "causal-lm":  # labels aligned with the inputs; the model shifts them
+            labels = _pad([y for _, y in items], width, IGNORE_INDEX)  # type: ignore[misc]
+            loss_items = int((labels[:, 1:] != IGNORE_INDEX).sum())
+        elif self.task == "classification":
             labels = torch.tensor([y for _, y in items], dtype=torch.long)
             loss_items = len(items)
         else:

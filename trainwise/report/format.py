@@ -31,11 +31,18 @@ def headers(table: list[StudyRow]) -> list[str]:
     cols = list(HEADERS)
     if has_rss(table):
         cols.insert(cols.index("mem %") + 1, "RSS")
+    if has_loss_share(table):
+        cols.insert(cols.index("pad waste") + 1, "loss tok")
     return cols + ["MFU"] + (["$/epoch"] if any(e.priced for e in table) else [])
 
 
 def has_rss(table: list[StudyRow]) -> bool:
     return any(e.mem_kind == "cpu_allocated" for e in table)
+
+
+def has_loss_share(table: list[StudyRow]) -> bool:
+    """A causal-lm study: the table shows the share of tokens that carry loss."""
+    return any(e.loss_token_share is not None for e in table)
 
 
 def add_cost(table: list[StudyRow], price) -> list[StudyRow]:
@@ -74,6 +81,10 @@ def quality(e: StudyRow) -> str:
     mark = " (random init)" if e.random_init else ""
     if e.metric_name == "accuracy":
         return f"acc {e.metric:.1f}%{mark}"
+    if e.metric_name == "neg_eval_loss":  # a causal LM: perplexity, and the evaluation loss the metric negates
+        ppl = (e.metrics or {}).get("perplexity")
+        shown = "-" if ppl is None else f"{ppl:.1f}" if ppl < 1000 else f"{ppl:,.0f}"
+        return f"ppl {shown} (loss {-e.metric:.3f}){mark}"
     return f"R-L {e.metric:.1f} / BLEU {(e.metrics or {}).get('bleu', 0):.1f}{mark}"
 
 
@@ -94,8 +105,9 @@ def _fixed(x: float | None, digits: int) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
-def cells(e: StudyRow, note: int | None = None, with_rss: bool = False) -> list[str]:
-    """A row's cells under `headers(table)` (`with_rss`: the table has the RSS column)."""
+def cells(e: StudyRow, note: int | None = None, with_rss: bool = False, with_loss_share: bool = False) -> list[str]:
+    """A row's cells under `headers(table)` (`with_rss`: the table has the RSS column; `with_loss_share`: the
+    loss tok column, has_loss_share)."""
     ok = e.status == "ok"
     row = [
         e.strategy,
@@ -112,6 +124,7 @@ def cells(e: StudyRow, note: int | None = None, with_rss: bool = False) -> list[
     rest = [
         human_bytes(e.state_bytes) if ok else "-",
         _pct(e.padding_waste) if ok else "-",
+        *([_pct(e.loss_token_share) if ok else "-"] if with_loss_share else []),
         _fixed(e.train_loss, 3) if ok else "-",
         quality(e) if ok else "-",
         _mfu(e.mfu) if ok else "-",
@@ -211,6 +224,12 @@ def notes(table: list[StudyRow]) -> list[str]:
         )
     if (line := majority_note([e for e in table if e.status == "ok"])) is not None:
         lines.append(line)
+    if has_loss_share(table):
+        lines.append(
+            "loss tok: the share of the real (non-pad) tokens that carry loss (causal-lm: the response tokens of "
+            "prompt/response data, every token of raw text); quality: perplexity exp(eval loss) on the held-out "
+            "rows and the eval loss, mean cross-entropy per loss token (the metric is minus it: higher is better)."
+        )
     kinds = {e.mem_kind for e in table if e.mem_kind}
     if "cpu_allocated" in kinds:
         lines.append(

@@ -15,7 +15,16 @@ from rich.table import Table
 
 from trainwise import strategies as catalogue
 from trainwise.quality import unlearned
-from trainwise.report.format import RANDOM_INIT_NOTE, cells, footnotes, has_rss, headers, human_bytes, notes
+from trainwise.report.format import (
+    RANDOM_INIT_NOTE,
+    cells,
+    footnotes,
+    has_loss_share,
+    has_rss,
+    headers,
+    human_bytes,
+    notes,
+)
 
 # Piped or in CI, rich would wrap the table at 80 columns; give it room instead.
 out = Console() if sys.stdout.isatty() else Console(width=240)  # pipes and files: the whole table
@@ -103,7 +112,10 @@ def compare_table(report: Any, console: Console | None = None) -> None:
     grid = _grid(report.title, headers(report.table))
     marks = footnotes(report.table)
     for e in report.table:
-        grid.add_row(*cells(e, marks.get(e.strategy), has_rss(report.table)), style=None if e.status == "ok" else "red")
+        grid.add_row(
+            *cells(e, marks.get(e.strategy), has_rss(report.table), has_loss_share(report.table)),
+            style=None if e.status == "ok" else "red",
+        )
     console.print(grid)
     for line in notes(report.table):
         say(f"  {line}", console)

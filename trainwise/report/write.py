@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwise.files import writing
-from trainwise.report.format import cells, footnotes, has_rss, headers, notes, quality
+from trainwise.report.format import cells, footnotes, has_loss_share, has_rss, headers, notes, quality
 from trainwise.results import StudyRow
 
 PROGRESS = "progress.json"  # how many of the study's trials the reports hold
@@ -65,7 +65,8 @@ def write_reports(
     paths = [out / "results.json", out / "results.csv", out / "report.md", out / "chart.png"]
     entries = [e.to_dict() for e in table]
     rows = io.StringIO()
-    writer = csv.DictWriter(rows, fieldnames=CSV_FIELDS, extrasaction="ignore")
+    columns = CSV_FIELDS + (["loss_token_share"] if has_loss_share(table) else [])  # causal-lm studies
+    writer = csv.DictWriter(rows, fieldnames=columns, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(entries)
     texts = {
@@ -158,7 +159,11 @@ def markdown(table: list[StudyRow], title: str, study: dict | None = None) -> st
     cols = headers(table)
     lines = [f"# {title}", "", *settings_block(study), "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += [
-        "| " + " | ".join(c.replace("|", "/") for c in cells(e, marks.get(e.strategy), has_rss(table))) + " |"
+        "| "
+        + " | ".join(
+            c.replace("|", "/") for c in cells(e, marks.get(e.strategy), has_rss(table), has_loss_share(table))
+        )
+        + " |"
         for e in table
     ]
     env: dict = next((e.env for e in table if e.env), {})

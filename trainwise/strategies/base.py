@@ -25,7 +25,8 @@ V = TypeVar("V")
 # Capabilities a device may offer; `requires` names a subset of these.
 CAPABILITIES = ("cuda", "bf16", "fp16")
 # Tasks: text ones (tokenized sequences: padding, attention, layers to freeze) and images.
-TEXT_TASKS = frozenset({"classification", "seq2seq"})
+TEXT_TASKS = frozenset({"classification", "seq2seq", "causal-lm"})
+ENCODER_TASKS = frozenset({"classification", "seq2seq"})  # models with an encoder stack (not decoder-only LMs)
 IMAGE_TASKS = frozenset({"image-classification"})
 ALL_TASKS = TEXT_TASKS | IMAGE_TASKS
 # Optional packages a strategy may need (import name -> the trainwise extra that installs it).

@@ -11,7 +11,7 @@ import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from trainwise.strategies.base import PROBED, TEXT_TASKS, ExportDoc, Knob, Model, Runtime, Strategy
+from trainwise.strategies.base import ENCODER_TASKS, PROBED, TEXT_TASKS, ExportDoc, Knob, Model, Runtime, Strategy
 
 if TYPE_CHECKING:
     import torch
@@ -38,14 +38,15 @@ def frozen_parameters(model: Model, part: str) -> list[torch.nn.Parameter]:
 
 
 def layer_stack(model: Model) -> torch.nn.ModuleList:
-    """The (encoder) stack of transformer layers: BERT encoder.layer, T5 encoder.block, BART encoder.layers."""
+    """The (encoder) stack of transformer layers: BERT encoder.layer, T5 encoder.block, BART encoder.layers;
+    a decoder-only LM's one stack (Llama/Qwen2 layers, GPT-2 h)."""
     import torch  # heavy: torch
 
     root = model.get_encoder() if getattr(model.config, "is_encoder_decoder", False) else model.base_model
     stacks = [
         m
         for name, m in root.named_modules()
-        if isinstance(m, torch.nn.ModuleList) and name.split(".")[-1] in ("layer", "layers", "block")
+        if isinstance(m, torch.nn.ModuleList) and name.split(".")[-1] in ("layer", "layers", "block", "h")
     ]
     if not stacks:
         raise ValueError(f"{type(model).__name__}: no stack of layers found to freeze")
@@ -146,8 +147,19 @@ FREEZE_LAYERS = Knob(
 # ---- LoRA --------------------------------------------------------------------------------------------
 
 
-def lora_targets(model_type: str) -> list[str] | None:
-    """The attention projections peft adapts for this model type (None: peft knows none)."""
+# a causal LM's adapters: every attention and MLP projection (QLoRA's choice), not peft's default q/v only
+CAUSAL_LORA_TARGETS = {
+    "llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "qwen2": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "gpt2": ["c_attn", "c_proj", "c_fc"],
+}
+
+
+def lora_targets(model_type: str, task: str = "") -> list[str] | None:
+    """The projections peft adapts for this model type: for a causal LM of a known family its attention
+    and MLP projections, otherwise the attention projections peft knows (None: it knows none)."""
+    if task == "causal-lm" and model_type in CAUSAL_LORA_TARGETS:
+        return CAUSAL_LORA_TARGETS[model_type]
     # optional: trainwise[lora] (peft)
     from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as TARGETS
 
@@ -155,17 +167,20 @@ def lora_targets(model_type: str) -> list[str] | None:
     return list(targets) if targets else None
 
 
+PEFT_TASKS = {"seq2seq": "SEQ_2_SEQ_LM", "causal-lm": "CAUSAL_LM"}  # peft's TaskType names (else SEQ_CLS)
+
+
 def apply_lora(model: Model, r: int, task: str) -> Model:
     """Wrap the model with LoRA adapters (peft); everything else is frozen, the task head trains."""
     from peft import LoraConfig, TaskType, get_peft_model  # optional: trainwise[lora] (peft)
 
-    targets = lora_targets(model.config.model_type)
+    targets = lora_targets(model.config.model_type, task)
     if not targets:
         kind = model.config.model_type
         raise ValueError(
             f"lora: peft knows no attention modules to adapt in a {kind!r} model; drop lora for this model"
         )
-    task_type = TaskType.SEQ_2_SEQ_LM if task == "seq2seq" else TaskType.SEQ_CLS
+    task_type = TaskType[PEFT_TASKS.get(task, "SEQ_CLS")]
     config = LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules=targets, task_type=task_type)
     return get_peft_model(model, config)
 
@@ -178,7 +193,7 @@ def _lora_runtime(value: int, rt: Runtime) -> None:
 def _lora_export(value: int, doc: ExportDoc) -> None:
     if not value:
         return
-    peft_task = "SEQ_2_SEQ_LM" if doc.task == "seq2seq" else "SEQ_CLS"
+    peft_task = PEFT_TASKS.get(doc.task, "SEQ_CLS")
     doc.model_lines += [
         "from peft import LoraConfig, get_peft_model  # pip install peft",
         f"model = get_peft_model(model, LoraConfig(r={value}, lora_alpha={2 * value}, "
@@ -212,7 +227,7 @@ STRATEGIES = [
         "freeze the encoder stack; large cut in grads, optimizer state and backward time "
         "(seed 000: -5 GB on BART-large), quality may drop",
         {"freeze": ("encoder",)},
-        tasks=TEXT_TASKS,
+        tasks=ENCODER_TASKS,  # a decoder-only LM has no encoder
         conflicts=frozenset({"lora"}),
     ),
     Strategy(
@@ -226,8 +241,9 @@ STRATEGIES = [
     ),
     Strategy(
         "lora",
-        "LoRA adapters (rank 8) on the attention query/value projections, the rest frozen (the head "
-        "trains); grads and optimizer state shrink to ~1-2% of the model; adapts less than full fine-tuning",
+        "LoRA adapters (rank 8) on the attention query/value projections (causal LMs: every attention and MLP "
+        "projection), the rest frozen (a classifier's head trains); grads and optimizer state shrink to ~1-2% of "
+        "the model; adapts less than full fine-tuning",
         {"lora_r": 8},
         tasks=TEXT_TASKS,
         conflicts=frozenset({"freeze_embeddings", "freeze_encoder", "freeze_layers"}),

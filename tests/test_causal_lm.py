@@ -1,0 +1,175 @@
+"""Issue 26, the first slice: `--task causal-lm` through compare and train on the tiny decoder-only presets.
+
+What is checked: the prompt carries no loss and the loop's loss is transformers' own `.loss`; raw text cut into
+blocks loses no token; the built-in stdlib-instruct corpus; a compare of baseline, bf16, grad_ckpt and lora writes
+rows with the loss-token share and perplexity; a trained model directory generates through `pipeline`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainwise.cli import main
+from trainwise.data.tasks import IGNORE_INDEX, Collator, encode_lm, prompt_response, text_blocks
+from trainwise.errors import ConfigError
+from trainwise.loop import loss_sum
+from trainwise.models import ModelSource, build_model, load_tokenizer, resolve_model, train_tokenizer
+
+from .conftest import WORDS, write_csv
+
+ROWS = ["baseline", "bf16", "grad_ckpt", "lora"]
+
+
+def pairs(n: int, seed: int = 0) -> list[dict[str, str]]:
+    """Prompt/response rows whose response is a function of the prompt (learnable), of varied length."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        words = [rng.choice(WORDS) for _ in range(rng.choice([3, 6, 10, 20]))]
+        rows.append({"question": "Reverse the first three: " + " ".join(words), "answer": " ".join(words[2::-1])})
+    return rows
+
+
+@pytest.fixture(scope="session")
+def pr_csv(tmp_path_factory) -> Path:
+    return write_csv(tmp_path_factory.mktemp("lm") / "pr.csv", pairs(64))
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tmp_path_factory, pr_csv):
+    where = tmp_path_factory.mktemp("tok")
+    train_tokenizer([t for r in pairs(64) for t in r.values()], "llama-tiny", where)
+    return load_tokenizer(ModelSource("preset", "llama-tiny"), str(where))
+
+
+@pytest.fixture(scope="session")
+def lm_study(tmp_path_factory, pr_csv) -> Path:
+    """One compare of the four rows (shared by the tests that read its files)."""
+    out = tmp_path_factory.mktemp("lm-study") / "study"
+    argv = ["compare", "--task", "causal-lm", "--model-preset", "llama-tiny", "--train-file", str(pr_csv)]
+    argv += ["--prompt-column", "question", "--response-column", "answer", "--strategies", ",".join(ROWS)]
+    argv += ["--batch-size", "8", "--max-length", "32", "--max-steps", "3", "--warmup-steps", "1"]
+    argv += ["--eval-samples", "8", "--device", "cpu", "--retries", "0", "--no-remeasure", "--out", str(out)]
+    assert main(argv) == 0
+    return out
+
+
+def test_prompt_tokens_carry_no_loss_and_the_loss_is_transformers_own(tokenizer):
+    ids, labels = prompt_response([5, 6, 7], [8, 9, 2], max_length=16)
+    assert ids == [5, 6, 7, 8, 9, 2] and labels == [IGNORE_INDEX] * 3 + [8, 9, 2]
+    # a long pair loses the prompt's beginning first; a response longer than the room keeps half for the prompt
+    assert prompt_response(list(range(10, 30)), [8, 9, 2], max_length=8) == (
+        [25, 26, 27, 28, 29, 8, 9, 2],
+        [IGNORE_INDEX] * 5 + [8, 9, 2],
+    )
+    ids, labels = prompt_response([5, 6, 7, 8, 9, 10], list(range(40, 60)), max_length=8)
+    assert ids == [7, 8, 9, 10, 40, 41, 42, 43] and labels[:4] == [IGNORE_INDEX] * 4
+
+    rows = [{"text": r["question"], "target": r["answer"]} for r in pairs(4)]
+    enc = encode_lm(rows, tokenizer, "prompt_response", 64)
+    for row, x, y in zip(rows, enc.input_ids, enc.labels, strict=True):
+        prompt = tokenizer(row["text"], add_special_tokens=False)["input_ids"]
+        assert x[: len(prompt)] == prompt and x[-1] == tokenizer.eos_token_id
+        assert y[: len(prompt)] == [IGNORE_INDEX] * len(prompt) and y[len(prompt) :] == x[len(prompt) :]
+    batch = Collator("causal-lm", tokenizer.pad_token_id, "max_length", 64, 8)(
+        list(zip(enc.input_ids, enc.labels, strict=True))
+    )
+    responses = sum(
+        len(x) - len(tokenizer(r["text"], add_special_tokens=False)["input_ids"])
+        for r, x in zip(rows, enc.input_ids, strict=True)
+    )
+    assert batch.loss_items == responses and batch.real_tokens == sum(map(len, enc.input_ids))
+    assert int((batch.labels == IGNORE_INDEX).sum()) == 4 * 64 - responses  # prompts and padding
+
+    model = build_model(ModelSource("preset", "llama-tiny"), "causal-lm", 2, seed=0)
+    model.eval()
+    ours = loss_sum(model, batch, "causal-lm", None) / batch.loss_items
+    theirs = model(**batch.inputs, labels=batch.labels).loss
+    assert float(ours.detach()) == pytest.approx(float(theirs.detach()), rel=1e-5)
+    # a prompt position given its label would count: the -100s are what keep the prompt out of the loss
+    leaked = batch.labels.clone()
+    leaked[0, 2] = batch.inputs["input_ids"][0, 2]
+    with_prompt = dataclasses.replace(batch, labels=leaked)
+    with torch.no_grad():
+        assert float(loss_sum(model, with_prompt, "causal-lm", None)) > float(loss_sum(model, batch, "causal-lm", None))
+
+
+def test_raw_text_blocks_lose_no_token(tokenizer):
+    docs = [[10 + i] * n for i, n in enumerate([3, 9, 1, 14])]
+    blocks = text_blocks(docs, eos=2, max_length=8)
+    assert [t for b in blocks for t in b] == [t for d in docs for t in (*d, 2)]  # every token, EOS after each doc
+    assert [len(b) for b in blocks] == [8, 8, 8, 7]  # 31 tokens: the last partial block kept
+
+    rows = [{"text": " ".join(WORDS[i : i + 5 + i]), "target": ""} for i in range(6)]
+    enc = encode_lm(rows, tokenizer, "text", 16)
+    assert enc.labels == enc.input_ids  # every token a label
+    whole = [t for r in rows for t in (*tokenizer(r["text"], add_special_tokens=False)["input_ids"], 2)]
+    assert [t for b in enc.input_ids for t in b] == whole
+    batch = Collator("causal-lm", 0, "longest", 16, 8)(list(zip(enc.input_ids, enc.labels, strict=True)))
+    assert batch.loss_items == len(whole) - len(enc.input_ids)  # all but each block's first token are predicted
+
+
+def test_stdlib_instruct_is_signatures_and_docstrings():
+    from trainwise.data.builtin import INSTRUCTION, load_builtin
+
+    train, evals = load_builtin("stdlib-instruct")
+    assert len(train) > 1000 and 0.05 < len(evals) / (len(train) + len(evals)) < 0.15
+    for r in train[:50]:
+        signature = r["text"].removeprefix(INSTRUCTION)
+        assert r["text"].startswith(INSTRUCTION) and signature.startswith(("def ", "async def "))
+        assert signature.endswith(":") and len(r["target"].split()) >= 4 and "\n" not in r["target"]
+    assert load_builtin("stdlib-instruct") == (train, evals)  # cached, the same split
+
+
+def test_a_model_that_is_not_decoder_only_is_refused(tmp_path):
+    from transformers import AutoConfig
+
+    for family, says in (("t5", "is encoder-decoder"), ("bert", "is not a decoder-only language model")):
+        where = tmp_path / family
+        AutoConfig.for_model(family).save_pretrained(where)
+        (where / "tokenizer.json").write_text("{}")
+        with pytest.raises(ConfigError, match=says):
+            resolve_model(str(where), None, "causal-lm")
+    assert resolve_model(None, None, "causal-lm") == ModelSource("preset", "smollm2-135m")
+
+
+def test_compare_runs_the_rows_with_the_loss_token_share_and_perplexity(lm_study):
+    rows = json.loads((lm_study / "results.json").read_text())["rows"]
+    assert [r["strategy"] for r in rows] == ROWS and all(r["status"] == "ok" for r in rows), rows
+    for r in rows:
+        assert r["metric_name"] == "neg_eval_loss" and r["random_init"]
+        assert r["metrics"]["perplexity"] == pytest.approx(math.exp(r["metrics"]["eval_loss"]), rel=1e-6)
+        assert r["metric"] == pytest.approx(-r["metrics"]["eval_loss"])
+        assert 0.1 < r["loss_token_share"] < 0.6  # the short answers, not the prompts
+    assert rows[3]["plan"]["lora_r"] == 8
+    report = (lm_study / "report.md").read_text()
+    assert "| loss tok |" in report and "ppl " in report
+    assert "loss_token_share" in (lm_study / "results.csv").read_text().splitlines()[0]
+
+
+@pytest.mark.parametrize("row", ["lora"])
+def test_train_writes_a_model_that_text_generation_loads(tmp_path, pr_csv, row):
+    from transformers import AutoModelForCausalLM, pipeline
+
+    argv = ["train", "--task", "causal-lm", "--model-preset", "llama-tiny", "--train-file", str(pr_csv)]
+    argv += ["--prompt-column", "question", "--response-column", "answer", "--strategies", row, "--lr", "1e-3"]
+    argv += ["--batch-size", "8", "--max-length", "32", "--max-steps", "4", "--eval-every", "2"]
+    argv += ["--eval-samples", "8", "--device", "cpu", "--out", str(tmp_path / "run")]
+    assert main(argv) == 0
+    result = json.loads((tmp_path / "run" / "train_result.json").read_text())
+    assert result["steps"] == 4 and all("perplexity" in e for e in result["evals"])
+    final = tmp_path / "run" / "final"
+    assert not (final / "adapter_config.json").exists()  # merged: no peft needed
+    model = AutoModelForCausalLM.from_pretrained(final)
+    assert model.config.model_type == "llama" and model.config.use_cache
+    generate = pipeline("text-generation", model=str(final), device="cpu")
+    out = generate("Reverse the first three: alpha beta gamma", max_new_tokens=5, do_sample=False)
+    assert out[0]["generated_text"].startswith("Reverse the first three: alpha beta gamma")
+    assert len(out[0]["generated_text"]) > len("Reverse the first three: alpha beta gamma")
