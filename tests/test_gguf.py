@@ -26,15 +26,6 @@ needs_smollm2 = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="session")
-def smollm2_dir(tmp_path_factory) -> Path:
-    """The model directory made from the installed GGUF, in a cache of this session's own."""
-    assert GGUF is not None
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRAINWISE_CACHE", str(tmp_path_factory.mktemp("cache")))
-        return tw_gguf.load_gguf_dir(GGUF)
-
-
 @pytest.fixture
 def cache(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("TRAINWISE_CACHE", str(tmp_path / "cache"))

@@ -63,18 +63,20 @@ class DoctorReport:
             raise RunFailed(f"{len(failed)} strategies failed on this device: {', '.join(failed)}")
 
 
+PRESETS = {"classification": "bert-tiny", IMAGE_TASK: "resnext-tiny", "causal-lm": "llama-tiny"}  # by task
+
+
 def _rows(task: str) -> list[str]:
     """Every registry strategy that applies to `task` (the baseline first)."""
     return [name for name, s in strategies.REGISTRY.items() if task in s.tasks]
 
 
 def _config(out: Path, device: str, task: str, rows: list[str]) -> StudyConfig:
-    image = task == IMAGE_TASK
     return StudyConfig(
         out=str(out / task),
         strategies=rows,
         task=task,
-        model_preset="resnext-tiny" if image else "bert-tiny",
+        model_preset=PRESETS[task],
         max_train_samples=64,
         batch_size=8,
         accum_steps=2,
@@ -117,7 +119,8 @@ def run_doctor(
     launch: Callable = launch,
 ) -> DoctorReport:
     """Check every strategy on `device` ("auto", "cpu" or "cuda"): trials of text rows on bert-tiny
-    (classification) and image rows on resnext-tiny, each in its own process (`launch`), under `out`."""
+    (classification), image rows on resnext-tiny and causal-LM rows on llama-tiny, each in its own process
+    (`launch`), under `out`."""
     start = time.perf_counter()
     if device not in DEVICES:
         raise ConfigError(f"--device must be one of {', '.join(DEVICES)}, not {device!r}")
@@ -131,8 +134,11 @@ def run_doctor(
         env["cudnn"] = torch.backends.cudnn.version()
     report = DoctorReport(facts.to_dict(), env, peaks, ratios)
     text = _rows("classification")
-    image_only = [n for n in _rows(IMAGE_TASK) if n not in text]  # the image task adds what text cannot check
-    for task, rows in (("classification", text), (IMAGE_TASK, ["baseline", *image_only])):
+    # the image and causal-LM tasks add what classification cannot check
+    image_only = [n for n in _rows(IMAGE_TASK) if n not in text]
+    lm_only = [n for n in _rows("causal-lm") if n not in text]
+    tasks = (("classification", text), (IMAGE_TASK, ["baseline", *image_only]), ("causal-lm", ["baseline", *lm_only]))
+    for task, rows in tasks:
         runnable, missing = [], {}
         for name in rows:
             row = strategies.parse_row(name, 2)

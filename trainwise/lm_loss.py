@@ -167,3 +167,49 @@ def kept_logits_lm_loss(model, inputs: dict[str, Tensor], labels: Tensor, reduct
     if target.numel() == 0:
         return logits.float().sum() * 0.0  # nothing scored: 0, as chunked_causal_lm_loss
     return F.cross_entropy(logits.float(), target, reduction=reduction)
+
+
+# ---- inside a training loop that only calls the model's top-level forward ----------------------------------
+
+
+class HiddenHead(nn.Linear):
+    """The model's output head, able to hand back its input: while `passthrough` is on, `model(...).logits` are
+    the decoder's hidden states [B, T, H] and no [B, T, V] logits are made. It is the same Linear otherwise:
+    same parameters (tied embeddings stay tied) and state-dict keys, so a saved model is a plain one.
+
+    The forward still goes through the model's (and DDP's / accelerate's) own `forward`, which a loop that
+    called `get_decoder()` directly would bypass; the loss is then `chunked_causal_lm_loss` over `weight`."""
+
+    passthrough: bool = False
+
+    @classmethod
+    def around(cls, head: nn.Linear) -> HiddenHead:
+        new = cls.__new__(cls)
+        new.__dict__.update(head.__dict__)  # the same Parameters and hooks: no copy, ties kept
+        return new
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x if self.passthrough else super().forward(x)
+
+
+def install_hidden_head(model) -> HiddenHead:
+    """Replace the model's output Linear with a `HiddenHead` over the same parameters; return it."""
+    head = model.get_output_embeddings()
+    if isinstance(head, HiddenHead):
+        return head
+    hidden = HiddenHead.around(head)
+    model.set_output_embeddings(hidden)
+    return hidden
+
+
+def hidden_head_loss(
+    model, head: HiddenHead, inputs: dict[str, Tensor], labels: Tensor, chunk_tokens: int = 1024, **kwargs
+) -> Tensor:
+    """`model`'s causal-LM loss through its top-level forward with `head` passing hidden states through, then
+    the chunked loss over the head's weight (kwargs: reduction, label_smoothing)."""
+    head.passthrough = True
+    try:
+        hidden = model(**inputs).logits
+    finally:
+        head.passthrough = False
+    return chunked_causal_lm_loss(hidden, head.weight, labels, chunk_tokens, head.bias, **kwargs)

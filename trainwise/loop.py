@@ -210,13 +210,19 @@ class Stream:
         s, rt = parts.spec.settings, parts.rt
         ranks = Ranks.from_env()
         self.rt, self.device, self.position = rt, parts.accelerator.device, position
-        batches = make_batches(rt.sampler, data.lengths, s.batch_size // rt.accum_steps, s.seed)
+        # packing: the sampler draws packed rows (each --max-length tokens of whole examples), not examples
+        if rt.packing:
+            assert data.packed is not None, "packing applies to causal-lm only (the strategy's tasks)"
+            train, lengths, collate = data.packed()
+        else:
+            train, lengths, collate = data.train, data.lengths, data.collate(rt.padding)
+        batches = make_batches(rt.sampler, lengths, s.batch_size // rt.accum_steps, s.seed)
         # data parallel: every rank draws the same global micro-batches and keeps its slice
         shard = RankShard(batches, ranks.rank, ranks.world) if ranks.world > 1 else batches
         self.loader = torch.utils.data.DataLoader(
-            data.train,
+            train,
             batch_sampler=_From(shard, position),
-            collate_fn=data.collate(rt.padding),
+            collate_fn=collate,
             num_workers=s.num_workers,
             pin_memory=s.device == "cuda",
             # workers live across epochs: otherwise every epoch boundary restarts them (a stall that a small
@@ -250,10 +256,20 @@ class Stream:
 # ---- the step ----------------------------------------------------------------------------------------------
 
 
-def loss_sum(model, batch: Batch, task: str, decoder_inputs: Callable | None, label_smoothing: float = 0.0):
+def loss_sum(
+    model,
+    batch: Batch,
+    task: str,
+    decoder_inputs: Callable | None,
+    label_smoothing: float = 0.0,
+    lm_loss: Callable | None = None,
+):
     """Summed (not averaged) cross-entropy of one micro-batch, in fp32. A causal LM's: over the tokens
-    whose (shifted) label is not -100, so the window's sum / its loss tokens is HF's `.loss`."""
+    whose (shifted) label is not -100, so the window's sum / its loss tokens is HF's `.loss`; `lm_loss`
+    (the plan's, e.g. chunked) computes that same sum its own way."""
     if task == "causal-lm":
+        if lm_loss is not None:
+            return lm_loss(model, batch, label_smoothing)
         return shifted_loss_sum(model(**batch.inputs).logits, batch.labels, label_smoothing)
     if task != "seq2seq":  # classification of text or images
         logits = model(**batch.inputs).logits
@@ -279,6 +295,7 @@ def accumulate_step(
     window: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     phases: Phases = NO_PHASES,
     label_smoothing: float = 0.0,
+    lm_loss: Callable | None = None,
 ) -> torch.Tensor:
     """Forward+backward over one effective batch; grads hold the mean over all its loss items.
 
@@ -292,7 +309,7 @@ def accumulate_step(
     for batch in micro_batches:
         with window():
             with phases.traced("forward"):
-                loss = loss_sum(model, batch, task, decoder_inputs, label_smoothing) / total_items
+                loss = loss_sum(model, batch, task, decoder_inputs, label_smoothing, lm_loss) / total_items
             with phases.traced("backward"):
                 backward(loss)
         mean_loss += loss.detach()
@@ -319,6 +336,7 @@ def train_window(p: Parts, micro: list[Batch], phases: Phases = NO_PHASES) -> fl
         lambda: p.accelerator.accumulate(p.model),
         phases,
         p.spec.settings.label_smoothing,
+        p.rt.lm_loss,
     )
     return all_sum(float(share), p.world)
 

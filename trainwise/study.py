@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from trainwise import strategies
+from trainwise import gguf, strategies
 from trainwise.config import (
     CAUSAL_LM,
     DEFAULT_DATASET,
@@ -290,6 +290,8 @@ def prepare_study(cfg: StudyConfig, on_note: Callable[[str], None] = lambda _lin
     notes = [f"trainwise: data: {note}" for note in data.notes()]  # rows not used: said, never silent
     if cfg.task == "classification" and (note := head_note(source, len(labels))):
         notes.insert(0, f"trainwise: note: {note}")
+    if source.kind == "dir" and (Path(source.ref) / gguf.SOURCE_FILE).is_file():  # SmolLM2 from its 4-bit GGUF
+        notes.insert(0, f"trainwise: note: {gguf.QUANTIZED_NOTE}")
     for note in notes:
         on_note(note)
     largest = max(c.batch_size for c in cfg.cells())

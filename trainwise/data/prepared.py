@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from trainwise.config import TrialSpec
 from trainwise.data.metrics import accuracy, text_metrics
+from trainwise.data.packing import PackedCollator, PackedDataset
 from trainwise.data.tasks import (
     IGNORE_INDEX,
     Batch,
@@ -57,6 +58,8 @@ class TrialData:
     channels: int = 0  # images: input channels
     # writes a model users load without trainwise: (model, directory, its weights when gathered from ZeRO-3)
     save: Callable[[Any, Path, dict | None], None] | None = None
+    # causal LM: the training set packed into --max-length rows -> (dataset, row lengths, collate function)
+    packed: Callable[[], tuple[torch.utils.data.Dataset, list[int], Callable[[list], Batch]]] | None = None
 
 
 def save_text_model(model, path: Path, tokenizer, labels: list[str], task: str, state_dict: dict | None) -> None:
@@ -110,7 +113,14 @@ def _text_data(spec: TrialSpec) -> TrialData:
         lambda model, acc: evaluate(model, acc, evals, gold, spec, tokenizer, labels),
         METRICS[s.task],
         save=lambda model, path, weights: save_text_model(model, path, tokenizer, labels, s.task, weights),
+        packed=(lambda: packed_rows(train, pad, s.max_length)) if s.task == "causal-lm" else None,
     )
+
+
+def packed_rows(enc: Encoded, pad: int, block: int) -> tuple[PackedDataset, list[int], PackedCollator]:
+    """A causal LM's training examples packed into rows of `block` tokens (trainwise.data.packing)."""
+    rows = PackedDataset(list(zip(enc.input_ids, enc.labels, strict=True)), block)  # type: ignore[arg-type]
+    return rows, [block] * len(rows), PackedCollator(pad, block)
 
 
 def _image_data(spec: TrialSpec) -> TrialData:

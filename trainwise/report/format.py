@@ -33,6 +33,7 @@ def headers(table: list[StudyRow]) -> list[str]:
         cols.insert(cols.index("mem %") + 1, "RSS")
     if has_loss_share(table):
         cols.insert(cols.index("pad waste") + 1, "loss tok")
+        cols.insert(cols.index("loss tok") + 1, "loss tok/s")
     return cols + ["MFU"] + (["$/epoch"] if any(e.priced for e in table) else [])
 
 
@@ -43,6 +44,13 @@ def has_rss(table: list[StudyRow]) -> bool:
 def has_loss_share(table: list[StudyRow]) -> bool:
     """A causal-lm study: the table shows the share of tokens that carry loss."""
     return any(e.loss_token_share is not None for e in table)
+
+
+def supervised_tokens_per_s(e: StudyRow) -> float | None:
+    """A causal LM's tokens that carry loss, per second: what fine-tuning learns from (packing raises it)."""
+    if e.tokens_per_s is None or e.loss_token_share is None:
+        return None
+    return e.tokens_per_s * e.loss_token_share
 
 
 def add_cost(table: list[StudyRow], price) -> list[StudyRow]:
@@ -124,7 +132,11 @@ def cells(e: StudyRow, note: int | None = None, with_rss: bool = False, with_los
     rest = [
         human_bytes(e.state_bytes) if ok else "-",
         _pct(e.padding_waste) if ok else "-",
-        *([_pct(e.loss_token_share) if ok else "-"] if with_loss_share else []),
+        *(
+            [_pct(e.loss_token_share) if ok else "-", _fixed(supervised_tokens_per_s(e), 0) if ok else "-"]
+            if with_loss_share
+            else []
+        ),
         _fixed(e.train_loss, 3) if ok else "-",
         quality(e) if ok else "-",
         _mfu(e.mfu) if ok else "-",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from trainwise.errors import ConfigError
-from trainwise.strategies import batching, freezing, memory, optim, precision, scale
+from trainwise.strategies import batching, freezing, lm, memory, optim, precision, scale
 from trainwise.strategies.base import (
     ALL_TASKS,
     NA,
@@ -54,6 +54,7 @@ REGISTRY: dict[str, Strategy] = _symmetric(
         *optim.STRATEGIES,
         *batching.STRATEGIES,
         *freezing.STRATEGIES,
+        *lm.STRATEGIES,
         *scale.STRATEGIES,
     ]
 )

@@ -67,6 +67,9 @@ class Runtime:
     after_step: list[Callable[[int], None]] = field(default_factory=list)  # (optimizer steps so far) -> None
     backend: dict[str, Callable[[], None]] = field(default_factory=dict)  # process-wide switches by name, set first
     needs_ranks: bool = False  # runs under torchrun even with one process (DeepSpeed needs a process group)
+    packing: bool = False  # causal LM: rows of packed examples (the data's `packed`), not one example per row
+    # causal LM: (model, Batch, label smoothing) -> the summed loss; None: cross-entropy of the model's logits
+    lm_loss: Callable[[Model, Any, float], Any] | None = None
 
     def step_context(self) -> contextlib.ExitStack:
         stack = contextlib.ExitStack()

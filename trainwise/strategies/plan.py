@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
-from trainwise.strategies import batching, freezing, memory, optim, precision, scale
+from trainwise.strategies import batching, freezing, lm, memory, optim, precision, scale
 from trainwise.strategies.base import Knob
 
 V = TypeVar("V")
@@ -20,7 +20,8 @@ V = TypeVar("V")
 # freezing, LoRA; the optimizer before ZeRO-Offload replaces it; precision before ZeRO reads it).
 # The families declare them; a plan holds their values.
 KNOBS: dict[str, Knob] = {
-    k.name: k for k in [*precision.KNOBS, *memory.KNOBS, *batching.KNOBS, *freezing.KNOBS, *optim.KNOBS, *scale.KNOBS]
+    k.name: k
+    for k in [*precision.KNOBS, *memory.KNOBS, *batching.KNOBS, *freezing.KNOBS, *lm.KNOBS, *optim.KNOBS, *scale.KNOBS]
 }
 
 

@@ -1,0 +1,105 @@
+"""What only a causal LM's fine-tuning has: packed rows, and a loss that never holds [tokens, vocab] logits."""
+
+from __future__ import annotations
+
+from trainwise.strategies.base import NA, ExportDoc, Knob, Runtime, Strategy
+
+LM_TASKS = frozenset({"causal-lm"})
+CHUNK_TOKENS = 1024  # rows of logits alive at once: 1024 x 151,936 x 4 bytes = 0.6 GB at Qwen2's vocabulary
+_NO_ESTIMATE = NA("the memory estimate does not model causal LMs yet")
+
+
+def _packing_runtime(value: bool, rt: Runtime) -> None:
+    if not value:
+        return
+    rt.packing = True
+    rt.model_edits.append(_packable)
+
+
+def _packable(model):
+    """Packed rows keep their examples apart only for the families checked, without a cache (see data/packing)."""
+    from trainwise.data.packing import can_pack  # heavy: torch (the CLI imports the registry at start-up)
+
+    if why := can_pack(model.config):
+        raise ValueError(f"packing: {why}")
+    model.config.use_cache = False  # a cache, even in train mode, would let packed examples see each other
+    return model
+
+
+def _packing_export(value: bool, doc: ExportDoc) -> None:
+    if value:
+        doc.notes.append(
+            "packing: no TrainingArguments field; TRL's SFTConfig(packing=True, padding_free=True) packs the same "
+            "way (position ids restart per example, no attention mask)"
+        )
+
+
+PACKING = Knob(
+    "packing",
+    False,
+    "examples packed into full --max-length rows, each attending only to itself",
+    _packing_runtime,
+    _packing_export,
+    _NO_ESTIMATE,
+)
+
+
+def _lm_loss_runtime(value: str, rt: Runtime) -> None:
+    if value != "chunked":
+        return
+    from trainwise.lm_loss import can_chunk, hidden_head_loss, install_hidden_head  # heavy: torch (as above)
+
+    heads: list = []  # the model's HiddenHead, once the edit has installed it
+
+    def edit(model):
+        if why := can_chunk(model):
+            raise ValueError(f"chunked_ce: {why}")
+        heads.append(install_hidden_head(model))
+        return model
+
+    def loss(model, batch, label_smoothing: float):
+        kwargs = dict(reduction="sum", label_smoothing=label_smoothing)
+        return hidden_head_loss(model, heads[-1], batch.inputs, batch.labels, CHUNK_TOKENS, **kwargs)
+
+    rt.model_edits.append(edit)
+    rt.lm_loss = loss
+
+
+def _lm_loss_export(value: str, doc: ExportDoc) -> None:
+    if value == "chunked":
+        doc.notes.append(
+            "chunked_ce: no TrainingArguments field; on CUDA, Liger's fused linear cross-entropy "
+            "(SFTConfig(use_liger_kernel=True)) avoids the full logits the same way"
+        )
+
+
+LM_LOSS = Knob(
+    "lm_loss",
+    "full",
+    "a causal LM's loss from full [tokens, vocab] logits, or chunked over the scored positions only",
+    _lm_loss_runtime,
+    _lm_loss_export,
+    _NO_ESTIMATE,
+    choices=("full", "chunked"),
+)
+
+KNOBS: list[Knob] = [PACKING, LM_LOSS]
+
+STRATEGIES = [
+    Strategy(
+        "packing",
+        "examples packed into full rows (best-fit, none cut), position ids restarting, no cross-attention; "
+        "no padding compute, a step holds more examples",
+        {"packing": True},
+        tasks=LM_TASKS,
+        conflicts=frozenset({"dynamic_pad", "smart_batch", "sortish"}),
+    ),
+    Strategy(
+        "chunked_ce",
+        f"the loss over scored positions only, {CHUNK_TOKENS} rows of logits at a time, recomputed in backward; "
+        "no [tokens, vocab] fp32 logits, a second head matmul",
+        {"lm_loss": "chunked"},
+        tasks=LM_TASKS,
+        conflicts=frozenset({"zero3", "zero3_offload"}),  # ZeRO-3 frees the gathered head weight before the loss
+    ),
+]
