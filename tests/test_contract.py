@@ -78,6 +78,31 @@ def test_image_strategies_take_the_same_steps_in_compare_and_train(tmp_path, row
     _check(row, r, measured, trained)
 
 
+# causal LM (issue 26): the rows only a causal LM has, LoRA on its projections, and all of them together
+LM = ["baseline", "lora", "packing", "chunked_ce", "bf16+grad_ckpt+lora+packing+chunked_ce"]
+
+
+@pytest.fixture(scope="module")
+def lm_study(tmp_path_factory):
+    from trainwise.config import StudyConfig
+    from trainwise.study import prepare_study
+
+    from .conftest import make_rows, write_csv
+
+    where = tmp_path_factory.mktemp("lm-contract")
+    csv = write_csv(where / "pr.csv", make_rows(48, "seq2seq"))  # text -> target: prompt -> response
+    kw = {"batch_size": 8, "max_steps": 3, "warmup_steps": 1, "eval_samples": 8, "device": "cpu", "max_length": 48}
+    cols = {"prompt_column": "text", "response_column": "target", "train_file": str(csv)}
+    return prepare_study(StudyConfig(str(where / "s"), LM, task="causal-lm", model_preset="llama-tiny", **cols, **kw))
+
+
+@pytest.mark.parametrize("row", LM)
+def test_causal_lm_strategies_take_the_same_steps_in_compare_and_train(lm_study, tmp_path, row):
+    measured, trained, r = _compare_and_train(_spec(lm_study, row), tmp_path)
+    _check(row, r, measured, trained)
+    assert r.metric_name == "neg_eval_loss" and 0 < r.loss_token_share < 1
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("row", CUDA_ONLY)
 def test_cuda_strategies_take_the_same_steps_in_compare_and_train(tmp_path, cls_csv, row):
