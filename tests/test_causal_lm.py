@@ -164,6 +164,7 @@ def test_compare_runs_the_rows_with_the_loss_token_share_and_perplexity(lm_study
         assert r["metrics"]["perplexity"] == pytest.approx(math.exp(r["metrics"]["eval_loss"]), rel=1e-6)
         assert r["metric"] == pytest.approx(-r["metrics"]["eval_loss"])
         assert 0.1 < r["loss_token_share"] < 0.6  # the short answers, not the prompts
+        assert 0 <= r["metrics"]["rougeL"] <= 100 and "bleu" in r["metrics"]  # greedy answers vs the references
     assert rows[3]["plan"]["lora_r"] == 8
     by = {r["strategy"]: r for r in rows}
     # packing: whole examples fill the rows, so far less of each row is padding than the max-length baseline's
@@ -172,7 +173,7 @@ def test_compare_runs_the_rows_with_the_loss_token_share_and_perplexity(lm_study
     # chunked_ce trains the same model on the same batches: the baseline's losses
     assert by["chunked_ce"]["final_loss"] == pytest.approx(by["baseline"]["final_loss"], rel=1e-3)
     report = (lm_study / "report.md").read_text()
-    assert "| loss tok | loss tok/s |" in report and "ppl " in report
+    assert "| loss tok | loss tok/s |" in report and "ppl " in report and " R-L " in report
     assert "loss_token_share" in (lm_study / "results.csv").read_text().splitlines()[0]
 
 

@@ -188,7 +188,7 @@ def evaluate_text(model, accelerator, enc: Encoded, gold: list[str], spec: Trial
 
 
 @torch.no_grad()
-def evaluate_lm(model, accelerator, enc: Encoded, _gold, spec: TrialSpec, tokenizer, _labels) -> dict[str, float]:
+def evaluate_lm(model, accelerator, enc: Encoded, gold, spec: TrialSpec, tokenizer, _labels) -> dict[str, float]:
     """A causal LM on the held-out rows: the mean cross-entropy per loss token (`eval_loss`), its perplexity,
     and `neg_eval_loss`, the task's metric (higher is better)."""
     s = spec.settings
@@ -201,11 +201,42 @@ def evaluate_lm(model, accelerator, enc: Encoded, _gold, spec: TrialSpec, tokeni
         with accelerator.autocast():
             loss_sum += float(shifted_loss_sum(model(**batch.inputs).logits, batch.labels))
         items += batch.loss_items
+    generated = _generate_responses(model, accelerator, enc, gold, spec, tokenizer) if s.data_format != "text" else {}
     model.train()
     if not items:
         return {}
     loss = loss_sum / items
-    return {"neg_eval_loss": -loss, "eval_loss": loss, "perplexity": math.exp(min(loss, 700.0))}
+    return {"neg_eval_loss": -loss, "eval_loss": loss, "perplexity": math.exp(min(loss, 700.0)), **generated}
+
+
+@torch.no_grad()
+def _generate_responses(model, accelerator, enc: Encoded, gold: list[str], spec: TrialSpec, tokenizer) -> dict:
+    """Prompt/response data: each held-out prompt (its -100 positions) answered by greedy decoding of at most
+    --max-target-length tokens, scored against the reference response (ROUGE-L, BLEU: text_metrics)."""
+    s = spec.settings
+    pad, eos = lm_ids(tokenizer)
+    raw = accelerator.unwrap_model(model)
+    labelled: list[tuple[list[int], list[int]]] = list(zip(enc.input_ids, enc.labels, strict=True))  # type: ignore[arg-type]
+    prompts = [[t for t, y in zip(ids, labels, strict=True) if y == IGNORE_INDEX] for ids, labels in labelled]
+    preds: list[str] = []
+    for start in range(0, len(prompts), s.batch_size):
+        chunk = [p or [eos] for p in prompts[start : start + s.batch_size]]
+        width = max(map(len, chunk))  # left-padded: every prompt ends where generation starts
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device=accelerator.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=accelerator.device)
+        with accelerator.autocast():
+            out = raw.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=s.max_target_length,
+                do_sample=False,
+                use_cache=True,
+                pad_token_id=pad,
+                eos_token_id=eos,
+            )
+        preds += tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+    scores = text_metrics([p.strip() for p in preds], gold[: len(preds)])
+    return {"rougeL": scores["rougeL"], "bleu": scores["bleu"]}
 
 
 @torch.no_grad()

@@ -92,7 +92,8 @@ def quality(e: StudyRow) -> str:
     if e.metric_name == "neg_eval_loss":  # a causal LM: perplexity, and the evaluation loss the metric negates
         ppl = (e.metrics or {}).get("perplexity")
         shown = "-" if ppl is None else f"{ppl:.1f}" if ppl < 1000 else f"{ppl:,.0f}"
-        return f"ppl {shown} (loss {-e.metric:.3f}){mark}"
+        rouge = (e.metrics or {}).get("rougeL")  # prompt/response data: greedy answers vs the references
+        return f"ppl {shown} (loss {-e.metric:.3f})" + ("" if rouge is None else f" R-L {rouge:.1f}") + mark
     return f"R-L {e.metric:.1f} / BLEU {(e.metrics or {}).get('bleu', 0):.1f}{mark}"
 
 
@@ -240,7 +241,9 @@ def notes(table: list[StudyRow]) -> list[str]:
         lines.append(
             "loss tok: the share of the real (non-pad) tokens that carry loss (causal-lm: the response tokens of "
             "prompt/response data, every token of raw text); quality: perplexity exp(eval loss) on the held-out "
-            "rows and the eval loss, mean cross-entropy per loss token (the metric is minus it: higher is better)."
+            "rows and the eval loss, mean cross-entropy per loss token (the metric is minus it: higher is better); "
+            "R-L (prompt/response data): ROUGE-L x100 of greedy answers (at most --max-target-length tokens) "
+            "against the reference responses; loss tok/s: tokens/s x loss tok, the tokens learned from per second."
         )
     kinds = {e.mem_kind for e in table if e.mem_kind}
     if "cpu_allocated" in kinds:
