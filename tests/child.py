@@ -6,6 +6,10 @@ chatty  prints an event every 50 ms, forever
 fail    writes a traceback to stderr and exits 3
 killed  kills itself with SIGKILL
 where   says how it started: forked by the zygote or not, its directory, a variable of its environment
+rank    (each rank of a group) says its place, its store's port, its torch threads and how it started
+rank1-killed  rank 1 kills itself with SIGKILL; the other ranks say their pid and wait, as in a collective
+rank1-fails   rank 1 writes an exception to stderr and exits 1; the other ranks wait
+ranks-hang    every rank says its pid and sleeps
 """
 
 from __future__ import annotations
@@ -46,7 +50,30 @@ def main(what: str) -> int:
         return 0
     if what == "killed":
         os.kill(os.getpid(), signal.SIGKILL)
+    if what.startswith("rank"):
+        return rank(what, int(os.environ["RANK"]))
     return 1
+
+
+def rank(what: str, me: int) -> int:
+    if what == "rank":
+        import torch  # heavy: torch, for this mode only
+
+        env = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+        forked = os.environ.get("TRAINWISE_FORKED") == "1"
+        agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE")  # torchrun sets it, a forked group not
+        say({"event": "rank", **env, "threads": torch.get_num_threads(), "forked": forked, "agent_store": agent_store})
+        return 0
+    if me == 1 and what == "rank1-killed":
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if me == 1 and what == "rank1-fails":
+        time.sleep(0.5)
+        print("Traceback (most recent call last):\nRuntimeError: rank 1 broke", file=sys.stderr)
+        return 1
+    say({"event": "waiting", "rank": me, "pid": os.getpid()})
+    time.sleep(600)
+    return 0
 
 
 if __name__ == "__main__":

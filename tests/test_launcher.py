@@ -101,3 +101,57 @@ def test_a_forked_child_has_the_callers_environment_and_directory_and_exec_is_th
 
     monkeypatch.setattr(zygote, "spawn", cannot)
     assert where() == {"event": "where", "forked": False, "cwd": str(tmp_path), "var": "second"}
+
+
+# ---- ranks on one machine: forked from the zygote as torchrun would start them -------------------------------
+def _pids(events: list[dict]) -> list[psutil.Process]:
+    return [psutil.Process(e["pid"]) for e in events if "pid" in e]
+
+
+def test_ranks_are_forked_with_torchruns_environment_and_their_thread_count(tmp_path, monkeypatch):
+    """Each rank has its place, one store port for all and `forked` in its env record; OMP_NUM_THREADS set
+    for this call sizes torch's pool though OpenMP read the zygote's environment (two values: at least one
+    differs from what the zygote started with)."""
+    for threads in (3, 1):
+        monkeypatch.setenv("OMP_NUM_THREADS", str(threads))
+        seen: list[dict] = []
+        end = run_child("tests.child", ["rank"], tmp_path / "log", seen.append, ranks=2, timeout_s=120)
+        assert end.code == 0, (tmp_path / "log").read_text()
+        assert sorted((e["RANK"], e["LOCAL_RANK"], e["WORLD_SIZE"]) for e in seen) == [("0", "0", "2"), ("1", "1", "2")]
+        assert len({e["MASTER_PORT"] for e in seen}) == 1 and seen[0]["MASTER_ADDR"] == "127.0.0.1"
+        assert [(e["threads"], e["forked"], e["agent_store"]) for e in seen] == [(threads, True, None)] * 2
+
+
+def test_a_rank_killed_by_a_signal_ends_its_group_at_once_and_says_which(tmp_path):
+    waiting: list[psutil.Process] = []
+    t0 = time.perf_counter()
+    end = run_child("tests.child", ["rank1-killed"], tmp_path / "log", lambda e: waiting.extend(_pids([e])), ranks=2)
+    assert time.perf_counter() - t0 < 30  # not the other rank's 600 s wait
+    assert end.code == -signal.SIGKILL and not end.timed_out and end.killed_by.startswith("SIGKILL (")
+    assert end.tail == "rank 1: exit code -9 (SIGKILL)"
+    assert waiting and alive_after(waiting) == []  # rank 0, waiting as in a collective, was killed
+
+
+def test_a_failing_rank_is_named_by_its_own_exception(tmp_path):
+    end = run_child("tests.child", ["rank1-fails"], tmp_path / "log", lambda e: None, ranks=2, timeout_s=60)
+    assert (end.code, end.timed_out, end.killed_by) == (1, False, None)
+    assert end.tail == "RuntimeError: rank 1 broke"
+    assert "[rank1]:RuntimeError: rank 1 broke" in (tmp_path / "log").read_text()
+
+
+def test_a_rank_group_past_its_timeout_is_killed_entirely(tmp_path):
+    run_child("tests.child", ["events"], tmp_path / "log", lambda e: None)  # the zygote started: not in the timeout
+    waiting: list[psutil.Process] = []
+    on_event = lambda e: waiting.extend(_pids([e]))  # noqa: E731
+    end = run_child("tests.child", ["ranks-hang"], tmp_path / "log", on_event, ranks=2, timeout_s=4)
+    assert end.timed_out and end.code == -signal.SIGKILL
+    assert len(waiting) == 2 and alive_after(waiting, within=2) == []
+
+
+def test_ranks_run_under_torchrun_with_trainwise_fork_0(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINWISE_FORK", "0")
+    seen: list[dict] = []
+    end = run_child("tests.child", ["rank"], tmp_path / "log", seen.append, ranks=2, timeout_s=180)
+    assert end.code == 0, (tmp_path / "log").read_text()
+    assert sorted(e["RANK"] for e in seen) == ["0", "1"] and not any(e["forked"] for e in seen)
+    assert all(e["agent_store"] is not None for e in seen)  # torchrun's agent says whether ranks use its store

@@ -46,7 +46,7 @@ class Exit:
     killed_by: (
         str | None
     )  # the signal that ended it, and for a SIGKILL not sent here, whether the OOM killer counted one
-    tail: str  # why it failed, from its log: the last line (torchrun: the failing rank's error or root cause)
+    tail: str  # why it failed, from its log: the last line (ranks: the failing rank's error, or its exit code)
     wall_s: float
     log: Path
 
@@ -61,8 +61,10 @@ def run_child(
     device: str = "cpu",
     timeout_s: float | None = None,
 ) -> Exit:
-    """Run `python -m module *args` (under torchrun with `ranks` ranks when given) in a fresh process in its
-    own session that dies with this one; its stderr goes to `log`. Each JSON object it prints on a line of
+    """Run `python -m module *args` in a fresh process in its own session that dies with this one (forked
+    from the zygote, else exec'd); with `ranks`, that many ranks on this machine as torchrun starts them
+    (forked from the zygote by a leader that stops them all when one fails, else under torchrun itself);
+    its stderr goes to `log`. Each JSON object it prints on a line of
     stdout goes to `on_event`, in this thread; when that returns True the child is stopped. The child and
     all it started are killed past `timeout_s` seconds, and when this thread is interrupted (Ctrl-C,
     SIGTERM: the child has its own session and would not see the signal)."""
@@ -77,9 +79,10 @@ def run_child(
     deadline = None if timeout_s is None else start + timeout_s
     with open(log, "w") as stderr:
         proc: Any = None
-        if ranks is None and zygote.enabled():  # forked from a process that has imported torch already
+        if zygote.enabled():  # forked from a process that has imported torch already (ranks: as torchrun would)
             with contextlib.suppress(zygote.Unavailable):  # else exec'd, as with TRAINWISE_FORK=0
-                proc = zygote.spawn(module, args, env, stderr)
+                proc = zygote.spawn(module, args, env, stderr, ranks)
+        forked = proc is not None
         if proc is None:
             proc = subprocess.Popen(
                 cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, preexec_fn=bound_to_me()
@@ -103,7 +106,7 @@ def run_child(
         killed_by = signal.Signals(-code).name
         if -code == signal.SIGKILL and ended_here is None:
             killed_by += killer(ooms)
-    tail = rank_failure(log) if ranks is not None else last_line(log)
+    tail = last_line(log) if ranks is None else group_failure(log) if forked else rank_failure(log)
     wall = time.perf_counter() - start
     return Exit(code, ended_here == "timeout", ended_here == "stopped", killed_by, tail, wall, log)
 
@@ -174,6 +177,25 @@ def last_line(log: Path) -> str:
     return text[-1] if text else ""
 
 
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception)\b")
+
+
+def group_failure(log: Path) -> str:
+    """Why a forked rank group failed, from its log: the failing rank's own exception if it printed one,
+    else its exit code and signal, as the group's leader wrote them (`zygote.exit_line`)."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    end = next((i for i in reversed(range(len(lines))) if re.match(r"^rank \d+: exit code", lines[i])), None)
+    if end is None:
+        return re.sub(r"^\[rank\d+\]:\s?", "", last_line(log))
+    prefix = lines[end].split(":", 1)[0].replace("rank ", "[rank") + "]:"
+    own = [line[len(prefix) :].strip() for line in lines[:end] if line.startswith(prefix)]
+    raised = [line for line in own if _RAISED.match(line)]
+    return raised[-1] if raised else lines[end]
+
+
 def rank_failure(log: Path) -> str:
     """Why torchrun's ranks failed, from its log: the failing rank's own exception if it printed one,
     else the root cause torchrun reports (rank, exit code, signal), not torchrun's banner."""
@@ -183,7 +205,7 @@ def rank_failure(log: Path) -> str:
         return ""
     lines = [re.sub(r"^\[rank\d+\]:\s?", "", line) for line in lines]  # torchrun's per-rank prefix
     report = next((i for i, line in enumerate(lines) if "ChildFailedError" in line), len(lines))
-    raised = [line for line in lines[:report] if re.match(r"^[A-Za-z_][\w.]*(Error|Exception)\b", line)]
+    raised = [line for line in lines[:report] if _RAISED.match(line)]
     if raised:
         return raised[-1].strip()
     root = next((i for i, line in enumerate(lines) if line.startswith("Root Cause")), None)

@@ -597,7 +597,7 @@ def train_any(job: TrainJob) -> TrainResult:
     with hold(out):
         job.on_event({"event": "note", "message": writes_line(out, job.tc)})
         if is_multiprocess(spec):
-            line = f"{spec.row!r} over {spec.settings.nproc} ranks (torchrun; their output: {out}/ranks.log)"
+            line = f"{spec.row!r} over {spec.settings.nproc} ranks (their output: {out}/ranks.log)"
             job.on_event({"event": "note", "message": line})
             return train_ranks(job)
         fault = _emitter("train", spec.settings.batch_size)  # the test seam: TRAINWISE_FAULT="train:kill@STEP"

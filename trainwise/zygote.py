@@ -7,11 +7,19 @@ state: the zygote never runs a tensor op, never touches CUDA) with the imports a
 runs `python -m module args` as it would have been exec'd (runpy), in its own session, with the caller's
 environment and directory, stdout and stderr on the descriptors the caller passed, and dies with the
 zygote, which dies with the command (lifeline). `launcher.run_child` uses it for one-process children
-(trials, tune trials) on Linux; TRAINWISE_FORK=0 turns it off (every child exec'd from scratch).
+(trials, tune trials) and for the data-parallel ranks of one machine on Linux; TRAINWISE_FORK=0 turns it
+off (every child exec'd from scratch, ranks under torchrun).
+
+Ranks: for {"ranks": N} the zygote forks a group leader, which does on one node what torchrun's agent
+does: it forks N ranks into its own session with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,
+MASTER_ADDR/MASTER_PORT on a free port; rank 0 hosts the store), their stdout on the caller's descriptor,
+their stderr into the log with torchrun's `[rankN]:` prefix; when a rank fails it kills the others at once
+(they would wait in a collective), writes `rank R: exit code C (SIGNAME)` to the log and ends as that rank
+did (exit code C, or killed by the same signal). Killing the leader's process group kills every rank.
 
 Protocol over a socket pair (one JSON object per message, length-prefixed): the caller sends
-{"module", "args", "env", "cwd"} with two descriptors (stdout, stderr) and gets {"pid"}; when a child
-ends the zygote sends {"pid", "status"} (the exit code, or -N when signal N killed it).
+{"module", "args", "env", "cwd", "ranks"} with two descriptors (stdout, stderr) and gets {"pid"}; when a
+child ends the zygote sends {"pid", "status"} (the exit code, or -N when signal N killed it).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import contextlib
 import importlib
 import json
 import os
+import resource
 import runpy
 import select
 import signal
@@ -28,8 +37,12 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 import traceback
+import uuid
 from typing import IO
+
+import psutil
 
 from trainwise.lifeline import bound_to_me, die_with_parent
 
@@ -130,11 +143,11 @@ class Zygote:
             self.alive = False
             self.changed.notify_all()
 
-    def spawn(self, module: str, args: list[str], env: dict[str, str], stderr: IO) -> Forked:
+    def spawn(self, module: str, args: list[str], env: dict[str, str], stderr: IO, ranks: int | None = None) -> Forked:
         read, write = os.pipe()
         try:
             with self.lock, self.changed:
-                request = {"module": module, "args": args, "env": env, "cwd": os.getcwd()}
+                request = {"module": module, "args": args, "env": env, "cwd": os.getcwd(), "ranks": ranks}
                 _send(self.sock, request, [write, stderr.fileno()])
                 if not self.changed.wait_for(lambda: self.started or not self.alive, timeout=600):
                     raise Unavailable("the zygote did not fork within 600 s")
@@ -159,28 +172,31 @@ _zygote: Zygote | None = None
 _start_lock = threading.Lock()
 
 
-def spawn(module: str, args: list[str], env: dict[str, str], stderr: IO) -> Forked:
-    """`python -m module args` as a child of this command's zygote (started on first use). Unavailable
-    when the zygote cannot serve; it is not started again in this command."""
+def spawn(module: str, args: list[str], env: dict[str, str], stderr: IO, ranks: int | None = None) -> Forked:
+    """`python -m module args` as a child of this command's zygote (started on first use); with `ranks`,
+    a group of that many ranks on this machine, as torchrun would start them (the handle is their leader's).
+    Unavailable when the zygote cannot serve; it is not started again in this command."""
     global _zygote, _broken
     with _start_lock:
         if _zygote is None or _zygote.proc.poll() is not None:
             _zygote = Zygote()
     try:
-        return _zygote.spawn(module, args, env, stderr)
+        return _zygote.spawn(module, args, env, stderr, ranks)
     except (Unavailable, OSError) as e:
         _broken = True
         raise Unavailable(str(e)) from e
 
 
 # ---- the zygote ------------------------------------------------------------------------------------------------
-def _child(request: dict, out_fd: int, err_fd: int, sock: socket.socket) -> None:
-    """In the forked child: become `python -m module args`, then exit with its status."""
+def _child(request: dict, out_fd: int, err_fd: int, sock: socket.socket | None) -> None:
+    """In the forked child: become `python -m module args`, then exit with its status. A rank (sock None)
+    stays in its leader's session and process group."""
 
     code = 1
     try:
-        sock.close()
-        os.setsid()
+        if sock is not None:
+            sock.close()
+            os.setsid()
 
         die_with_parent()
         for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -195,6 +211,12 @@ def _child(request: dict, out_fd: int, err_fd: int, sock: socket.socket) -> None
         os.environ.clear()
         os.environ.update(request["env"])
         os.environ["TRAINWISE_FORKED"] = "1"  # the trial's env record says how its process started
+        if threads := os.environ.get("OMP_NUM_THREADS", "").strip():
+            import torch  # heavy: torch (imported by the preload already)
+
+            # OpenMP read OMP_NUM_THREADS when the zygote loaded it: a value set for this child needs saying
+            with contextlib.suppress(ValueError, RuntimeError):
+                torch.set_num_threads(max(1, int(threads)))
         sys.argv = [request["module"], *request["args"]]
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
         code = 0
@@ -212,6 +234,141 @@ def _child(request: dict, out_fd: int, err_fd: int, sock: socket.socket) -> None
         os._exit(code)
 
 
+def rank_env(env: dict[str, str], rank: int, world: int, port: int, run_id: str) -> dict[str, str]:
+    """The environment torchrun's agent gives rank `rank` of `world` on a single node (less its agent store:
+    rank 0's init hosts the TCP store at MASTER_PORT, as with a plain `env://` launch)."""
+    return {
+        **env,
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "GROUP_RANK": "0",
+        "ROLE_RANK": str(rank),
+        "ROLE_NAME": "default",
+        "LOCAL_WORLD_SIZE": str(world),
+        "WORLD_SIZE": str(world),
+        "GROUP_WORLD_SIZE": "1",
+        "ROLE_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+    }
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (torchrun --standalone picks its store's port the same way)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def exit_line(rank: int, status: int) -> str:
+    """The line the leader writes for the rank that ended the group (the launcher's one-line reason)."""
+    if status < 0:
+        return f"rank {rank}: exit code {status} ({signal.Signals(-status).name})"
+    return f"rank {rank}: exit code {status}"
+
+
+def _group(request: dict, out_fd: int, err_fd: int, sock: socket.socket) -> None:
+    """In the forked leader: run `request["ranks"]` ranks, torchrun's agent on one node; end as the first
+    rank that failed did (every rank killed then), or 0."""
+    status = 1
+    try:
+        sock.close()
+        os.setsid()  # the ranks join this session and process group: killing it kills them all
+        die_with_parent()
+        for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        world, port, run_id = request["ranks"], free_port(), uuid.uuid4().hex[:12]
+        pipes: dict[int, int] = {}  # each rank's stderr (read end) -> its rank
+        pids: dict[int, int] = {}  # pid -> rank
+        for rank in range(world):
+            read, write = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                for fd in (read, err_fd, *pipes):  # the rank's stderr is its pipe to the leader
+                    os.close(fd)
+                env = rank_env(request["env"], rank, world, port, run_id)
+                _child({**request, "env": env}, out_fd, write, None)
+            os.close(write)
+            pipes[read], pids[pid] = rank, rank
+        os.close(out_fd)  # the caller's stdout ends when the last rank's does
+        status = _supervise(pids, pipes, err_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.write(err_fd, traceback.format_exc().encode())
+    _end_as(status)
+
+
+def _supervise(pids: dict[int, int], pipes: dict[int, int], err_fd: int) -> int:
+    """Copy the ranks' stderr into the log a line at a time, `[rankN]:` first; wait for them; at the first
+    that fails, kill the others with all they started. Returns the group's status."""
+    partial = dict.fromkeys(pipes, b"")
+    failed: tuple[int, int] | None = None
+    grace_until = float("inf")
+
+    def copy(fd: int, data: bytes) -> None:
+        *lines, partial[fd] = (partial[fd] + data).split(b"\n")
+        prefix = f"[rank{pipes[fd]}]:".encode()
+        for line in lines:
+            os.write(err_fd, prefix + line + b"\n")
+
+    while pids or (pipes and time.monotonic() < grace_until):
+        ready, _, _ = select.select(list(pipes), [], [], 0.05)
+        for fd in ready:
+            data = os.read(fd, 65536)
+            if data:
+                copy(fd, data)
+                continue
+            if partial[fd]:
+                copy(fd, b"\n")
+            os.close(fd)
+            del pipes[fd]
+        while pids:
+            pid, wait_status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            rank, code = pids.pop(pid, None), os.waitstatus_to_exitcode(wait_status)
+            if rank is None:
+                continue
+            if code != 0 and failed is None:
+                failed = (rank, code)
+                _kill_ranks(pids)
+        if not pids and grace_until == float("inf"):  # something a rank started may hold its stderr: not long
+            grace_until = time.monotonic() + 2.0
+    if failed is None:
+        return 0
+    os.write(err_fd, (exit_line(*failed) + "\n").encode())
+    return failed[1]
+
+
+def _kill_ranks(pids: dict[int, int]) -> None:
+    """SIGKILL each rank left and everything it started (DataLoader workers), as torchrun stops them."""
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            rank = psutil.Process(pid)
+            for p in [*rank.children(recursive=True), rank]:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+
+
+def _end_as(status: int) -> None:
+    """Exit with `status`: -N by signal N (the same signal, without a core file), else that exit code."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    if status < 0:
+        with contextlib.suppress(Exception):
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        with contextlib.suppress(Exception):  # SIGKILL's cannot be set, and needs not be
+            signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+        os._exit(128 - status)
+    os._exit(status)
+
+
 def _serve(sock: socket.socket) -> None:
     children: set[int] = set()
     while True:
@@ -223,7 +380,7 @@ def _serve(sock: socket.socket) -> None:
             request, fds = got
             pid = os.fork()
             if pid == 0:
-                _child(request, fds[0], fds[1], sock)
+                (_group if request.get("ranks") else _child)(request, fds[0], fds[1], sock)
             for fd in fds:
                 os.close(fd)
             children.add(pid)
