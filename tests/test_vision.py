@@ -128,8 +128,8 @@ def test_a_cifar_directory_that_would_run_code_is_refused_without_running_it(tmp
 @pytest.mark.parametrize(
     "kw, message",
     [
-        ({"strategies": ["smart_batch"]}, "strategy 'smart_batch' .* applies to classification, seq2seq"),
-        ({"strategies": ["all"]}, "applies to classification, seq2seq, not image-classification"),
+        ({"strategies": ["smart_batch"]}, "strategy 'smart_batch' .* applies to causal-lm, classification, seq2seq"),
+        ({"strategies": ["all"]}, "applies to causal-lm, classification, seq2seq, not image-classification"),
         ({"model_preset": "bert-tiny"}, "--model-preset one of resnext-tiny"),
         ({"dataset": "mnist"}, "unknown dataset 'mnist'"),
         ({"train_file": "{tmp}/x.csv"}, "reads a directory"),
