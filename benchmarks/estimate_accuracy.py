@@ -1,9 +1,11 @@
 """How close is `trainwise estimate` to the measured peak? And accelerate's / DeepSpeed's estimates?
 
 For each case (model, plan, batch, length) this builds the estimate (meta device + the cached family
-probe), then runs the real trial loop (`run_trial`, 2 optimizer steps, padding to max length) in this
-process and measures its peak of allocated tensor memory (torch.profiler memory events on CPU,
-max_memory_allocated on CUDA) from before the model is built to the end of the last step.
+probe), then runs the real trial (`run_trial`, 2 optimizer steps, padding to max length) in this process and
+reads the peak of live tensors it reports: what `compare` shows in its memory column (on CPU: the state
+held at a measured step plus that step's peak from torch.profiler's memory events; on CUDA
+max_memory_allocated over the trial). An outer profiler around the trial is not possible: the trial
+profiles its own step, and nested profilers crash torch's trace export.
 
 Side by side, for the same cases:
 - accelerate: `accelerate estimate-memory`'s training column, i.e. max(estimate_training_usage(...))
@@ -13,7 +15,7 @@ Side by side, for the same cases:
 Each case runs in a fresh process (`--case N`), like a trial: one process's earlier cases cannot
 leak into the next one's measurement.
 
-Usage: python benchmarks/estimate_accuracy.py [--quick] [--json out.json]
+Usage: python benchmarks/estimate_accuracy.py [--quick] [--task causal-lm] [--json out.json]
 """
 
 from __future__ import annotations
@@ -31,8 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from trainwise.config import StudyConfig  # noqa: E402
-from trainwise.estimate import estimate  # noqa: E402
-from trainwise.measure.memory import AllocatedPeak  # noqa: E402
+from trainwise.estimate import EstimateConfig, estimate, run_estimate  # noqa: E402
 from trainwise.models import ModelSource  # noqa: E402
 from trainwise.study import prepare_study  # noqa: E402
 from trainwise.trial import run_trial  # noqa: E402
@@ -65,7 +66,22 @@ CASES = [
     ("t5-base", "seq2seq", "baseline", 8, 128, 48),
     ("bert-base", "classification", "lora", 16, 128, 48),
     ("t5-small", "seq2seq", "lora", 16, 128, 48),
+    # causal-lm (issue 26): stdlib-instruct prompt/response rows padded to the length; "smollm2" is the real
+    # SmolLM2-135M-Instruct (dequantized GGUF), the presets are random-init family configs
+    ("smollm2-135m", "causal-lm", "baseline", 4, 256, 48),
+    ("smollm2-135m", "causal-lm", "bf16", 4, 256, 48),
+    ("smollm2-135m", "causal-lm", "grad_ckpt", 4, 256, 48),
+    ("smollm2-135m", "causal-lm", "lora", 4, 256, 48),
+    ("smollm2-135m", "causal-lm", "packing", 4, 256, 48),
+    ("smollm2-135m", "causal-lm", "chunked_ce", 8, 256, 48),
+    ("smollm2-135m", "causal-lm", "grad_accum", 8, 256, 48),
+    ("gpt2-124m", "causal-lm", "baseline", 4, 256, 48),
+    ("gpt2-124m", "causal-lm", "lora+chunked_ce", 8, 256, 48),
+    ("smollm2", "causal-lm", "baseline", 4, 128, 48),
+    ("smollm2", "causal-lm", "bf16+grad_ckpt+lora+packing+chunked_ce", 8, 256, 48),
+    ("qwen2-tiny", "causal-lm", "baseline", 16, 256, 48),
 ]
+REAL_MODELS = ("all-MiniLM-L6-v2", "smollm2")  # not size presets
 QUICK = [0, 2, 9, 13, 15, 19]
 
 
@@ -87,7 +103,7 @@ def deepspeed_estimate(n_params: int) -> int | None:
 
 def measure(case, device: str, work: str) -> dict:
     model, task, row, batch, length, tlen = case
-    preset = model if model != "all-MiniLM-L6-v2" else None
+    preset = model if model not in REAL_MODELS else None
     cfg = StudyConfig(
         out=os.path.join(work, f"{model}-{task}"),
         strategies=[row],
@@ -109,12 +125,17 @@ def measure(case, device: str, work: str) -> dict:
     plan = spec.plan
     source = ModelSource(s.model_kind, s.model_ref)
     t0 = time.perf_counter()
-    est = estimate(source, task, s.num_labels or 2, plan, batch, length, tlen, s.device)
+    if task == "causal-lm":  # as `trainwise estimate --dataset stdlib-instruct` reads it: the responses' lengths
+        ecfg = EstimateConfig(
+            (row,), task=task, batch_size=batch, max_length=length, dataset="stdlib-instruct", device="cpu"
+        )
+        est = run_estimate(None if preset else model, preset, ecfg, lambda _: None).estimates[0][1]
+    else:
+        est = estimate(source, task, s.num_labels or 2, plan, batch, length, tlen, s.device)
     est_s = time.perf_counter() - t0
-    with AllocatedPeak(s.device) as peak:
-        result = run_trial(spec)
-    assert result.status == "ok"
-    measured = peak.peak_bytes
+    result = run_trial(spec)
+    assert result.status == "ok", result.message
+    measured = result.peak_mem_bytes  # what compare shows: live tensors at the step + the step's peak
     return {
         "model": model,
         "task": task,
@@ -136,6 +157,7 @@ def measure(case, device: str, work: str) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="6 cases instead of all")
+    ap.add_argument("--task", default=None, help="only this task's cases (e.g. causal-lm)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", default=None, help="write every case here")
     ap.add_argument("--case", type=int, default=None, help=argparse.SUPPRESS)  # internal: one case, JSON out
@@ -145,6 +167,8 @@ def main() -> int:
         print("RESULT " + json.dumps(measure(CASES[args.case], args.device, args.work)), flush=True)
         return 0
     indices = QUICK if args.quick else list(range(len(CASES)))
+    if args.task:
+        indices = [i for i in indices if CASES[i][1] == args.task]
     rows = []
     with tempfile.TemporaryDirectory() as work:
         for i, index in enumerate(indices, 1):

@@ -22,6 +22,7 @@ from .conftest import make_rows, write_csv
 COMPARE = ["compare", "--model-preset", "bert-tiny", "--max-steps", "2", "--warmup-steps", "1", "--out", "{w}"]
 C = [*COMPARE, "--train-file", "{d}/ok.csv"]
 E = ["estimate", "--model-preset", "bert-tiny"]
+EL = ["estimate", "--model-preset", "llama-tiny", "--task", "causal-lm"]
 F = ["find-batch", "--model-preset", "bert-tiny", "--train-file", "{d}/ok.csv", "--out", "{w}"]
 X = ["export", "--out", "{w}"]
 XP = [*X, "--strategies", "bf16", "--model-preset", "bert-tiny"]
@@ -158,7 +159,28 @@ CASES: dict[str, tuple[list[str], str]] = {
         [*LMP, "--strategies", "packing+dynamic_pad"],
         "packing.*dynamic_pad|dynamic_pad.*packing",
     ),
-    "estimate causal-lm": ([*E[:2], "llama-tiny", "--task", "causal-lm"], NOT_YET.format("estimate")),
+    "estimate causal-lm --num-labels": (
+        [*EL, "--num-labels", "3"],
+        "--num-labels is for classification; a causal LM's head is its vocabulary",
+    ),
+    "estimate causal-lm --target-column": ([*EL, "--target-column", "answer"], "--target-column is not read by causal"),
+    "estimate --prompt-column for classification": ([*E, "--prompt-column", "q"], "--prompt-column is for --task causal"),
+    "estimate causal-lm --max-length beyond gpt2-tiny": (
+        ["estimate", "--model-preset", "gpt2-tiny", "--task", "causal-lm", "--max-length", "4096"],
+        "--max-length 4096 is more than gpt2-tiny reads",
+    ),
+    "estimate causal-lm packing with a model that cannot keep examples apart": (
+        ["estimate", "--model", "{d}/opt", "--task", "causal-lm", "--strategies", "packing"],
+        "packing: packing: OPT derives positions from the attention mask",
+    ),
+    "estimate causal-lm no response column": (
+        [*EL, "--train-file", "{d}/pr.csv", "--prompt-column", "question", "--response-column", "reply"],
+        "pr.csv: no column 'reply' .--response-column.",
+    ),
+    "compare causal-lm packing with fewer packed rows than a batch": (
+        [*LMP, "--strategies", "packing", "--batch-size", "32", "--max-length", "512"],
+        "packing: the training examples fill [0-9]+ rows of --max-length 512 tokens, fewer than the batch size 32",
+    ),
     "find-batch causal-lm": ([*F[:2], "llama-tiny", *F[3:], "--task", "causal-lm"], NOT_YET.format("find-batch")),
     "export causal-lm": (
         [*X, "--strategies", "bf16", "--model-preset", "llama-tiny", "--task", "causal-lm"],

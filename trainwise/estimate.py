@@ -37,7 +37,15 @@ from pathlib import Path
 from typing import Any
 
 from trainwise import strategies
-from trainwise.config import DEVICES, TEXT_TASKS, check_accum, check_nproc, check_task_supported
+from trainwise.config import (
+    CAUSAL_LM,
+    DEVICES,
+    TEXT_TASKS,
+    check_accum,
+    check_lm_columns,
+    check_nproc,
+    check_task_supported,
+)
 from trainwise.data.sources import read_task_data, tokenizer_corpus
 from trainwise.errors import ConfigError
 from trainwise.files import write_atomic
@@ -50,6 +58,9 @@ from trainwise.strategies.plan import TrialPlan
 from trainwise.strategies.scale import FLAGS, ZERO
 
 GiB = 1024**3
+DECODER_KEYS: dict[str, str | tuple[str, ...]] = dict(
+    h="hidden_size", f="intermediate_size", H="num_attention_heads", n="num_hidden_layers"
+)
 # the knobs each family names differently; families listed here are probed on tiny configs
 FAMILY_KEYS: dict[str, dict[str, str | tuple[str, ...]]] = {
     "bert": dict(h="hidden_size", f="intermediate_size", H="num_attention_heads", n="num_hidden_layers"),
@@ -61,6 +72,11 @@ FAMILY_KEYS: dict[str, dict[str, str | tuple[str, ...]]] = {
         H=("encoder_attention_heads", "decoder_attention_heads"),
         n=("encoder_layers", "decoder_layers"),
     ),
+    # decoder-only (causal-lm); GPT-2's n_inner is None for 4 x hidden
+    "gpt2": dict(h="n_embd", f="n_inner", H="n_head", n="n_layer"),
+    "llama": DECODER_KEYS,  # SmolLM2 is a Llama
+    "qwen2": DECODER_KEYS,
+    "mistral": DECODER_KEYS,
 }
 # (hidden, ffn, heads, layers, vocab, micro-batch, source length, target length): varied so that
 # every feature is separable; tiny enough that the whole probe takes seconds on a CPU
@@ -91,7 +107,7 @@ FEATURES = (
     "layer_scores",
     "embed",  # tokens x hidden outside the layers (embeddings, final norms)
     "mask",  # batch x len^2 once (the expanded attention mask)
-    "logits",  # target tokens x vocab (seq2seq LM head + fp32 loss)
+    "logits",  # target tokens x vocab (LM head + fp32 loss); a chunked causal-LM loss: its chunk x vocab
     "cross_kv",  # seq2seq: source tokens x hidden per decoder layer (cross-attention keys/values)
 )
 CALIBRATION_VERSION = 5  # bump when FEATURES or the probe change: cached fits are then re-probed
@@ -117,6 +133,7 @@ class Shape:
     adafactor_elems: int  # Adafactor state elements: rows + cols for matrices, n for vectors
     layer_params: int  # elements of the largest layer (ZeRO-3 gathers one at a time)
     encoder_saves: bool = True  # False when nothing up to the encoder's output trains (no grads flow back)
+    causal: bool = False  # decoder-only LM: the input is the target, every position has logits
 
 
 @dataclass
@@ -175,9 +192,10 @@ class MemoryEstimate:
 # ---- shapes ------------------------------------------------------------------------------------
 
 
-def _get(config: Any, key: str | tuple[str, ...]) -> int:
+def _get(config: Any, key: str | tuple[str, ...], default: int | None = None) -> int:
     key = key[0] if isinstance(key, tuple) else key
-    return int(getattr(config, key))
+    value = getattr(config, key)
+    return int(default if value is None and default is not None else value)
 
 
 def _dims(config: Any) -> dict[str, int]:
@@ -185,7 +203,8 @@ def _dims(config: Any) -> dict[str, int]:
     family = config.model_type
     if family in FAMILY_KEYS:
         k = FAMILY_KEYS[family]
-        h, f, H = _get(config, k["h"]), _get(config, k["f"]), _get(config, k["H"])
+        h, H = _get(config, k["h"]), _get(config, k["H"])
+        f = _get(config, k["f"], 4 * h)
     else:
         h = int(getattr(config, "hidden_size", 0) or getattr(config, "d_model", 0))
         f = int(getattr(config, "intermediate_size", 0) or getattr(config, "d_ff", 0) or 4 * h)
@@ -215,7 +234,10 @@ def shape_of(config: Any, task: str, plan: TrialPlan) -> Shape:
     linear = {id(m.weight): m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)}
     ada = sum(p.shape[0] + p.shape[1] if p.dim() == 2 else p.numel() for p in trainable)
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a peft wrapper
-    encoder = inner.get_encoder() if task == "seq2seq" else getattr(inner.base_model, "encoder", None)
+    if task == CAUSAL_LM:  # the decoder stack is what keeps activations; LoRA inside it trains through it
+        encoder = inner.base_model
+    else:
+        encoder = inner.get_encoder() if task == "seq2seq" else getattr(inner.base_model, "encoder", None)
     upstream = [*model.get_input_embeddings().parameters(), *(encoder.parameters() if encoder is not None else [])]
     layer_params = 0
     for m in model.modules():
@@ -234,10 +256,17 @@ def shape_of(config: Any, task: str, plan: TrialPlan) -> Shape:
         adafactor_elems=ada,
         layer_params=layer_params,
         encoder_saves=any(p.requires_grad for p in upstream),
+        causal=task == CAUSAL_LM,
     )
 
 
-def features(s: Shape, micro: int, src_len: int, tgt_len: int) -> dict[str, float]:
+def features(s: Shape, micro: int, src_len: int, tgt_len: int, logit_rows: int = 0) -> dict[str, float]:
+    """The shape features of one micro-batch. A causal LM's logits are every input position's; a chunked loss
+    holds `logit_rows` of them at a time, fewer when the batch scores fewer (for a causal LM `tgt_len` is the
+    most tokens one row scores: the response's, or every position's)."""
+    lm_rows = micro * src_len
+    if s.causal and logit_rows:
+        lm_rows = min(logit_rows, micro * min(tgt_len, src_len))
     b, Ls, Lt = micro, src_len, tgt_len if s.seq2seq else 0
     enc_layers = s.enc_layers if s.encoder_saves else 0  # a frozen encoder's activations are not kept
     enc_tokens, dec_tokens = b * Ls * enc_layers, b * Lt * s.dec_layers
@@ -252,7 +281,7 @@ def features(s: Shape, micro: int, src_len: int, tgt_len: int) -> dict[str, floa
         "layer_scores": max(enc_scores, dec_scores),
         "embed": b * (Ls + Lt) * s.hidden,
         "mask": b * (Ls * Ls + Lt * Lt + Lt * Ls),
-        "logits": b * Lt * s.vocab,
+        "logits": (lm_rows if s.causal else b * Lt) * s.vocab,
         "cross_kv": b * Ls * s.hidden * s.dec_layers,
     }
 
@@ -284,6 +313,14 @@ def _tiny_config(base: Any, h: int, f: int, H: int, n: int, vocab: int) -> Any:
             setattr(config, k, value)
     if config.model_type == "t5":
         config.d_kv = h // H
+    if getattr(config, "num_key_value_heads", None):  # grouped-query attention: keep the family's ratio
+        kv = max(1, H * int(base.num_key_value_heads) // int(base.num_attention_heads))
+        while H % kv:
+            kv -= 1
+        config.num_key_value_heads = kv
+    if getattr(config, "head_dim", None):  # Llama/Qwen2 store it: it must follow the new width
+        config.head_dim = h // H
+    _resize_layer_types(config, n)
     config.vocab_size = vocab
     if hasattr(config, "max_position_embeddings"):
         config.max_position_embeddings = max(int(config.max_position_embeddings or 0), 512)
@@ -296,7 +333,16 @@ def _own_config(base: Any, n: int) -> Any:
     for key in ("num_hidden_layers", "encoder_layers", "decoder_layers", "num_layers", "num_decoder_layers"):
         if hasattr(config, key) and isinstance(getattr(config, key), int):
             setattr(config, key, n)
+    _resize_layer_types(config, n)
     return config
+
+
+def _resize_layer_types(config: Any, n: int) -> None:
+    """Configs that list each layer's kind (Qwen2, Gemma: full or sliding attention) index it per layer:
+    a config cut to n layers keeps the pattern's first n."""
+    kinds = getattr(config, "layer_types", None)
+    if isinstance(kinds, list) and kinds:
+        config.layer_types = [kinds[i % len(kinds)] for i in range(n)]
 
 
 def probe_point(config: Any, task: str, plan: TrialPlan, micro: int, src_len: int, tgt_len: int, device: str):
@@ -307,49 +353,62 @@ def probe_point(config: Any, task: str, plan: TrialPlan, micro: int, src_len: in
     peak is the activation peak at the start of backward, not the gradients' build-up at its end.
     """
     import torch  # heavy: torch
-    from transformers import AutoModelForSeq2SeqLM, AutoModelForSequenceClassification  # heavy: transformers
 
-    from trainwise.data.tasks import Batch  # heavy: trainwise.data.tasks loads torch
+    from trainwise.data.tasks import IGNORE_INDEX, Batch  # heavy: trainwise.data.tasks loads torch
 
     # heavy: trainwise.loop loads torch and transformers
     from trainwise.loop import accumulate_step, apply_plan, new_accelerator
+    from trainwise.models import auto_class  # heavy: transformers (auto_class imports it)
 
     torch.manual_seed(0)
     rt = strategies.runtime(plan, task, device)
-    auto = AutoModelForSeq2SeqLM if task == "seq2seq" else AutoModelForSequenceClassification
-    model = apply_plan(auto.from_config(config, **rt.model_kwargs), rt)
+    model = apply_plan(auto_class(task).from_config(config, **rt.model_kwargs), rt)
     model.train()
     accelerator = new_accelerator(rt, micro, 1.0)  # one micro-batch, one process: ZeRO and accumulation are
     model = accelerator.prepare(model)  # arithmetic on top of the probe
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(5, config.vocab_size, (micro, src_len), generator=gen)
-    if task == "seq2seq":
-        labels = torch.randint(5, config.vocab_size, (micro, tgt_len), generator=gen)
-        items = labels.numel()
-    else:
-        labels = torch.randint(0, max(2, config.num_labels), (micro,), generator=gen)
-        items = micro
     # padded rows, like real batches: an all-ones mask lets attention skip building the 4-D mask
     lengths = torch.randint(src_len // 2, src_len + 1, (micro,), generator=gen)
     lengths[0] = src_len
     mask = (torch.arange(src_len)[None, :] < lengths[:, None]).long()
-    batch = Batch({"input_ids": ids, "attention_mask": mask}, labels, micro, 0, 0, items)
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if task == "seq2seq":
+        labels = torch.randint(5, config.vocab_size, (micro, tgt_len), generator=gen)
+        items = labels.numel()
+    elif task == CAUSAL_LM:  # every real token carries loss (the worst case for a chunked loss)
+        labels = ids.masked_fill(mask == 0, IGNORE_INDEX)
+        if rt.packing:  # full rows of a few examples each, position ids restarting, no mask (as PackedCollator)
+            starts = torch.zeros_like(ids)
+            starts[:, :: max(1, src_len // 3)] = 1
+            position_ids = torch.arange(src_len).expand(micro, -1) - (starts.cumsum(1) - 1) * max(1, src_len // 3)
+            inputs, labels = {"input_ids": ids, "position_ids": position_ids}, ids.clone()
+        items = int((labels[:, 1:] != IGNORE_INDEX).sum())
+    else:
+        labels = torch.randint(0, max(2, config.num_labels), (micro,), generator=gen)
+        items = micro
+    batch = Batch(inputs, labels, micro, 0, 0, items)
     batch = batch.to(accelerator.device)
     decoder_inputs = (
         accelerator.unwrap_model(model).prepare_decoder_input_ids_from_labels if task == "seq2seq" else None
     )
-    accumulate_step(model, [batch], accelerator.backward, task, decoder_inputs)  # lazy inits happen here
+
+    def step() -> None:
+        accumulate_step(model, [batch], accelerator.backward, task, decoder_inputs, lm_loss=rt.lm_loss)
+
+    step()  # lazy inits happen here
     model.zero_grad(set_to_none=True)
     gc.collect()  # earlier probes' models are cyclic garbage: freed inside the window, they'd read as negative
     gc.disable()
     try:
         with AllocatedPeak(device) as peak:
-            accumulate_step(model, [batch], accelerator.backward, task, decoder_inputs)
+            step()
     finally:
         gc.enable()
-    shape = shape_of(config, task, plan)
+    shape, terms = shape_of(config, task, plan), terms_of(plan, device)
     del model, batch
-    return features(shape, micro, src_len, tgt_len), peak.peak_bytes - cast_bytes(shape, terms_of(plan, device))
+    scored = src_len if task == CAUSAL_LM else tgt_len  # the probe's causal rows score every token
+    return features(shape, micro, src_len, scored, terms.logit_rows), peak.peak_bytes - cast_bytes(shape, terms)
 
 
 def _fit(rows: list[tuple[dict[str, float], int]]) -> tuple[dict[str, float], float]:
@@ -461,7 +520,7 @@ def estimate_plan(
 ) -> MemoryEstimate:
     terms = terms_of(plan, device, nproc)
     micro = batch_size // terms.accum_steps
-    f = features(s, micro, max_length, max_target_length)
+    f = features(s, micro, max_length, max_target_length, terms.logit_rows)
     act = sum(cal.coefficients[k] * f[k] for k in FEATURES) + cast_bytes(s, terms)
     parts, offloaded = state_parts(s, terms)
     # backward frees activations as it builds gradients, so the phase peaks at one end: all activations
@@ -519,30 +578,45 @@ class DataFacts:
     rows: int
     num_labels: int
     longest: int  # input tokens
-    longest_target: int  # seq2seq target tokens
+    longest_target: int  # seq2seq: target tokens; causal-lm: the most tokens one example scores
     skipped: tuple[str, ...] = ()  # what reading the data left out, a line each (as compare prints it)
 
     @classmethod
     def read(cls, cfg: EstimateConfig, source: ModelSource) -> DataFacts:
 
-        from trainwise.data.tasks import encode  # heavy: trainwise.data.tasks loads torch
+        from trainwise.data.tasks import IGNORE_INDEX, encode  # heavy: trainwise.data.tasks loads torch
 
-        data = read_task_data(cfg.task, cfg.dataset, cfg.train_file, None, cfg.text_column, cfg.target_column)
+        data = read_task_data(
+            cfg.task,
+            cfg.dataset,
+            cfg.train_file,
+            None,
+            cfg.text_column,
+            cfg.target_column,
+            prompt_column=cfg.prompt_column,
+            response_column=cfg.response_column,
+        )
         train, labels = data.train, data.labels
         with tempfile.TemporaryDirectory(prefix="trainwise-estimate-") as tmp:
             if source.kind == "preset":  # compare trains the preset's tokenizer on the data: so does this
                 train_tokenizer(tokenizer_corpus(train), source.ref, Path(tmp))
             tokenizer = load_tokenizer(source, tmp if source.kind == "preset" else None)
-            enc = encode(
-                train, tokenizer, cfg.task, cfg.max_length, cfg.max_target_length, {x: i for i, x in enumerate(labels)}
-            )
-        targets = [len(t) for t in enc.labels if isinstance(t, list)] or [0]  # seq2seq: target token ids
+            label2id = {x: i for i, x in enumerate(labels)}
+            enc = encode(train, tokenizer, cfg.task, cfg.max_length, cfg.max_target_length, label2id, data.data_format)
+        # seq2seq: target token ids; causal-lm: labels aligned with the inputs, -100 where nothing is scored
+        targets = [sum(y != IGNORE_INDEX for y in t) for t in enc.labels if isinstance(t, list)] or [0]
         where = cfg.train_file or cfg.dataset or ""
         return cls(where, len(train), len(labels) or 2, max(enc.lengths()), max(targets), tuple(data.notes()))
 
     def lengths(self, plan: TrialPlan, cfg: EstimateConfig) -> tuple[int, int]:
         """The widest batch a plan pads to: --max-length, or the longest example under dynamic padding."""
-        if terms_of(plan, "cpu").padding == "max_length":
+        terms = terms_of(plan, "cpu")
+        if cfg.task == CAUSAL_LM:  # (width, the most tokens a row scores)
+            if terms.probe.get("packing"):
+                return cfg.max_length, cfg.max_length  # full rows of several examples: any position may score
+            width = cfg.max_length if terms.padding == "max_length" else min(self.longest, cfg.max_length)
+            return width, min(self.longest_target, width)
+        if terms.padding == "max_length":
             return cfg.max_length, cfg.max_target_length
         return min(self.longest, cfg.max_length), min(self.longest_target, cfg.max_target_length)
 
@@ -563,6 +637,8 @@ class EstimateConfig:
     train_file: str | None = None
     text_column: str | None = None
     target_column: str | None = None
+    prompt_column: str | None = None  # causal-lm prompt/response data (as compare's)
+    response_column: str | None = None
     zero_stage: int = 0
     offload: str = "none"
     device: str = "auto"  # the device to estimate for
@@ -583,6 +659,12 @@ class EstimateConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
         if self.num_labels is not None and self.num_labels < 2:
             raise ConfigError(f"--num-labels must be >= 2, got {self.num_labels}")
+        check_lm_columns(self.task, self.prompt_column, self.response_column, self.target_column)
+        if self.task == CAUSAL_LM:
+            if self.num_labels is not None:
+                raise ConfigError("--num-labels is for classification; a causal LM's head is its vocabulary")
+            # a causal LM's targets are its inputs: a row scores at most --max-length tokens
+            object.__setattr__(self, "max_target_length", self.max_length)
         if self.dataset and self.train_file:
             raise ConfigError("give either --dataset or --train-file, not both")
         if self.num_labels is not None and (self.dataset or self.train_file):
@@ -621,11 +703,13 @@ class EstimateConfig:
 # rows tried, in order of how little they change training, when a budget is too small
 RESCUE_ROWS = [
     "bf16+grad_ckpt",
+    "bf16+grad_ckpt+chunked_ce",  # causal-lm only (rows of another task's strategies are skipped)
     "bf16+grad_ckpt+adafactor",
     "bf16+grad_ckpt+freeze_embeddings",
     "bf16+grad_ckpt+freeze_encoder",
     "bf16+grad_ckpt+zero2_offload",
     "bf16+grad_ckpt+zero3_offload",
+    "bf16+grad_ckpt+chunked_ce+lora",  # trains adapters, not the model: last
 ]
 
 
@@ -643,6 +727,8 @@ def what_fits(
     fits = []
     for text in RESCUE_ROWS:
         row = strategies.parse_row(text + (f"+grad_accum={accum}" if accum > 1 else ""), cfg.accum_steps)
+        if row.wrong_task(cfg.task) is not None or any(m.startswith("peft") for m in row.missing_packages()):
+            continue
         try:
             shape = shape_for(row.plan)
         except ValueError:  # the plan does not apply to this model (no encoder to freeze)

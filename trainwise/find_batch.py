@@ -24,7 +24,7 @@ from typing import Any
 import psutil
 
 from trainwise import strategies
-from trainwise.config import StudyConfig
+from trainwise.config import CAUSAL_LM, StudyConfig
 from trainwise.errors import ConfigError
 from trainwise.estimate import calibrate, estimate_plan, runtime_overhead, shape_of
 from trainwise.files import write_atomic, writing
@@ -296,7 +296,7 @@ def find_batch(
             base.plan,
             b,
             s.max_length,
-            s.max_target_length,
+            s.max_length if s.task == CAUSAL_LM else s.max_target_length,  # a causal LM: every position may score
             s.device,
             overhead=model_state["overhead"],
         )

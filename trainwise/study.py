@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import sqlite3
 import statistics
 import tempfile
@@ -300,6 +301,7 @@ def prepare_study(cfg: StudyConfig, on_note: Callable[[str], None] = lambda _lin
     n_train = len(train)  # training samples; raw text is cut into blocks once the tokenizer is known
 
     # Everything the user gave is valid: from here on files are written.
+    existed = out.exists()
     data_dir = out / "data"
     with writing(data_dir):
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -319,13 +321,25 @@ def prepare_study(cfg: StudyConfig, on_note: Callable[[str], None] = lambda _lin
                 train_tokenizer(tokenizer_corpus(train), source.ref, tok_path)
             write_atomic(stamp, f"{source.ref} {fingerprint}")
         tokenizer_dir = str(tok_path.resolve())
-    if data.data_format == "text":
-        n_train = text_samples(source, tokenizer_dir, train, cfg.max_length)
-        if n_train < largest:
-            raise ConfigError(
-                f"the training text makes {n_train} blocks of --max-length {cfg.max_length} tokens, fewer than the "
-                f"batch size {largest}"
-            )
+    try:  # what only the tokenized data can tell; a refused new study leaves no directory behind
+        if data.data_format == "text":
+            n_train = lm_samples(source, tokenizer_dir, train, cfg.max_length, "text")
+            if n_train < largest:
+                raise ConfigError(
+                    f"the training text makes {n_train} blocks of --max-length {cfg.max_length} tokens, fewer than "
+                    f"the batch size {largest}"
+                )
+        if cfg.task == CAUSAL_LM and any(row.plan.value("packing") for row in cfg.rows):
+            packed = lm_samples(source, tokenizer_dir, train, cfg.max_length, data.data_format, packed=True)
+            if packed < largest:
+                raise ConfigError(
+                    f"packing: the training examples fill {packed} rows of --max-length {cfg.max_length} tokens, "
+                    f"fewer than the batch size {largest}; lower --batch-size or --max-length, or give more data"
+                )
+    except ConfigError:
+        if not existed:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
 
     settings = _settings(cfg, device, source, tokenizer_dir, data_dir, len(labels), n_train, data.data_format)
     prepared = _specs(cfg, settings, fingerprint, unsupported, out)
@@ -344,11 +358,21 @@ def check_eos(source: ModelSource) -> None:
         raise ConfigError(f"{source.display()}'s tokenizer has no EOS token; causal-lm ends every text with one")
 
 
-def text_samples(source: ModelSource, tokenizer_dir: str | None, train: list[dict], max_length: int) -> int:
-    """How many blocks of max_length tokens a causal LM's raw training text makes (its samples)."""
+def lm_samples(
+    source: ModelSource,
+    tokenizer_dir: str | None,
+    train: list[dict],
+    max_length: int,
+    data_format: str,
+    packed: bool = False,
+) -> int:
+    """A causal LM's training samples: raw text's blocks of max_length tokens, or the examples, or (packed)
+    the rows of max_length tokens they fill."""
+    from trainwise.data.packing import pack  # heavy: trainwise.data.packing loads torch
     from trainwise.data.tasks import encode_lm  # heavy: trainwise.data.tasks loads torch
 
-    return len(encode_lm(train, load_tokenizer(source, tokenizer_dir), "text", max_length))
+    enc = encode_lm(train, load_tokenizer(source, tokenizer_dir), data_format, max_length)
+    return len(pack(enc.lengths(), max_length)) if packed else len(enc)
 
 
 def _settings(

@@ -57,7 +57,7 @@ PRESET = (
     "llama-1b; image-classification: resnext-tiny (default), resnext-small, resnext29-8x16d, resnext29-8x64d."
 )
 TASK = "classification, seq2seq, causal-lm (decoder-only LMs) or image-classification (ResNeXt; seed 003)."
-TEXT_TASK = "classification or seq2seq."
+TEXT_TASK = "classification, seq2seq or causal-lm (decoder-only LMs)."
 DATASET = (
     "Built-in offline dataset (stdlib-topic for classification, stdlib-summarize for seq2seq, stdlib-instruct for "
     "causal-lm, digits for image-classification: the defaults) or a HF dataset name."
@@ -351,6 +351,8 @@ class EstimateOptions(Options):
     train_file: str | None = option(None, TRAIN_FILE)
     text_column: str | None = option(None, TEXT_COLUMN)
     target_column: str | None = option(None, TARGET_COLUMN)
+    prompt_column: str | None = option(None, PROMPT_COLUMN)
+    response_column: str | None = option(None, RESPONSE_COLUMN)
     num_labels: int | None = option(None, "Classes of the head, without data \\[default: 2].")
     strategies: str | list[str] = option(ESTIMATE_STRATEGIES, ROWS, show_default=shown(ESTIMATE_STRATEGIES))
     batch_size: int = option(16, "Effective batch size per device (per optimizer step).")
@@ -417,6 +419,8 @@ class FindBatchOptions(Options):
     train_file: str | None = option(None, TRAIN_FILE)
     text_column: str | None = option(None, TEXT_COLUMN)
     target_column: str | None = option(None, TARGET_COLUMN)
+    prompt_column: str | None = option(None, PROMPT_COLUMN)
+    response_column: str | None = option(None, RESPONSE_COLUMN)
     candidates: str = option("4,8,16,32,64,128", "Batch sizes to try, ascending (comma list).")
     accum_steps: int = option(4, ACCUM)
     max_length: int = option(128, MAX_LENGTH)

@@ -121,6 +121,7 @@ class MemoryTerms:
     gathered_layers: int = 0  # ZeRO-3: layers held whole at a time (gathered for compute)
     offload_optimizer: bool = False  # optimizer state (and its step) in CPU memory
     offload_weights: bool = False
+    logit_rows: int = 0  # causal LM: rows of [tokens, vocab] logits alive at once (0: every token's, the full loss)
     padding: str = "max_length"  # "longest": a batch is as wide as its longest sample (the data's longest, at peak)
     probe: dict[str, Any] = field(default_factory=dict)  # knob values the activation probe must reproduce
     notes: list[str] = field(default_factory=list)  # NA reasons of the plan's knobs

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from trainwise.strategies.base import NA, ExportDoc, Knob, Runtime, Strategy
+from trainwise.strategies.base import PROBED, ExportDoc, Knob, MemoryTerms, Runtime, Strategy
 
 LM_TASKS = frozenset({"causal-lm"})
 CHUNK_TOKENS = 1024  # rows of logits alive at once: 1024 x 151,936 x 4 bytes = 0.6 GB at Qwen2's vocabulary
-_NO_ESTIMATE = NA("the memory estimate does not model causal LMs yet")
 
 
 def _packing_runtime(value: bool, rt: Runtime) -> None:
@@ -40,7 +39,7 @@ PACKING = Knob(
     "examples packed into full --max-length rows, each attending only to itself",
     _packing_runtime,
     _packing_export,
-    _NO_ESTIMATE,
+    PROBED,  # the probe runs packed rows (position ids, no attention mask); a row is always --max-length wide
 )
 
 
@@ -73,13 +72,19 @@ def _lm_loss_export(value: str, doc: ExportDoc) -> None:
         )
 
 
+def _lm_loss_memory(value: str, terms: MemoryTerms) -> None:
+    if value == "chunked":
+        terms.probe["lm_loss"] = value  # the probe measures the chunked loss's own temporaries
+        terms.logit_rows = CHUNK_TOKENS
+
+
 LM_LOSS = Knob(
     "lm_loss",
     "full",
     "a causal LM's loss from full [tokens, vocab] logits, or chunked over the scored positions only",
     _lm_loss_runtime,
     _lm_loss_export,
-    _NO_ESTIMATE,
+    _lm_loss_memory,
     choices=("full", "chunked"),
 )
 

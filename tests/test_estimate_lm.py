@@ -1,0 +1,117 @@
+"""Issue 26: `trainwise estimate` for causal LMs: the logits term, packing, chunked_ce and LoRA.
+
+The arithmetic is checked on shapes; one probe test checks that the estimate predicts the peak of live
+tensors that compare measures for a tiny Llama (whose logits outweigh its hidden states, as a real LLM's do).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from trainwise import strategies
+from trainwise.estimate import _tiny_config, features, shape_of, terms_of
+from trainwise.models import auto_class, model_config, resolve_model
+from trainwise.strategies.lm import CHUNK_TOKENS
+from trainwise.strategies.plan import TrialPlan
+
+from .conftest import write_csv
+from .test_causal_lm import pairs
+
+LM = "causal-lm"
+
+
+def plan_of(text: str) -> TrialPlan:
+    return strategies.parse_row(text, 4).plan
+
+
+def config_of(preset: str):
+    return model_config(resolve_model(None, preset, LM, (64, 0)), LM, 2)
+
+
+def test_a_causal_lm_has_logits_at_every_position_and_chunked_keeps_one_chunk():
+    shape = shape_of(config_of("smollm2-135m"), LM, TrialPlan())
+    assert shape.causal and not shape.seq2seq and shape.vocab == 49152
+    full = features(shape, 4, 512, 48)  # the target length is seq2seq's: a causal LM ignores it
+    assert full["logits"] == 4 * 512 * 49152
+    chunked = features(shape, 4, 512, 48, terms_of(plan_of("chunked_ce"), "cpu").logit_rows)
+    assert chunked["logits"] == CHUNK_TOKENS * 49152
+    assert features(shape, 1, 256, 48, CHUNK_TOKENS)["logits"] == 256 * 49152  # fewer tokens than a chunk
+    assert {k: v for k, v in chunked.items() if k != "logits"} == {k: v for k, v in full.items() if k != "logits"}
+
+
+def test_the_lm_knobs_are_probed_and_chunked_sets_the_logit_rows():
+    assert terms_of(TrialPlan(), "cpu").logit_rows == 0 and "lm_loss" not in terms_of(TrialPlan(), "cpu").probe
+    chunked = terms_of(plan_of("chunked_ce"), "cpu")
+    assert chunked.logit_rows == CHUNK_TOKENS and chunked.probe["lm_loss"] == "chunked"
+    packed = terms_of(plan_of("packing"), "cpu")
+    assert packed.probe["packing"] is True and packed.padding == "max_length" and not packed.notes
+
+
+def test_lora_on_a_decoder_keeps_its_layers_activations_and_trains_only_adapters():
+    config = config_of("smollm2-135m")
+    base, lora = shape_of(config, LM, TrialPlan()), shape_of(config, LM, plan_of("lora"))
+    assert base.encoder_saves and lora.encoder_saves  # the adapters inside the layers need their inputs
+    assert lora.n_trainable < 0.02 * base.n_trainable and lora.n_params > base.n_params
+
+
+@pytest.mark.parametrize("preset", ["smollm2-135m", "gpt2-124m", "qwen2-tiny", "llama-1b"])
+def test_tiny_probe_configs_keep_the_family_and_build(preset):
+    """The probe shrinks a family's config; grouped-query attention keeps a head count that divides, and a
+    stored head_dim follows the width (else the tiny model would not build)."""
+    import torch
+
+    base = config_of(preset)
+    for h, f, H, n, vocab in [(64, 256, 2, 1, 512), (128, 512, 8, 3, 8192), (96, 192, 4, 2, 2048)]:
+        tiny = _tiny_config(base, h, f, H, n, vocab)
+        shape = shape_of(tiny, LM, TrialPlan())
+        assert (shape.family, shape.hidden, shape.ffn, shape.heads, shape.enc_layers, shape.vocab) == (
+            base.model_type,
+            h,
+            f,
+            H,
+            n,
+            vocab,
+        )
+        if getattr(base, "num_key_value_heads", None):
+            assert H % tiny.num_key_value_heads == 0
+        model = auto_class(LM).from_config(tiny)  # a tiny real model: its forward checks every width
+        logits = model(input_ids=torch.ones((2, 8), dtype=torch.long)).logits
+        assert tuple(logits.shape) == (2, 8, vocab)
+
+
+@pytest.mark.probe
+def test_estimate_predicts_the_memory_compare_shows_for_a_causal_lm(tmp_path):
+    """What compare measures (peak of live tensors) and what estimate predicts from compare's data agree per
+    row within 10%; chunked_ce's saving (the [tokens, vocab] logits) is predicted within 10 points."""
+    from trainwise.estimate import EstimateConfig, run_estimate
+    from trainwise.trial import run_trial
+
+    from .conftest import tiny_study
+
+    pr_csv = write_csv(tmp_path / "pr.csv", pairs(400))  # enough for 16 packed rows of 128 tokens
+    rows = ["baseline", "chunked_ce", "packing"]
+    kw = dict(batch_size=16, max_length=128, max_steps=2, warmup_steps=1, eval_samples=0, accum_steps=1)
+    lm = dict(model_preset="llama-tiny", prompt_column="question", response_column="answer")
+    study = tiny_study(tmp_path / "study", pr_csv, LM, rows, **kw, **lm)
+    measured = {spec.row: run_trial(spec) for spec in study.specs}
+    cfg = EstimateConfig(
+        tuple(rows),
+        task=LM,
+        batch_size=16,
+        accum_steps=1,
+        max_length=128,
+        train_file=str(pr_csv),
+        prompt_column="question",
+        response_column="answer",
+    )
+    report = run_estimate(None, "llama-tiny", cfg, lambda _: None)
+    predicted = {row: e.peak_bytes for row, e in report.estimates}
+    m = {}
+    for row in rows:
+        r = measured[row]
+        assert r.status == "ok" and r.mem_kind == "cpu_allocated", r.message
+        m[row] = r.peak_mem_bytes
+        assert predicted[row] == pytest.approx(m[row], rel=0.10), row
+    saving_measured = 1 - m["chunked_ce"] / m["baseline"]
+    saving_predicted = 1 - predicted["chunked_ce"] / predicted["baseline"]
+    assert saving_measured > 0.2 and abs(saving_measured - saving_predicted) <= 0.10
