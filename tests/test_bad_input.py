@@ -160,9 +160,17 @@ CASES: dict[str, tuple[list[str], str]] = {
     ),
     "estimate causal-lm": ([*E[:2], "llama-tiny", "--task", "causal-lm"], NOT_YET.format("estimate")),
     "find-batch causal-lm": ([*F[:2], "llama-tiny", *F[3:], "--task", "causal-lm"], NOT_YET.format("find-batch")),
-    "export causal-lm": (
-        [*X, "--strategies", "bf16", "--model-preset", "llama-tiny", "--task", "causal-lm"],
-        NOT_YET.format("export"),
+    "export causal-lm an encoder preset": (
+        [*X, "--strategies", "bf16", "--model-preset", "bert-tiny", "--task", "causal-lm"],
+        "preset 'bert-tiny' is not decoder-only",
+    ),
+    "export causal-lm freeze_encoder": (
+        [*X, "--strategies", "freeze_encoder", "--model-preset", "llama-tiny", "--task", "causal-lm"],
+        "'freeze_encoder' applies to classification, seq2seq, not causal-lm",
+    ),
+    "export causal-lm packing an OPT model": (
+        [*X, "--strategies", "packing", "--model", "{d}/opt", "--task", "causal-lm", "--max-length", "64"],
+        "packing: OPT derives positions from the attention mask, so packed examples attend to each other",
     ),
     "tune causal-lm": (
         [*U[:2], "llama-tiny", *U[3:], "--task", "causal-lm", "--space", "{d}/good.yaml"],
