@@ -62,7 +62,8 @@ def lm_export_study(tmp_path_factory):
 
 def _trial_of(study, row: str) -> tuple:
     """Run the study's trial of `row` (its per-step losses) and store it, so export --study finds it. A packing
-    trial's batch is its number of packed rows: every step then trains on every example, as TRL's does."""
+    trial's batch is its number of packed rows, raw text's its number of blocks: every step then trains on every
+    example, as the exported run's does."""
     from trainwise.data.prepared import load_data
     from trainwise.results import TrialResult
     from trainwise.study import Store
@@ -73,6 +74,9 @@ def _trial_of(study, row: str) -> tuple:
         rows = len(load_data(spec).packed()[0])  # type: ignore[misc]
         assert 1 < rows < spec.settings.n_train, "the examples share rows"
         spec = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, batch_size=rows))
+    elif spec.settings.data_format == "text":
+        blocks = spec.settings.n_train  # trainwise counts the text's blocks of --max-length tokens
+        spec = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, batch_size=blocks))
     losses: list[float] = []
     run_trial(spec, progress=lambda e: losses.append(e["loss"]) if e.get("event") == "step" else None)
     store = Store(study.out / "study.sqlite")
@@ -131,6 +135,53 @@ def test_sft_train_py_as_written_reproduces_the_trial_losses(tmp_path, lm_export
     for ids, labels in zip(observed["batch"]["input_ids"], observed["batch"]["labels"], strict=True):
         scored = [y for y in labels if y != -100]
         assert scored and scored[-1] == eos and len(scored) < sum(1 for t in ids if t != 0)
+
+
+@pytest.fixture(scope="module")
+def text_study(tmp_path_factory):
+    """Raw text (continued pre-training): documents concatenated with EOS and cut into --max-length blocks."""
+    from trainwise.config import StudyConfig
+    from trainwise.study import prepare_study
+
+    root = tmp_path_factory.mktemp("lm-text")
+    data = write_csv(root / "docs.csv", [{"body": f"{r['question']}. {r['answer']}."} for r in pairs(12, seed=5)])
+    cfg = StudyConfig(
+        out=str(root / "study"),
+        strategies=["baseline"],
+        task="causal-lm",
+        model_preset="llama-tiny",
+        train_file=str(data),
+        eval_file=str(data),
+        text_column="body",
+        batch_size=2,
+        accum_steps=1,
+        max_length=48,
+        max_steps=STEPS,
+        warmup_steps=1,
+        lr=3e-3,
+        eval_samples=0,
+        device="cpu",
+        remeasure=False,
+        retries=0,
+    )
+    return prepare_study(cfg)
+
+
+@pytest.mark.slow
+def test_raw_text_sft_train_py_reproduces_the_trial_losses(tmp_path, text_study):
+    """Continued pre-training: the blocks as trainwise cuts them, every token a label (completion_only_loss off),
+    through TRL's SFTTrainer."""
+    spec, ours = _trial_of(text_study, "baseline")
+    assert spec.settings.data_format == "text" and spec.settings.batch_size > 2
+    out = tmp_path / "export"
+    _export(text_study, "baseline", out)
+    assert json.loads((out / "sft_config.json").read_text())["completion_only_loss"] is False
+    logged, observed = _run_sft(out)
+    assert logged == pytest.approx(ours, rel=1e-4)
+    assert ours[-1] < ours[0], "it trained"
+    # every block's tokens carry loss (the first position of a block is never scored: nothing precedes it)
+    ids, labels = observed["batch"]["input_ids"][0], observed["batch"]["labels"][0]
+    assert [y for y in labels if y != -100] == ids[: len([y for y in labels if y != -100])]
 
 
 @pytest.mark.slow
