@@ -164,7 +164,7 @@ CASES: dict[str, tuple[list[str], str]] = {
         "--num-labels is for classification; a causal LM's head is its vocabulary",
     ),
     "estimate causal-lm --target-column": ([*EL, "--target-column", "answer"], "--target-column is not read by causal"),
-    "estimate --prompt-column for classification": ([*E, "--prompt-column", "q"], "--prompt-column is for --task causal"),
+    "estimate --prompt-column for classification": ([*E, "--prompt-column", "q"], "--prompt-column is for --task"),
     "estimate causal-lm --max-length beyond gpt2-tiny": (
         ["estimate", "--model-preset", "gpt2-tiny", "--task", "causal-lm", "--max-length", "4096"],
         "--max-length 4096 is more than gpt2-tiny reads",
@@ -181,10 +181,21 @@ CASES: dict[str, tuple[list[str], str]] = {
         [*LMP, "--strategies", "packing", "--batch-size", "32", "--max-length", "512"],
         "packing: the training examples fill [0-9]+ rows of --max-length 512 tokens, fewer than the batch size 32",
     ),
-    "find-batch causal-lm": ([*F[:2], "llama-tiny", *F[3:], "--task", "causal-lm"], NOT_YET.format("find-batch")),
-    "export causal-lm": (
-        [*X, "--strategies", "bf16", "--model-preset", "llama-tiny", "--task", "causal-lm"],
-        NOT_YET.format("export"),
+    "find-batch causal-lm --target-column": (
+        [*F[:2], "llama-tiny", *F[3:], "--task", "causal-lm", "--target-column", "label"],
+        "--target-column is not read by causal-lm",
+    ),
+    "export causal-lm an encoder preset": (
+        [*X, "--strategies", "bf16", "--model-preset", "bert-tiny", "--task", "causal-lm"],
+        "preset 'bert-tiny' is not decoder-only",
+    ),
+    "export causal-lm freeze_encoder": (
+        [*X, "--strategies", "freeze_encoder", "--model-preset", "llama-tiny", "--task", "causal-lm"],
+        "'freeze_encoder' applies to classification, seq2seq, not causal-lm",
+    ),
+    "export causal-lm packing an OPT model": (
+        [*X, "--strategies", "packing", "--model", "{d}/opt", "--task", "causal-lm", "--max-length", "64"],
+        "packing: OPT derives positions from the attention mask, so packed examples attend to each other",
     ),
     "tune causal-lm": (
         [*U[:2], "llama-tiny", *U[3:], "--task", "causal-lm", "--space", "{d}/good.yaml"],

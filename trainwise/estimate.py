@@ -392,21 +392,18 @@ def probe_point(config: Any, task: str, plan: TrialPlan, micro: int, src_len: in
     decoder_inputs = (
         accelerator.unwrap_model(model).prepare_decoder_input_ids_from_labels if task == "seq2seq" else None
     )
-
-    def step() -> None:
-        accumulate_step(model, [batch], accelerator.backward, task, decoder_inputs, lm_loss=rt.lm_loss)
-
-    step()  # lazy inits happen here
+    step = (model, [batch], accelerator.backward, task, decoder_inputs)
+    accumulate_step(*step, lm_loss=rt.lm_loss)  # lazy inits happen here
     model.zero_grad(set_to_none=True)
     gc.collect()  # earlier probes' models are cyclic garbage: freed inside the window, they'd read as negative
     gc.disable()
     try:
         with AllocatedPeak(device) as peak:
-            step()
+            accumulate_step(*step, lm_loss=rt.lm_loss)
     finally:
         gc.enable()
     shape, terms = shape_of(config, task, plan), terms_of(plan, device)
-    del model, batch
+    del model, batch, step
     scored = src_len if task == CAUSAL_LM else tgt_len  # the probe's causal rows score every token
     return features(shape, micro, src_len, scored, terms.logit_rows), peak.peak_bytes - cast_bytes(shape, terms)
 
@@ -643,10 +640,11 @@ class EstimateConfig:
     offload: str = "none"
     device: str = "auto"  # the device to estimate for
     device_memory: int | None = None
+    verb: str = "estimate"  # whose rows these are (export parses its plan here too): what a refusal names
     parsed: tuple[Row, ...] = field(init=False)
 
     def __post_init__(self) -> None:
-        check_task_supported(self.task, "estimate")
+        check_task_supported(self.task, self.verb)
         if self.task not in TEXT_TASKS:
             raise ConfigError(
                 f"--task must be one of {', '.join(TEXT_TASKS)}, not {self.task!r} (the estimate models transformers)"

@@ -7,7 +7,9 @@ run's settings and renders the files:
   collator, freezing, LoRA, the weights' dtype), with a comment for each such knob;
 - accelerate_config.yaml: for `accelerate launch --config_file`;
 - ds_config.json: for ZeRO plans, with "auto" where the HF integration fills values from the arguments;
-- train_command.txt: the equivalent `trainwise train` command.
+- train_command.txt: the equivalent `trainwise train` command;
+- causal LMs also: sft_config.json (`trl.SFTConfig` keyword arguments: the TrainingArguments and TRL's own, packing
+  and completion-only loss) and sft_train.py, the same run with TRL's SFTTrainer.
 The notes (what TrainingArguments cannot say, and what the snippet does instead) are printed too.
 
 Where the Trainer differs from trainwise's loop (documented in docs/export.md and pinned by a test):
@@ -18,6 +20,7 @@ transformers 5.x logs the training loss x accumulation steps for models that acc
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
 import shlex
@@ -32,9 +35,12 @@ from trainwise.config import DataOrigin, TrialSettings, TrialSpec, check_nproc, 
 from trainwise.errors import ConfigError, check_number
 from trainwise.estimate import EstimateConfig
 from trainwise.files import write_atomic
-from trainwise.models import preset_config_kwargs, resolve_model
+from trainwise.models import CAUSAL_LM, ModelSource, model_config, preset_config_kwargs, resolve_model
 from trainwise.strategies.base import ExportDoc
 from trainwise.strategies.plan import TrialPlan
+
+TRL_VERSION = "1.16.0"  # the TRL that sft_train.py is written for and tested with (trainwise[sft])
+AUTO_CLASSES = {"seq2seq": "AutoModelForSeq2SeqLM", CAUSAL_LM: "AutoModelForCausalLM"}
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,7 @@ class RunSettings:
     train_rows: str | None = None  # a study's prepared training rows (JSONL: text, target)
     epochs: int = 1  # passes `trainwise train` may make (its cap on the steps), enough for max_steps
     tokenizer_dir: str | None = None  # a preset's tokenizer, trained by a study on its data
+    data_format: str = ""  # causal-lm: "text" (raw text cut into blocks) or "prompt_response"; "": not known
 
     def batch_line(self, doc: ExportDoc) -> str:
         """The batch, global and per device, said once for every file."""
@@ -103,7 +110,22 @@ def export_doc(plan: TrialPlan, s: RunSettings, output_dir: str = "out") -> Expo
         # MULTI_GPU launches N ranks (gloo when no GPU is visible). On CPU, use_cpu / --cpu would make
         # `accelerate launch` run ONE process despite num_processes, so it is left off.
         doc.accelerate.update(distributed_type="MULTI_GPU", use_cpu=False)
-    return strategies.export_doc(plan, doc)
+    doc = strategies.export_doc(plan, doc)
+    if s.task == CAUSAL_LM:  # trainwise builds a causal LM with sdpa attention unless the plan says otherwise
+        doc.model_kwargs.setdefault("attn_implementation", repr("sdpa"))
+    return doc
+
+
+def sft_arguments(doc: ExportDoc, s: RunSettings) -> dict:
+    """`trl.SFTConfig` keyword arguments: the TrainingArguments, every TRL default that differs from them said
+    out loud (SFTConfig turns on activation checkpointing and bf16 unless told), the rows' length, and the loss
+    over the response only for prompt/response data."""
+    args = {**doc.args, "activation_checkpointing": doc.args.get("activation_checkpointing", False)}
+    args["bf16"] = doc.args.get("bf16", False)
+    args["max_length"] = s.max_length
+    if s.data_format:  # without a study: TRL decides from the dataset's columns (prompt/completion or text)
+        args["completion_only_loss"] = s.data_format == "prompt_response"
+    return {**args, **doc.sft}
 
 
 def training_arguments(plan: TrialPlan, s: RunSettings, output_dir: str = "out") -> dict:
@@ -156,6 +178,8 @@ def train_command(s: RunSettings, out: str | None = None) -> str:
 def _data_lines(doc: ExportDoc, s: RunSettings) -> list[str]:
     """The snippet's training set: a study's own prepared rows (the same rows, in the same held-out split,
     that trainwise trained on), tokenized as the plan pads; without a study, a placeholder."""
+    if s.task == CAUSAL_LM:
+        return _lm_data_lines(s, sft=False)
     if s.train_rows is None:
         return [
             f"# tokenize with {doc.tokenize}",
@@ -187,15 +211,120 @@ def _data_lines(doc: ExportDoc, s: RunSettings) -> list[str]:
     return [*lines, "", "train_dataset = [encode(row) for row in rows]"]
 
 
+def _lm_data_lines(s: RunSettings, sft: bool) -> list[str]:
+    """A causal LM's training set, tokenized as trainwise does (trainwise.data.tasks.encode_lm): no special tokens
+    but an EOS after each response or document; prompt/response pairs with no loss on the prompt, raw text
+    concatenated and cut into --max-length blocks. For the HF Trainer: input_ids and labels (-100: no loss); for
+    TRL: input_ids and completion_mask, which SFTConfig(completion_only_loss=True) turns into those labels."""
+    if s.train_rows is None:
+        if sft:
+            return [
+                "# your data: a datasets.Dataset with 'prompt' and 'completion' columns (the loss on the completion",
+                "# only) or a 'text' column. TRL tokenizes prompt + completion as one string, so tokens merging",
+                "# across the boundary may differ from trainwise's, which tokenizes them apart (export --study",
+                "# writes that tokenization here)",
+                "train_dataset = ...",
+            ]
+        return [
+            f"# tokenize without special tokens, EOS after each response; at most {s.max_length} tokens",
+            "train_dataset = ...  # your tokenized dataset (input_ids, labels: -100 where no loss)",
+        ]
+    source = s.origin.describe() if s.origin else "its data"
+    lines = [
+        f"# the study's training rows, prepared by trainwise from {source}, tokenized as trainwise does",
+        f"rows = [json.loads(line) for line in open({s.train_rows!r}, encoding='utf-8')]",
+        f"MAX_LENGTH = {s.max_length}",
+        "eos = tokenizer.eos_token_id",
+    ]
+    if s.data_format == "text":
+        lines += [
+            "docs = tokenizer([row['text'] for row in rows], add_special_tokens=False)['input_ids']",
+            "stream = [t for doc in docs for t in (*doc, eos)]  # every document ends with EOS",
+            "blocks = [stream[i : i + MAX_LENGTH] for i in range(0, len(stream), MAX_LENGTH)]  # no token lost",
+        ]
+        if sft:
+            return [*lines, "train_dataset = Dataset.from_list([{'input_ids': b} for b in blocks])  # loss on all"]
+        return [*lines, "train_dataset = [{'input_ids': b, 'labels': b} for b in blocks]  # every token a label"]
+    lines += [
+        "",
+        "def encode(row):",
+        '    """(prompt ids, response ids + EOS), tokenized apart: a long pair loses the prompt\'s beginning first,',
+        '    keeping half the row for the prompt\'s end when the response is longer than the room."""',
+        "    prompt = tokenizer(row['text'], add_special_tokens=False)['input_ids']",
+        "    response = tokenizer(row['target'], add_special_tokens=False)['input_ids'] + [eos]",
+        "    keep = min(len(prompt), max(MAX_LENGTH - len(response), MAX_LENGTH // 2))",
+        "    prompt = prompt[len(prompt) - keep :] if keep > 0 else []",
+        "    return prompt, response[: MAX_LENGTH - len(prompt)]",
+        "",
+        "",
+        "pairs = [encode(row) for row in rows]",
+    ]
+    if sft:
+        return [
+            *lines,
+            "# already tokenized, so TRL keeps these tokens; completion_only_loss=True: no loss on the prompt",
+            "train_dataset = Dataset.from_list(",
+            "    [{'input_ids': p + r, 'completion_mask': [0] * len(p) + [1] * len(r)} for p, r in pairs]",
+            ")",
+        ]
+    return [*lines, "train_dataset = [{'input_ids': p + r, 'labels': [-100] * len(p) + r} for p, r in pairs]"]
+
+
+def _model_part(doc: ExportDoc, s: RunSettings, auto: str, labels: dict[str, str]) -> list[str]:
+    """The tokenizer and the model as trainwise builds them, with the plan's edits."""
+    lines = _preset_lines(s, auto, labels, doc) if s.model_is_preset else _pretrained_lines(s, auto, labels, doc)
+    if s.task == CAUSAL_LM:
+        lines += [
+            "model.config.use_cache = False  # trainwise trains without a key/value cache (packed rows need none)",
+            "if tokenizer.pad_token is None:  # trainwise pads with EOS then: pads carry no loss and attend nowhere",
+            "    tokenizer.pad_token = tokenizer.eos_token",
+            'tokenizer.padding_side = "right"',
+        ]
+    return [*lines, *doc.model_lines]
+
+
+def sft_script(doc: ExportDoc, s: RunSettings) -> str:
+    """The Python that runs a causal LM's plan with TRL's SFTTrainer: the same model, tokens and arguments as
+    train_snippet.py, with SFTConfig saying what TrainingArguments cannot (packing, completion-only loss)."""
+    lines = [
+        f"# exported by trainwise: plan {s.row!r} for TRL's SFTTrainer (pip install trl=={TRL_VERSION})",
+        f"# {s.batch_line(doc)}",
+        *(f"# {note}" for note in doc.notes),
+        "# TRL computes the loss through a fused LM head in chunks, whatever the plan: the mean cross-entropy over",
+        "# the loss tokens of the optimizer step, as trainwise does",
+        "import json",
+        "",
+        "import torch",
+        "from datasets import Dataset",
+        "from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer",
+        "from trl import SFTConfig, SFTTrainer",
+        "",
+        *_model_part(doc, s, "AutoModelForCausalLM", {}),
+        *_lm_data_lines(s, sft=True),
+        'args = SFTConfig(**json.load(open("sft_config.json")))',
+        "trainer = SFTTrainer(model=model, args=args, train_dataset=train_dataset, processing_class=tokenizer)",
+    ]
+    indent = ""
+    for context in doc.train_contexts:
+        lines.append(f"{indent}with {context}:")
+        indent += "    "
+    lines += [
+        f"{indent}trainer.train()",
+        "if torch.distributed.is_initialized():  # every rank leaves cleanly (gloo may abort at exit otherwise)",
+        "    torch.distributed.destroy_process_group()",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 def snippet(doc: ExportDoc, s: RunSettings) -> str:
     """The Python that runs the plan with the HF Trainer: arguments, model, data, collator, notes."""
-    auto = "AutoModelForSeq2SeqLM" if s.task == "seq2seq" else "AutoModelForSequenceClassification"
+    auto = AUTO_CLASSES.get(s.task, "AutoModelForSequenceClassification")
     labels: dict[str, str] = {}
     if s.task == "classification" and s.labels:
         labels["num_labels"] = str(len(s.labels))
         labels["id2label"] = repr(dict(enumerate(s.labels)))
         labels["label2id"] = repr({label: i for i, label in enumerate(s.labels)})
-    model_lines = _preset_lines(s, auto, labels, doc) if s.model_is_preset else _pretrained_lines(s, auto, labels, doc)
     indent = ""
     lines = [f"# exported by trainwise: plan {s.row!r}", f"# {s.batch_line(doc)}"]
     lines += [f"# {note}" for note in doc.notes]
@@ -206,8 +335,7 @@ def snippet(doc: ExportDoc, s: RunSettings) -> str:
         f"from transformers import (AutoConfig, AutoTokenizer, Trainer, TrainingArguments, {auto}, "
         f"{doc.collator.split('(')[0]})",
         "",
-        *model_lines,
-        *doc.model_lines,
+        *_model_part(doc, s, auto, labels),
         *_data_lines(doc, s),
         'args = TrainingArguments(**json.load(open("training_args.json")))',
         f"data_collator = {doc.collator}",
@@ -220,11 +348,19 @@ def snippet(doc: ExportDoc, s: RunSettings) -> str:
         f"{indent}trainer.train()",
         "if torch.distributed.is_initialized():  # every rank leaves cleanly (gloo may abort at exit otherwise)",
         "    torch.distributed.destroy_process_group()",
-        "# note: transformers 5.x logs loss x gradient_accumulation_steps for BERT/T5-style models;",
-        "# the optimisation is the same as trainwise's (see trainwise docs/export.md).",
+        *_LOGGED_LOSS.get(s.task, _LOGGED_LOSS["classification"]),
         "",
     ]
     return "\n".join(lines)
+
+
+_LOGGED_LOSS = {  # what the Trainer's logged loss is, against trainwise's (tests/test_export*.py pin both)
+    "classification": [
+        "# note: transformers 5.x logs loss x gradient_accumulation_steps for BERT/T5-style models;",
+        "# the optimisation is the same as trainwise's (see trainwise docs/export.md).",
+    ],
+    CAUSAL_LM: ["# the logged loss is the mean over the loss tokens of each optimizer step, as trainwise reports it"],
+}
 
 
 def _pretrained_lines(s: RunSettings, auto: str, labels: dict[str, str], doc: ExportDoc) -> list[str]:
@@ -276,12 +412,20 @@ def write_export(plan: TrialPlan, s: RunSettings, out: Path, force: bool = False
     }
     if doc.ds_config is not None:
         files["ds_config.json"] = json.dumps(doc.ds_config, indent=2) + "\n"
+    notes = list(doc.notes)
+    if s.task == CAUSAL_LM:
+        files["sft_config.json"] = json.dumps(sft_arguments(doc, s), indent=2) + "\n"
+        files["sft_train.py"] = sft_script(doc, s)
+        if importlib.util.find_spec("trl") is None:
+            notes.append(
+                f"sft_train.py needs TRL, not installed here: pip install 'trainwise[sft]' (trl=={TRL_VERSION})"
+            )
     paths = []
     for name, text in files.items():
         write_atomic(out / name, text)
         paths.append(out / name)
     data = [f"data: {s.origin.describe()}"] if s.origin is not None else []
-    return paths, [*data, s.batch_line(doc), *doc.notes]
+    return paths, [*data, s.batch_line(doc), *notes]
 
 
 def _yaml(d: dict) -> str:
@@ -347,6 +491,15 @@ def epochs_for(spec: TrialSpec, max_steps: int) -> int:
     return max(1, math.ceil(max_steps / max(1, loop.steps_per_epoch(spec, spec.settings.n_train))))
 
 
+def _check_packable(source: ModelSource) -> None:
+    """TRL's padding-free packing keeps examples apart through position ids, as trainwise's does: a model type that
+    ignores them (OPT, Bloom, Falcon) would let packed examples attend to each other, silently; refused here."""
+    from trainwise.data.packing import can_pack  # heavy: trainwise.data.packing loads torch
+
+    if why := can_pack(model_config(source, CAUSAL_LM, 2)):
+        raise ConfigError(f"packing: {why}; export the plan without packing for {source.display()}")
+
+
 def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str]]:
     """Resolve the plan and its settings (from the study, or from the options), then write the files."""
 
@@ -358,7 +511,8 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         cfg.lr,
     )
     max_steps, nproc, seed, epochs = cfg.max_steps or 1000, cfg.nproc or 1, 0, 1
-    origin, train_rows, tokenizer_dir = None, None, None
+    origin, train_rows, tokenizer_dir, data_format = None, None, None, ""
+    source: ModelSource | None = None  # without a study: the model the options name
     labels: tuple[str, ...] = ()
     if cfg.study is not None:
         from trainwise.data.prepared import read_labels  # heavy: trainwise.data.prepared loads torch
@@ -391,6 +545,7 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         prepared = Path(s.data_dir) / "train.jsonl"
         train_rows = str(prepared) if prepared.is_file() else None
         tokenizer_dir = s.tokenizer_dir if preset else None
+        data_format = s.data_format if task == CAUSAL_LM else ""
     else:
         assert cfg.strategies is not None, "ExportConfig requires one of them"
         text = cfg.strategies
@@ -398,9 +553,11 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         preset = source.kind == "preset"
         model = BUNDLED_HUB_ID if source.label == "all-MiniLM-L6-v2" else source.ref
     parsed = EstimateConfig(
-        (text,), task, batch, accum, *lengths, nproc=nproc, zero_stage=cfg.zero, offload=cfg.offload
+        (text,), task, batch, accum, *lengths, nproc=nproc, zero_stage=cfg.zero, offload=cfg.offload, verb="export"
     )
     row = parsed.parsed[0]
+    if source is not None and source.kind != "preset" and task == CAUSAL_LM and row.plan.value("packing"):
+        _check_packable(source)  # (a study's packing trial has run: its model packs)
     if cfg.device == "cpu" and "cuda" in row.requires:
         names = ", ".join(s.name for s, _ in row.parts if "cuda" in s.requires)
         raise ConfigError(
@@ -425,6 +582,7 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         train_rows=train_rows,
         epochs=epochs,
         tokenizer_dir=tokenizer_dir,
+        data_format=data_format,
     )
     paths, notes = write_export(row.plan, run, out, cfg.force)
     if cfg.study is not None:

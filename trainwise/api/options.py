@@ -380,7 +380,8 @@ class EstimateOptions(Options):
 
 @dataclass(frozen=True, kw_only=True)
 class ExportOptions(Options):
-    """`trainwise export`: a plan as TrainingArguments, accelerate and DeepSpeed configs and a train command."""
+    """`trainwise export`: a plan as TrainingArguments (causal LMs: and TRL's SFTConfig), accelerate and DeepSpeed
+    configs and a train command."""
 
     VERB = "export"
     out: str = option("runs/export", "Directory to write the files into.")

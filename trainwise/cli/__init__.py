@@ -154,7 +154,7 @@ def estimate(o: api.EstimateOptions, as_json: bool) -> None:
 @verb(api.ExportOptions)
 def export(o: api.ExportOptions, _json: bool) -> None:
     """Write a plan as TrainingArguments JSON + Python snippet, accelerate config, ds_config.json (ZeRO) and
-    the equivalent `trainwise train` command."""
+    the equivalent `trainwise train` command; for causal-lm also TRL's SFTConfig JSON + SFTTrainer script."""
     from trainwise.report.terminal import export_report  # start-up: rich
 
     done = export_api.start(o)

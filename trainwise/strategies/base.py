@@ -96,6 +96,8 @@ class ExportDoc:
     accelerate: dict[str, Any] = field(default_factory=dict)
     ds_config: dict | None = None
     notes: list[str] = field(default_factory=list)  # what TrainingArguments cannot say, and what is done instead
+    # causal LM: TRL's SFTConfig keyword arguments beyond the TrainingArguments in `args` (packing, padding)
+    sft: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

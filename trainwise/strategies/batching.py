@@ -10,6 +10,14 @@ def _padding_runtime(value: str, rt: Runtime) -> None:
 
 
 def _padding_export(value: str, doc: ExportDoc) -> None:
+    if doc.task == "causal-lm":  # ids and labels built by the snippet; the collator pads both (labels with -100)
+        width = f', padding="max_length", max_length={doc.max_length}' if value == "max_length" else ""
+        doc.collator = f"DataCollatorForSeq2Seq(tokenizer{width})"
+        if value == "max_length":  # TRL's collator pads to the longest unless asked for a multiple
+            doc.sft["pad_to_multiple_of"] = doc.max_length
+        else:
+            doc.notes.append("dynamic padding: no TrainingArguments field; both scripts pad each batch to its longest")
+        return
     if value == "max_length":
         doc.collator = "default_data_collator"
         doc.tokenize = f'padding="max_length", truncation=True, max_length={doc.max_length}'

@@ -194,11 +194,19 @@ def _lora_export(value: int, doc: ExportDoc) -> None:
     if not value:
         return
     peft_task = PEFT_TASKS.get(doc.task, "SEQ_CLS")
-    doc.model_lines += [
-        "from peft import LoraConfig, get_peft_model  # pip install peft",
-        f"model = get_peft_model(model, LoraConfig(r={value}, lora_alpha={2 * value}, "
-        f'lora_dropout=0.0, task_type="{peft_task}"))  # peft picks the attention projections',
-    ]
+    doc.model_lines.append("from peft import LoraConfig, get_peft_model  # pip install peft")
+    if doc.task == "causal-lm":  # trainwise's targets by model type; another type: peft's default (as trainwise)
+        doc.model_lines += [
+            "# every attention and MLP projection (QLoRA's choice), not peft's default q/v only",
+            f"LORA_TARGETS = {CAUSAL_LORA_TARGETS!r}",
+            f"model = get_peft_model(model, LoraConfig(r={value}, lora_alpha={2 * value}, lora_dropout=0.0, "
+            f'target_modules=LORA_TARGETS.get(model.config.model_type), task_type="{peft_task}"))',
+        ]
+    else:
+        doc.model_lines.append(
+            f"model = get_peft_model(model, LoraConfig(r={value}, lora_alpha={2 * value}, "
+            f'lora_dropout=0.0, task_type="{peft_task}"))  # peft picks the attention projections'
+        )
     doc.notes.append("lora: no TrainingArguments field; the snippet wraps the model with peft")
 
 

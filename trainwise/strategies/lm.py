@@ -26,11 +26,17 @@ def _packable(model):
 
 
 def _packing_export(value: bool, doc: ExportDoc) -> None:
-    if value:
-        doc.notes.append(
-            "packing: no TrainingArguments field; TRL's SFTConfig(packing=True, padding_free=True) packs the same "
-            "way (position ids restart per example, no attention mask)"
-        )
+    if not value:
+        return
+    # TRL 1.16: bfd packing bins whole examples best-fit decreasing into max_length rows (bfd never cuts one that
+    # fits) and implies padding_free: the collator sends position ids restarting per example and no attention mask,
+    # so transformers keeps the examples apart (sdpa / eager), and sets the label at each example's start to -100
+    doc.sft.update(packing=True, packing_strategy="bfd", padding_free=True)
+    doc.notes.append(
+        "packing: no TrainingArguments field; train_snippet.py (the HF Trainer) trains unpacked rows, sft_train.py "
+        "packs as trainwise does: SFTConfig(packing=True, packing_strategy='bfd', padding_free=True) bins whole "
+        "examples into --max-length rows, position ids restart per example, no example attends to another"
+    )
 
 
 PACKING = Knob(
@@ -67,8 +73,9 @@ def _lm_loss_runtime(value: str, rt: Runtime) -> None:
 def _lm_loss_export(value: str, doc: ExportDoc) -> None:
     if value == "chunked":
         doc.notes.append(
-            "chunked_ce: no TrainingArguments field; on CUDA, Liger's fused linear cross-entropy "
-            "(SFTConfig(use_liger_kernel=True)) avoids the full logits the same way"
+            "chunked_ce: no TrainingArguments field; sft_train.py needs none: TRL 1.16's SFTTrainer always computes "
+            "its loss through a fused LM head in chunks (no [tokens, vocab] logits); train_snippet.py (the HF "
+            "Trainer) has no equivalent: its model computes the full logits"
         )
 
 
