@@ -214,9 +214,9 @@ class Stream:
         if rt.packing:
             assert data.packed is not None, "packing applies to causal-lm only (the strategy's tasks)"
             train, lengths, collate = data.packed()
-            if len(train) < s.batch_size:  # the study checks its own batch size; find-batch tries larger ones
+            if len(lengths) < s.batch_size:  # the study checks its own batch size; find-batch tries larger ones
                 raise ValueError(
-                    f"packing: the training examples fill {len(train)} rows of {s.max_length} tokens, fewer than "
+                    f"packing: the training examples fill {len(lengths)} rows of {s.max_length} tokens, fewer than "
                     f"the batch size {s.batch_size}"
                 )
         else:
