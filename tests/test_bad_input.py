@@ -33,7 +33,6 @@ US = [*U, "--eval-every", "2", "--space"]
 LM = ["compare", "--task", "causal-lm", "--model-preset", "llama-tiny", "--max-steps", "2", "--warmup-steps", "1"]
 LMC = [*LM, "--out", "{w}", "--train-file", "{d}/pr.csv"]
 LMP = [*LMC, "--prompt-column", "question", "--response-column", "answer"]
-NOT_YET = "--task causal-lm is not supported by `trainwise {}` yet"
 FINITE = "must be a finite number"
 
 CASES: dict[str, tuple[list[str], str]] = {
@@ -197,9 +196,9 @@ CASES: dict[str, tuple[list[str], str]] = {
         [*X, "--strategies", "packing", "--model", "{d}/opt", "--task", "causal-lm", "--max-length", "64"],
         "packing: OPT derives positions from the attention mask, so packed examples attend to each other",
     ),
-    "tune causal-lm": (
-        [*U[:2], "llama-tiny", *U[3:], "--task", "causal-lm", "--space", "{d}/good.yaml"],
-        NOT_YET.format("tune"),
+    "tune causal-lm with a decoding parameter": (
+        [*U[:2], "llama-tiny", *U[3:], "--task", "causal-lm", "--eval-every", "2", "--space", "{d}/beams.yaml"],
+        "num_beams: decoding parameters apply to --task seq2seq only, not causal-lm",
     ),
     # ---- compare: --out ----
     "compare --out a corrupt study": (
@@ -384,6 +383,7 @@ CASES: dict[str, tuple[list[str], str]] = {
 
 SPACES = {
     "good.yaml": "lr: {low: 1.0e-5, high: 1.0e-3, log: true}\n",
+    "beams.yaml": "num_beams: {choices: [1, 4]}\n",
     "notyaml.yaml": "lr: {low: 1e-5, high\n  - : [\n",
     "unknown.yaml": "momentum: {low: 0.8, high: 0.99}\n",
     "lg.yaml": "lr: {low: 1.0e-5, high: 1.0e-3, lg: true}\n",

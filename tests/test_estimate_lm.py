@@ -31,11 +31,13 @@ def config_of(preset: str):
 def test_a_causal_lm_has_logits_at_every_position_and_chunked_keeps_one_chunk():
     shape = shape_of(config_of("smollm2-135m"), LM, TrialPlan())
     assert shape.causal and not shape.seq2seq and shape.vocab == 49152
-    full = features(shape, 4, 512, 48)  # the target length is seq2seq's: a causal LM ignores it
+    full = features(shape, 4, 512, 48)  # every position's logits, however few of them are scored (48 a row)
     assert full["logits"] == 4 * 512 * 49152
-    chunked = features(shape, 4, 512, 48, terms_of(plan_of("chunked_ce"), "cpu").logit_rows)
+    chunked = features(shape, 4, 512, 512, terms_of(plan_of("chunked_ce"), "cpu").logit_rows)
     assert chunked["logits"] == CHUNK_TOKENS * 49152
-    assert features(shape, 1, 256, 48, CHUNK_TOKENS)["logits"] == 256 * 49152  # fewer tokens than a chunk
+    assert features(shape, 1, 256, 256, CHUNK_TOKENS)["logits"] == 256 * 49152  # fewer tokens than a chunk
+    # the chunked loss scores only the rows that carry loss: 4 rows of at most 48 response tokens
+    assert features(shape, 4, 512, 48, CHUNK_TOKENS)["logits"] == 4 * 48 * 49152
     assert {k: v for k, v in chunked.items() if k != "logits"} == {k: v for k, v in full.items() if k != "logits"}
 
 

@@ -36,19 +36,6 @@ DEFAULT_DATASET = {  # built in
     IMAGE_TASK: "digits",
 }
 Task = Literal["classification", "seq2seq", "causal-lm"]
-# the verbs that do not handle causal-lm yet (issue 26's later slices): each refuses it with one line
-NOT_YET_CAUSAL = ("tune",)
-
-
-def check_task_supported(task: str, verb: str) -> None:
-    """A verb that cannot run `task` yet says so in one line (exit 2) instead of failing deeper."""
-    if task == CAUSAL_LM and verb in NOT_YET_CAUSAL:
-        raise ConfigError(
-            f"--task causal-lm is not supported by `trainwise {verb}` yet; "
-            "`trainwise compare` and `trainwise train` run it"
-        )
-
-
 # StudyConfig fields that say how a command runs, not what it measures: a rerun leaves them out
 _NOT_OPTIONS = {"retry_failed", "force", "fit_to_device", "seed_per_repeat", "quiet_wait_s"}
 
@@ -250,6 +237,15 @@ def check_monitor(monitor: str) -> None:
         raise ConfigError(f"--monitor must be one of {', '.join(MONITORS)}, not {monitor!r}")
 
 
+# each text task's metric, higher is better (a causal LM's: minus its evaluation loss)
+METRICS = {"classification": "accuracy", "seq2seq": "rougeL", CAUSAL_LM: "neg_eval_loss"}
+
+
+def monitor_name(monitor: str, task: str) -> str:
+    """'metric (neg_eval_loss)': what `--monitor metric` watches for the task."""
+    return f"metric ({METRICS.get(task, 'accuracy')})" if monitor == "metric" else monitor
+
+
 def maximize(monitor: str) -> bool:
     return monitor == "metric"
 
@@ -257,7 +253,8 @@ def maximize(monitor: str) -> bool:
 def monitored(record: dict, monitor: str) -> float | None:
     """The watched value in an evaluation record (None when the record has none, e.g. no held-out rows)."""
     if monitor == "metric":
-        return record.get("rougeL", record.get("accuracy", record.get("neg_eval_loss")))
+        # the task's metric (METRICS): a causal LM's records also hold its answers' rougeL
+        return record.get("neg_eval_loss", record.get("rougeL", record.get("accuracy")))
     return record.get(monitor)
 
 

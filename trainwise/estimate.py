@@ -44,7 +44,6 @@ from trainwise.config import (
     check_accum,
     check_lm_columns,
     check_nproc,
-    check_task_supported,
 )
 from trainwise.data.sources import read_task_data, tokenizer_corpus
 from trainwise.errors import ConfigError
@@ -640,11 +639,9 @@ class EstimateConfig:
     offload: str = "none"
     device: str = "auto"  # the device to estimate for
     device_memory: int | None = None
-    verb: str = "estimate"  # whose rows these are (export parses its plan here too): what a refusal names
     parsed: tuple[Row, ...] = field(init=False)
 
     def __post_init__(self) -> None:
-        check_task_supported(self.task, self.verb)
         if self.task not in TEXT_TASKS:
             raise ConfigError(
                 f"--task must be one of {', '.join(TEXT_TASKS)}, not {self.task!r} (the estimate models transformers)"

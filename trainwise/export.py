@@ -31,7 +31,7 @@ import yaml
 
 from trainwise import strategies
 from trainwise.advise import partial_note, study_row
-from trainwise.config import DataOrigin, TrialSettings, TrialSpec, check_nproc, check_task_supported
+from trainwise.config import DataOrigin, TrialSettings, TrialSpec, check_nproc
 from trainwise.errors import ConfigError, check_number
 from trainwise.estimate import EstimateConfig
 from trainwise.files import write_atomic
@@ -460,7 +460,6 @@ class ExportConfig:
     force: bool = False  # write into an --out that holds files trainwise did not write
 
     def __post_init__(self) -> None:
-        check_task_supported(self.task, "export")
         if self.device not in ("cuda", "cpu"):
             raise ConfigError(f"--device must be cuda or cpu, not {self.device!r}")
         if self.max_steps is not None and self.max_steps <= 0:
@@ -528,7 +527,6 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         if spec is None:
             raise ConfigError(f"--study {cfg.study}: the store holds no trial of {entry.strategy!r}")
         s = spec.settings
-        check_task_supported(s.task, "export")
         text, (model, preset) = spec.row, named_model(s)
         task, batch, accum, lengths, lr = (
             s.task,
@@ -553,7 +551,7 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         preset = source.kind == "preset"
         model = BUNDLED_HUB_ID if source.label == "all-MiniLM-L6-v2" else source.ref
     parsed = EstimateConfig(
-        (text,), task, batch, accum, *lengths, nproc=nproc, zero_stage=cfg.zero, offload=cfg.offload, verb="export"
+        (text,), task, batch, accum, *lengths, nproc=nproc, zero_stage=cfg.zero, offload=cfg.offload
     )
     row = parsed.parsed[0]
     if source is not None and source.kind != "preset" and task == CAUSAL_LM and row.plan.value("packing"):

@@ -19,7 +19,7 @@ import yaml
 
 from trainwise import quality
 from trainwise.advise import Constraints
-from trainwise.config import StudyConfig, TrainConfig, check_task_supported
+from trainwise.config import StudyConfig, TrainConfig
 from trainwise.cost import resolve_price
 from trainwise.errors import ConfigError, check_names
 from trainwise.estimate import EstimateConfig
@@ -435,7 +435,6 @@ class FindBatchOptions(Options):
     trial_timeout: float = option(900.0, TIMEOUT)
 
     def resolve(self):
-        check_task_supported(self.task, "find-batch")
         limit = parse_bytes(self.memory_limit, "--memory-limit") if self.memory_limit is not None else None
         return FindBatchConfig(self.candidates, self.steps, limit, self.refine, self.use_estimate)
 
@@ -513,7 +512,6 @@ class TuneOptions(ModelData, Priced):
 
     def resolve(self):
         """(the search's TuneConfig, the one-row StudyConfig every trial trains)."""
-        check_task_supported(self.task, "tune")
         values = dataclasses.asdict(self)
         tune = TuneConfig(**{f.name: values[f.name] for f in fields(TuneConfig) if f.init})
         return tune, self.study_config(strategies=[self.strategies], max_steps=2, warmup_steps=0)

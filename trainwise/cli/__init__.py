@@ -34,6 +34,7 @@ from trainwise.api import options as api
 from trainwise.api import train as train_api
 from trainwise.api import tune as tune_api
 from trainwise.api.render import Render
+from trainwise.config import monitor_name
 from trainwise.files import exit_line
 from trainwise.measure.env import environment
 from trainwise.tune import check_some_complete
@@ -185,7 +186,7 @@ def tune(o: api.TuneOptions, _json: bool) -> None:
     search or TPE (resumable, with pruning), or population-based training with Ray Tune."""
     terminal, render = _terminal()
     result, report = tune_api.start(o, render)
-    terminal.tune_table(result, report, o.search, o.monitor, o.out)
+    terminal.tune_table(result, report, o.search, monitor_name(o.monitor, o.task), o.out)
     check_some_complete(result)  # exit 1 when no trial produced a value
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from trainwise.config import TrialSpec
+from trainwise.config import METRICS, TrialSpec
 from trainwise.data.metrics import accuracy, text_metrics
 from trainwise.data.packing import PackedCollator, PackedDataset
 from trainwise.data.tasks import (
@@ -90,7 +90,6 @@ def load_data(spec: TrialSpec) -> TrialData:
 
 # the tasks' headline metrics, higher is better: a causal LM's is minus its evaluation loss (mean cross-entropy
 # per loss token, in nats), so the quality phase and advise rank it as they rank accuracy; perplexity beside it
-METRICS = {"classification": "accuracy", "seq2seq": "rougeL", "causal-lm": "neg_eval_loss"}
 
 
 def _text_data(spec: TrialSpec) -> TrialData:
