@@ -211,7 +211,9 @@ def test_compare_and_train_on_chat_data(tiny_chat_model, chat_jsonl, tmp_path, c
     assert main(argv) == 0  # no column named: the file's 'messages' column is found
     err = capsys.readouterr().err
     assert "training conversations are longer than --max-length 64: cut there" in err, err
-    rows = json.loads((out / "results.json").read_text())["rows"]
+    results = json.loads((out / "results.json").read_text())
+    assert results["study"]["data"].startswith(f"{chat_jsonl} (messages 'messages'): ")
+    rows = results["rows"]
     assert [r["strategy"] for r in rows] == ["baseline", "packing"] and all(r["status"] == "ok" for r in rows), rows
     for r in rows:
         assert 0.05 < r["loss_token_share"] < 0.5  # the short answers, not the template, system and user turns

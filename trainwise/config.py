@@ -353,7 +353,8 @@ class DataOrigin:
             str(self.eval_samples),
         ]
 
-    def describe(self) -> str:
+    def describe(self, data_format: str = "") -> str:
+        """The data in words; `data_format`: what was read (TrialSettings.data_format), when known."""
         where = self.train_file or self.dataset or "the built-in corpus"
         columns = (
             f" (text {self.text_column or 'text'!r}, target {self.target_column or 'target'!r})"
@@ -362,8 +363,8 @@ class DataOrigin:
         )
         if self.train_file and (self.prompt_column or self.response_column):
             columns = f" (prompt {self.prompt_column or 'prompt'!r}, response {self.response_column or 'response'!r})"
-        if self.train_file and self.messages_column:
-            columns = f" (messages {self.messages_column!r})"
+        if self.train_file and (self.messages_column or data_format == "chat"):  # named, or found
+            columns = f" (messages {self.messages_column or 'messages'!r})"
         held = f", evaluated on {self.eval_file}" if self.eval_file else ""
         return f"{where}{columns}{held}"
 

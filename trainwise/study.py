@@ -916,7 +916,7 @@ def study_settings(prepared: PreparedStudy, table: list[StudyRow], price=None, q
     cfg, s = prepared.config, prepared.specs[0].settings
     env: dict = next((e.env for e in table if e.env), {}) or environment(s.device)
     origin = _origin(prepared.out)
-    data = DataOrigin.of(cfg).describe()
+    data = DataOrigin.of(cfg).describe(s.data_format)
     kind, _, name = (origin.source or "" if origin else "").partition(":")
     if kind == "builtin":
         data = f"the built-in corpus {name}"
