@@ -33,6 +33,8 @@ US = [*U, "--eval-every", "2", "--space"]
 LM = ["compare", "--task", "causal-lm", "--model-preset", "llama-tiny", "--max-steps", "2", "--warmup-steps", "1"]
 LMC = [*LM, "--out", "{w}", "--train-file", "{d}/pr.csv"]
 LMP = [*LMC, "--prompt-column", "question", "--response-column", "answer"]
+CHAT = [*LM, "--out", "{w}", "--train-file"]  # causal-lm chat transcripts: the file next
+NO_CONVERSATIONS = "no usable conversations in 'messages': 40 "
 FINITE = "must be a finite number"
 
 CASES: dict[str, tuple[list[str], str]] = {
@@ -158,6 +160,54 @@ CASES: dict[str, tuple[list[str], str]] = {
         [*LMP, "--strategies", "packing+dynamic_pad"],
         "packing.*dynamic_pad|dynamic_pad.*packing",
     ),
+    "compare causal-lm chat with a preset (no chat template)": (
+        [*CHAT, "{d}/chat.jsonl"],
+        "the tokenizer of llama-tiny has no chat template: use --prompt-column/--response-column or a model with one",
+    ),
+    "train causal-lm chat with a preset (no chat template)": (
+        ["train", *LM[1:5], "--max-steps", "2", "--out", "{w}", "--train-file", "{d}/chat.jsonl"],
+        "the tokenizer of llama-tiny has no chat template",
+    ),
+    "compare causal-lm chat messages not JSON": (
+        [*CHAT, "{d}/chat-notjson.csv", "--messages-column", "messages"],
+        f"chat-notjson.csv: {NO_CONVERSATIONS}'messages' not JSON, first at line 2",
+    ),
+    "compare causal-lm chat messages not a list": (
+        [*CHAT, "{d}/chat-notlist.jsonl"],
+        f"chat-notlist.jsonl: {NO_CONVERSATIONS}'messages' not a list of role/content objects, first at line 1",
+    ),
+    "compare causal-lm chat a message without a role": (
+        [*CHAT, "{d}/chat-norole.jsonl"],
+        f"chat-norole.jsonl: {NO_CONVERSATIONS}a message without 'role', first at line 1",
+    ),
+    "compare causal-lm chat an unknown role": (
+        [*CHAT, "{d}/chat-bot.jsonl"],
+        f"chat-bot.jsonl: {NO_CONVERSATIONS}unknown role 'bot' .roles: system, user, assistant., first at line 1",
+    ),
+    "compare causal-lm chat no assistant turn": (
+        [*CHAT, "{d}/chat-noanswer.jsonl"],
+        f"chat-noanswer.jsonl: {NO_CONVERSATIONS}no assistant turn, first at line 1",
+    ),
+    "compare causal-lm chat no such messages column": (
+        [*CHAT, "{d}/chat.jsonl", "--messages-column", "dialogue"],
+        "chat.jsonl: no column 'dialogue' .--messages-column.; columns are: messages",
+    ),
+    "compare causal-lm --messages-column with --prompt-column": (
+        [*LMP, "--messages-column", "messages"],
+        "give either --messages-column .chat transcripts. or --prompt-column/--response-column .pairs., not both",
+    ),
+    "compare causal-lm --messages-column with --text-column": (
+        [*CHAT, "{d}/chat.jsonl", "--messages-column", "messages", "--text-column", "text"],
+        "give either --messages-column .chat transcripts. or --text-column .raw text., not both",
+    ),
+    "compare --messages-column with classification": (
+        [*C, "--messages-column", "text"],
+        "--messages-column is for --task causal-lm .chat transcripts., not classification",
+    ),
+    "compare causal-lm --messages-column with the built-in corpus": (
+        [*LM, "--out", "{w}", "--messages-column", "messages"],
+        "--messages-column reads a file or a HF dataset; the built-in 'stdlib-instruct' is not chat data",
+    ),
     "estimate causal-lm --num-labels": (
         [*EL, "--num-labels", "3"],
         "--num-labels is for classification; a causal LM's head is its vocabulary",
@@ -171,6 +221,10 @@ CASES: dict[str, tuple[list[str], str]] = {
     "estimate causal-lm packing with a model that cannot keep examples apart": (
         ["estimate", "--model", "{d}/opt", "--task", "causal-lm", "--strategies", "packing"],
         "packing: packing: OPT derives positions from the attention mask",
+    ),
+    "estimate causal-lm chat with a preset (no chat template)": (
+        [*EL, "--train-file", "{d}/chat.jsonl"],
+        "the tokenizer of llama-tiny has no chat template",
     ),
     "estimate causal-lm no response column": (
         [*EL, "--train-file", "{d}/pr.csv", "--prompt-column", "question", "--response-column", "reply"],
@@ -428,7 +482,8 @@ def inputs(tmp_path: Path) -> Path:
     d.mkdir()
     write_csv(d / "ok.csv", make_rows(40, "classification"))
     write_csv(d / "oneclass.csv", [{"text": f"row {i}", "target": "a"} for i in range(40)])
-    pairs = [{"question": r["text"], "answer": r["target"]} for r in make_rows(40, "seq2seq")]
+    pairs_ = make_rows(40, "seq2seq")
+    pairs = [{"question": r["text"], "answer": r["target"]} for r in pairs_]
     write_csv(d / "pr.csv", pairs)
     write_csv(d / "pr-holes.csv", [{**r, "answer": "" if i % 10 == 1 else r["answer"]} for i, r in enumerate(pairs)])
     holes = [
@@ -459,6 +514,16 @@ def inputs(tmp_path: Path) -> Path:
             json.dumps({"model_type": family, "architectures": [arch], **tiny, **config})
         )
         (d / family / "tokenizer.json").write_text("{}")
+    chats = [[{"role": "user", "content": r["text"]}, {"role": "assistant", "content": r["target"]}] for r in pairs_]
+    for name, convs in {
+        "chat": chats,
+        "chat-notlist": [{"role": "user", "content": "hi"}] * 40,
+        "chat-norole": [[{"content": m["content"]} for m in c] for c in chats],
+        "chat-bot": [[{**c[0], "role": "bot"}, c[1]] for c in chats],
+        "chat-noanswer": [c[:1] for c in chats],
+    }.items():
+        (d / f"{name}.jsonl").write_text("".join(json.dumps({"messages": c}) + "\n" for c in convs))
+    write_csv(d / "chat-notjson.csv", [{"messages": json.dumps(c)[:-3]} for c in chats])  # cut short: not JSON
     (d / "emptydir").mkdir()
     (d / "foreign").mkdir()
     (d / "foreign" / "notes.md").write_text("mine")

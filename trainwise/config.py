@@ -56,6 +56,7 @@ class StudyConfig:
     target_column: str | None = None
     prompt_column: str | None = None  # causal-lm: prompt/response data (the prompt carries no loss)
     response_column: str | None = None
+    messages_column: str | None = None  # causal-lm: chat transcripts (the assistant turns carry the loss)
     batch_size: int = 16
     accum_steps: int = 4
     max_length: int = 128
@@ -150,7 +151,8 @@ class StudyConfig:
             raise ConfigError("--strategies: no rows given; e.g. --strategies baseline,bf16")
         if self.model and self.model_preset:
             raise ConfigError("give either --model or --model-preset, not both")
-        check_lm_columns(self.task, self.prompt_column, self.response_column, self.target_column)
+        columns = (self.prompt_column, self.response_column, self.target_column, self.messages_column)
+        check_lm_columns(self.task, *columns, self.text_column)
         if self.task == CAUSAL_LM and self.max_length < 2:
             raise ConfigError(f"--max-length must be >= 2 for causal-lm (a token and the next), got {self.max_length}")
         if self.dataset and self.train_file:
@@ -170,11 +172,24 @@ class StudyConfig:
                 check_accum(row, size)
 
 
-def check_lm_columns(task: str, prompt: str | None, response: str | None, target: str | None) -> None:
-    """--prompt-column/--response-column are causal-lm's (prompt/response data); the target is another task's."""
+def check_lm_columns(
+    task: str,
+    prompt: str | None,
+    response: str | None,
+    target: str | None,
+    messages: str | None = None,
+    text: str | None = None,
+) -> None:
+    """--prompt-column/--response-column (prompt/response data) and --messages-column (chat transcripts) are
+    causal-lm's, one kind of data at a time; the target is another task's."""
     if task != CAUSAL_LM and (prompt is not None or response is not None):
         flag = "--prompt-column" if prompt is not None else "--response-column"
         raise ConfigError(f"{flag} is for --task causal-lm (prompt/response data), not {task}")
+    if task != CAUSAL_LM and messages is not None:
+        raise ConfigError(f"--messages-column is for --task causal-lm (chat transcripts), not {task}")
+    if messages is not None and (prompt is not None or response is not None or text is not None):
+        other = "--text-column (raw text)" if text is not None else "--prompt-column/--response-column (pairs)"
+        raise ConfigError(f"give either --messages-column (chat transcripts) or {other}, not both")
     if task == CAUSAL_LM and target is not None:
         raise ConfigError(
             "--target-column is not read by causal-lm: give --prompt-column and --response-column "
@@ -276,6 +291,7 @@ class DataOrigin:
     not_evaluated: int = 0  # held-out rows of a class no training row has
     prompt_column: str | None = None  # causal-lm's prompt/response data
     response_column: str | None = None
+    messages_column: str | None = None  # causal-lm's chat transcripts
 
     @classmethod
     def of(cls, cfg: StudyConfig, data: TaskData | None = None) -> DataOrigin:
@@ -303,6 +319,7 @@ class DataOrigin:
             data.not_evaluated if data is not None else 0,
             cfg.prompt_column,
             cfg.response_column,
+            cfg.messages_column,
         )
 
     @classmethod
@@ -324,6 +341,7 @@ class DataOrigin:
             ("--target-column", self.target_column),
             ("--prompt-column", self.prompt_column),
             ("--response-column", self.response_column),
+            ("--messages-column", self.messages_column),
             ("--max-train-samples", self.max_train_samples),
         ]
         return [
@@ -332,7 +350,8 @@ class DataOrigin:
             str(self.eval_samples),
         ]
 
-    def describe(self) -> str:
+    def describe(self, data_format: str = "") -> str:
+        """The data in words; `data_format`: what was read (TrialSettings.data_format), when known."""
         where = self.train_file or self.dataset or "the built-in corpus"
         columns = (
             f" (text {self.text_column or 'text'!r}, target {self.target_column or 'target'!r})"
@@ -341,6 +360,8 @@ class DataOrigin:
         )
         if self.train_file and (self.prompt_column or self.response_column):
             columns = f" (prompt {self.prompt_column or 'prompt'!r}, response {self.response_column or 'response'!r})"
+        if self.train_file and (self.messages_column or data_format == "chat"):  # named, or found
+            columns = f" (messages {self.messages_column or 'messages'!r})"
         held = f", evaluated on {self.eval_file}" if self.eval_file else ""
         return f"{where}{columns}{held}"
 
@@ -417,8 +438,8 @@ class TrialSettings:
     label_smoothing: float = 0.0
     num_beams: int = 1  # seq2seq evaluation: beam search width (1: greedy)
     length_penalty: float = 1.0  # seq2seq evaluation: beam score / length**penalty
-    # causal-lm: "text" (raw text cut into blocks, every token carries loss) or "prompt_response" (the
-    # response's tokens carry it); "" for the other tasks
+    # causal-lm: "text" (raw text cut into blocks, every token carries loss), "prompt_response" (the
+    # response's tokens carry it) or "chat" (conversations: the assistant turns carry it); "" for the other tasks
     data_format: str = ""
 
 

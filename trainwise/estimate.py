@@ -45,6 +45,7 @@ from trainwise.config import (
     check_lm_columns,
     check_nproc,
 )
+from trainwise.data.chat import check_chat_template
 from trainwise.data.sources import read_task_data, tokenizer_corpus
 from trainwise.errors import ConfigError
 from trainwise.files import write_atomic
@@ -591,12 +592,20 @@ class DataFacts:
             cfg.target_column,
             prompt_column=cfg.prompt_column,
             response_column=cfg.response_column,
+            messages_column=cfg.messages_column,
         )
+        if data.data_format == "chat" and source.kind == "preset":  # as compare refuses it
+            raise ConfigError(
+                f"the tokenizer of {source.display()} has no chat template: use --prompt-column/--response-column "
+                "or a model with one"
+            )
         train, labels = data.train, data.labels
         with tempfile.TemporaryDirectory(prefix="trainwise-estimate-") as tmp:
             if source.kind == "preset":  # compare trains the preset's tokenizer on the data: so does this
                 train_tokenizer(tokenizer_corpus(train), source.ref, Path(tmp))
             tokenizer = load_tokenizer(source, tmp if source.kind == "preset" else None)
+            if data.data_format == "chat":
+                check_chat_template(tokenizer, source.display())
             label2id = {x: i for i, x in enumerate(labels)}
             enc = encode(train, tokenizer, cfg.task, cfg.max_length, cfg.max_target_length, label2id, data.data_format)
         # seq2seq: target token ids; causal-lm: labels aligned with the inputs, -100 where nothing is scored
@@ -635,6 +644,7 @@ class EstimateConfig:
     target_column: str | None = None
     prompt_column: str | None = None  # causal-lm prompt/response data (as compare's)
     response_column: str | None = None
+    messages_column: str | None = None  # causal-lm chat transcripts
     zero_stage: int = 0
     offload: str = "none"
     device: str = "auto"  # the device to estimate for
@@ -654,7 +664,8 @@ class EstimateConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {getattr(self, name)}")
         if self.num_labels is not None and self.num_labels < 2:
             raise ConfigError(f"--num-labels must be >= 2, got {self.num_labels}")
-        check_lm_columns(self.task, self.prompt_column, self.response_column, self.target_column)
+        columns = (self.prompt_column, self.response_column, self.target_column, self.messages_column)
+        check_lm_columns(self.task, *columns, self.text_column)
         if self.task == CAUSAL_LM:
             if self.num_labels is not None:
                 raise ConfigError("--num-labels is for classification; a causal LM's head is its vocabulary")

@@ -38,6 +38,7 @@ from trainwise.config import (
     TrialSettings,
     TrialSpec,
 )
+from trainwise.data.chat import chat_notes, check_chat_template, encode_chat
 from trainwise.data.sources import read_task_data, tokenizer_corpus
 from trainwise.errors import ConfigError, RunFailed
 from trainwise.files import failed, refused_by, write_atomic, writing
@@ -284,11 +285,16 @@ def prepare_study(cfg: StudyConfig, on_note: Callable[[str], None] = lambda _lin
         cfg.max_train_samples,
         cfg.prompt_column,
         cfg.response_column,
+        cfg.messages_column,
     )
     if cfg.task == CAUSAL_LM and source.kind != "preset":
         check_eos(source)
     train, evals, labels = data.train, data.evals, data.labels
     notes = [f"trainwise: data: {note}" for note in data.notes()]  # rows not used: said, never silent
+    n_train = len(train)  # training samples; raw text is cut into blocks once the tokenizer is known
+    if data.data_format == "chat":  # conversations are rendered here, once, so a template that fails says so now
+        n_train, chat = chat_samples(source, train, evals[: cfg.eval_samples], cfg.max_length)
+        notes += [f"trainwise: data: {note}" for note in chat]
     if cfg.task == "classification" and (note := head_note(source, len(labels))):
         notes.insert(0, f"trainwise: note: {note}")
     if source.kind == "dir" and (Path(source.ref) / gguf.SOURCE_FILE).is_file():  # SmolLM2 from its 4-bit GGUF
@@ -296,9 +302,9 @@ def prepare_study(cfg: StudyConfig, on_note: Callable[[str], None] = lambda _lin
     for note in notes:
         on_note(note)
     largest = max(c.batch_size for c in cfg.cells())
-    if len(train) < largest:
-        raise ConfigError(f"the training data has {len(train)} rows, fewer than the batch size {largest}")
-    n_train = len(train)  # training samples; raw text is cut into blocks once the tokenizer is known
+    if n_train < largest:
+        unit = "conversations kept" if data.data_format == "chat" else "rows"
+        raise ConfigError(f"the training data has {n_train} {unit}, fewer than the batch size {largest}")
 
     # Everything the user gave is valid: from here on files are written.
     existed = out.exists()
@@ -356,6 +362,26 @@ def check_eos(source: ModelSource) -> None:
         raise ConfigError(f"cannot load the tokenizer of {source.display()}: {str(e).splitlines()[0][:160]}") from None
     if tokenizer.eos_token_id is None:
         raise ConfigError(f"{source.display()}'s tokenizer has no EOS token; causal-lm ends every text with one")
+
+
+def chat_samples(source: ModelSource, train: list[dict], evals: list[dict], max_length: int) -> tuple[int, list[str]]:
+    """Chat data rendered with the model's chat template, as the trials will: how many training conversations
+    keep an assistant token within max_length, and what cutting there did (a note per split). A tokenizer
+    without a template, or a template that cannot be labelled prefix by prefix, is a ConfigError."""
+    if source.kind == "preset":  # a size preset's tokenizer is trained on the data: no template
+        raise ConfigError(
+            f"the tokenizer of {source.display()} has no chat template: use --prompt-column/--response-column "
+            "or a model with one"
+        )
+    tokenizer = load_tokenizer(source, None)
+    check_chat_template(tokenizer, source.display())
+    train_enc, eval_enc = encode_chat(train, tokenizer, max_length), encode_chat(evals, tokenizer, max_length)
+    if not train_enc.input_ids:
+        raise ConfigError(
+            f"no training conversation keeps an assistant token within --max-length {max_length}: raise it"
+        )
+    notes = chat_notes(train_enc, len(train), "training", max_length)
+    return len(train_enc.input_ids), notes + chat_notes(eval_enc, len(evals), "held-out", max_length)
 
 
 def lm_samples(
@@ -914,7 +940,7 @@ def study_settings(prepared: PreparedStudy, table: list[StudyRow], price=None, q
     cfg, s = prepared.config, prepared.specs[0].settings
     env: dict = next((e.env for e in table if e.env), {}) or environment(s.device)
     origin = _origin(prepared.out)
-    data = DataOrigin.of(cfg).describe()
+    data = DataOrigin.of(cfg).describe(s.data_format)
     kind, _, name = (origin.source or "" if origin else "").partition(":")
     if kind == "builtin":
         data = f"the built-in corpus {name}"

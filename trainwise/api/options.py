@@ -71,6 +71,10 @@ TEXT_COLUMN = "Input text column of the files \\[default: text]."
 TARGET_COLUMN = "Label (classification) or target text (seq2seq) column \\[default: target]."
 PROMPT_COLUMN = "causal-lm: the prompt column of prompt/response data (no loss on it) \\[default: prompt]."
 RESPONSE_COLUMN = "causal-lm: the response column (its tokens carry the loss) \\[default: response]."
+MESSAGES_COLUMN = (
+    "causal-lm: a column of chat transcripts (lists of role/content messages; JSON text in a CSV) rendered with "
+    "the model's chat template; only the assistant turns carry loss \\[default: 'messages' when there is no 'text']."
+)
 MAX_TRAIN_SAMPLES = "Use only the first N training rows."
 ROWS = (
     "Comma list of rows; '+' combines strategies in a row (bf16+grad_ckpt); 'all' is the seed studies' All Applied "
@@ -253,6 +257,7 @@ class ModelData(Options):
     target_column: str | None = option(None, TARGET_COLUMN)
     prompt_column: str | None = option(None, PROMPT_COLUMN)
     response_column: str | None = option(None, RESPONSE_COLUMN)
+    messages_column: str | None = option(None, MESSAGES_COLUMN)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -353,6 +358,7 @@ class EstimateOptions(Options):
     target_column: str | None = option(None, TARGET_COLUMN)
     prompt_column: str | None = option(None, PROMPT_COLUMN)
     response_column: str | None = option(None, RESPONSE_COLUMN)
+    messages_column: str | None = option(None, MESSAGES_COLUMN)
     num_labels: int | None = option(None, "Classes of the head, without data \\[default: 2].")
     strategies: str | list[str] = option(ESTIMATE_STRATEGIES, ROWS, show_default=shown(ESTIMATE_STRATEGIES))
     batch_size: int = option(16, "Effective batch size per device (per optimizer step).")
@@ -422,6 +428,7 @@ class FindBatchOptions(Options):
     target_column: str | None = option(None, TARGET_COLUMN)
     prompt_column: str | None = option(None, PROMPT_COLUMN)
     response_column: str | None = option(None, RESPONSE_COLUMN)
+    messages_column: str | None = option(None, MESSAGES_COLUMN)
     candidates: str = option("4,8,16,32,64,128", "Batch sizes to try, ascending (comma list).")
     accum_steps: int = option(4, ACCUM)
     max_length: int = option(128, MAX_LENGTH)

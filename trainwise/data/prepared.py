@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from trainwise.config import METRICS, TrialSpec
+from trainwise.data.chat import last_turn
 from trainwise.data.metrics import accuracy, text_metrics
 from trainwise.data.packing import PackedCollator, PackedDataset
 from trainwise.data.tasks import (
@@ -101,7 +102,7 @@ def _text_data(spec: TrialSpec) -> TrialData:
     train = encode(train_rows, tokenizer, s.task, *lengths, label2id, s.data_format)
     eval_rows = eval_rows[: s.eval_samples]
     evals = encode(eval_rows, tokenizer, s.task, *lengths, label2id, s.data_format)
-    gold = [r["target"] for r in eval_rows]
+    gold = [r["target"] for r in eval_rows] if s.data_format != "chat" else chat_references(evals, tokenizer)
     pad = lm_ids(tokenizer)[0] if s.task == "causal-lm" else tokenizer.pad_token_id
     evaluate = evaluate_lm if s.task == "causal-lm" else evaluate_text
     return TrialData(
@@ -114,6 +115,15 @@ def _text_data(spec: TrialSpec) -> TrialData:
         save=lambda model, path, weights: save_text_model(model, path, tokenizer, labels, s.task, weights),
         packed=(lambda: packed_rows(train, pad, s.max_length)) if s.task == "causal-lm" else None,
     )
+
+
+def chat_references(enc: Encoded, tokenizer) -> list[str]:
+    """Each held-out conversation's reference answer: its last assistant turn as encoded (cut where the
+    conversation was cut), as text."""
+    return [
+        tokenizer.decode(last_turn(ids, labels)[1], skip_special_tokens=True).strip()  # type: ignore[arg-type]
+        for ids, labels in zip(enc.input_ids, enc.labels, strict=True)
+    ]
 
 
 def packed_rows(enc: Encoded, pad: int, block: int) -> tuple[PackedDataset, list[int], PackedCollator]:
@@ -210,13 +220,19 @@ def evaluate_lm(model, accelerator, enc: Encoded, gold, spec: TrialSpec, tokeniz
 
 @torch.no_grad()
 def _generate_responses(model, accelerator, enc: Encoded, gold: list[str], spec: TrialSpec, tokenizer) -> dict:
-    """Prompt/response data: each held-out prompt (its -100 positions) answered by greedy decoding of at most
-    --max-target-length tokens, scored against the reference response (ROUGE-L, BLEU: text_metrics)."""
+    """Prompt/response and chat data: each held-out prompt (the tokens before the last labelled run: the prompt,
+    or the conversation up to its last assistant turn with the generation prompt) answered by greedy decoding
+    of at most --max-target-length tokens, scored against the reference (the response, or the last assistant
+    turn: ROUGE-L, BLEU by text_metrics). Generation stops at EOS or at a token that ends a labelled run (a
+    chat template's end-of-turn token) when it is a special token."""
     s = spec.settings
     pad, eos = lm_ids(tokenizer)
     raw = accelerator.unwrap_model(model)
     labelled: list[tuple[list[int], list[int]]] = list(zip(enc.input_ids, enc.labels, strict=True))  # type: ignore[arg-type]
-    prompts = [[t for t, y in zip(ids, labels, strict=True) if y == IGNORE_INDEX] for ids, labels in labelled]
+    turns = [last_turn(ids, labels) for ids, labels in labelled]
+    prompts = [prompt for prompt, _ in turns]
+    special = set(tokenizer.all_special_ids)
+    stops = sorted({eos} | {answer[-1] for _, answer in turns if answer and answer[-1] in special})
     preds: list[str] = []
     for start in range(0, len(prompts), s.batch_size):
         chunk = [p or [eos] for p in prompts[start : start + s.batch_size]]
@@ -231,7 +247,7 @@ def _generate_responses(model, accelerator, enc: Encoded, gold: list[str], spec:
                 do_sample=False,
                 use_cache=True,
                 pad_token_id=pad,
-                eos_token_id=eos,
+                eos_token_id=stops,
             )
         preds += tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
     scores = text_metrics([p.strip() for p in preds], gold[: len(preds)])

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainwise.data.builtin import BUILTIN_DATASETS, _is_eval, load_builtin
+from trainwise.data.chat import MESSAGES, conversation_text, read_conversation
 from trainwise.errors import ConfigError
 from trainwise.models import check_hub_reachable
 
@@ -167,12 +168,22 @@ _EXTRA = "\0more fields"  # a CSV record with more fields than its header
 @dataclass(frozen=True)
 class Columns:
     """Which columns of a file a task reads, and the options that named them: the input text (stored as
-    "text") and, unless the task reads text alone (causal-lm's raw text), the target (stored as "target")."""
+    "text") and, unless the task reads text alone (causal-lm's raw text), the target (stored as "target").
+    `chat`: the text column holds conversations (trainwise.data.chat), stored as canonical JSON text.
+    `detect_chat`: no column was named; data with no text column but a 'messages' one is read as chat."""
 
     text: str = "text"
     target: str | None = "target"
     text_flag: str = "--text-column"
     target_flag: str = "--target-column"
+    chat: bool = False
+    detect_chat: bool = False
+
+    def resolved(self, available: list[str]) -> Columns:
+        """The columns read from data whose columns are `available` (the chat detection done)."""
+        if self.detect_chat and self.text not in available and MESSAGES in available:
+            return CHAT
+        return self
 
     def named(self) -> list[tuple[str, str]]:
         """(option, column) of every column read."""
@@ -182,9 +193,9 @@ class Columns:
         return "/".join(flag for flag, _ in self.named())
 
 
-def _unusable(record: dict, columns: Columns) -> str | None:
-    """Why a record cannot be a row (None when it can): more CSV fields than the header (its columns
-    would be shifted), a missing key, or an empty or blank value."""
+def _row(record: dict, columns: Columns) -> dict[str, str] | str:
+    """A record as a row, or why it cannot be one: more CSV fields than the header (its columns would be
+    shifted), a missing key, an empty or blank value, or a conversation that is not one."""
     if record.get(_EXTRA):
         return "more fields than the header"
     for _flag, col in columns.named():
@@ -192,28 +203,37 @@ def _unusable(record: dict, columns: Columns) -> str | None:
             return f"no {col!r} key"
         if record[col] is None or not str(record[col]).strip():
             return f"empty {col!r}"
-    return None
+    if columns.chat:
+        conversation = read_conversation(record[columns.text], columns.text)
+        if isinstance(conversation, str):
+            return conversation
+        return {"text": conversation_text(conversation), "target": ""}
+    target = "" if columns.target is None else str(record[columns.target])
+    return {"text": str(record[columns.text]), "target": target}
 
 
 def _columns(records: list[dict], places: list[int], unit: str, path: Path, columns: Columns) -> tuple[Rows, Skipped]:
     if records and not all(isinstance(r, dict) for r in records):
         raise ConfigError(f"{path}: every record must be an object with named columns")
-    available = sorted({k for r in records for k in r}) if records else []
+    available = _available(records)
     for flag, col in columns.named():
         if records and col not in available:
             raise ConfigError(f"{path}: no column {col!r} ({flag}); columns are: {', '.join(map(str, available))}")
     rows: Rows = []
     reasons: dict[str, Skip] = {}
     for record, place in zip(records, places, strict=True):
-        reason = _unusable(record, columns)
-        if reason is None:
-            target = "" if columns.target is None else str(record[columns.target])
-            rows.append({"text": str(record[columns.text]), "target": target})
+        row = _row(record, columns)
+        if isinstance(row, dict):
+            rows.append(row)
         else:
+            reason = row
             seen = reasons.get(reason)
             reasons[reason] = Skip(seen.rows + 1, seen.first) if seen else Skip(1, place)
+    why = Skipped(str(path), len(records), 0, reasons, unit).why()
+    if not rows and columns.chat and reasons:  # conversations, none usable: the reasons say why
+        raise ConfigError(f"{path}: no usable conversations in {columns.text!r}: {why}")
     if not rows:
-        why = f": {Skipped(str(path), len(records), 0, reasons, unit).why()}" if reasons else ""
+        why = f": {why}" if reasons else ""
         named = "/".join(repr(col) for _flag, col in columns.named())
         raise ConfigError(f"{path}: no usable rows (empty file, or {named} all empty){why}")
     skipped = Skipped(str(path), len(records), len(rows), reasons, unit)
@@ -221,7 +241,12 @@ def _columns(records: list[dict], places: list[int], unit: str, path: Path, colu
     return rows, skipped
 
 
-def _load_hub(name: str, columns: Columns) -> tuple[Rows, Rows, tuple[Skipped, ...]]:
+def _available(records: list) -> list[str]:
+    """The columns of a table's records (every key any record has)."""
+    return sorted({k for r in records if isinstance(r, dict) for k in r})
+
+
+def _load_hub(name: str, columns: Columns) -> tuple[Rows, Rows, tuple[Skipped, ...], Columns]:
     try:
         import datasets  # optional extra: pip install 'trainwise[hub]'
     except ImportError:
@@ -239,13 +264,15 @@ def _load_hub(name: str, columns: Columns) -> tuple[Rows, Rows, tuple[Skipped, .
             f"cannot load dataset {name!r} ({first[:160]}); built-in offline datasets: "
             f"{', '.join(BUILTIN_DATASETS)}, or use --train-file"
         ) from None
-    split_train = ds["train"] if "train" in ds else ds[next(iter(ds))]
-    train, read = _split_rows(list(split_train), name, columns)
+    split_train = list(ds["train"] if "train" in ds else ds[next(iter(ds))])
+    columns = columns.resolved(_available(split_train))
+    train, read = _split_rows(split_train, name, columns)
     eval_split = next((ds[s] for s in ("validation", "test") if s in ds), None)
     if eval_split is None:
-        return [r for r in train if not _is_eval(r["text"])], [r for r in train if _is_eval(r["text"])], (read,)
+        held_out = [r for r in train if _is_eval(r["text"])]
+        return [r for r in train if not _is_eval(r["text"])], held_out, (read,), columns
     evals, eval_read = _split_rows(list(eval_split), name, columns)
-    return train, evals, (read, eval_read)
+    return train, evals, (read, eval_read), columns
 
 
 def _split_rows(records: list, name: str, columns: Columns) -> tuple[Rows, Skipped]:
@@ -258,16 +285,23 @@ def task_columns(
     target_column: str | None,
     prompt_column: str | None = None,
     response_column: str | None = None,
+    messages_column: str | None = None,
 ) -> Columns:
-    """The columns a task reads. causal-lm: prompt/response data when either column is named (the prompt is
-    stored as "text", the response as "target"), otherwise raw text (one column)."""
+    """The columns a task reads. causal-lm: chat transcripts when the messages column is named, prompt/response
+    data when either of those columns is (the prompt is stored as "text", the response as "target"), otherwise
+    raw text (one column), or chat when no column is named and the data has 'messages' but no 'text'."""
     if task == "causal-lm":
+        if messages_column is not None:
+            return Columns(messages_column, None, "--messages-column", chat=True)
         if prompt_column is not None or response_column is not None:
             return Columns(
                 prompt_column or "prompt", response_column or "response", "--prompt-column", "--response-column"
             )
-        return Columns(text_column or "text", None)
+        return Columns(text_column or "text", None, detect_chat=text_column is None)
     return Columns(text_column or "text", target_column or "target")
+
+
+CHAT = Columns(MESSAGES, None, "--messages-column", chat=True)  # what detect_chat finds
 
 
 def load_rows(
@@ -282,21 +316,30 @@ def load_rows(
     reading each file (or dataset split) skipped; nothing for a built-in corpus. `columns`: what the task
     reads (task_columns), by default the text and target columns."""
     columns = columns or Columns(text_column or "text", target_column or "target")
+    return _load(dataset, train_file, eval_file, columns)[:3]
+
+
+def _load(
+    dataset: str | None, train_file: str | None, eval_file: str | None, columns: Columns
+) -> tuple[Rows, Rows, tuple[Skipped, ...], Columns]:
+    """load_rows, and the columns read (`columns` resolved on the training data: chat detected or not)."""
     if dataset in BUILTIN_DATASETS:
-        return (*load_builtin(dataset), ())
+        return (*load_builtin(dataset), (), columns)
     if dataset:
         return _load_hub(dataset, columns)
     assert train_file, "StudyConfig guarantees a dataset or a train file"
     train_path = Path(train_file)
-    train, read = _columns(*_records(train_path), train_path, columns)
+    records, places, unit = _records(train_path)
+    columns = columns.resolved(_available(records))
+    train, read = _columns(records, places, unit, train_path, columns)
     if eval_file:
         eval_path = Path(eval_file)
         evals, eval_read = _columns(*_records(eval_path), eval_path, columns)
-        return train, evals, (read, eval_read)
+        return train, evals, (read, eval_read), columns
     held_out = [r for r in train if _is_eval(r["text"])]
     if not held_out or len(held_out) == len(train):
-        return train, train[: max(1, len(train) // 10)], (read,)
-    return [r for r in train if not _is_eval(r["text"])], held_out, (read,)
+        return train, train[: max(1, len(train) // 10)], (read,), columns
+    return [r for r in train if not _is_eval(r["text"])], held_out, (read,), columns
 
 
 def data_source(dataset: str | None, train_file: str | None) -> str:
@@ -316,7 +359,7 @@ class TaskData:
     source: str  # see data_source
     reads: tuple[Skipped, ...]  # one per file or split read: the train file first
     not_evaluated: int = 0  # held-out rows of a class no training row has: a classifier cannot score them
-    data_format: str = ""  # causal-lm: "text" (raw text) or "prompt_response" (TrialSettings.data_format)
+    data_format: str = ""  # causal-lm: "text", "prompt_response" or "chat" (TrialSettings.data_format)
 
     def notes(self) -> list[str]:
         return skip_notes(self.reads, self.not_evaluated)
@@ -341,6 +384,7 @@ def read_task_data(
     max_train_samples: int | None = None,
     prompt_column: str | None = None,
     response_column: str | None = None,
+    messages_column: str | None = None,
 ) -> TaskData:
     """The user's rows for a text task, checked the one way compare, train and estimate all read them.
     A fixed shuffle (files and corpora come grouped: the stdlib corpus by module, and eval and
@@ -348,8 +392,10 @@ def read_task_data(
 
     if dataset in BUILTIN_DATASETS and BUILTIN_DATASETS[dataset] != task:
         raise ConfigError(f"dataset {dataset!r} is a {BUILTIN_DATASETS[dataset]} dataset, not {task}")
-    columns = task_columns(task, text_column, target_column, prompt_column, response_column)
-    train, evals, reads = load_rows(dataset, train_file, eval_file, text_column, target_column, columns)
+    columns = task_columns(task, text_column, target_column, prompt_column, response_column, messages_column)
+    if dataset in BUILTIN_DATASETS and messages_column is not None:
+        raise ConfigError(f"--messages-column reads a file or a HF dataset; the built-in {dataset!r} is not chat data")
+    train, evals, reads, columns = _load(dataset, train_file, eval_file, columns)
     source = data_source(dataset, train_file)
     random.Random(1234).shuffle(train)
     random.Random(4321).shuffle(evals)
@@ -357,7 +403,8 @@ def read_task_data(
         train = train[:max_train_samples]
     if task == "causal-lm":  # a built-in corpus is prompt/response data
         prompted = columns.target is not None or dataset in BUILTIN_DATASETS
-        return TaskData(train, evals, [], source, reads, data_format="prompt_response" if prompted else "text")
+        data_format = "chat" if columns.chat else "prompt_response" if prompted else "text"
+        return TaskData(train, evals, [], source, reads, data_format=data_format)
     if task != "classification":
         return TaskData(train, evals, [], source, reads)
     labels = sorted({r["target"] for r in train})

@@ -6,7 +6,8 @@ Samples are tokenized once, truncated but unpadded; padding is the collator's jo
 causal-lm samples are token ids with their labels aligned to them (the model shifts them: position t
 predicts label t+1): raw text is concatenated, an EOS after each document, and cut into blocks of
 max_length (the last partial block kept), every token a label; a prompt/response row is the prompt's
-tokens, the response's and EOS, labelled -100 on the prompt.
+tokens, the response's and EOS, labelled -100 on the prompt; a conversation is its chat template's
+rendering, labelled on the assistant turns only (trainwise.data.chat).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-IGNORE_INDEX = -100
+from trainwise.data.chat import IGNORE_INDEX, encode_chat
 
 
 @dataclass
@@ -57,8 +58,12 @@ def prompt_response(prompt: list[int], response: list[int], max_length: int) -> 
 
 
 def encode_lm(rows, tokenizer, data_format: str, max_length: int) -> Encoded:
-    """causal-lm samples (see the module's docstring); text has no special tokens but the EOS added here."""
+    """causal-lm samples (see the module's docstring); text has no special tokens but the EOS added here (a
+    conversation has those its chat template writes)."""
     _pad, eos = lm_ids(tokenizer)
+    if data_format == "chat":  # conversations left with no assistant token at max_length are left out
+        chat = encode_chat(rows, tokenizer, max_length)
+        return Encoded(chat.input_ids, chat.labels)
     prompts = tokenizer([r["text"] for r in rows], add_special_tokens=False)["input_ids"]
     if data_format == "text":
         blocks = text_blocks(prompts, eos, max_length)

@@ -240,10 +240,11 @@ def notes(table: list[StudyRow]) -> list[str]:
     if has_loss_share(table):
         lines.append(
             "loss tok: the share of the real (non-pad) tokens that carry loss (causal-lm: the response tokens of "
-            "prompt/response data, every token of raw text); quality: perplexity exp(eval loss) on the held-out "
-            "rows and the eval loss, mean cross-entropy per loss token (the metric is minus it: higher is better); "
-            "R-L (prompt/response data): ROUGE-L x100 of greedy answers (at most --max-target-length tokens) "
-            "against the reference responses; loss tok/s: tokens/s x loss tok, the tokens learned from per second."
+            "prompt/response data, the assistant turns of chat data, every token of raw text); quality: perplexity "
+            "exp(eval loss) on the held-out rows and the eval loss, mean cross-entropy per loss token (the metric is "
+            "minus it: higher is better); R-L (prompt/response and chat data): ROUGE-L x100 of greedy answers (at "
+            "most --max-target-length tokens) against the reference responses (chat: the last assistant turns); "
+            "loss tok/s: tokens/s x loss tok, the tokens learned from per second."
         )
     kinds = {e.mem_kind for e in table if e.mem_kind}
     if "cpu_allocated" in kinds:
