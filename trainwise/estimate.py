@@ -110,7 +110,7 @@ FEATURES = (
     "logits",  # target tokens x vocab (LM head + fp32 loss); a chunked causal-LM loss: its chunk x vocab
     "cross_kv",  # seq2seq: source tokens x hidden per decoder layer (cross-attention keys/values)
 )
-CALIBRATION_VERSION = 5  # bump when FEATURES or the probe change: cached fits are then re-probed
+CALIBRATION_VERSION = 6  # bump when FEATURES or the probe change: cached fits are then re-probed
 
 
 @dataclass(frozen=True)
@@ -134,6 +134,7 @@ class Shape:
     layer_params: int  # elements of the largest layer (ZeRO-3 gathers one at a time)
     encoder_saves: bool = True  # False when nothing up to the encoder's output trains (no grads flow back)
     causal: bool = False  # decoder-only LM: the input is the target, every position has logits
+    linear_trainable: int | None = None  # elements of trainable Linear weights (None: all of them)
 
 
 @dataclass
@@ -257,6 +258,9 @@ def shape_of(config: Any, task: str, plan: TrialPlan) -> Shape:
         layer_params=layer_params,
         encoder_saves=any(p.requires_grad for p in upstream),
         causal=task == CAUSAL_LM,
+        linear_trainable=sum(
+            m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.requires_grad
+        ),
     )
 
 
@@ -291,8 +295,13 @@ def terms_of(plan: TrialPlan, device: str, nproc: int = 1) -> MemoryTerms:
 
 
 def cast_bytes(s: Shape, terms: MemoryTerms) -> int:
-    """Autocast's 16-bit copies of the Linear weights, kept from forward to backward."""
-    return 2 * s.linear_elems if terms.autocast_copies else 0
+    """Autocast's 16-bit copies of the Linear weights, kept from forward to backward. Autocast caches the copy
+    of a trainable weight for the whole forward; a frozen weight's copy (LoRA's base, a frozen encoder) is
+    not cached, but its matmul saves it for backward, unless checkpointing drops what the layer saved."""
+    if not terms.autocast_copies:
+        return 0
+    trainable = s.linear_elems if s.linear_trainable is None else s.linear_trainable
+    return 2 * (trainable if terms.probe.get("grad_ckpt") else s.linear_elems)
 
 
 # ---- calibration probe ---------------------------------------------------------------------------
