@@ -252,3 +252,16 @@ def test_chunked_ce_in_the_loop_is_the_full_loss_and_its_gradients():
     # the head is the same Linear again outside the loss: generation and saving see logits
     head = model.get_output_embeddings()
     assert model(input_ids=ids[:1]).logits.shape[-1] == head.weight.shape[0]
+
+
+def test_tune_and_train_watch_a_causal_lms_eval_loss_not_its_answers_rouge():
+    """A causal LM's evaluation record holds neg_eval_loss (its metric) and, for prompt/response data, the
+    greedy answers' rougeL: `--monitor metric` (train's best checkpoint, tune's objective) watches the loss."""
+    from trainwise.config import METRICS, maximize, monitor_name, monitored
+
+    record = {"neg_eval_loss": -2.5, "eval_loss": 2.5, "perplexity": 12.18, "rougeL": 31.0}
+    assert METRICS["causal-lm"] == "neg_eval_loss" and monitored(record, "metric") == -2.5 and maximize("metric")
+    assert monitored({"rougeL": 31.0}, "metric") == 31.0  # seq2seq's record: its metric
+    assert monitored(record, "eval_loss") == 2.5 and not maximize("eval_loss")
+    assert monitor_name("metric", "causal-lm") == "metric (neg_eval_loss)"
+    assert monitor_name("eval_loss", "causal-lm") == "eval_loss"
