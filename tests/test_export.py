@@ -305,6 +305,10 @@ def test_accelerate_launch_runs_the_exported_config_and_snippet(tmp_path, csv_st
     argv = [str(accelerate), "launch", "--config_file", "accelerate_config.yaml", "--main_process_port", str(port)]
     argv.append("observed.py")
     done = subprocess.run(argv, cwd=out, env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0 and "terminate called without an active exception" in done.stderr:
+        # torch's gloo threads can abort a rank at interpreter exit after training ended (seen 1 in ~20 runs on
+        # 2 cores; outside trainwise's code): once more, and a clean exit is still required
+        done = subprocess.run(argv, cwd=out, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     logged = json.loads((out / "losses.json").read_text())
     assert len(logged) == 4 and all(x == x for x in logged)
