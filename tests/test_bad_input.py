@@ -156,6 +156,18 @@ CASES: dict[str, tuple[list[str], str]] = {
         [*LMP[:3], "--model", "{d}/gemma2", *LMP[5:], "--strategies", "chunked_ce"],
         "'chunked_ce': chunked_ce: the model transforms its logits .final_logit_softcapping=30.0.",
     ),
+    "compare qlora on a classifier": (
+        [*C, "--strategies", "qlora"],
+        "strategy 'qlora' .in 'qlora'. applies to causal-lm, not classification",
+    ),
+    "compare causal-lm liger on --device cpu": (
+        [*LMP, "--device", "cpu", "--strategies", "baseline,liger"],
+        "strategy 'liger' needs cuda; this device .cpu. lacks it; drop it or use a device that supports it",
+    ),
+    "compare causal-lm liger with chunked_ce": (
+        [*LMP, "--strategies", "liger+chunked_ce"],
+        "strategies 'liger' and 'chunked_ce' conflict in 'liger.chunked_ce'",
+    ),
     "compare causal-lm packing with dynamic_pad": (
         [*LMP, "--strategies", "packing+dynamic_pad"],
         "packing.*dynamic_pad|dynamic_pad.*packing",

@@ -82,6 +82,8 @@ def test_the_estimate_models_every_value_or_says_why_not(name, value, strategy):
     if isinstance(knob.memory, NA):
         assert t.notes == [f"{name}: {knob.memory.reason}"]
         return
+    if any(n.startswith(f"{strategy}: not modelled: ") for n in t.notes):  # a value the seam says it cannot model
+        return
     assert dataclasses.replace(t, notes=[]) != dataclasses.replace(base, notes=[]), f"{name}={value}: not modelled"
 
 

@@ -273,6 +273,8 @@ def _lm_data_lines(s: RunSettings, sft: bool) -> list[str]:
 def _model_part(doc: ExportDoc, s: RunSettings, auto: str, labels: dict[str, str]) -> list[str]:
     """The tokenizer and the model as trainwise builds them, with the plan's edits."""
     lines = _preset_lines(s, auto, labels, doc) if s.model_is_preset else _pretrained_lines(s, auto, labels, doc)
+    if "quantization_config" in doc.model_kwargs:  # qlora
+        lines.insert(0, "from transformers import BitsAndBytesConfig  # pip install bitsandbytes")
     if s.task == CAUSAL_LM:
         lines += [
             "model.config.use_cache = False  # trainwise trains without a key/value cache (packed rows need none)",
@@ -377,7 +379,9 @@ def _preset_lines(s: RunSettings, auto: str, labels: dict[str, str], doc: Export
 
     family, kwargs = preset_config_kwargs(s.model)
     config_args = ", ".join([*(f"{k}={v!r}" for k, v in kwargs.items()), *(f"{k}={v}" for k, v in labels.items())])
-    args = "".join(f", {k}={v}" for k, v in doc.model_kwargs.items())
+    model_kwargs = dict(doc.model_kwargs)
+    quantized = model_kwargs.pop("quantization_config", None)  # from_config cannot quantize: from_pretrained can
+    args = "".join(f", {k}={v}" for k, v in model_kwargs.items())
     if s.tokenizer_dir is not None:
         tokenizer = [f"tokenizer = AutoTokenizer.from_pretrained({s.tokenizer_dir!r})  # trained by the study"]
     else:  # no study, no data to train one on: the preset's vocabulary and special ids say what it must be
@@ -392,6 +396,14 @@ def _preset_lines(s: RunSettings, auto: str, labels: dict[str, str], doc: Export
         f"config = AutoConfig.for_model({family!r}, {config_args})",
         f"torch.manual_seed({s.seed})  # the seed trainwise builds the random weights with",
         f"model = {auto}.from_config(config{args})",
+        *(
+            [
+                'model.save_pretrained("preset_base")  # qlora: the random weights, reloaded with 4-bit NF4 layers',
+                f'model = {auto}.from_pretrained("preset_base", quantization_config={quantized}{args})',
+            ]
+            if quantized
+            else []
+        ),
     ]
 
 

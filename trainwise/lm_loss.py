@@ -213,3 +213,42 @@ def hidden_head_loss(
     finally:
         head.passthrough = False
     return chunked_causal_lm_loss(hidden, head.weight, labels, chunk_tokens, head.bias, **kwargs)
+
+
+# ---- the fused CUDA kernels (liger, cce) -------------------------------------------------------------------
+
+
+def fused_lm_loss(
+    kernel: str, model, head: HiddenHead, inputs: dict[str, Tensor], labels: Tensor, label_smoothing: float = 0.0
+) -> Tensor:
+    """The summed causal-LM loss through `kernel`'s fused linear cross-entropy ("liger": Liger's, "cce": Cut
+    Cross-Entropy's) over the scored positions: the model's hidden states (its head passing them through) and
+    the head's weight, never the [tokens, vocab] logits. Triton kernels: CUDA only (the strategies require it).
+    Under autocast the kernel gets the autocast dtype, as the head's matmul would."""
+    head.passthrough = True
+    try:
+        hidden = model(**inputs).logits
+    finally:
+        head.passthrough = False
+    h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
+    target = labels[:, 1:].reshape(-1)
+    kept = (target != IGNORE_INDEX).nonzero().squeeze(1)
+    if kept.numel() == 0:  # nothing scored: 0 with zero gradients, as chunked_causal_lm_loss
+        return (hidden[:, :0].sum() + head.weight[:0].sum()).float()
+    h, target = h.index_select(0, kept), target[kept]
+    if kernel == "liger":
+        # optional: trainwise[liger] (liger-kernel; heavy: Triton)
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+        flce = LigerFusedLinearCrossEntropyLoss(reduction="sum", label_smoothing=label_smoothing)
+        return flce(head.weight, h, target, head.bias).float()
+    if kernel != "cce":
+        raise ValueError(f"unknown fused loss kernel {kernel!r}")
+    if label_smoothing:
+        raise ValueError("cce: Cut Cross-Entropy has no label smoothing; drop it or use liger / chunked_ce")
+    if head.bias is not None:
+        raise ValueError("cce: Cut Cross-Entropy takes no output-head bias")
+    from cut_cross_entropy import linear_cross_entropy  # optional: trainwise[cce] (cut-cross-entropy; heavy: Triton)
+
+    dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else head.weight.dtype
+    return linear_cross_entropy(h.to(dtype), head.weight.to(dtype), target, reduction="sum").float()

@@ -232,7 +232,7 @@ def support(plan: TrialPlan, device: DeviceFacts) -> dict[str, Support]:
     for knob, value in plan.items():
         if knob.support is not None and (verdict := knob.support(value, device)) is not None:
             found[knob.name] = dataclasses.replace(
-                verdict, subject=str(value) if knob.name == "precision" else knob.name
+                verdict, subject=verdict.subject or (str(value) if knob.name == "precision" else knob.name)
             )
     return found
 

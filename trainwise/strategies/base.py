@@ -30,7 +30,13 @@ ENCODER_TASKS = frozenset({"classification", "seq2seq"})  # models with an encod
 IMAGE_TASKS = frozenset({"image-classification"})
 ALL_TASKS = TEXT_TASKS | IMAGE_TASKS
 # Optional packages a strategy may need (import name -> the trainwise extra that installs it).
-PACKAGE_EXTRAS = {"bitsandbytes": "bnb", "peft": "lora", "deepspeed": "deepspeed"}
+PACKAGE_EXTRAS = {
+    "bitsandbytes": "bnb",
+    "peft": "lora",
+    "deepspeed": "deepspeed",
+    "liger_kernel": "liger",
+    "cut_cross_entropy": "cce",
+}
 
 Model = Any  # a torch.nn.Module (kept loose: the HF models, peft wrappers and compiled modules all pass)
 OptimizerFactory = Callable[[list, float, float], Any]  # (trainable parameters, lr, weight decay) -> optimizer

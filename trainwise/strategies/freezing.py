@@ -8,15 +8,29 @@ too, since frozen weights change what autograd keeps for backward.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from trainwise.strategies.base import ENCODER_TASKS, PROBED, TEXT_TASKS, ExportDoc, Knob, Model, Runtime, Strategy
+from trainwise.strategies.base import (
+    ENCODER_TASKS,
+    NA,
+    PROBED,
+    TEXT_TASKS,
+    ExportDoc,
+    Knob,
+    Model,
+    Runtime,
+    Strategy,
+)
 
 if TYPE_CHECKING:
     import torch
 
 PARTS = ("embeddings", "encoder")
+# bitsandbytes 0.50.2, imported on a CPU with avx512_bf16 (and by every `import peft` once installed), warns that an
+# optional Hub kernel (the `kernels` package) is missing and falls back to its own C kernels: noise on every row
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 
 def frozen_parameters(model: Model, part: str) -> list[torch.nn.Parameter]:
@@ -144,6 +158,90 @@ FREEZE_LAYERS = Knob(
     PROBED,
 )
 
+# ---- 4-bit base weights (QLoRA) ------------------------------------------------------------------------
+
+QUANT_TASKS = frozenset({"causal-lm"})
+# QLoRA's base weights (Dettmers et al. 2023, and transformers' BitsAndBytesConfig as SFT recipes set it): NF4 in
+# blocks of 64 with double quantization (the blocks' fp32 scales quantized again to 8 bits)
+QUANT_KWARGS = dict(quant_type="nf4", compress_statistics=True)
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def compute_dtype(rt: Runtime) -> str:
+    """The dtype a 4-bit layer dequantizes to and multiplies in: the row's precision (bf16 / fp16 autocast or
+    bf16_pure's weights), fp32 otherwise, so a qlora row differs from its lora row in its base weights only."""
+    return rt.weights_dtype or _DTYPES.get(rt.mixed_precision, "float32")
+
+
+def quantize_base_4bit(model: Model, dtype: str) -> Model:
+    """Every Linear layer but the output head becomes a bitsandbytes NF4 `Linear4bit` over the same weights
+    (quantized here, on the CPU: ~0.5 byte per weight plus the blocks' scales), everything frozen, as
+    `BitsAndBytesConfig(load_in_4bit=True, ...)` + peft's `prepare_model_for_kbit_training` leave a model.
+    On the meta device (the estimate, the study's check that edits apply) the layers are swapped, not quantized."""
+    import bitsandbytes as bnb  # optional: trainwise[bnb] (bitsandbytes); heavy: loads torch
+    import torch  # heavy: torch
+
+    head = model.get_output_embeddings()
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is not torch.nn.Linear or child is head:
+                continue
+            meta = child.weight.is_meta
+            layer = bnb.nn.Linear4bit(
+                child.in_features,
+                child.out_features,
+                bias=child.bias is not None,
+                compute_dtype=getattr(torch, dtype),
+                device="meta" if meta else None,
+                **QUANT_KWARGS,
+            )
+            layer.weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False, **QUANT_KWARGS)
+            if child.bias is not None:
+                layer.bias = child.bias
+            setattr(module, name, layer if meta else layer.to(child.weight.device))  # .to quantizes
+    for p in model.parameters():
+        p.requires_grad_(False)
+    model.is_loaded_in_4bit = True  # what peft reads to wrap Linear4bit layers with its 4-bit LoRA layer
+    return model
+
+
+def _quant_runtime(value: str, rt: Runtime) -> None:
+    if value == "nf4":  # the dtype is read when the edit runs: after every knob's runtime seam has written
+        rt.model_edits.append(lambda model: quantize_base_4bit(model, compute_dtype(rt)))
+
+
+def _quant_export(value: str, doc: ExportDoc) -> None:
+    if value != "nf4":
+        return
+    dtype = next((d for k, d in _DTYPES.items() if doc.args.get(k)), "float32")
+    if doc.model_kwargs.get("dtype") == "torch.bfloat16":  # bf16_pure
+        dtype = "bfloat16"
+    doc.model_kwargs["quantization_config"] = (
+        f'BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, '
+        f"bnb_4bit_compute_dtype=torch.{dtype})"
+    )
+    doc.model_kwargs.setdefault("dtype", "torch.float32")  # the unquantized rest (embeddings, norms, head) as trainwise
+    doc.notes.append(
+        "qlora: no TrainingArguments field; the snippet loads the model with a BitsAndBytesConfig (NF4, double "
+        "quantization, compute in the row's precision; a preset is saved and reloaded, from_config cannot quantize) "
+        "and wraps it with LoRA adapters"
+    )
+
+
+BASE_QUANT = Knob(
+    "base_quant",
+    "none",
+    "the frozen base weights: as they are, or NF4 4-bit (bitsandbytes Linear4bit) under LoRA adapters",
+    _quant_runtime,
+    _quant_export,
+    NA(
+        "not modelled: NF4 base weights take ~0.53 byte per quantized Linear weight (4 bits + double-quantized "
+        "scales) while embeddings, norms and the head stay as they are; the estimate counts every weight at the "
+        "row's precision, an overestimate"
+    ),
+    choices=("none", "nf4"),
+)
+
 # ---- LoRA --------------------------------------------------------------------------------------------
 
 
@@ -219,7 +317,7 @@ LORA = Knob(
     PROBED,
 )
 
-KNOBS: list[Knob] = [FREEZE, FREEZE_LAYERS, LORA]
+KNOBS: list[Knob] = [FREEZE, FREEZE_LAYERS, BASE_QUANT, LORA]  # quantize before LoRA wraps the layers
 
 STRATEGIES = [
     Strategy(
@@ -256,5 +354,15 @@ STRATEGIES = [
         tasks=TEXT_TASKS,
         conflicts=frozenset({"freeze_embeddings", "freeze_encoder", "freeze_layers"}),
         packages=frozenset({"peft"}),
+    ),
+    Strategy(
+        "qlora",
+        "LoRA adapters (rank 8) over a frozen base quantized to 4-bit NF4 (bitsandbytes): base weights ~8x "
+        "smaller than fp32; every matmul dequantizes first (slower), quantization error in the base",
+        {"base_quant": "nf4", "lora_r": 8},
+        tasks=QUANT_TASKS,
+        conflicts=frozenset({"lora", "freeze_embeddings", "freeze_layers", "zero1", "zero2", "zero3"})
+        | frozenset({"zero2_offload", "zero3_offload"}),  # DeepSpeed shards fp weights, not bitsandbytes' packed ones
+        packages=frozenset({"bitsandbytes", "peft"}),
     ),
 ]
