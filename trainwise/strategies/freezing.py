@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trainwise.strategies.base import (
     ENCODER_TASKS,
@@ -163,7 +163,7 @@ FREEZE_LAYERS = Knob(
 QUANT_TASKS = frozenset({"causal-lm"})
 # QLoRA's base weights (Dettmers et al. 2023, and transformers' BitsAndBytesConfig as SFT recipes set it): NF4 in
 # blocks of 64 with double quantization (the blocks' fp32 scales quantized again to 8 bits)
-QUANT_KWARGS = dict(quant_type="nf4", compress_statistics=True)
+QUANT_KWARGS: dict[str, Any] = dict(quant_type="nf4", compress_statistics=True)
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
