@@ -10,9 +10,15 @@ start) stays light.
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 import types
 from typing import Any
+
+# bitsandbytes 0.50.2, imported on a CPU with avx512_bf16 (by every `import peft` once it is installed, in any
+# process: a trial, the zygote, the study), warns that an optional Hub kernel (the `kernels` package) is missing and
+# falls back to its own C kernels: noise on every row. Set here, before anything can import it.
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 __version__ = "0.1.0"
 __all__ = ["advise", "compare", "estimate", "export", "find_batch", "open", "train", "tune"]

@@ -28,9 +28,6 @@ if TYPE_CHECKING:
     import torch
 
 PARTS = ("embeddings", "encoder")
-# bitsandbytes 0.50.2, imported on a CPU with avx512_bf16 (and by every `import peft` once installed), warns that an
-# optional Hub kernel (the `kernels` package) is missing and falls back to its own C kernels: noise on every row
-logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 
 def frozen_parameters(model: Model, part: str) -> list[torch.nn.Parameter]:
