@@ -8,7 +8,6 @@ too, since frozen weights change what autograd keeps for backward.
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
