@@ -27,7 +27,7 @@ demo: venv
 	$(VENV)/bin/trainwise compare --out runs/demo
 
 test: venv
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 # minutes, not a quarter of an hour: no trial processes, no torch.compile, no calibration probes
 test-fast: venv
