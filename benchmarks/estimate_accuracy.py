@@ -80,6 +80,7 @@ CASES = [
     ("smollm2", "causal-lm", "baseline", 4, 128, 48),
     ("smollm2", "causal-lm", "bf16+grad_ckpt+lora+packing+chunked_ce", 8, 256, 48),
     ("qwen2-tiny", "causal-lm", "baseline", 16, 256, 48),
+    ("smollm2-135m", "causal-lm", "qlora", 4, 256, 48),
 ]
 REAL_MODELS = ("all-MiniLM-L6-v2", "smollm2")  # not size presets
 QUICK = [0, 2, 9, 13, 15, 19]

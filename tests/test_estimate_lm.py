@@ -117,3 +117,23 @@ def test_estimate_predicts_the_memory_compare_shows_for_a_causal_lm(tmp_path):
     saving_measured = 1 - m["chunked_ce"] / m["baseline"]
     saving_predicted = 1 - predicted["chunked_ce"] / predicted["baseline"]
     assert saving_measured > 0.2 and abs(saving_measured - saving_predicted) <= 0.10
+
+
+def test_qlora_base_weights_are_counted_in_four_bits():
+    """qlora's base Linear layers hold NF4 weights (0.5 byte + double-quantized scales); embeddings, norms and the
+    output head stay fp32; the adapters train as lora's do."""
+    pytest.importorskip("bitsandbytes")
+    from trainwise.estimate import state_parts
+    from trainwise.strategies.freezing import NF4_BYTES
+
+    config = config_of("smollm2-135m")
+    lora, qlora = shape_of(config, LM, plan_of("lora")), shape_of(config, LM, plan_of("qlora"))
+    assert lora.quantized == 0 and lora.n_trainable == qlora.n_trainable
+    embed = config.vocab_size * config.hidden_size  # tied with the head: neither is quantized
+    adapters = lora.linear_trainable or 0  # LoRA's A and B are Linear layers too, never quantized
+    assert qlora.quantized == lora.linear_elems - embed - adapters  # every projection of every layer, nothing else
+    terms = terms_of(plan_of("qlora"), "cpu")
+    assert terms.quant_bytes == NF4_BYTES and terms.probe["base_quant"] == "nf4" and not terms.notes
+    full, four_bit = state_parts(lora, terms_of(plan_of("lora"), "cpu"))[0], state_parts(qlora, terms)[0]
+    assert full["weights"] - four_bit["weights"] == pytest.approx((4 - NF4_BYTES) * qlora.quantized, abs=8)
+    assert (full["grads"], full["optimizer"]) == (four_bit["grads"], four_bit["optimizer"])

@@ -135,6 +135,7 @@ class Shape:
     encoder_saves: bool = True  # False when nothing up to the encoder's output trains (no grads flow back)
     causal: bool = False  # decoder-only LM: the input is the target, every position has logits
     linear_trainable: int | None = None  # elements of trainable Linear weights (None: all of them)
+    quantized: int = 0  # elements of the weights held in 4 bits (qlora's base layers), counted in n_params too
 
 
 @dataclass
@@ -232,7 +233,15 @@ def shape_of(config: Any, task: str, plan: TrialPlan) -> Shape:
     model = apply_plan(meta_model(config, task, **rt.model_kwargs), rt)
     params = list({id(p): p for p in model.parameters()}.values())
     trainable = [p for p in params if p.requires_grad]
-    linear = {id(m.weight): m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    # qlora's bitsandbytes Linear4bit layers subclass Linear; autocast does not cast their 4-bit weights
+    four_bit = {
+        id(m.weight): m.weight.numel() for m in model.modules() if type(m).__module__.startswith("bitsandbytes")
+    }
+    linear = {
+        id(m.weight): m.weight.numel()
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear) and id(m.weight) not in four_bit
+    }
     ada = sum(p.shape[0] + p.shape[1] if p.dim() == 2 else p.numel() for p in trainable)
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # under a peft wrapper
     if task == CAUSAL_LM:  # the decoder stack is what keeps activations; LoRA inside it trains through it
@@ -258,6 +267,7 @@ def shape_of(config: Any, task: str, plan: TrialPlan) -> Shape:
         layer_params=layer_params,
         encoder_saves=any(p.requires_grad for p in upstream),
         causal=task == CAUSAL_LM,
+        quantized=sum(four_bit.values()),
         linear_trainable=sum(
             m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.requires_grad
         ),
@@ -486,6 +496,8 @@ def state_parts(s: Shape, terms: MemoryTerms) -> tuple[dict[str, int], int]:
     wb = terms.weight_bytes
     gathered = terms.gathered_layers * wb * s.layer_params
     weights = math.ceil(wb * P / terms.weight_shards) + (gathered if terms.weight_shards > 1 else 0)
+    if s.quantized and terms.quant_bytes:  # qlora: the base layers' weights in 4 bits, the rest as they are
+        weights -= math.ceil((wb - terms.quant_bytes) * s.quantized / terms.weight_shards)
     weights += s.buffer_bytes
     offloaded = 0
     if terms.offload_optimizer:

@@ -129,6 +129,7 @@ class MemoryTerms:
     gathered_layers: int = 0  # ZeRO-3: layers held whole at a time (gathered for compute)
     offload_optimizer: bool = False  # optimizer state (and its step) in CPU memory
     offload_weights: bool = False
+    quant_bytes: float = 0.0  # bytes per weight of the 4-bit (NF4) base layers, scales included (0: none quantized)
     logit_rows: int = 0  # causal LM: rows of [tokens, vocab] logits alive at once (0: every token's, the full loss)
     padding: str = "max_length"  # "longest": a batch is as wide as its longest sample (the data's longest, at peak)
     probe: dict[str, Any] = field(default_factory=dict)  # knob values the activation probe must reproduce

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 from trainwise.strategies.base import (
     ENCODER_TASKS,
-    NA,
     PROBED,
     TEXT_TASKS,
     ExportDoc,
     Knob,
+    MemoryTerms,
     Model,
     Runtime,
     Strategy,
@@ -224,17 +224,23 @@ def _quant_export(value: str, doc: ExportDoc) -> None:
     )
 
 
+# NF4 with double quantization: 4 bits a weight, one 8-bit scale per block of 64, one fp32 scale per 256 blocks
+NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
+
+
+def _quant_memory(value: str, terms: MemoryTerms) -> None:
+    if value == "nf4":
+        terms.probe["base_quant"] = value  # the probe quantizes its tiny models: 4-bit matmuls' temporaries
+        terms.quant_bytes = NF4_BYTES
+
+
 BASE_QUANT = Knob(
     "base_quant",
     "none",
     "the frozen base weights: as they are, or NF4 4-bit (bitsandbytes Linear4bit) under LoRA adapters",
     _quant_runtime,
     _quant_export,
-    NA(
-        "not modelled: NF4 base weights take ~0.53 byte per quantized Linear weight (4 bits + double-quantized "
-        "scales) while embeddings, norms and the head stay as they are; the estimate counts every weight at the "
-        "row's precision, an overestimate"
-    ),
+    _quant_memory,
     choices=("none", "nf4"),
 )
 
