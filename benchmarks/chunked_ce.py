@@ -8,7 +8,8 @@ so it is what the loss itself adds, gradients of hidden and W included. The sett
     .venv/bin/python benchmarks/chunked_ce.py [--tokens 4096] [--vocab 151936] [--hidden 896]
 
 Variants: plain (logits for every position, as `model(..., labels=...)`), kept (logits only at scored
-positions, as transformers' `logits_to_keep` boolean mask), chunked-1024 and chunked-256 (chunk_tokens).
+positions, as transformers' `logits_to_keep` boolean mask), trl (TRL 1.16's fused LM head, what its SFTTrainer
+computes on a device without Triton), chunked-1024 and chunked-256 (chunk_tokens).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 
 from trainwise.lm_loss import chunked_causal_lm_loss
 
-VARIANTS = ["plain", "kept", "chunked-1024", "chunked-256"]
+VARIANTS = ["plain", "kept", "trl", "chunked-1024", "chunked-256"]
 
 
 def loss_of(variant: str, hidden, weight, labels):
@@ -36,6 +37,17 @@ def loss_of(variant: str, hidden, weight, labels):
         keep = labels[:, 1:] != -100
         logits = F.linear(hidden[:, :-1][keep], weight).float()
         return F.cross_entropy(logits, labels[:, 1:][keep])
+    if variant == "trl":  # TRL 1.16's fused LM head as SFTTrainer runs it without Triton: every position scored
+        from trl.kernels.chunked_logprob import ChunkedLogProbFunction
+        from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
+
+        h, y = hidden[:, :-1].reshape(-1, hidden.shape[-1]), labels[:, 1:].reshape(-1)
+        mask = y != -100
+        outputs = ("log_probs",)
+        log_probs = ChunkedLogProbFunction.apply(
+            h, weight, None, y.clamp(min=0), 1.0, _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0, outputs
+        )[0]
+        return -(log_probs * mask).sum() / mask.sum()
     return chunked_causal_lm_loss(hidden, weight, labels, chunk_tokens=int(variant.split("-")[1]))
 
 
@@ -50,6 +62,9 @@ def rss_bytes() -> int:
 
 def one(variant: str, tokens: int, vocab: int, hidden_size: int) -> dict:
     """Run in the child: one forward+backward, and what it added to the RSS high-water mark."""
+    if variant == "trl":  # the library's import is not the loss's memory
+        import trl.kernels.chunked_logprob  # noqa: F401
+        import trl.trainer.utils  # noqa: F401
     torch.manual_seed(0)
     hidden = torch.randn(1, tokens, hidden_size, requires_grad=True)
     weight = torch.randn(vocab, hidden_size).mul_(0.02).requires_grad_()  # in place: no setup peak above the inputs
