@@ -305,18 +305,24 @@ def sft_script(doc: ExportDoc, s: RunSettings) -> str:
         *_lm_data_lines(s, sft=True),
         'args = SFTConfig(**json.load(open("sft_config.json")))',
         "trainer = SFTTrainer(model=model, args=args, train_dataset=train_dataset, processing_class=tokenizer)",
-    ]
-    indent = ""
-    for context in doc.train_contexts:
-        lines.append(f"{indent}with {context}:")
-        indent += "    "
-    lines += [
-        f"{indent}trainer.train()",
-        "if torch.distributed.is_initialized():  # every rank leaves cleanly (gloo may abort at exit otherwise)",
-        "    torch.distributed.destroy_process_group()",
+        *_train_lines(doc),
         "",
     ]
     return "\n".join(lines)
+
+
+def _train_lines(doc: ExportDoc) -> list[str]:
+    """`trainer.train()` inside the plan's contexts, then every rank leaves its process group."""
+    lines, indent = [], ""
+    for context in doc.train_contexts:
+        lines.append(f"{indent}with {context}:")
+        indent += "    "
+    return [
+        *lines,
+        f"{indent}trainer.train()",
+        "if torch.distributed.is_initialized():  # every rank leaves cleanly (gloo may abort at exit otherwise)",
+        "    torch.distributed.destroy_process_group()",
+    ]
 
 
 def snippet(doc: ExportDoc, s: RunSettings) -> str:
@@ -327,7 +333,6 @@ def snippet(doc: ExportDoc, s: RunSettings) -> str:
         labels["num_labels"] = str(len(s.labels))
         labels["id2label"] = repr(dict(enumerate(s.labels)))
         labels["label2id"] = repr({label: i for i, label in enumerate(s.labels)})
-    indent = ""
     lines = [f"# exported by trainwise: plan {s.row!r}", f"# {s.batch_line(doc)}"]
     lines += [f"# {note}" for note in doc.notes]
     lines += [
@@ -342,14 +347,7 @@ def snippet(doc: ExportDoc, s: RunSettings) -> str:
         'args = TrainingArguments(**json.load(open("training_args.json")))',
         f"data_collator = {doc.collator}",
         "trainer = Trainer(model=model, args=args, train_dataset=train_dataset, data_collator=data_collator)",
-    ]
-    for context in doc.train_contexts:
-        lines.append(f"{indent}with {context}:")
-        indent += "    "
-    lines += [
-        f"{indent}trainer.train()",
-        "if torch.distributed.is_initialized():  # every rank leaves cleanly (gloo may abort at exit otherwise)",
-        "    torch.distributed.destroy_process_group()",
+        *_train_lines(doc),
         *_LOGGED_LOSS.get(s.task, _LOGGED_LOSS["classification"]),
         "",
     ]
