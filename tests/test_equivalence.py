@@ -80,3 +80,27 @@ def test_bf16_trains_close_to_fp32(tmp_path, cls_csv):
     assert bf16.plan["precision"] == "bf16"
     assert bf16.final_loss == pytest.approx(fp32.final_loss, rel=0.05)
     assert bf16.final_loss != fp32.final_loss, "bf16 really ran in lower precision"
+
+
+def test_the_loops_lr_schedule_is_transformers_linear_warmup_decay():
+    """The loop writes transformers' get_linear_schedule_with_warmup factor itself (importing it costs every
+    process peft and bitsandbytes): the same learning rate at every step, edge cases included."""
+    import functools
+
+    import torch
+    from transformers import get_linear_schedule_with_warmup
+
+    from trainwise.loop import linear_warmup_decay
+
+    for warmup, total in [(0, 10), (3, 10), (1, 1), (5, 5), (2, 7), (0, 0)]:
+        layer = torch.nn.Linear(2, 2)
+        ours_opt, theirs_opt = (torch.optim.SGD(layer.parameters(), lr=1.0) for _ in range(2))
+        theirs = get_linear_schedule_with_warmup(theirs_opt, warmup, total)
+        ours = torch.optim.lr_scheduler.LambdaLR(
+            ours_opt, functools.partial(linear_warmup_decay, warmup=warmup, total=total)
+        )
+        for _ in range(total + 2):
+            assert ours.get_last_lr() == theirs.get_last_lr(), (warmup, total)
+            for sched, opt in ((ours, ours_opt), (theirs, theirs_opt)):
+                opt.step()
+                sched.step()

@@ -18,6 +18,7 @@ under accumulation for T5/BERT; this loop does not).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import random
@@ -31,7 +32,6 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from accelerate.utils import DeepSpeedPlugin
-from transformers import get_linear_schedule_with_warmup
 
 from trainwise import strategies
 from trainwise.config import TrialSpec
@@ -160,12 +160,22 @@ def build(spec: TrialSpec, data: TrialData, total_steps: int) -> Parts:
     for edit in rt.prepared_edits:
         model = edit(model)
     # on the prepared optimizer: ZeRO-3 steps copies of the param groups, not the ones passed in
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(s.warmup_ratio * total_steps), total_steps)
+    warmup = int(s.warmup_ratio * total_steps)
+    schedule = functools.partial(linear_warmup_decay, warmup=warmup, total=total_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     parts = Parts(spec, rt, accelerator, model, optimizer, scheduler, trainable, world)
     if s.task == "seq2seq":
         parts.decoder_inputs = parts.raw_model.prepare_decoder_input_ids_from_labels
     parts.n_params = sum(numel(p) for p in parts.raw_model.parameters())
     return parts
+
+
+def linear_warmup_decay(step: int, warmup: int, total: int) -> float:
+    """transformers' `get_linear_schedule_with_warmup` factor, written here: its module imports peft, and peft
+    imports bitsandbytes, about 3 s in every process that imports the loop (torchrun ranks, CLI subprocesses)."""
+    if step < warmup:
+        return step / max(1, warmup)
+    return max(0.0, (total - step) / max(1, total - warmup))
 
 
 def numel(p: torch.Tensor) -> int:

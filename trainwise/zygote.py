@@ -47,6 +47,8 @@ import psutil
 from trainwise.lifeline import bound_to_me, die_with_parent
 
 PRELOAD = ("torch", "transformers", "trainwise.trial")  # what every trial imports (not the __main__ modules)
+# what LoRA/qlora trials import (peft, and with it bitsandbytes: ~2.4 s), when installed: once here, not per trial
+OPTIONAL_PRELOAD = ("peft",)
 _HEADER = struct.Struct("!I")
 
 
@@ -399,6 +401,9 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # a CUDA check by an import must not init CUDA
     for name in PRELOAD:
         importlib.import_module(name)
+    for name in OPTIONAL_PRELOAD:
+        with contextlib.suppress(ImportError):  # an optional extra (trainwise[lora]) not installed
+            importlib.import_module(name)
     import torch  # heavy: torch (imported by the preload already)
 
     if torch.cuda.is_initialized():  # a forked child cannot use a CUDA context made before the fork
