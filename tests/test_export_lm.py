@@ -30,34 +30,25 @@ def plan_of(text: str):
     return strategies.parse_row(text, 2).plan
 
 
-@pytest.fixture(scope="module")
-def lm_export_study(tmp_path_factory):
+def _lm_study(root: Path, data: Path, rows: list[str], **kw):
+    """A causal-lm study of llama-tiny on `data` (also its held-out file), every step the same seed and lr."""
     from trainwise.config import StudyConfig
     from trainwise.study import prepare_study
 
+    common = dict(task="causal-lm", model_preset="llama-tiny", max_steps=STEPS, warmup_steps=1, lr=3e-3)
+    common |= dict(eval_samples=0, device="cpu", remeasure=False, retries=0)
+    return prepare_study(
+        StudyConfig(out=str(root / "study"), strategies=rows, train_file=str(data), eval_file=str(data), **common, **kw)
+    )
+
+
+@pytest.fixture(scope="module")
+def lm_export_study(tmp_path_factory):
     root = tmp_path_factory.mktemp("lm-export")
     data = write_csv(root / "pr.csv", pairs(16, seed=3))
-    cfg = StudyConfig(
-        out=str(root / "study"),
-        strategies=["baseline", "lora", "grad_accum", "dynamic_pad"],  # packing: from baseline (see _trial_of)
-        task="causal-lm",
-        model_preset="llama-tiny",
-        train_file=str(data),
-        eval_file=str(data),
-        prompt_column="question",
-        response_column="answer",
-        batch_size=16,
-        accum_steps=2,
-        max_length=64,
-        max_steps=STEPS,
-        warmup_steps=1,
-        lr=3e-3,
-        eval_samples=0,
-        device="cpu",
-        remeasure=False,
-        retries=0,
-    )
-    return prepare_study(cfg), data
+    rows = ["baseline", "lora", "grad_accum", "dynamic_pad"]  # packing: from baseline (see _trial_of)
+    pr = dict(prompt_column="question", response_column="answer")
+    return _lm_study(root, data, rows, **pr, batch_size=16, accum_steps=2, max_length=64), data
 
 
 def _trial_of(study, row: str) -> tuple:
@@ -144,31 +135,9 @@ def test_sft_train_py_as_written_reproduces_the_trial_losses(tmp_path, lm_export
 @pytest.fixture(scope="module")
 def text_study(tmp_path_factory):
     """Raw text (continued pre-training): documents concatenated with EOS and cut into --max-length blocks."""
-    from trainwise.config import StudyConfig
-    from trainwise.study import prepare_study
-
     root = tmp_path_factory.mktemp("lm-text")
     data = write_csv(root / "docs.csv", [{"body": f"{r['question']}. {r['answer']}."} for r in pairs(12, seed=5)])
-    cfg = StudyConfig(
-        out=str(root / "study"),
-        strategies=["baseline"],
-        task="causal-lm",
-        model_preset="llama-tiny",
-        train_file=str(data),
-        eval_file=str(data),
-        text_column="body",
-        batch_size=2,
-        accum_steps=1,
-        max_length=48,
-        max_steps=STEPS,
-        warmup_steps=1,
-        lr=3e-3,
-        eval_samples=0,
-        device="cpu",
-        remeasure=False,
-        retries=0,
-    )
-    return prepare_study(cfg)
+    return _lm_study(root, data, ["baseline"], text_column="body", batch_size=2, accum_steps=1, max_length=48)
 
 
 @pytest.mark.slow

@@ -615,11 +615,8 @@ class DataFacts:
             response_column=cfg.response_column,
             messages_column=cfg.messages_column,
         )
-        if data.data_format == "chat" and source.kind == "preset":  # as compare refuses it
-            raise ConfigError(
-                f"the tokenizer of {source.display()} has no chat template: use --prompt-column/--response-column "
-                "or a model with one"
-            )
+        if data.data_format == "chat" and source.kind == "preset":  # as compare refuses it, before training one
+            check_chat_template(None, source.display())
         train, labels = data.train, data.labels
         with tempfile.TemporaryDirectory(prefix="trainwise-estimate-") as tmp:
             if source.kind == "preset":  # compare trains the preset's tokenizer on the data: so does this

@@ -368,12 +368,8 @@ def chat_samples(source: ModelSource, train: list[dict], evals: list[dict], max_
     """Chat data rendered with the model's chat template, as the trials will: how many training conversations
     keep an assistant token within max_length, and what cutting there did (a note per split). A tokenizer
     without a template, or a template that cannot be labelled prefix by prefix, is a ConfigError."""
-    if source.kind == "preset":  # a size preset's tokenizer is trained on the data: no template
-        raise ConfigError(
-            f"the tokenizer of {source.display()} has no chat template: use --prompt-column/--response-column "
-            "or a model with one"
-        )
-    tokenizer = load_tokenizer(source, None)
+    # a size preset's tokenizer is trained on the data: it has no template
+    tokenizer = None if source.kind == "preset" else load_tokenizer(source, None)
     check_chat_template(tokenizer, source.display())
     train_enc, eval_enc = encode_chat(train, tokenizer, max_length), encode_chat(evals, tokenizer, max_length)
     if not train_enc.input_ids:

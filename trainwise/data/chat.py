@@ -64,8 +64,8 @@ def conversation_text(messages: list[dict[str, str]]) -> str:
 
 
 def check_chat_template(tokenizer, name: str) -> None:
-    """Chat data needs a tokenizer with a chat template (a size preset's trained tokenizer has none)."""
-    if not getattr(tokenizer, "chat_template", None):
+    """Chat data needs a tokenizer with a chat template (a size preset's trained tokenizer has none: pass None)."""
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise ConfigError(
             f"the tokenizer of {name} has no chat template: use --prompt-column/--response-column or a model with one"
         )
