@@ -6,6 +6,7 @@ import glob
 import importlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -281,7 +282,14 @@ def test_pbt_runs_its_members_on_a_ray_cluster_given_by_address(tmp_path, cls_cs
     with socket.socket() as s:  # a free port for the head node
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "token"}  # the cluster's default token auth
+    # the cluster's token authentication, with a token made here: a new machine has no ~/.ray/auth_token, and a
+    # token left there by an earlier Ray run must neither make this pass nor be touched (HOME is a temp dir)
+    home = tmp_path / "home"
+    home.mkdir()
+    token = tmp_path / "ray_auth_token"
+    token.write_text(secrets.token_hex(32))
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN", "RAY_ADDRESS")}
+    env |= {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "HOME": str(home)}
     head = [ray_cli, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false"]
     started = subprocess.run([*head, "--disable-usage-stats"], capture_output=True, text=True, env=env, timeout=120)
     assert started.returncode == 0, started.stderr[-2000:]
@@ -316,6 +324,12 @@ def test_pbt_runs_its_members_on_a_ray_cluster_given_by_address(tmp_path, cls_cs
         assert result["cost"]["usd"] == pytest.approx(result["machine_s"] / 3600 * 3.6)
         again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
         assert again.returncode == 2 and "already holds a PBT study; PBT studies do not resume" in again.stderr
+        # without the token the cluster refuses the driver: one line that says where the token is looked for
+        alone = {k: v for k, v in env.items() if k != "RAY_AUTH_TOKEN_PATH"}
+        refused = subprocess.run([*argv[:-1], str(tmp_path / "refused")], capture_output=True, text=True, env=alone)
+        assert refused.returncode == 2 and "RAY_AUTH_TOKEN" in refused.stderr, refused.stderr[-2000:]
+        assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        assert not (home / ".ray").exists() or not any((home / ".ray").glob("auth_token*"))
     finally:
         subprocess.run([ray_cli, "stop", "--force"], capture_output=True, env=env, timeout=120)
 

@@ -42,6 +42,23 @@ EXPERIMENT = "pbt"
 _LISTENERS: list[Callable[[dict], None]] = []
 
 
+# where Ray (2.52+) reads a cluster's token, first match wins; trainwise passes its environment through unchanged
+TOKEN_SOURCES = "RAY_AUTH_TOKEN, the file named by RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token"
+
+
+def _connect_error(ray_address: str | None, e: Exception) -> str:
+    """One line for a cluster that ray.init could not join: a missing token says where Ray looks for one."""
+    if type(e).__name__ == "AuthenticationError":
+        return (
+            f"--ray-address {ray_address}: the cluster uses token authentication and no token was found here "
+            f"(Ray reads {TOKEN_SOURCES}; copy the head node's token to one of them)"
+        )
+    text = " ".join(str(e).split())
+    if ray_address and "AuthenticationError" not in text:
+        text += f"; a cluster with token authentication needs RAY_AUTH_MODE=token here and its token ({TOKEN_SOURCES})"
+    return f"--ray-address {ray_address}: cannot connect ({text})"
+
+
 def _ray():
     try:
         import ray  # optional: trainwise[ray]
@@ -206,8 +223,7 @@ def run_pbt(
             runtime_env={"env_vars": env_vars},
         )
     except Exception as e:  # Ray raises ConnectionError, RuntimeError or ValueError for a bad address
-        hint = "; a cluster with token authentication needs RAY_AUTH_MODE=token here" if ray_address else ""
-        raise ConfigError(f"--ray-address {ray_address}: cannot connect ({' '.join(str(e).split())}){hint}") from None
+        raise ConfigError(_connect_error(ray_address, e)) from None
     reports_path = out / "pbt_reports.jsonl"
     space_domains = domains(space)
     try:
