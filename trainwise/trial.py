@@ -59,7 +59,7 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Pat
     emit({"event": "phase", "phase": "train"})
     timer = StepTimer(torch.cuda.synchronize if s.device == "cuda" else (lambda: None))
     tracer = Tracer(trace_path, s.device == "cuda")
-    counts = {"samples": 0, "real": 0, "padded": 0, "loss": 0}
+    counts = {"samples": 0, "real": 0, "padded": 0}
     losses: list[float] = []
 
     load = [contention.sample()] if s.warmup_steps == 0 else []  # what else ran during the timed steps
@@ -76,7 +76,6 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Pat
             counts["samples"] += sum(b.n_samples for b in micro)
             counts["real"] += sum(b.real_tokens for b in micro)
             counts["padded"] += sum(b.padded_tokens for b in micro)
-            counts["loss"] += sum(b.loss_items for b in micro)
         emit({"event": "step", "step": parts.step, "total": s.max_steps, "loss": loss, "step_s": times.total_s})
 
     tracer.start()  # a no-op without --profile; with it, one trace of all training steps
@@ -137,7 +136,7 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Pat
         samples_per_s=samples_per_s,
         tokens_per_s=summary["tokens_per_s"],
         padding_waste=1 - counts["real"] / counts["padded"],
-        loss_token_share=counts["loss"] / counts["real"] if s.task == "causal-lm" else None,
+        loss_token_share=data.loss_token_share,  # the training set's, not the sample's: the same for every row
         epoch_time_s=s.n_train / samples_per_s,
         peak_mem_bytes=int(peak),
         mem_kind=mem_kind,

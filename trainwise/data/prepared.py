@@ -61,6 +61,9 @@ class TrialData:
     save: Callable[[Any, Path, dict | None], None] | None = None
     # causal LM: the training set packed into --max-length rows -> (dataset, row lengths, collate function)
     packed: Callable[[], tuple[torch.utils.data.Dataset, list[int], Callable[[list], Batch]]] | None = None
+    # causal LM: the share of the training set's tokens that carry loss, counted over every example as encoded
+    # (HF's shifted loss: an example's first token is never scored), not over the batches a trial draws
+    loss_token_share: float | None = None
 
 
 def save_text_model(model, path: Path, tokenizer, labels: list[str], task: str, state_dict: dict | None) -> None:
@@ -114,7 +117,17 @@ def _text_data(spec: TrialSpec) -> TrialData:
         METRICS[s.task],
         save=lambda model, path, weights: save_text_model(model, path, tokenizer, labels, s.task, weights),
         packed=(lambda: packed_rows(train, pad, s.max_length)) if s.task == "causal-lm" else None,
+        loss_token_share=loss_token_share(train) if s.task == "causal-lm" else None,
     )
+
+
+def loss_token_share(enc: Encoded) -> float:
+    """The share of a causal LM's encoded tokens that carry loss: labels after each example's first position
+    that are not -100 (what HF's shifted loss averages over), over all tokens. Packing does not change it: a
+    packed row drops exactly each example's first label, which the shift never scores either."""
+    scored = sum(sum(1 for t in labels[1:] if t != IGNORE_INDEX) for labels in enc.labels)  # type: ignore[index,union-attr]
+    tokens = sum(enc.lengths())
+    return scored / tokens if tokens else 0.0
 
 
 def chat_references(enc: Encoded, tokenizer) -> list[str]:

@@ -239,8 +239,9 @@ def notes(table: list[StudyRow]) -> list[str]:
         lines.append(line)
     if has_loss_share(table):
         lines.append(
-            "loss tok: the share of the real (non-pad) tokens that carry loss (causal-lm: the response tokens of "
-            "prompt/response data, the assistant turns of chat data, every token of raw text); quality: perplexity "
+            "loss tok: the share of the training set's tokens that carry loss, counted over every example as "
+            "encoded at --max-length, not over the batches a trial drew (the response tokens of prompt/response "
+            "data, the assistant turns of chat data, every token of raw text); quality: perplexity "
             "exp(eval loss) on the held-out rows and the eval loss, mean cross-entropy per loss token (the metric is "
             "minus it: higher is better); R-L (prompt/response and chat data): ROUGE-L x100 of greedy answers (at "
             "most --max-target-length tokens) against the reference responses (chat: the last assistant turns); "
