@@ -13,12 +13,32 @@ import importlib
 import logging
 import sys
 import types
+import warnings
 from typing import Any
 
 # bitsandbytes 0.50.2, imported on a CPU with avx512_bf16 (by every `import peft` once it is installed, in any
 # process: a trial, the zygote, the study), warns that an optional Hub kernel (the `kernels` package) is missing and
 # falls back to its own C kernels: noise on every row. Set here, before anything can import it.
 logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, *starts: str):
+        super().__init__()
+        self.starts = starts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.starts)
+
+
+# DeepSpeed (imported by accelerate and transformers in every process once installed) logs "Setting accelerator to
+# CPU. If you have GPU ..." to STDOUT on a machine without a GPU: the first line of the table's stream. Its logger
+# sets its own level and handler when deepspeed is imported, but keeps a filter put on it before: only this line is
+# dropped (trainwise says the device itself), DeepSpeed's other warnings still show.
+logging.getLogger("DeepSpeed").addFilter(_DropMessages("Setting accelerator to CPU"))
+# peft reads the deprecated `model.is_gradient_checkpointing` when it wraps a model (LoRA, QLoRA), and transformers 5
+# warns on every read: a FutureWarning about peft's code, not the user's, under compare, train and estimate
+warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 __version__ = "0.1.0"
 __all__ = ["advise", "compare", "estimate", "export", "find_batch", "open", "train", "tune"]
