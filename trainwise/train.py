@@ -38,7 +38,7 @@ from trainwise.config import StudyConfig, TrainConfig, TrialSpec, maximize, moni
 from trainwise.data.prepared import TrialData, load_data
 from trainwise.distributed import Ranks, is_multiprocess
 from trainwise.errors import ConfigError, RunFailed
-from trainwise.files import failed, free_space, human_bytes, refused_by, tree_bytes, write_atomic, writing
+from trainwise.files import failed, free_space, human_bytes, plain_modes, refused_by, tree_bytes, write_atomic, writing
 from trainwise.launcher import run_child
 from trainwise.lifeline import die_with_parent
 from trainwise.study import hold
@@ -271,6 +271,7 @@ def _write_checkpoint(tmp: Path, final: Path, root: Path, model, optimizer, sche
     files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
     manifest = {"files": {name: _sha(tmp / name) for name in files}, "step": state.step}
     (tmp / "manifest.json").write_text(json.dumps(manifest))
+    plain_modes(tmp)
     for p in tmp.rglob("*"):  # on disk before the rename makes it visible
         if p.is_file():
             with open(p, "rb") as f:
@@ -509,6 +510,7 @@ def save_model_dir(dest: Path, parts: loop.Parts, data: TrialData, record: dict)
     shutil.rmtree(tmp, ignore_errors=True)
     with writing(dest, tmp, hint=RESUME_HINT):
         _write_model_dir(tmp, model, data, state_dict, record)
+        plain_modes(tmp)  # the weights as readable as the config beside them
     shutil.rmtree(old, ignore_errors=True)
     if dest.exists():
         dest.rename(old)
