@@ -281,3 +281,24 @@ def test_the_loss_token_share_counts_the_whole_training_set_as_the_shifted_loss_
     rows = PackedDataset(list(zip(enc.input_ids, enc.labels, strict=True)), 16)  # type: ignore[arg-type]
     batch = PackedCollator(0, 16)([rows[i] for i in range(len(rows))])
     assert batch.loss_items / batch.real_tokens == pytest.approx(loss_token_share(enc))
+
+
+def test_prompt_response_pairs_cut_at_max_length_are_said_as_chat_conversations_are(tokenizer):
+    """--max-length below the pairs' lengths: a note says how many pairs lost their prompt's beginning and how many
+    their response's end, as prompt_response cuts them; nothing is said when every pair fits."""
+    from trainwise.data.tasks import pair_notes
+
+    rows = [{"text": r["question"], "target": r["answer"]} for r in pairs(12, seed=3)]
+    tokenize = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    sizes = [(tokenize(r["text"]), tokenize(r["target"]) + 1) for r in rows]
+    longest = max(p + r for p, r in sizes)
+    assert pair_notes(rows, tokenizer, longest) == []
+    limit = sorted(p + r for p, r in sizes)[len(rows) // 2]
+    cut = sum(p + r > limit for p, r in sizes)
+    # the prompt keeps at most what the response leaves, and at least half the room: the response loses the rest
+    lost = sum(p + r > limit and r > limit - min(p, max(limit - r, limit // 2)) for p, r in sizes)
+    (note,) = pair_notes(rows, tokenizer, limit, "held-out")
+    assert note.startswith(f"{cut} of 12 held-out prompt/response pairs are longer than --max-length {limit} tokens")
+    assert note.endswith(f"; {lost} of them lose the end of their response too" if lost else "prompt's beginning first")
+    (short,) = pair_notes(rows, tokenizer, 4)  # shorter than most responses: they lose their end
+    assert "of them lose the end of their response too" in short

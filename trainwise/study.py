@@ -328,6 +328,15 @@ def prepare_study(cfg: StudyConfig, on_note: Callable[[str], None] = lambda _lin
             write_atomic(stamp, f"{source.ref} {fingerprint}")
         tokenizer_dir = str(tok_path.resolve())
     try:  # what only the tokenized data can tell; a refused new study leaves no directory behind
+        if data.data_format == "prompt_response":
+            from trainwise.data.tasks import pair_notes  # heavy: trainwise.data.tasks loads torch
+
+            tokenizer = load_tokenizer(source, tokenizer_dir)
+            held_out = pair_notes(evals[: cfg.eval_samples], tokenizer, cfg.max_length, "held-out")
+            cuts = [f"trainwise: data: {note}" for note in pair_notes(train, tokenizer, cfg.max_length) + held_out]
+            for note in cuts:  # after the notes above: a preset's tokenizer is trained only now
+                on_note(note)
+            notes += cuts
         if data.data_format == "text":
             n_train = lm_samples(source, tokenizer_dir, train, cfg.max_length, "text")
             if n_train < largest:

@@ -57,6 +57,27 @@ def prompt_response(prompt: list[int], response: list[int], max_length: int) -> 
     return kept + answer, [IGNORE_INDEX] * len(kept) + answer
 
 
+def pair_notes(rows, tokenizer, max_length: int, which: str = "training") -> list[str]:
+    """What cutting prompt/response pairs at --max-length did (as prompt_response cuts them), a line (none when
+    nothing was cut): how many pairs lost the prompt's beginning, and how many lost part of the response too."""
+    _pad, eos = lm_ids(tokenizer)
+    prompts = tokenizer([r["text"] for r in rows], add_special_tokens=False)["input_ids"]
+    responses = tokenizer([r["target"] for r in rows], add_special_tokens=False)["input_ids"]
+    cut = lost = 0
+    for p, r in zip(prompts, responses, strict=True):
+        if len(p) + len(r) + 1 > max_length:
+            cut += 1
+            _ids, labels = prompt_response(p, [*r, eos], max_length)
+            lost += sum(1 for y in labels if y != IGNORE_INDEX) < len(r) + 1
+    if not cut:
+        return []
+    part = f"; {lost} of them lose the end of their response too" if lost else ""
+    return [
+        f"{cut} of {len(rows)} {which} prompt/response pairs are longer than --max-length {max_length} tokens: "
+        f"each loses its prompt's beginning first{part}"
+    ]
+
+
 def encode_lm(rows, tokenizer, data_format: str, max_length: int) -> Encoded:
     """causal-lm samples (see the module's docstring); text has no special tokens but the EOS added here (a
     conversation has those its chat template writes)."""
