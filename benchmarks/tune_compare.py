@@ -1,4 +1,4 @@
-"""Compare `trainwise tune` studies on the same budget (BENCHMARKS.md section 15).
+"""Compare `trainwise tune` studies on the same budget (BENCHMARKS.md §Q3).
 
     python benchmarks/tune_compare.py runs/bench-tune8-*-*
 
