@@ -292,7 +292,7 @@ def test_prompt_response_pairs_cut_at_max_length_are_said_as_chat_conversations_
     tokenize = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     sizes = [(tokenize(r["text"]), tokenize(r["target"]) + 1) for r in rows]
     longest = max(p + r for p, r in sizes)
-    assert pair_notes(rows, tokenizer, longest) == []
+    assert pair_notes(rows, tokenizer, longest) == pair_notes([], tokenizer, 4) == []
     limit = sorted(p + r for p, r in sizes)[len(rows) // 2]
     cut = sum(p + r > limit for p, r in sizes)
     # the prompt keeps at most what the response leaves, and at least half the room: the response loses the rest

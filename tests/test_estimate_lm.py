@@ -84,7 +84,7 @@ def test_tiny_probe_configs_keep_the_family_and_build(preset):
 @pytest.mark.probe
 def test_estimate_predicts_the_memory_compare_shows_for_a_causal_lm(tmp_path):
     """What compare measures (peak of live tensors) and what estimate predicts from compare's data agree per
-    row within 10%; chunked_ce's saving (the [tokens, vocab] logits) is predicted within 10 points."""
+    row within -3%..+15%; chunked_ce's saving (the [tokens, vocab] logits) is predicted within 10 points."""
     from trainwise.estimate import EstimateConfig, run_estimate
     from trainwise.trial import run_trial
 
@@ -113,7 +113,8 @@ def test_estimate_predicts_the_memory_compare_shows_for_a_causal_lm(tmp_path):
         r = measured[row]
         assert r.status == "ok" and r.mem_kind == "cpu_allocated", r.message
         m[row] = r.peak_mem_bytes
-        assert predicted[row] == pytest.approx(m[row], rel=0.10), row
+        # the estimate keeps a run from OOM: it may err high (by the fit's error, added as a margin), barely low
+        assert -0.03 <= predicted[row] / m[row] - 1 <= 0.15, (row, predicted[row], m[row])
     saving_measured = 1 - m["chunked_ce"] / m["baseline"]
     saving_predicted = 1 - predicted["chunked_ce"] / predicted["baseline"]
     assert saving_measured > 0.2 and abs(saving_measured - saving_predicted) <= 0.10

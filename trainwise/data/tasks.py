@@ -60,6 +60,8 @@ def prompt_response(prompt: list[int], response: list[int], max_length: int) -> 
 def pair_notes(rows, tokenizer, max_length: int, which: str = "training") -> list[str]:
     """What cutting prompt/response pairs at --max-length did (as prompt_response cuts them), a line (none when
     nothing was cut): how many pairs lost the prompt's beginning, and how many lost part of the response too."""
+    if not rows:
+        return []
     _pad, eos = lm_ids(tokenizer)
     prompts = tokenizer([r["text"] for r in rows], add_special_tokens=False)["input_ids"]
     responses = tokenizer([r["target"] for r in rows], add_special_tokens=False)["input_ids"]
