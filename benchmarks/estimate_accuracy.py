@@ -15,7 +15,8 @@ Side by side, for the same cases:
 Each case runs in a fresh process (`--case N`), like a trial: one process's earlier cases cannot
 leak into the next one's measurement.
 
-Usage: python benchmarks/estimate_accuracy.py [--quick] [--task causal-lm] [--json out.json]
+Usage: python benchmarks/estimate_accuracy.py [--quick] [--task causal-lm] [--plans chunked_ce,...] [--no-bf16]
+       [--json out.json]
 """
 
 from __future__ import annotations
@@ -159,6 +160,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="6 cases instead of all")
     ap.add_argument("--task", default=None, help="only this task's cases (e.g. causal-lm)")
+    ap.add_argument("--plans", default=None, help="only cases whose plan contains one of these, comma-separated")
+    ap.add_argument("--no-bf16", action="store_true", help="skip the bf16 plans (a CPU that emulates bf16)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", default=None, help="write every case here")
     ap.add_argument("--case", type=int, default=None, help=argparse.SUPPRESS)  # internal: one case, JSON out
@@ -170,6 +173,10 @@ def main() -> int:
     indices = QUICK if args.quick else list(range(len(CASES)))
     if args.task:
         indices = [i for i in indices if CASES[i][1] == args.task]
+    if args.plans:  # e.g. a CPU whose bf16 is emulated (AVX2 only) takes hours over the bf16 cases
+        indices = [i for i in indices if any(p in CASES[i][2] for p in args.plans.split(","))]
+    if args.no_bf16:
+        indices = [i for i in indices if "bf16" not in CASES[i][2]]
     rows = []
     with tempfile.TemporaryDirectory() as work:
         for i, index in enumerate(indices, 1):
