@@ -258,6 +258,7 @@ def test_export_from_a_study_takes_its_settings_and_advises_the_plan(tmp_path, c
         (["--strategies", "bf16", "--model-preset", "gpt-9"], "unknown model preset"),
         (["--strategies", "channels_last"], "'channels_last' applies to image-classification, not classification"),
         (["--strategies", "zero2", "--zero", "3"], "'zero2' is zero2, but --zero/--offload ask for zero3"),
+        (["--strategies", "baseline", "--task", "image-classification"], "which cannot build trainwise's ResNeXt"),
         (["--strategies", "bf16", "--zero", "1", "--offload", "params"], "choose one of --zero 1, --zero 2"),
     ],
 )
@@ -379,6 +380,28 @@ def test_the_exported_train_command_names_where_its_run_goes(tmp_path):
     write_export(plan_of(row.row), row, tmp_path / "exports" / "mine")
     argv = shlex.split((tmp_path / "exports" / "mine" / "train_command.txt").read_text())
     assert argv[argv.index("--out") + 1] == str(tmp_path / "exports" / "train-bf16+grad_ckpt")
+
+
+def test_an_image_study_is_refused_in_one_line(tmp_path):
+    """An image-classification study trained trainwise's own ResNeXt: no transformers script can reproduce it."""
+    from trainwise.config import StudyConfig
+    from trainwise.errors import ConfigError
+    from trainwise.export import ExportConfig, export_plan
+    from trainwise.results import TrialResult
+    from trainwise.study import Store, prepare_study
+
+    cfg = StudyConfig(
+        out=str(tmp_path / "study"), strategies=["baseline"], task="image-classification", batch_size=8, max_steps=2,
+        warmup_steps=1, eval_samples=8, device="cpu", remeasure=False, retries=0,
+    )  # fmt: skip
+    spec = prepare_study(cfg).specs[0]
+    store = Store(tmp_path / "study" / "study.sqlite")
+    store.put(spec, TrialResult("baseline", "ok"))
+    store.close()
+    (tmp_path / "study" / "results.json").write_text(json.dumps([{"strategy": "baseline", "row": "baseline"}]))
+    with pytest.raises(ConfigError, match="^export writes transformers scripts .*`trainwise train --task image") as e:
+        export_plan(ExportConfig(study=cfg.out, strategies="baseline", device="cpu"), tmp_path / "x")
+    assert len(str(e.value).splitlines()) == 1 and not (tmp_path / "x").exists()
 
 
 def test_a_seq2seq_study_snippet_reads_its_rows_and_pads_its_targets():

@@ -268,7 +268,7 @@ def test_raw_text_and_prompt_response_scripts_tokenize_as_trainwise(tmp_path, lm
 
 
 def test_causal_lm_lora_exports_trainwise_targets_and_files_parse(tmp_path):
-    paths, notes = write_export(plan_of("lora+packing+chunked_ce"), LM, tmp_path)
+    paths, notes = write_export(plan_of("lora+chunked_ce"), LM, tmp_path)
     assert {p.name for p in paths} >= {"sft_config.json", "sft_train.py", "training_args.json", "train_snippet.py"}
     for name in ("sft_train.py", "train_snippet.py"):
         text = (tmp_path / name).read_text()
@@ -276,5 +276,25 @@ def test_causal_lm_lora_exports_trainwise_targets_and_files_parse(tmp_path):
         assert "target_modules=LORA_TARGETS.get(model.config.model_type)" in text and "'gate_proj'" in text
         assert "AutoModelForCausalLM" in text and "attn_implementation='sdpa'" in text
     # the knobs with no TrainingArguments field say what each script does instead, never silently
-    assert any(n.startswith("packing:") and "train_snippet.py" in n and "sft_train.py" in n for n in notes)
     assert any(n.startswith("chunked_ce:") and "fused LM head" in n for n in notes)
+
+
+def test_a_script_that_cannot_train_the_plan_is_not_written(tmp_path):
+    """The HF Trainer cannot pack: a packing plan's export writes sft_train.py and no train_snippet.py (a note says
+    why and what to run), and an earlier export's train_snippet.py in the same directory goes too, so that no script
+    there trains something else. With no script left (no TRL script for a classifier), export refuses in one line."""
+    from trainwise.errors import ConfigError
+
+    write_export(plan_of("lora"), LM, tmp_path)
+    assert (tmp_path / "train_snippet.py").is_file()
+    paths, notes = write_export(plan_of("lora+packing"), LM, tmp_path)
+    assert {p.name for p in paths} == {
+        "training_args.json", "accelerate_config.yaml", "train_command.txt", "sft_config.json", "sft_train.py"
+    }  # fmt: skip
+    assert not (tmp_path / "train_snippet.py").exists()
+    assert any(n.startswith("train_snippet.py not written: the HF Trainer has no packing") for n in notes), notes
+    assert any(n.startswith("packing:") and "sft_train.py packs as trainwise does" in n for n in notes)
+    classifier = dataclasses.replace(LM, task="classification", data_format="", train_rows=None)
+    with pytest.raises(ConfigError, match=r"^'packing' cannot be exported as trainwise trains it \(train_snippet"):
+        write_export(plan_of("packing"), dataclasses.replace(classifier, row="packing"), tmp_path / "cls")
+    assert not (tmp_path / "cls").exists()

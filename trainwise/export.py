@@ -10,7 +10,9 @@ run's settings and renders the files:
 - train_command.txt: the equivalent `trainwise train` command;
 - causal LMs also: sft_config.json (`trl.SFTConfig` keyword arguments: the TrainingArguments and TRL's own, packing
   and completion-only loss) and sft_train.py, the same run with TRL's SFTTrainer.
-The notes (what TrainingArguments cannot say, and what the snippet does instead) are printed too.
+The notes (what TrainingArguments cannot say, and what the snippet does instead) are printed too. A script that
+cannot train the plan as trainwise does (a knob's `ExportDoc.cannot`: the HF Trainer cannot pack) is not written,
+and a note says why; with no training script left, export refuses (ConfigError).
 
 Where the Trainer differs from trainwise's loop (documented in docs/export.md and pinned by a test):
 transformers 5.x logs the training loss x accumulation steps for models that accept
@@ -405,13 +407,25 @@ def _preset_lines(s: RunSettings, auto: str, labels: dict[str, str], doc: Export
     ]
 
 
+SCRIPTS = ("train_snippet.py", "sft_train.py")  # the training scripts (what runs the plan)
+CONFIGS = ("training_args.json", "accelerate_config.yaml", "train_command.txt", "ds_config.json", "sft_config.json")
+
+
 def write_export(plan: TrialPlan, s: RunSettings, out: Path, force: bool = False) -> tuple[list[Path], list[str]]:
     """Write the files; returns them and the notes (what TrainingArguments cannot say). A directory that
-    holds files trainwise did not write (say, the user's own training_args.json) is refused unless `force`."""
-    from trainwise.study import check_ours, mark  # heavy: trainwise.study loads numpy
+    holds files trainwise did not write (say, the user's own training_args.json) is refused unless `force`.
+    A script that cannot train the plan as trainwise does is not written (a note says why); with none left, the
+    export is refused. An earlier export's files that this one does not write are removed from a directory of
+    trainwise's, so that none is left to train something else."""
+    from trainwise.study import MARK, check_ours, mark  # heavy: trainwise.study loads numpy
 
     check_ours(out, force)
     doc = export_doc(plan, s)
+    written = [name for name in SCRIPTS if name not in doc.cannot and (name == SCRIPTS[0] or s.task == CAUSAL_LM)]
+    if not written:
+        why = "; ".join(f"{name}: {reason}" for name, reason in doc.cannot.items())
+        raise ConfigError(f"{s.row!r} cannot be exported as trainwise trains it ({why})")
+    ours = (out / MARK).is_file()
     out.mkdir(parents=True, exist_ok=True)
     mark(out)
     files: dict[str, str] = {
@@ -430,10 +444,17 @@ def write_export(plan: TrialPlan, s: RunSettings, out: Path, force: bool = False
             notes.append(
                 f"sft_train.py needs TRL, not installed here: pip install 'trainwise[sft]' (trl=={TRL_VERSION})"
             )
+    for name, reason in doc.cannot.items():
+        files.pop(name, None)
+        notes.append(f"{name} not written: {reason}; run {' or '.join(written)}")
     paths = []
     for name, text in files.items():
         write_atomic(out / name, text)
         paths.append(out / name)
+    if ours:  # an earlier export's script or config that this plan does not have would train something else
+        for name in (*SCRIPTS, *CONFIGS):
+            if name not in files:
+                (out / name).unlink(missing_ok=True)
     data = [f"data: {s.origin.describe()}"] if s.origin is not None else []
     return paths, [*data, s.batch_line(doc), *notes]
 
@@ -472,6 +493,8 @@ class ExportConfig:
     def __post_init__(self) -> None:
         if self.device not in ("cuda", "cpu"):
             raise ConfigError(f"--device must be cuda or cpu, not {self.device!r}")
+        if self.study is None:
+            check_exportable(self.task)
         if self.max_steps is not None and self.max_steps <= 0:
             raise ConfigError(f"--max-steps must be > 0, got {self.max_steps}")
         check_number("--lr", self.lr)
@@ -483,6 +506,16 @@ class ExportConfig:
             raise ConfigError(
                 f"--strategies {self.strategies!r}: export takes one plan (a '+' combination), not a list"
             )
+
+
+def check_exportable(task: str) -> None:
+    """The exported scripts build a transformers model; image-classification trains trainwise's own ResNeXt."""
+    if task == "image-classification":
+        raise ConfigError(
+            "export writes transformers scripts (TrainingArguments, the HF Trainer, TRL), which cannot build "
+            "trainwise's ResNeXt: train an image-classification plan with `trainwise train --task "
+            "image-classification`"
+        )
 
 
 def named_model(s: TrialSettings) -> tuple[str, bool]:
@@ -537,6 +570,7 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         if spec is None:
             raise ConfigError(f"--study {cfg.study}: the store holds no trial of {entry.strategy!r}")
         s = spec.settings
+        check_exportable(s.task)
         text, (model, preset) = spec.row, named_model(s)
         task, batch, accum, lengths, lr = (
             s.task,
