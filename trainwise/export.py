@@ -12,7 +12,8 @@ run's settings and renders the files:
   and completion-only loss) and sft_train.py, the same run with TRL's SFTTrainer.
 The notes (what TrainingArguments cannot say, and what the snippet does instead) are printed too. A script that
 cannot train the plan as trainwise does (a knob's `ExportDoc.cannot`: the HF Trainer cannot pack) is not written,
-and a note says why; with no training script left, export refuses (ConfigError).
+and a note says why; with no training script left, export refuses (ConfigError). The scripts train on a study's
+own rows, tokenized and labelled as its trials were (raw text, prompt/response, chat: `_lm_data_lines`).
 
 Where the Trainer differs from trainwise's loop (documented in docs/export.md and pinned by a test):
 transformers 5.x logs the training loss x accumulation steps for models that accept
@@ -34,10 +35,18 @@ import yaml
 from trainwise import strategies
 from trainwise.advise import partial_note, study_row
 from trainwise.config import DataOrigin, TrialSettings, TrialSpec, check_nproc
+from trainwise.data.chat import trl_labels_as_ours
 from trainwise.errors import ConfigError, check_number
 from trainwise.estimate import EstimateConfig
 from trainwise.files import write_atomic
-from trainwise.models import CAUSAL_LM, ModelSource, model_config, preset_config_kwargs, resolve_model
+from trainwise.models import (
+    CAUSAL_LM,
+    ModelSource,
+    load_tokenizer,
+    model_config,
+    preset_config_kwargs,
+    resolve_model,
+)
 from trainwise.strategies.base import ExportDoc
 from trainwise.strategies.plan import TrialPlan
 
@@ -69,7 +78,10 @@ class RunSettings:
     train_rows: str | None = None  # a study's prepared training rows (JSONL: text, target)
     epochs: int = 1  # passes `trainwise train` may make (its cap on the steps), enough for max_steps
     tokenizer_dir: str | None = None  # a preset's tokenizer, trained by a study on its data
-    data_format: str = ""  # causal-lm: "text" (raw text cut into blocks) or "prompt_response"; "": not known
+    data_format: str = ""  # causal-lm: "text" (raw text cut into blocks), "prompt_response" or "chat"; "": not known
+    # chat: sft_train.py hands TRL the conversations ('messages', assistant_only_loss=True), checked to label as
+    # trainwise does (trainwise.data.chat.trl_labels_as_ours); False: the tokens and trainwise's labels
+    chat_messages: bool = False
 
     def batch_line(self, doc: ExportDoc) -> str:
         """The batch, global and per device, said once for every file."""
@@ -126,7 +138,12 @@ def sft_arguments(doc: ExportDoc, s: RunSettings) -> dict:
     args["bf16"] = doc.args.get("bf16", False)
     args["max_length"] = s.max_length
     if s.data_format:  # without a study: TRL decides from the dataset's columns (prompt/completion or text)
-        args["completion_only_loss"] = s.data_format == "prompt_response"
+        # a completion_mask (prompt/response, chat as tokens) says where the loss is; raw text: every token
+        args["completion_only_loss"] = s.data_format == "prompt_response" or (
+            s.data_format == "chat" and not s.chat_messages
+        )
+    if s.chat_messages:  # TRL labels the chat template's {% generation %} spans: the assistant turns
+        args["assistant_only_loss"] = True
     return {**args, **doc.sft}
 
 
@@ -216,15 +233,17 @@ def _data_lines(doc: ExportDoc, s: RunSettings) -> list[str]:
 def _lm_data_lines(s: RunSettings, sft: bool) -> list[str]:
     """A causal LM's training set, tokenized as trainwise does (trainwise.data.tasks.encode_lm): no special tokens
     but an EOS after each response or document; prompt/response pairs with no loss on the prompt, raw text
-    concatenated and cut into --max-length blocks. For the HF Trainer: input_ids and labels (-100: no loss); for
-    TRL: input_ids and completion_mask, which SFTConfig(completion_only_loss=True) turns into those labels."""
+    concatenated and cut into --max-length blocks, conversations rendered with the chat template and the loss on
+    the assistant turns (`_chat_data_lines`). For the HF Trainer: input_ids and labels (-100: no loss); for TRL:
+    input_ids and completion_mask, which SFTConfig(completion_only_loss=True) turns into those labels."""
     if s.train_rows is None:
         if sft:
             return [
                 "# your data: a datasets.Dataset with 'prompt' and 'completion' columns (the loss on the completion",
-                "# only) or a 'text' column. TRL tokenizes prompt + completion as one string, so tokens merging",
-                "# across the boundary may differ from trainwise's, which tokenizes them apart (export --study",
-                "# writes that tokenization here)",
+                "# only), a 'messages' column of conversations (with assistant_only_loss=True in sft_config.json and",
+                "# a chat template with {% generation %} markers) or a 'text' column. TRL tokenizes prompt +",
+                "# completion as one string, so tokens merging across the boundary may differ from trainwise's, which",
+                "# tokenizes them apart (export --study writes trainwise's tokenization here)",
                 "train_dataset = ...",
             ]
         return [
@@ -235,9 +254,10 @@ def _lm_data_lines(s: RunSettings, sft: bool) -> list[str]:
     lines = [
         f"# the study's training rows, prepared by trainwise from {source}, tokenized as trainwise does",
         f"rows = [json.loads(line) for line in open({s.train_rows!r}, encoding='utf-8')]",
-        f"MAX_LENGTH = {s.max_length}",
-        "eos = tokenizer.eos_token_id",
     ]
+    if s.data_format == "chat":
+        return _chat_data_lines(s, sft, lines)
+    lines += [f"MAX_LENGTH = {s.max_length}", "eos = tokenizer.eos_token_id"]
     if s.data_format == "text":
         lines += [
             "docs = tokenizer([row['text'] for row in rows], add_special_tokens=False)['input_ids']",
@@ -270,6 +290,63 @@ def _lm_data_lines(s: RunSettings, sft: bool) -> list[str]:
             ")",
         ]
     return [*lines, "train_dataset = [{'input_ids': p + r, 'labels': [-100] * len(p) + r} for p, r in pairs]"]
+
+
+def _chat_data_lines(s: RunSettings, sft: bool, lines: list[str]) -> list[str]:
+    """Conversations (each row's 'text': a conversation as JSON) labelled as trainwise labels them
+    (trainwise.data.chat.encode_chat), written out: the chat template rendered prefix by prefix, the loss on each
+    assistant turn's content and end-of-turn token, a conversation cut at --max-length and left out when no
+    assistant token is left. Or, for TRL where it labels them the same (`RunSettings.chat_messages`), the
+    conversations themselves with assistant_only_loss."""
+    if sft and s.chat_messages:
+        return [
+            *lines,
+            "# TRL's conversational format: SFTTrainer renders each conversation with the chat template, and",
+            "# assistant_only_loss=True (sft_config.json) puts the loss on the template's {% generation %} spans:",
+            "# on these conversations exactly the assistant turns trainwise trained on (export checked each one)",
+            "train_dataset = Dataset.from_list([{'messages': json.loads(row['text'])} for row in rows])",
+        ]
+    lines += [
+        f"MAX_LENGTH = {s.max_length}",
+        "",
+        "",
+        "def render(messages, generation_prompt=False):",
+        '    """The tokens of `messages` rendered by the chat template (which writes its own special tokens)."""',
+        "    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)",
+        "    return tokenizer(text, add_special_tokens=False)['input_ids']",
+        "",
+        "",
+        "def encode(messages):",
+        '    """(input ids, labels) of one conversation, the loss on the assistant turns only: each turn runs from',
+        "    the end of the messages before it rendered with the generation prompt to the end of the messages through",
+        "    it (its content and the template's end-of-turn token, less a newline the template adds after that",
+        '    token). A conversation longer than MAX_LENGTH keeps its first MAX_LENGTH tokens."""',
+        "    ids = render(messages)",
+        "    labels = [-100] * len(ids)",
+        "    special = set(tokenizer.all_special_ids)",
+        "    for i, message in enumerate(messages):",
+        "        if message['role'] != 'assistant':",
+        "            continue",
+        "        start, end = len(render(messages[:i], generation_prompt=True)), len(render(messages[: i + 1]))",
+        "        while end > start and ids[end - 1] not in special and not tokenizer.decode([ids[end - 1]]).strip():",
+        "            end -= 1",
+        "        labels[start:end] = ids[start:end]",
+        "    return ids[:MAX_LENGTH], labels[:MAX_LENGTH]",
+        "",
+        "",
+        "examples = [encode(json.loads(row['text'])) for row in rows]  # 'text': the conversation, as JSON",
+        "# cut with no assistant token left (position 0 is never scored): left out, as trainwise leaves it out",
+        "examples = [(ids, labels) for ids, labels in examples if any(y != -100 for y in labels[1:])]",
+    ]
+    if sft:
+        return [
+            *lines,
+            "# already tokenized, so TRL keeps these tokens; completion_only_loss=True: the loss where the mask is 1",
+            "train_dataset = Dataset.from_list(",
+            "    [{'input_ids': ids, 'completion_mask': [int(y != -100) for y in labels]} for ids, labels in examples]",
+            ")",
+        ]
+    return [*lines, "train_dataset = [{'input_ids': ids, 'labels': labels} for ids, labels in examples]"]
 
 
 def _model_part(doc: ExportDoc, s: RunSettings, auto: str, labels: dict[str, str]) -> list[str]:
@@ -518,6 +595,32 @@ def check_exportable(task: str) -> None:
         )
 
 
+def chat_form(s: TrialSettings, train_rows: str | None) -> tuple[bool, str]:
+    """A chat study's export: (whether sft_train.py hands TRL the conversations, the note saying which form and
+    why). TRL's own conversational path only where it labels every training conversation as trainwise did."""
+    from trainwise.data.prepared import read_prepared  # heavy: trainwise.data.prepared loads torch
+
+    if train_rows is None:
+        return False, ""
+    try:
+        tokenizer = load_tokenizer(ModelSource(s.model_kind, s.model_ref), None)
+    except Exception as e:  # a model directory moved or deleted since the study
+        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"cannot load the tokenizer of the study's model {s.model_ref}: {first}") from None
+    train, _, _ = read_prepared(s.data_dir)
+    why = trl_labels_as_ours(tokenizer, train, s.max_length)
+    if why is None:
+        return True, (
+            "chat: sft_train.py hands TRL the conversations ('messages', assistant_only_loss=True): the chat "
+            "template's {% generation %} spans are the assistant turns trainwise trained on, in every training "
+            "conversation (checked)"
+        )
+    return False, (
+        f"chat: sft_train.py hands TRL the tokens and a completion_mask, labelled in the script as trainwise does "
+        f"(the assistant turns), not the conversations: {why}"
+    )
+
+
 def named_model(s: TrialSettings) -> tuple[str, bool]:
     """How a written command names a study's model, and whether it is a size preset."""
     if s.model_label == "all-MiniLM-L6-v2":  # the bundled copy's path is this machine's venv
@@ -554,6 +657,7 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
     )
     max_steps, nproc, seed, epochs = cfg.max_steps or 1000, cfg.nproc or 1, 0, 1
     origin, train_rows, tokenizer_dir, data_format = None, None, None, ""
+    chat_messages, chat_note = False, ""
     source: ModelSource | None = None  # without a study: the model the options name
     labels: tuple[str, ...] = ()
     if cfg.study is not None:
@@ -588,6 +692,8 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         train_rows = str(prepared) if prepared.is_file() else None
         tokenizer_dir = s.tokenizer_dir if preset else None
         data_format = s.data_format if task == CAUSAL_LM else ""
+        if data_format == "chat":
+            chat_messages, chat_note = chat_form(s, train_rows)
     else:
         assert cfg.strategies is not None, "ExportConfig requires one of them"
         text = cfg.strategies
@@ -625,8 +731,11 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         epochs=epochs,
         tokenizer_dir=tokenizer_dir,
         data_format=data_format,
+        chat_messages=chat_messages,
     )
     paths, notes = write_export(row.plan, run, out, cfg.force)
+    if chat_note:
+        notes.append(chat_note)
     if cfg.study is not None:
         partial = partial_note(Path(cfg.study))
         if partial:
