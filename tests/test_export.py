@@ -404,6 +404,22 @@ def test_an_image_study_is_refused_in_one_line(tmp_path):
     assert len(str(e.value).splitlines()) == 1 and not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize(
+    "row, accum",
+    [("baseline", None), ("packing", None), ("grad_accum=2", None), ("grad_accum", "4"), ("all", "4")],
+)
+def test_the_train_command_carries_only_the_plan_s_own_settings(row, accum):
+    """--accum-steps says what a bare grad_accum means: written for a row whose plan reads it (grad_accum, the alias
+    'all'), not for one that does not (a packing plan's command carried --accum-steps 4)."""
+    import dataclasses
+    import shlex
+
+    from trainwise.export import train_command
+
+    argv = shlex.split(train_command(dataclasses.replace(SETTINGS, task="causal-lm", row=row, accum_steps=4)))
+    assert (argv[argv.index("--accum-steps") + 1] if "--accum-steps" in argv else None) == accum
+
+
 def test_a_seq2seq_study_snippet_reads_its_rows_and_pads_its_targets():
     import dataclasses
 

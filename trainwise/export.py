@@ -158,9 +158,14 @@ def train_out(beside: Path | str, name: str) -> str:
     return str(Path(beside).parent / f"train-{name}")
 
 
+def reads_accum_steps(row: str) -> bool:
+    """Whether the row's plan depends on --accum-steps (a `grad_accum` written without =N, or an alias holding one)."""
+    return strategies.parse_row(row, 2).plan != strategies.parse_row(row, 3).plan
+
+
 def train_command(s: RunSettings, out: str | None = None) -> str:
     """The `trainwise train` command that trains this plan on the same model, data and settings, into `out`
-    (default: runs/train-ROW)."""
+    (default: runs/train-ROW). Only what the plan reads: --accum-steps only for a row whose plan depends on it."""
     model_flag = ["--model-preset", s.model] if s.model_is_preset else ["--model", s.model]
     argv = [
         "trainwise",
@@ -173,8 +178,7 @@ def train_command(s: RunSettings, out: str | None = None) -> str:
         *(s.origin.flags() if s.origin is not None else []),
         "--batch-size",
         str(s.batch_size),
-        "--accum-steps",
-        str(s.accum_steps),
+        *(["--accum-steps", str(s.accum_steps)] if reads_accum_steps(s.row) else []),
         "--max-length",
         str(s.max_length),
         *(["--max-target-length", str(s.max_target_length)] if s.task == "seq2seq" else []),
