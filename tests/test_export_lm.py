@@ -27,6 +27,9 @@ from .test_causal_lm import pairs
 from .test_chat import IM_END, conversations
 
 STEPS = 4
+# what third-party libraries print into a script's output unless it silences them first (DeepSpeed on a CPU, peft
+# on transformers 5, bitsandbytes on a CPU): none may show
+NOISE = ("real_accelerator.py", "is_gradient_checkpointing", "gemm_4bit_forward", "kernels-community")
 
 
 def plan_of(text: str):
@@ -111,7 +114,8 @@ def _export(study, row: str, out: Path) -> None:
 
 def _run_sft(out: Path) -> tuple[list[float], dict]:
     """sft_train.py as written, in its own process, with an observer appended: the logged losses, and the
-    first batch the trainer built (what carries loss, how positions run)."""
+    first batch the trainer built (what carries loss, how positions run). Its output carries no third-party noise,
+    and the trained model is saved into output_dir (the Trainer creates it: it is not left empty)."""
     observer = (
         "\nbatch = next(iter(trainer.get_train_dataloader()))\n"
         "json.dump({'losses': [h['loss'] for h in trainer.state.log_history if 'loss' in h],\n"
@@ -120,10 +124,16 @@ def _run_sft(out: Path) -> tuple[list[float], dict]:
     )
     (out / "observed_sft.py").write_text((out / "sft_train.py").read_text() + observer)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("DS_ACCELERATOR", None)  # set in this process by the trials it ran: the script must set it itself
     done = subprocess.run(
         [sys.executable, "observed_sft.py"], cwd=out, env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    noise = [line for line in (done.stdout + done.stderr).splitlines() if any(n in line for n in NOISE)]
+    assert not noise, noise
+    saved = {p.name for p in (out / "out").iterdir()}
+    assert {"config.json", "model.safetensors"} <= saved or "adapter_model.safetensors" in saved, saved
+    assert "tokenizer_config.json" in saved
     observed = json.loads((out / "observed.json").read_text())
     return observed["losses"], observed
 

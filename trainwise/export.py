@@ -377,8 +377,7 @@ def sft_script(doc: ExportDoc, s: RunSettings) -> str:
         *(f"# {note}" for note in doc.notes),
         "# TRL computes the loss through a fused LM head in chunks, whatever the plan: the mean cross-entropy over",
         "# the loss tokens of the optimizer step, as trainwise does",
-        "import json",
-        "",
+        *_quiet_lines(s),
         "import torch",
         "from datasets import Dataset",
         "from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer",
@@ -394,8 +393,28 @@ def sft_script(doc: ExportDoc, s: RunSettings) -> str:
     return "\n".join(lines)
 
 
+def _quiet_lines(s: RunSettings) -> list[str]:
+    """The scripts' imports, headed by what silences third-party noise at its source, before anything imports it
+    (as trainwise/__init__.py and trainwise.loop do for trainwise's own runs)."""
+    deepspeed = 'os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed, imported by accelerate: no GPU warning'
+    return [
+        "import json",
+        "import logging",
+        "import os",
+        "import warnings",
+        "",
+        *([deepspeed] if s.device == "cpu" else []),
+        "# bitsandbytes, imported by peft on a CPU: a warning that an optional Hub kernel is missing (it uses its own)",
+        'logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)',
+        "# peft reads transformers 5's deprecated alias is_gradient_checkpointing: a FutureWarning per model",
+        'warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)',
+        "",
+    ]
+
+
 def _train_lines(doc: ExportDoc) -> list[str]:
-    """`trainer.train()` inside the plan's contexts, then every rank leaves its process group."""
+    """`trainer.train()` inside the plan's contexts, the trained model saved, then every rank leaves its process
+    group."""
     lines, indent = [], ""
     for context in doc.train_contexts:
         lines.append(f"{indent}with {context}:")
@@ -403,6 +422,7 @@ def _train_lines(doc: ExportDoc) -> list[str]:
     return [
         *lines,
         f"{indent}trainer.train()",
+        f"trainer.save_model()  # the trained model (LoRA: its adapter) and tokenizer, into {doc.args['output_dir']}/",
         "if torch.distributed.is_initialized():  # every rank leaves cleanly (gloo may abort at exit otherwise)",
         "    torch.distributed.destroy_process_group()",
     ]
@@ -419,8 +439,7 @@ def snippet(doc: ExportDoc, s: RunSettings) -> str:
     lines = [f"# exported by trainwise: plan {s.row!r}", f"# {s.batch_line(doc)}"]
     lines += [f"# {note}" for note in doc.notes]
     lines += [
-        "import json",
-        "",
+        *_quiet_lines(s),
         "import torch",
         f"from transformers import (AutoConfig, AutoTokenizer, Trainer, TrainingArguments, {auto}, "
         f"{doc.collator.split('(')[0]})",
@@ -429,7 +448,13 @@ def snippet(doc: ExportDoc, s: RunSettings) -> str:
         *_data_lines(doc, s),
         'args = TrainingArguments(**json.load(open("training_args.json")))',
         f"data_collator = {doc.collator}",
-        "trainer = Trainer(model=model, args=args, train_dataset=train_dataset, data_collator=data_collator)",
+        "trainer = Trainer(",
+        "    model=model,",
+        "    args=args,",
+        "    train_dataset=train_dataset,",
+        "    data_collator=data_collator,",
+        "    processing_class=tokenizer,  # saved with the model",
+        ")",
         *_train_lines(doc),
         *_LOGGED_LOSS.get(s.task, _LOGGED_LOSS["classification"]),
         "",
