@@ -462,6 +462,26 @@ def test_chat_script_lines_label_the_assistant_turns_as_trainwise(tmp_path, chat
             assert labels == ours.labels, (max_length, sft)
 
 
+def test_a_pretrained_model_s_new_weights_come_from_trainwise_s_seed(tiny_chat_model):
+    """The scripts seed torch as trainwise does before loading a pretrained model, so the weights drawn after it
+    (LoRA's) are the trial's: unseeded, a chat model's LoRA run moved the losses by 8e-4 from step 2."""
+    import torch
+
+    from trainwise.export import _model_part
+    from trainwise.loop import apply_plan
+    from trainwise.models import ModelSource, build_model
+
+    run = dataclasses.replace(LM, model=str(tiny_chat_model), row="lora", seed=3)
+    lines = _model_part(export_doc(plan_of("lora"), run), run, "AutoModelForCausalLM", {})
+    namespace: dict = {}
+    exec("\n".join(["import torch", "from transformers import AutoModelForCausalLM, AutoTokenizer", *lines]), namespace)
+    rt = strategies.runtime(plan_of("lora"), "causal-lm", "cpu")
+    ours = apply_plan(build_model(ModelSource("dir", str(tiny_chat_model)), "causal-lm", 2, 3, **rt.model_kwargs), rt)
+    theirs = dict(namespace["model"].named_parameters())
+    drawn = {name: p for name, p in ours.named_parameters() if "lora_A" in name}
+    assert drawn and all(torch.equal(p, theirs[name]) for name, p in drawn.items())
+
+
 def test_causal_lm_lora_exports_trainwise_targets_and_files_parse(tmp_path):
     paths, notes = write_export(plan_of("lora+chunked_ce"), LM, tmp_path)
     assert {p.name for p in paths} >= {"sft_config.json", "sft_train.py", "training_args.json", "train_snippet.py"}

@@ -475,6 +475,7 @@ def _pretrained_lines(s: RunSettings, auto: str, labels: dict[str, str], doc: Ex
     args = "".join(f", {k}={v}" for k, v in {**doc.model_kwargs, **labels}.items())
     return [
         f"tokenizer = AutoTokenizer.from_pretrained({s.model!r})",
+        f"torch.manual_seed({s.seed})  # the seed trainwise builds the model with: LoRA's new weights (a new head) too",
         f"model = {auto}.from_pretrained({s.model!r}{args})",
     ]
 
