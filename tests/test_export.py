@@ -218,6 +218,45 @@ def test_the_exported_trainer_snippet_as_written_reproduces_the_losses(tmp_path,
     assert ours[-1] < ours[0], "it trained"
 
 
+@pytest.mark.slow
+def test_the_seq2seq_snippet_as_written_reproduces_the_losses(tmp_path, monkeypatch):
+    """seq2seq (with classification above and test_export_lm.py's raw text, prompt/response and chat: every data
+    form): a T5 without dropout on 16 rows and a batch of 16; train_snippet.py, unchanged, trains the trial's losses
+    (targets padded with -100, the decoder's inputs shifted from them by T5)."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    from trainwise.config import StudyConfig
+    from trainwise.export import ExportConfig, export_plan
+    from trainwise.models import _preset_config, train_tokenizer
+    from trainwise.study import prepare_study
+
+    from .conftest import make_rows, write_csv
+
+    rows = make_rows(16, "seq2seq", seed=2)
+    data = write_csv(tmp_path / "pairs.csv", rows)
+    model_dir = tmp_path / "t5"
+    train_tokenizer([t for r in rows for t in (r["text"], r["target"])], "t5-tiny", model_dir)
+    config = _preset_config("t5-tiny", 2)
+    config.dropout_rate = 0.0
+    torch.manual_seed(0)
+    AutoModelForSeq2SeqLM.from_config(config).save_pretrained(model_dir)
+    cfg = StudyConfig(
+        out=str(tmp_path / "study"), strategies=["baseline"], task="seq2seq", model=str(model_dir),
+        train_file=str(data), eval_file=str(data), batch_size=16, max_length=32, max_target_length=8, max_steps=4,
+        warmup_steps=1, lr=1e-3, eval_samples=0, device="cpu", remeasure=False, retries=0,
+    )  # fmt: skip
+    spec, ours = _trial_of(prepare_study(cfg), "baseline")
+    out = tmp_path / "export"
+    export_plan(ExportConfig(study=cfg.out, strategies="baseline", device="cpu"), out)
+    monkeypatch.chdir(out)
+    namespace: dict = {}
+    exec(compile((out / "train_snippet.py").read_text(), "train_snippet.py", "exec"), namespace)
+    logged = [h["loss"] for h in namespace["trainer"].state.log_history if "loss" in h]
+    assert len(logged) == len(ours) == 4 and spec.settings.n_train == 16
+    assert logged == pytest.approx(ours, rel=1e-4)
+    assert ours[-1] < ours[0], "it trained"
+
+
 def test_export_from_a_study_takes_its_settings_and_advises_the_plan(tmp_path, capsys):
     """--study: model and settings from the study's store, the plan from advise (objective time)."""
     from trainwise.cli import main
