@@ -14,7 +14,6 @@ from __future__ import annotations
 import csv
 import json
 import random
-import shutil
 from pathlib import Path
 
 import pytest
@@ -42,34 +41,6 @@ def conversations(n: int, seed: int = 0) -> list[list[dict[str, str]]]:
             ]
         out.append(messages)
     return out
-
-
-@pytest.fixture(scope="session")
-def chat_tokenizer(smollm2_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(smollm2_dir)
-
-
-@pytest.fixture(scope="session")
-def tiny_chat_model(smollm2_dir, tmp_path_factory) -> Path:
-    """A 2-layer llama with random weights and SmolLM2's tokenizer and chat template: chat data end to end
-    in seconds (a size preset trains its own tokenizer, which has no chat template)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    where = tmp_path_factory.mktemp("tiny-chat")
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(smollm2_dir / name, where / name)
-    shape = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
-    ids = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}
-    config = AutoConfig.for_model(
-        "llama", vocab_size=49152, num_key_value_heads=2, max_position_embeddings=512, **shape, **ids
-    )
-    config.tie_word_embeddings = True
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(where)
-    return where
 
 
 @pytest.fixture(scope="session")

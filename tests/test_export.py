@@ -218,6 +218,45 @@ def test_the_exported_trainer_snippet_as_written_reproduces_the_losses(tmp_path,
     assert ours[-1] < ours[0], "it trained"
 
 
+@pytest.mark.slow
+def test_the_seq2seq_snippet_as_written_reproduces_the_losses(tmp_path, monkeypatch):
+    """seq2seq (with classification above and test_export_lm.py's raw text, prompt/response and chat: every data
+    form): a T5 without dropout on 16 rows and a batch of 16; train_snippet.py, unchanged, trains the trial's losses
+    (targets padded with -100, the decoder's inputs shifted from them by T5)."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    from trainwise.config import StudyConfig
+    from trainwise.export import ExportConfig, export_plan
+    from trainwise.models import _preset_config, train_tokenizer
+    from trainwise.study import prepare_study
+
+    from .conftest import make_rows, write_csv
+
+    rows = make_rows(16, "seq2seq", seed=2)
+    data = write_csv(tmp_path / "pairs.csv", rows)
+    model_dir = tmp_path / "t5"
+    train_tokenizer([t for r in rows for t in (r["text"], r["target"])], "t5-tiny", model_dir)
+    config = _preset_config("t5-tiny", 2)
+    config.dropout_rate = 0.0
+    torch.manual_seed(0)
+    AutoModelForSeq2SeqLM.from_config(config).save_pretrained(model_dir)
+    cfg = StudyConfig(
+        out=str(tmp_path / "study"), strategies=["baseline"], task="seq2seq", model=str(model_dir),
+        train_file=str(data), eval_file=str(data), batch_size=16, max_length=32, max_target_length=8, max_steps=4,
+        warmup_steps=1, lr=1e-3, eval_samples=0, device="cpu", remeasure=False, retries=0,
+    )  # fmt: skip
+    spec, ours = _trial_of(prepare_study(cfg), "baseline")
+    out = tmp_path / "export"
+    export_plan(ExportConfig(study=cfg.out, strategies="baseline", device="cpu"), out)
+    monkeypatch.chdir(out)
+    namespace: dict = {}
+    exec(compile((out / "train_snippet.py").read_text(), "train_snippet.py", "exec"), namespace)
+    logged = [h["loss"] for h in namespace["trainer"].state.log_history if "loss" in h]
+    assert len(logged) == len(ours) == 4 and spec.settings.n_train == 16
+    assert logged == pytest.approx(ours, rel=1e-4)
+    assert ours[-1] < ours[0], "it trained"
+
+
 def test_export_from_a_study_takes_its_settings_and_advises_the_plan(tmp_path, capsys):
     """--study: model and settings from the study's store, the plan from advise (objective time)."""
     from trainwise.cli import main
@@ -258,6 +297,7 @@ def test_export_from_a_study_takes_its_settings_and_advises_the_plan(tmp_path, c
         (["--strategies", "bf16", "--model-preset", "gpt-9"], "unknown model preset"),
         (["--strategies", "channels_last"], "'channels_last' applies to image-classification, not classification"),
         (["--strategies", "zero2", "--zero", "3"], "'zero2' is zero2, but --zero/--offload ask for zero3"),
+        (["--strategies", "baseline", "--task", "image-classification"], "which cannot build trainwise's ResNeXt"),
         (["--strategies", "bf16", "--zero", "1", "--offload", "params"], "choose one of --zero 1, --zero 2"),
     ],
 )
@@ -379,6 +419,44 @@ def test_the_exported_train_command_names_where_its_run_goes(tmp_path):
     write_export(plan_of(row.row), row, tmp_path / "exports" / "mine")
     argv = shlex.split((tmp_path / "exports" / "mine" / "train_command.txt").read_text())
     assert argv[argv.index("--out") + 1] == str(tmp_path / "exports" / "train-bf16+grad_ckpt")
+
+
+def test_an_image_study_is_refused_in_one_line(tmp_path):
+    """An image-classification study trained trainwise's own ResNeXt: no transformers script can reproduce it."""
+    from trainwise.config import StudyConfig
+    from trainwise.errors import ConfigError
+    from trainwise.export import ExportConfig, export_plan
+    from trainwise.results import TrialResult
+    from trainwise.study import Store, prepare_study
+
+    cfg = StudyConfig(
+        out=str(tmp_path / "study"), strategies=["baseline"], task="image-classification", batch_size=8, max_steps=2,
+        warmup_steps=1, eval_samples=8, device="cpu", remeasure=False, retries=0,
+    )  # fmt: skip
+    spec = prepare_study(cfg).specs[0]
+    store = Store(tmp_path / "study" / "study.sqlite")
+    store.put(spec, TrialResult("baseline", "ok"))
+    store.close()
+    (tmp_path / "study" / "results.json").write_text(json.dumps([{"strategy": "baseline", "row": "baseline"}]))
+    with pytest.raises(ConfigError, match="^export writes transformers scripts .*`trainwise train --task image") as e:
+        export_plan(ExportConfig(study=cfg.out, strategies="baseline", device="cpu"), tmp_path / "x")
+    assert len(str(e.value).splitlines()) == 1 and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(
+    "row, accum",
+    [("baseline", None), ("packing", None), ("grad_accum=2", None), ("grad_accum", "4"), ("all", "4")],
+)
+def test_the_train_command_carries_only_the_plan_s_own_settings(row, accum):
+    """--accum-steps says what a bare grad_accum means: written for a row whose plan reads it (grad_accum, the alias
+    'all'), not for one that does not (a packing plan's command carried --accum-steps 4)."""
+    import dataclasses
+    import shlex
+
+    from trainwise.export import train_command
+
+    argv = shlex.split(train_command(dataclasses.replace(SETTINGS, task="causal-lm", row=row, accum_steps=4)))
+    assert (argv[argv.index("--accum-steps") + 1] if "--accum-steps" in argv else None) == accum
 
 
 def test_a_seq2seq_study_snippet_reads_its_rows_and_pads_its_targets():

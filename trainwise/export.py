@@ -10,7 +10,10 @@ run's settings and renders the files:
 - train_command.txt: the equivalent `trainwise train` command;
 - causal LMs also: sft_config.json (`trl.SFTConfig` keyword arguments: the TrainingArguments and TRL's own, packing
   and completion-only loss) and sft_train.py, the same run with TRL's SFTTrainer.
-The notes (what TrainingArguments cannot say, and what the snippet does instead) are printed too.
+The notes (what TrainingArguments cannot say, and what the snippet does instead) are printed too. A script that
+cannot train the plan as trainwise does (a knob's `ExportDoc.cannot`: the HF Trainer cannot pack) is not written,
+and a note says why; with no training script left, export refuses (ConfigError). The scripts train on a study's
+own rows, tokenized and labelled as its trials were (raw text, prompt/response, chat: `_lm_data_lines`).
 
 Where the Trainer differs from trainwise's loop (documented in docs/export.md and pinned by a test):
 transformers 5.x logs the training loss x accumulation steps for models that accept
@@ -32,10 +35,18 @@ import yaml
 from trainwise import strategies
 from trainwise.advise import partial_note, study_row
 from trainwise.config import DataOrigin, TrialSettings, TrialSpec, check_nproc
+from trainwise.data.chat import trl_labels_as_ours
 from trainwise.errors import ConfigError, check_number
 from trainwise.estimate import EstimateConfig
 from trainwise.files import write_atomic
-from trainwise.models import CAUSAL_LM, ModelSource, model_config, preset_config_kwargs, resolve_model
+from trainwise.models import (
+    CAUSAL_LM,
+    ModelSource,
+    load_tokenizer,
+    model_config,
+    preset_config_kwargs,
+    resolve_model,
+)
 from trainwise.strategies.base import ExportDoc
 from trainwise.strategies.plan import TrialPlan
 
@@ -67,7 +78,10 @@ class RunSettings:
     train_rows: str | None = None  # a study's prepared training rows (JSONL: text, target)
     epochs: int = 1  # passes `trainwise train` may make (its cap on the steps), enough for max_steps
     tokenizer_dir: str | None = None  # a preset's tokenizer, trained by a study on its data
-    data_format: str = ""  # causal-lm: "text" (raw text cut into blocks) or "prompt_response"; "": not known
+    data_format: str = ""  # causal-lm: "text" (raw text cut into blocks), "prompt_response" or "chat"; "": not known
+    # chat: sft_train.py hands TRL the conversations ('messages', assistant_only_loss=True), checked to label as
+    # trainwise does (trainwise.data.chat.trl_labels_as_ours); False: the tokens and trainwise's labels
+    chat_messages: bool = False
 
     def batch_line(self, doc: ExportDoc) -> str:
         """The batch, global and per device, said once for every file."""
@@ -124,7 +138,12 @@ def sft_arguments(doc: ExportDoc, s: RunSettings) -> dict:
     args["bf16"] = doc.args.get("bf16", False)
     args["max_length"] = s.max_length
     if s.data_format:  # without a study: TRL decides from the dataset's columns (prompt/completion or text)
-        args["completion_only_loss"] = s.data_format == "prompt_response"
+        # a completion_mask (prompt/response, chat as tokens) says where the loss is; raw text: every token
+        args["completion_only_loss"] = s.data_format == "prompt_response" or (
+            s.data_format == "chat" and not s.chat_messages
+        )
+    if s.chat_messages:  # TRL labels the chat template's {% generation %} spans: the assistant turns
+        args["assistant_only_loss"] = True
     return {**args, **doc.sft}
 
 
@@ -139,9 +158,14 @@ def train_out(beside: Path | str, name: str) -> str:
     return str(Path(beside).parent / f"train-{name}")
 
 
+def reads_accum_steps(row: str) -> bool:
+    """Whether the row's plan depends on --accum-steps (a `grad_accum` written without =N, or an alias holding one)."""
+    return strategies.parse_row(row, 2).plan != strategies.parse_row(row, 3).plan
+
+
 def train_command(s: RunSettings, out: str | None = None) -> str:
     """The `trainwise train` command that trains this plan on the same model, data and settings, into `out`
-    (default: runs/train-ROW)."""
+    (default: runs/train-ROW). Only what the plan reads: --accum-steps only for a row whose plan depends on it."""
     model_flag = ["--model-preset", s.model] if s.model_is_preset else ["--model", s.model]
     argv = [
         "trainwise",
@@ -154,8 +178,7 @@ def train_command(s: RunSettings, out: str | None = None) -> str:
         *(s.origin.flags() if s.origin is not None else []),
         "--batch-size",
         str(s.batch_size),
-        "--accum-steps",
-        str(s.accum_steps),
+        *(["--accum-steps", str(s.accum_steps)] if reads_accum_steps(s.row) else []),
         "--max-length",
         str(s.max_length),
         *(["--max-target-length", str(s.max_target_length)] if s.task == "seq2seq" else []),
@@ -214,15 +237,17 @@ def _data_lines(doc: ExportDoc, s: RunSettings) -> list[str]:
 def _lm_data_lines(s: RunSettings, sft: bool) -> list[str]:
     """A causal LM's training set, tokenized as trainwise does (trainwise.data.tasks.encode_lm): no special tokens
     but an EOS after each response or document; prompt/response pairs with no loss on the prompt, raw text
-    concatenated and cut into --max-length blocks. For the HF Trainer: input_ids and labels (-100: no loss); for
-    TRL: input_ids and completion_mask, which SFTConfig(completion_only_loss=True) turns into those labels."""
+    concatenated and cut into --max-length blocks, conversations rendered with the chat template and the loss on
+    the assistant turns (`_chat_data_lines`). For the HF Trainer: input_ids and labels (-100: no loss); for TRL:
+    input_ids and completion_mask, which SFTConfig(completion_only_loss=True) turns into those labels."""
     if s.train_rows is None:
         if sft:
             return [
                 "# your data: a datasets.Dataset with 'prompt' and 'completion' columns (the loss on the completion",
-                "# only) or a 'text' column. TRL tokenizes prompt + completion as one string, so tokens merging",
-                "# across the boundary may differ from trainwise's, which tokenizes them apart (export --study",
-                "# writes that tokenization here)",
+                "# only), a 'messages' column of conversations (with assistant_only_loss=True in sft_config.json and",
+                "# a chat template with {% generation %} markers) or a 'text' column. TRL tokenizes prompt +",
+                "# completion as one string, so tokens merging across the boundary may differ from trainwise's, which",
+                "# tokenizes them apart (export --study writes trainwise's tokenization here)",
                 "train_dataset = ...",
             ]
         return [
@@ -233,9 +258,10 @@ def _lm_data_lines(s: RunSettings, sft: bool) -> list[str]:
     lines = [
         f"# the study's training rows, prepared by trainwise from {source}, tokenized as trainwise does",
         f"rows = [json.loads(line) for line in open({s.train_rows!r}, encoding='utf-8')]",
-        f"MAX_LENGTH = {s.max_length}",
-        "eos = tokenizer.eos_token_id",
     ]
+    if s.data_format == "chat":
+        return _chat_data_lines(s, sft, lines)
+    lines += [f"MAX_LENGTH = {s.max_length}", "eos = tokenizer.eos_token_id"]
     if s.data_format == "text":
         lines += [
             "docs = tokenizer([row['text'] for row in rows], add_special_tokens=False)['input_ids']",
@@ -270,6 +296,63 @@ def _lm_data_lines(s: RunSettings, sft: bool) -> list[str]:
     return [*lines, "train_dataset = [{'input_ids': p + r, 'labels': [-100] * len(p) + r} for p, r in pairs]"]
 
 
+def _chat_data_lines(s: RunSettings, sft: bool, lines: list[str]) -> list[str]:
+    """Conversations (each row's 'text': a conversation as JSON) labelled as trainwise labels them
+    (trainwise.data.chat.encode_chat), written out: the chat template rendered prefix by prefix, the loss on each
+    assistant turn's content and end-of-turn token, a conversation cut at --max-length and left out when no
+    assistant token is left. Or, for TRL where it labels them the same (`RunSettings.chat_messages`), the
+    conversations themselves with assistant_only_loss."""
+    if sft and s.chat_messages:
+        return [
+            *lines,
+            "# TRL's conversational format: SFTTrainer renders each conversation with the chat template, and",
+            "# assistant_only_loss=True (sft_config.json) puts the loss on the template's {% generation %} spans:",
+            "# on these conversations exactly the assistant turns trainwise trained on (export checked each one)",
+            "train_dataset = Dataset.from_list([{'messages': json.loads(row['text'])} for row in rows])",
+        ]
+    lines += [
+        f"MAX_LENGTH = {s.max_length}",
+        "",
+        "",
+        "def render(messages, generation_prompt=False):",
+        '    """The tokens of `messages` rendered by the chat template (which writes its own special tokens)."""',
+        "    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)",
+        "    return tokenizer(text, add_special_tokens=False)['input_ids']",
+        "",
+        "",
+        "def encode(messages):",
+        '    """(input ids, labels) of one conversation, the loss on the assistant turns only: each turn runs from',
+        "    the end of the messages before it rendered with the generation prompt to the end of the messages through",
+        "    it (its content and the template's end-of-turn token, less a newline the template adds after that",
+        '    token). A conversation longer than MAX_LENGTH keeps its first MAX_LENGTH tokens."""',
+        "    ids = render(messages)",
+        "    labels = [-100] * len(ids)",
+        "    special = set(tokenizer.all_special_ids)",
+        "    for i, message in enumerate(messages):",
+        "        if message['role'] != 'assistant':",
+        "            continue",
+        "        start, end = len(render(messages[:i], generation_prompt=True)), len(render(messages[: i + 1]))",
+        "        while end > start and ids[end - 1] not in special and not tokenizer.decode([ids[end - 1]]).strip():",
+        "            end -= 1",
+        "        labels[start:end] = ids[start:end]",
+        "    return ids[:MAX_LENGTH], labels[:MAX_LENGTH]",
+        "",
+        "",
+        "examples = [encode(json.loads(row['text'])) for row in rows]  # 'text': the conversation, as JSON",
+        "# cut with no assistant token left (position 0 is never scored): left out, as trainwise leaves it out",
+        "examples = [(ids, labels) for ids, labels in examples if any(y != -100 for y in labels[1:])]",
+    ]
+    if sft:
+        return [
+            *lines,
+            "# already tokenized, so TRL keeps these tokens; completion_only_loss=True: the loss where the mask is 1",
+            "train_dataset = Dataset.from_list(",
+            "    [{'input_ids': ids, 'completion_mask': [int(y != -100) for y in labels]} for ids, labels in examples]",
+            ")",
+        ]
+    return [*lines, "train_dataset = [{'input_ids': ids, 'labels': labels} for ids, labels in examples]"]
+
+
 def _model_part(doc: ExportDoc, s: RunSettings, auto: str, labels: dict[str, str]) -> list[str]:
     """The tokenizer and the model as trainwise builds them, with the plan's edits."""
     lines = _preset_lines(s, auto, labels, doc) if s.model_is_preset else _pretrained_lines(s, auto, labels, doc)
@@ -294,8 +377,7 @@ def sft_script(doc: ExportDoc, s: RunSettings) -> str:
         *(f"# {note}" for note in doc.notes),
         "# TRL computes the loss through a fused LM head in chunks, whatever the plan: the mean cross-entropy over",
         "# the loss tokens of the optimizer step, as trainwise does",
-        "import json",
-        "",
+        *_quiet_lines(s),
         "import torch",
         "from datasets import Dataset",
         "from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer",
@@ -311,8 +393,28 @@ def sft_script(doc: ExportDoc, s: RunSettings) -> str:
     return "\n".join(lines)
 
 
+def _quiet_lines(s: RunSettings) -> list[str]:
+    """The scripts' imports, headed by what silences third-party noise at its source, before anything imports it
+    (as trainwise/__init__.py and trainwise.loop do for trainwise's own runs)."""
+    deepspeed = 'os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed, imported by accelerate: no GPU warning'
+    return [
+        "import json",
+        "import logging",
+        "import os",
+        "import warnings",
+        "",
+        *([deepspeed] if s.device == "cpu" else []),
+        "# bitsandbytes, imported by peft on a CPU: a warning that an optional Hub kernel is missing (it uses its own)",
+        'logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)',
+        "# peft reads transformers 5's deprecated alias is_gradient_checkpointing: a FutureWarning per model",
+        'warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)',
+        "",
+    ]
+
+
 def _train_lines(doc: ExportDoc) -> list[str]:
-    """`trainer.train()` inside the plan's contexts, then every rank leaves its process group."""
+    """`trainer.train()` inside the plan's contexts, the trained model saved, then every rank leaves its process
+    group."""
     lines, indent = [], ""
     for context in doc.train_contexts:
         lines.append(f"{indent}with {context}:")
@@ -320,6 +422,7 @@ def _train_lines(doc: ExportDoc) -> list[str]:
     return [
         *lines,
         f"{indent}trainer.train()",
+        f"trainer.save_model()  # the trained model (LoRA: its adapter) and tokenizer, into {doc.args['output_dir']}/",
         "if torch.distributed.is_initialized():  # every rank leaves cleanly (gloo may abort at exit otherwise)",
         "    torch.distributed.destroy_process_group()",
     ]
@@ -336,8 +439,7 @@ def snippet(doc: ExportDoc, s: RunSettings) -> str:
     lines = [f"# exported by trainwise: plan {s.row!r}", f"# {s.batch_line(doc)}"]
     lines += [f"# {note}" for note in doc.notes]
     lines += [
-        "import json",
-        "",
+        *_quiet_lines(s),
         "import torch",
         f"from transformers import (AutoConfig, AutoTokenizer, Trainer, TrainingArguments, {auto}, "
         f"{doc.collator.split('(')[0]})",
@@ -346,7 +448,13 @@ def snippet(doc: ExportDoc, s: RunSettings) -> str:
         *_data_lines(doc, s),
         'args = TrainingArguments(**json.load(open("training_args.json")))',
         f"data_collator = {doc.collator}",
-        "trainer = Trainer(model=model, args=args, train_dataset=train_dataset, data_collator=data_collator)",
+        "trainer = Trainer(",
+        "    model=model,",
+        "    args=args,",
+        "    train_dataset=train_dataset,",
+        "    data_collator=data_collator,",
+        "    processing_class=tokenizer,  # saved with the model",
+        ")",
         *_train_lines(doc),
         *_LOGGED_LOSS.get(s.task, _LOGGED_LOSS["classification"]),
         "",
@@ -367,6 +475,7 @@ def _pretrained_lines(s: RunSettings, auto: str, labels: dict[str, str], doc: Ex
     args = "".join(f", {k}={v}" for k, v in {**doc.model_kwargs, **labels}.items())
     return [
         f"tokenizer = AutoTokenizer.from_pretrained({s.model!r})",
+        f"torch.manual_seed({s.seed})  # the seed trainwise builds the model with: LoRA's new weights (a new head) too",
         f"model = {auto}.from_pretrained({s.model!r}{args})",
     ]
 
@@ -405,13 +514,25 @@ def _preset_lines(s: RunSettings, auto: str, labels: dict[str, str], doc: Export
     ]
 
 
+SCRIPTS = ("train_snippet.py", "sft_train.py")  # the training scripts (what runs the plan)
+CONFIGS = ("training_args.json", "accelerate_config.yaml", "train_command.txt", "ds_config.json", "sft_config.json")
+
+
 def write_export(plan: TrialPlan, s: RunSettings, out: Path, force: bool = False) -> tuple[list[Path], list[str]]:
     """Write the files; returns them and the notes (what TrainingArguments cannot say). A directory that
-    holds files trainwise did not write (say, the user's own training_args.json) is refused unless `force`."""
-    from trainwise.study import check_ours, mark  # heavy: trainwise.study loads numpy
+    holds files trainwise did not write (say, the user's own training_args.json) is refused unless `force`.
+    A script that cannot train the plan as trainwise does is not written (a note says why); with none left, the
+    export is refused. An earlier export's files that this one does not write are removed from a directory of
+    trainwise's, so that none is left to train something else."""
+    from trainwise.study import MARK, check_ours, mark  # heavy: trainwise.study loads numpy
 
     check_ours(out, force)
     doc = export_doc(plan, s)
+    written = [name for name in SCRIPTS if name not in doc.cannot and (name == SCRIPTS[0] or s.task == CAUSAL_LM)]
+    if not written:
+        why = "; ".join(f"{name}: {reason}" for name, reason in doc.cannot.items())
+        raise ConfigError(f"{s.row!r} cannot be exported as trainwise trains it ({why})")
+    ours = (out / MARK).is_file()
     out.mkdir(parents=True, exist_ok=True)
     mark(out)
     files: dict[str, str] = {
@@ -430,10 +551,17 @@ def write_export(plan: TrialPlan, s: RunSettings, out: Path, force: bool = False
             notes.append(
                 f"sft_train.py needs TRL, not installed here: pip install 'trainwise[sft]' (trl=={TRL_VERSION})"
             )
+    for name, reason in doc.cannot.items():
+        files.pop(name, None)
+        notes.append(f"{name} not written: {reason}; run {' or '.join(written)}")
     paths = []
     for name, text in files.items():
         write_atomic(out / name, text)
         paths.append(out / name)
+    if ours:  # an earlier export's script or config that this plan does not have would train something else
+        for name in (*SCRIPTS, *CONFIGS):
+            if name not in files:
+                (out / name).unlink(missing_ok=True)
     data = [f"data: {s.origin.describe()}"] if s.origin is not None else []
     return paths, [*data, s.batch_line(doc), *notes]
 
@@ -472,6 +600,8 @@ class ExportConfig:
     def __post_init__(self) -> None:
         if self.device not in ("cuda", "cpu"):
             raise ConfigError(f"--device must be cuda or cpu, not {self.device!r}")
+        if self.study is None:
+            check_exportable(self.task)
         if self.max_steps is not None and self.max_steps <= 0:
             raise ConfigError(f"--max-steps must be > 0, got {self.max_steps}")
         check_number("--lr", self.lr)
@@ -483,6 +613,42 @@ class ExportConfig:
             raise ConfigError(
                 f"--strategies {self.strategies!r}: export takes one plan (a '+' combination), not a list"
             )
+
+
+def check_exportable(task: str) -> None:
+    """The exported scripts build a transformers model; image-classification trains trainwise's own ResNeXt."""
+    if task == "image-classification":
+        raise ConfigError(
+            "export writes transformers scripts (TrainingArguments, the HF Trainer, TRL), which cannot build "
+            "trainwise's ResNeXt: train an image-classification plan with `trainwise train --task "
+            "image-classification`"
+        )
+
+
+def chat_form(s: TrialSettings, train_rows: str | None) -> tuple[bool, str]:
+    """A chat study's export: (whether sft_train.py hands TRL the conversations, the note saying which form and
+    why). TRL's own conversational path only where it labels every training conversation as trainwise did."""
+    from trainwise.data.prepared import read_prepared  # heavy: trainwise.data.prepared loads torch
+
+    if train_rows is None:
+        return False, ""
+    try:
+        tokenizer = load_tokenizer(ModelSource(s.model_kind, s.model_ref), None)
+    except Exception as e:  # a model directory moved or deleted since the study
+        first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"cannot load the tokenizer of the study's model {s.model_ref}: {first}") from None
+    train, _, _ = read_prepared(s.data_dir)
+    why = trl_labels_as_ours(tokenizer, train, s.max_length)
+    if why is None:
+        return True, (
+            "chat: sft_train.py hands TRL the conversations ('messages', assistant_only_loss=True): the chat "
+            "template's {% generation %} spans are the assistant turns trainwise trained on, in every training "
+            "conversation (checked)"
+        )
+    return False, (
+        f"chat: sft_train.py hands TRL the tokens and a completion_mask, labelled in the script as trainwise does "
+        f"(the assistant turns), not the conversations: {why}"
+    )
 
 
 def named_model(s: TrialSettings) -> tuple[str, bool]:
@@ -521,6 +687,7 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
     )
     max_steps, nproc, seed, epochs = cfg.max_steps or 1000, cfg.nproc or 1, 0, 1
     origin, train_rows, tokenizer_dir, data_format = None, None, None, ""
+    chat_messages, chat_note = False, ""
     source: ModelSource | None = None  # without a study: the model the options name
     labels: tuple[str, ...] = ()
     if cfg.study is not None:
@@ -537,6 +704,7 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         if spec is None:
             raise ConfigError(f"--study {cfg.study}: the store holds no trial of {entry.strategy!r}")
         s = spec.settings
+        check_exportable(s.task)
         text, (model, preset) = spec.row, named_model(s)
         task, batch, accum, lengths, lr = (
             s.task,
@@ -554,6 +722,8 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         train_rows = str(prepared) if prepared.is_file() else None
         tokenizer_dir = s.tokenizer_dir if preset else None
         data_format = s.data_format if task == CAUSAL_LM else ""
+        if data_format == "chat":
+            chat_messages, chat_note = chat_form(s, train_rows)
     else:
         assert cfg.strategies is not None, "ExportConfig requires one of them"
         text = cfg.strategies
@@ -591,8 +761,11 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         epochs=epochs,
         tokenizer_dir=tokenizer_dir,
         data_format=data_format,
+        chat_messages=chat_messages,
     )
     paths, notes = write_export(row.plan, run, out, cfg.force)
+    if chat_note:
+        notes.append(chat_note)
     if cfg.study is not None:
         partial = partial_note(Path(cfg.study))
         if partial:

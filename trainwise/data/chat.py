@@ -17,11 +17,16 @@ property: one line names the row, since the assistant tokens could not be found 
 
 Truncation: a conversation longer than --max-length keeps its first --max-length tokens (its later turns are
 cut); one left with no assistant token is left out, and counted (`ChatEncoded.dropped`), never silently.
+
+TRL's own conversational path (a 'messages' column, `SFTConfig(assistant_only_loss=True)`) labels the spans the
+template marks with `{% generation %}`; `trl_labels_as_ours` says whether, on a study's conversations, that is
+exactly this labelling (trainwise export then writes that form, else the tokens with a completion mask).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from trainwise.errors import ConfigError
@@ -147,3 +152,28 @@ def last_turn(ids: list[int], labels: list[int]) -> tuple[list[int], list[int]]:
     while start > 0 and labels[start - 1] != IGNORE_INDEX:
         start -= 1
     return ids[:start], ids[start:end]
+
+
+GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")  # TRL 1.16's has_generation_markers, whitespace trims too
+
+
+def trl_labels_as_ours(tokenizer, rows, max_length: int) -> str | None:
+    """None if TRL 1.16's conversational path trains `rows` (stored conversations) on exactly trainwise's tokens and
+    labels, else why not, a clause. TRL renders a conversation with `apply_chat_template(tokenize=True,
+    return_assistant_tokens_mask=True)` and labels the template's `{% generation %}` spans: the template must have
+    them (without, TRL swaps in a training template of its own for the families it knows, or refuses), and on
+    every conversation they must be trainwise's labels. A conversation longer than max_length is trainwise's to
+    cut: TRL's packing cuts without leaving out the ones with no answer left."""
+    template = tokenizer.chat_template
+    template = template.get("default", "") if isinstance(template, dict) else template or ""
+    if not GENERATION.search(template):
+        return "its chat template has no {% generation %} markers, which TRL's assistant_only_loss needs"
+    for n, row in enumerate(rows, 1):
+        messages = json.loads(row["text"])
+        ids, labels = assistant_labels(tokenizer, messages, n)
+        if len(ids) > max_length:
+            return f"conversation {n} is longer than --max-length {max_length}"
+        out = tokenizer.apply_chat_template(messages, return_dict=True, return_assistant_tokens_mask=True)
+        if list(out["input_ids"]) != ids or list(out["assistant_masks"]) != [int(y != IGNORE_INDEX) for y in labels]:
+            return f"its {{% generation %}} spans are not the assistant turns trainwise labels (conversation {n})"
+    return None

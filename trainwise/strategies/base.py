@@ -104,6 +104,9 @@ class ExportDoc:
     notes: list[str] = field(default_factory=list)  # what TrainingArguments cannot say, and what is done instead
     # causal LM: TRL's SFTConfig keyword arguments beyond the TrainingArguments in `args` (packing, padding)
     sft: dict[str, Any] = field(default_factory=dict)
+    # a script that cannot run the plan as trainwise does -> why (its file is not written: export never writes a
+    # script that trains something else; with no script left, export refuses)
+    cannot: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -38,10 +38,14 @@ def _packing_export(value: bool, doc: ExportDoc) -> None:
     # fits) and implies padding_free: the collator sends position ids restarting per example and no attention mask,
     # so transformers keeps the examples apart (sdpa / eager), and sets the label at each example's start to -100
     doc.sft.update(packing=True, packing_strategy="bfd", padding_free=True)
+    doc.cannot["train_snippet.py"] = (
+        "the HF Trainer has no packing (no TrainingArguments field, no collator that bins examples into rows): it "
+        "would train unpacked batches, other losses than the packed trial's"
+    )
     doc.notes.append(
-        "packing: no TrainingArguments field; train_snippet.py (the HF Trainer) trains unpacked rows, sft_train.py "
-        "packs as trainwise does: SFTConfig(packing=True, packing_strategy='bfd', padding_free=True) bins whole "
-        "examples into --max-length rows, position ids restart per example, no example attends to another"
+        "packing: no TrainingArguments field; sft_train.py packs as trainwise does: SFTConfig(packing=True, "
+        "packing_strategy='bfd', padding_free=True) bins whole examples into --max-length rows, position ids "
+        "restart per example, no example attends to another"
     )
 
 
