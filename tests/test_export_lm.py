@@ -124,7 +124,7 @@ def _run_sft(out: Path) -> tuple[list[float], dict]:
     )
     (out / "observed_sft.py").write_text((out / "sft_train.py").read_text() + observer)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env.pop("DS_ACCELERATOR", None)  # set in this process by the trials it ran: the script must set it itself
+    env.pop("DS_ACCELERATOR", None)  # set in this process by the trials it ran: the script must quiet DeepSpeed itself
     done = subprocess.run(
         [sys.executable, "observed_sft.py"], cwd=out, env=env, capture_output=True, text=True, timeout=600
     )

@@ -396,14 +396,17 @@ def sft_script(doc: ExportDoc, s: RunSettings) -> str:
 def _quiet_lines(s: RunSettings) -> list[str]:
     """The scripts' imports, headed by what silences third-party noise at its source, before anything imports it
     (as trainwise/__init__.py and trainwise.loop do for trainwise's own runs)."""
-    deepspeed = 'os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed, imported by accelerate: no GPU warning'
+    deepspeed = [  # a filter, not DS_ACCELERATOR=cpu: the same script runs on a GPU machine, where DeepSpeed must look
+        "# DeepSpeed (imported by accelerate) says on stdout that it found no GPU: that one line is dropped",
+        'logging.getLogger("DeepSpeed").addFilter(lambda r: not str(r.msg).startswith("Setting accelerator to CPU"))',
+    ]
     return [
         "import json",
         "import logging",
         "import os",
         "import warnings",
         "",
-        *([deepspeed] if s.device == "cpu" else []),
+        *deepspeed,
         "# bitsandbytes, imported by peft on a CPU: a warning that an optional Hub kernel is missing (it uses its own)",
         'logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)',
         "# peft reads transformers 5's deprecated alias is_gradient_checkpointing: a FutureWarning per model",
