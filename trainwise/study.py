@@ -57,7 +57,7 @@ from trainwise.models import (
     train_tokenizer,
 )
 from trainwise.report.format import add_cost
-from trainwise.report.write import write_reports
+from trainwise.report.write import PROGRESS, STUDY_FILE, read_trial_keys, write_reports
 from trainwise.results import StudyRow, TrialResult
 from trainwise.strategies import Row, Support
 
@@ -98,6 +98,9 @@ class PreparedStudy:
 
 
 MARK = ".trainwise"  # in every --out trainwise writes: what is there is ours to replace
+REPLACED = "replaced"  # OUT/replaced/N/: the reports of a study --replace replaced
+# what a study's report is (its files, and its quality phase's verdicts): kept whole when it is replaced
+REPORTS = ("results.json", "results.csv", "report.md", "chart.png", PROGRESS, STUDY_FILE, "quality/quality.json")
 
 
 def check_ours(out: Path, force: bool) -> None:
@@ -114,6 +117,22 @@ def check_ours(out: Path, force: bool) -> None:
             f"--out {out} holds files trainwise did not write ({shown}); choose another --out, "
             "or pass --force to write into it"
         )
+
+
+def keep_reports(out: Path) -> Path:
+    """Before a study of other settings replaces the one in `out` (--replace): its reports, copied as they
+    are into OUT/replaced/N/ (the next free N). Its trials stay in the store, keyed by their settings, so
+    its study file run again with --replace brings its report back without running a trial."""
+    n = 1
+    while (out / REPLACED / str(n)).exists():
+        n += 1
+    kept = out / REPLACED / str(n)
+    with writing(kept, kept):
+        for name in REPORTS:
+            if (out / name).is_file():
+                (kept / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(out / name, kept / name)
+    return kept
 
 
 def mark(out: Path) -> None:
@@ -206,9 +225,10 @@ def precision_verdicts(rows: list[Row], device: str, facts: DeviceFacts) -> dict
 
 
 def _fit_to_device(cfg: StudyConfig, device: str, caps: set[str], facts: DeviceFacts, unsupported: dict[str, str]):
-    """Precision truth before any trial: every row's verdict; in the default rows, an emulated slow
-    precision is recorded rather than trained, and `all` trains with the best precision the device has
-    (fp16 on a V100, fp32 on an AVX2-only CPU). Rows the user names are trained as asked."""
+    """Precision truth before any trial: every row's verdict; in the default rows (a study of them, rows added
+    to it or not), an emulated slow precision is recorded rather than trained, and `all` trains with the best
+    precision the device has (fp16 on a V100, fp32 on an AVX2-only CPU). Rows the user names are trained as
+    asked."""
     verdicts = precision_verdicts([r for r in cfg.rows if r.text not in unsupported], device, facts)
     recorded: dict[str, Support] = {}
     row_notes: dict[str, str] = {}
@@ -216,7 +236,7 @@ def _fit_to_device(cfg: StudyConfig, device: str, caps: set[str], facts: DeviceF
         return verdicts, recorded, row_notes
     for i, row in enumerate(cfg.rows):
         verdict = verdicts.get(row.text)
-        if verdict is None or verdict.status != "emulated":
+        if verdict is None or verdict.status != "emulated" or row.text not in strategies.DEFAULT_ROWS:
             continue
         if row.text not in strategies.ALIASES:
             if (verdict.ratio or SLOW_RATIO) >= SLOW_RATIO:
@@ -537,8 +557,11 @@ class Store:
 
     VERSION = 1  # PRAGMA user_version of study.sqlite: a store written by a newer trainwise is refused
 
-    def __init__(self, path: Path, flag: str = "--out", write: bool = True):
+    def __init__(self, path: Path, flag: str = "--out", write: bool = True, keys: list[str] | None = None):
         self.path = path
+        # the trials the study's reports hold (progress.json): a store also keeps the trials of the settings a
+        # study ran with before (--replace), and `spec` must answer for the study the reports show
+        self.keys = keys
         self.check(path, flag)
         self.db = sqlite3.connect(path)
         if write:
@@ -588,7 +611,7 @@ class Store:
         """The store of a finished compare study (ConfigError when `study` is not one)."""
         if not (study / "study.sqlite").is_file() or not (study / "results.json").is_file():
             raise ConfigError(f"{flag} {study}: not a finished trainwise compare study (no study.sqlite/results.json)")
-        return cls(study / "study.sqlite", flag, write=False)
+        return cls(study / "study.sqlite", flag, write=False, keys=read_trial_keys(study))
 
     def get(self, key: str) -> TrialResult | None:
         row = self.db.execute("SELECT result FROM trials WHERE key = ?", (key,)).fetchone()
@@ -618,11 +641,13 @@ class Store:
         return [r for (r,) in self.db.execute("SELECT strategy FROM trials GROUP BY strategy ORDER BY MIN(rowid)")]
 
     def spec(self, row: str | None = None) -> TrialSpec | None:
-        """The spec of a trial of `row` (any trial when None): the settings every trial shares, and its plan."""
-        if row is None:
-            found = self.db.execute("SELECT spec FROM trials LIMIT 1").fetchone()
-        else:
-            found = self.db.execute("SELECT spec FROM trials WHERE strategy = ? LIMIT 1", (row,)).fetchone()
+        """The spec of a trial of `row` (any trial when None): the settings every trial shares, and its plan.
+        One of the trials the reports hold when the store knows them, else the latest stored."""
+        where, args = ("WHERE strategy = ?", [row]) if row is not None else ("WHERE 1", [])
+        if self.keys is not None:
+            where += f" AND key IN ({', '.join('?' * len(self.keys))})"
+            args += self.keys
+        found = self.db.execute(f"SELECT spec FROM trials {where} ORDER BY rowid DESC LIMIT 1", args).fetchone()
         return None if found is None else TrialSpec.from_dict(json.loads(found[0]))
 
     def origin(self) -> DataOrigin | None:
@@ -922,9 +947,9 @@ def report(prepared: PreparedStudy, trials: Trials, price=None, quality: tuple[i
     if price is not None:
         table = add_cost(table, price)
     title = f"trainwise compare: {s.model_label} / {s.task} / {s.device}"
-    done = len({spec.key() for spec, _ in trials})
+    keys = list(dict.fromkeys(spec.key() for spec, _ in trials))
     study = study_settings(prepared, table, price, quality)
-    return Report(title, table, write_reports(prepared.out, table, title, done, len(prepared.specs), study))
+    return Report(title, table, write_reports(prepared.out, table, title, len(keys), len(prepared.specs), study, keys))
 
 
 def study_settings(prepared: PreparedStudy, table: list[StudyRow], price=None, quality=None) -> dict[str, object]:

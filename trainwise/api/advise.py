@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwise.advise import Advice, partial_note
-from trainwise.api.compare import run
+from trainwise.api import compare
 from trainwise.api.options import AdviseOptions
 from trainwise.api.render import Render
 from trainwise.api.studies import advise_study
@@ -19,7 +19,7 @@ def start(options: AdviseOptions, render: Render = Render()) -> Advice:
     paths = options.paths()
     constraints = options.constraints()
     if options.run:
-        run(options.compare_config(), render=render)
+        compare.start(options.compare_options(), render)
     with render.status("advising (a budget adds batch hints: an estimate, a probe on first use)..."):
         result = advise_study(paths, constraints)
     for partial in filter(None, map(partial_note, paths)):
