@@ -9,13 +9,14 @@ from typing import Any
 from trainwise.advise import Advice, partial_note
 from trainwise.api import compare
 from trainwise.api.options import AdviseOptions
-from trainwise.api.render import Render
+from trainwise.api.render import STDERR, Render
 from trainwise.api.studies import advise_study
 
 
-def start(options: AdviseOptions, render: Render = Render()) -> Advice:
+def start(options: AdviseOptions, render: Render | None = STDERR) -> Advice:
     """--run: run (or resume) the study first, as compare; then advise on the studies, and say which are
     partial (killed, or still running)."""
+    render = Render.of(render)
     paths = options.paths()
     constraints = options.constraints()
     if options.run:
@@ -27,7 +28,7 @@ def start(options: AdviseOptions, render: Render = Render()) -> Advice:
     return result
 
 
-def advise(config: str | Path | None = None, render: Render = Render(), **options: Any) -> Advice:
+def advise(config: str | Path | None = None, render: Render | None = STDERR, **options: Any) -> Advice:
     """`trainwise advise` in Python: `study=[paths]` and the CLI's options as keyword arguments (over a
     study file's). Returns the Advice (`recommended`, `verdicts` with their reasons, `notes`)."""
     return start(AdviseOptions.of(options, config), render)

@@ -3,8 +3,8 @@
 Prepare (every check of the input), run or resume the trials, write the reports and the options the
 study ran with (study.yaml: `--config` reruns it), then the quality phase when asked. An --out that
 already holds a study is run over, never silently replaced: the same settings resume it or add rows to
-it; other settings are refused (`over_study`). Nothing is printed: a `Render` says how the caller shows
-progress and tables.
+it; other settings are refused (`over_study`). A `Render` says how the caller shows progress and tables
+(by default progress and notes on stderr; None: nothing).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from trainwise.advise import read_results
 from trainwise.api.options import CompareOptions
-from trainwise.api.render import Render
+from trainwise.api.render import STDERR, Render
 from trainwise.api.study import Study
 from trainwise.config import IMAGE_TASK, StudyConfig
 from trainwise.errors import ConfigError
@@ -27,7 +27,7 @@ def run(
     cfg: StudyConfig,
     price=None,
     quality_phase: tuple[int, int] | None = None,
-    render: Render = Render(),
+    render: Render | None = STDERR,
     options: CompareOptions | None = None,
 ) -> Study:
     """Prepare, run (or resume) and report a study, then its quality phase (steps, seeds). RunFailed when
@@ -35,6 +35,7 @@ def run(
     from trainwise.api.quality import run_quality  # heavy: trainwise.api.quality loads numpy
     from trainwise.study import check_some_ok, prepare_study, report, run_study  # heavy: trainwise.study loads numpy
 
+    render = Render.of(render)
     with render.status(f"trainwise compare: validating input, preparing data and model ({cfg.task})..."):
         prepared = prepare_study(cfg, render.note)
     if options is not None:
@@ -51,14 +52,15 @@ def run(
     return Study(prepared.out)
 
 
-def compare(config: str | Path | None = None, render: Render = Render(), **options: Any) -> Study:
+def compare(config: str | Path | None = None, render: Render | None = STDERR, **options: Any) -> Study:
     """`trainwise compare` in Python: the CLI's options as keyword arguments, with its defaults and its
     validation (a bad value is one ConfigError), over a study file's (`config=`). Returns the study
-    (`.rows`, `.to_pandas()`, `.advise()`)."""
+    (`.rows`, `.to_pandas()`, `.advise()`). Progress and notes go to stderr; `render=None`: silence."""
     return start(CompareOptions.of(options, config), render)
 
 
-def start(options: CompareOptions, render: Render = Render()) -> Study:
+def start(options: CompareOptions, render: Render | None = STDERR) -> Study:
+    render = Render.of(render)
     options.resolve()  # every value checked first: a bad one is said as such, not as a change to the study
     options = over_study(options, render.note)
     return run(*options.resolve(), render=render, options=options)
