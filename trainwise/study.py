@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from trainwise import gguf, strategies
+from trainwise import gguf, projection, strategies
 from trainwise.config import (
     CAUSAL_LM,
     DEFAULT_DATASET,
@@ -679,16 +679,40 @@ def run_study(
         return _run_trials(prepared, launch, on_event, on_done, on_stored)
 
 
+def _stored(store: Store, spec: TrialSpec, prepared: PreparedStudy) -> TrialResult | None:
+    """The stored result that stands for the trial (None: it runs)."""
+    done = store.get(spec.key())
+    if done is not None and done.status == "emulated" and spec.row not in prepared.recorded:
+        return None  # recorded (a default row) before, named now: trained and measured as asked
+    if done is not None and (done.status == "ok" or not prepared.config.retry_failed):
+        return done
+    return None
+
+
+def _clock(prepared: PreparedStudy, store: Store) -> projection.Clock:
+    """The study's projected time, over the trials this run launches."""
+    cfg = prepared.config
+    rows = tuple(r.text for r in cfg.rows)
+    runs = [s for s in prepared.specs if s.row not in prepared.unsupported and s.row not in prepared.recorded]
+    to_run = sum(_stored(store, s, prepared) is None for s in runs)
+    slow = {*prepared.unsupported, *prepared.recorded} | {
+        r for r, v in prepared.verdicts.items() if v.status != "native"
+    }
+    per_row = len(prepared.cells) // max(1, len(rows)) * cfg.repeat
+    extra = len(prepared.specs) - per_row * len(rows)
+    shape = projection.Shape(rows, per_row, extra, cfg.max_steps, cfg.warmup_steps, frozenset(slow))
+    return projection.Clock(shape, to_run)
+
+
 def _run_trials(prepared: PreparedStudy, launch: Launch, on_event: Events, on_done: Callable, on_stored) -> Trials:
     cfg, out = prepared.config, prepared.out
     store = Store(out / "study.sqlite")
     trials: Trials = []
     try:
+        clock = _clock(prepared, store)
         for spec in prepared.specs:
-            done = store.get(spec.key())
-            if done is not None and done.status == "emulated" and spec.row not in prepared.recorded:
-                done = None  # recorded (a default row) before, named now: trained and measured as asked
-            if done is not None and (done.status == "ok" or not cfg.retry_failed):
+            done = _stored(store, spec, prepared)
+            if done is not None:
                 on_done(spec, done, True)
                 trials.append((spec, done))
                 continue
@@ -700,9 +724,12 @@ def _run_trials(prepared: PreparedStudy, launch: Launch, on_event: Events, on_do
             else:
                 trial_dir = out / "trials" / f"{spec.key()}"
                 still_there(out)
-                result = _measured(spec, trial_dir, launch, cfg, _bind(on_event, spec))
+                clock.started(spec.row)
+                result = _measured(spec, trial_dir, launch, cfg, _timed(on_event, spec, clock))
                 refused(result, trial_dir)  # a full disk is not a measurement of the strategy: not stored
                 still_there(out)
+                if (said := clock.ended()) is not None:
+                    on_event(spec, said)
             verdict = prepared.verdicts.get(spec.row)
             result.support_note = prepared.row_notes.get(spec.row) or (
                 verdict.line() if verdict and verdict.status != "native" else ""
@@ -776,8 +803,15 @@ def _measured(spec: TrialSpec, trial_dir: Path, launch: Launch, cfg: StudyConfig
     return result
 
 
-def _bind(on_event: Events, spec: TrialSpec) -> Callable[[dict], None]:
-    return lambda event: on_event(spec, event)
+def _timed(on_event: Events, spec: TrialSpec, clock: projection.Clock) -> Callable[[dict], None]:
+    """The trial's events, each followed by the study's projected time when it has something new to say."""
+
+    def emit(event: dict) -> None:
+        on_event(spec, event)
+        if (said := clock.step(event)) is not None:
+            on_event(spec, said)
+
+    return emit
 
 
 # The timing columns and everything derived from them (time %, epoch time, $/epoch) come from ONE trial
