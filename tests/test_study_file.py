@@ -111,9 +111,9 @@ def finished_study(tmp_path: Path, **options) -> Path:
 
     out = tmp_path / "study"
     shutil.copytree(SYNTHETIC, out)
-    api.CompareOptions.of({"out": str(out), "model_preset": "bert-tiny", "max_steps": 8, **options}).save(
-        out / "study.yaml"
-    )
+    rows = "baseline,bf16,grad_ckpt,fp16,adafactor,zero2"  # its report's, at batch sizes 8 and 16
+    study = {"out": str(out), "model_preset": "bert-tiny", "max_steps": 8, "strategies": rows, "batch_sizes": "8,16"}
+    api.CompareOptions.of({**study, **options}).save(out / "study.yaml")
     return out
 
 
@@ -183,3 +183,27 @@ def test_a_study_file_never_holds_replace(tmp_path):
     api.CompareOptions.of({"replace": True}).save(tmp_path / "study.yaml")
     assert "replace" not in (tmp_path / "study.yaml").read_text()
     assert api.CompareOptions.of({}, tmp_path / "study.yaml").replace is False
+
+
+def test_replace_keeps_the_report_aside_even_when_the_study_cannot_be_read(tmp_path, capsys):
+    """--replace copies the report it replaces into replaced/N/ (the next N each time), before anything is
+    written; a study file this trainwise cannot read is refused as such, or replaced with --replace."""
+    from trainwise.api.compare import over_study
+
+    out = finished_study(tmp_path)
+    results = (out / "results.json").read_bytes()
+    notes: list[str] = []
+    asked = api.CompareOptions.of({"out": str(out), "model_preset": "bert-tiny", "max_steps": 4, "replace": True})
+    assert over_study(asked, notes.append) == asked
+    assert (out / "replaced" / "1" / "results.json").read_bytes() == results
+    assert "max_steps: 8" in (out / "replaced" / "1" / "study.yaml").read_text()
+    assert notes == [f"trainwise: note: {out}: this run replaces its study; the report it had is in {out}/replaced/1"]
+    same = api.CompareOptions.of({}, out / "study.yaml")
+    assert over_study(dataclasses.replace(same, replace=True)) == dataclasses.replace(same, replace=True)
+    assert not (out / "replaced" / "2").exists(), "the same study: nothing replaced, nothing kept"
+
+    (out / "study.yaml").write_text("max_stepz: 8\n")
+    assert main(["compare", "--out", str(out), "--max-steps", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds a study that cannot be read (--config" in err and "--replace" in err
+    assert over_study(asked) == asked and (out / "replaced" / "2" / "study.yaml").read_text() == "max_stepz: 8\n"

@@ -75,23 +75,27 @@ def over_study(options: CompareOptions, note=lambda _line: None) -> CompareOptio
     out = Path(options.out)
     if not (out / "results.json").is_file():
         return options
-    stored = _stored_options(options)
+    ways_out = (
+        f"choose another --out, or pass --replace to make this run its study (its report is kept in "
+        f"{out / 'replaced'}/)"
+    )
+    try:
+        stored = _stored_options(options)
+        reported = [r.row_text for r in read_results(out)]
+    except ConfigError as e:  # a study file or report this trainwise cannot read (edited, or from another)
+        if not options.replace:
+            raise ConfigError(f"--out {out} holds a study that cannot be read ({e}): {ways_out}") from None
+        return _replace(options, note)
     if stored is None:
         return options
     changed = _changed(options, stored)
-    joined, notes = options.over(stored, [r.row_text for r in read_results(out)])
+    joined, notes = options.over(stored, reported)
     if options.replace:
-        if changed or joined != options:
-            from trainwise.study import keep_reports  # heavy: trainwise.study loads numpy
-
-            kept = keep_reports(out)
-            note(f"trainwise: note: {out}: this run replaces its study; the report it had is in {kept}")
-        return options
+        return _replace(options, note) if changed or joined != options else options
     if changed:
         raise ConfigError(
             f"--out {out} holds a study measured with other settings ({'; '.join(changed)}) whose report this run "
-            f"would replace: choose another --out, or pass --replace to make this run its study (its report is "
-            f"kept in {out / 'replaced'}/); to add rows to it, run it with its own settings: --config "
+            f"would replace: {ways_out}; to add rows to it, run it with its own settings: --config "
             f"{out / STUDY_FILE} --strategies ..."
         )
     for line in notes:
@@ -99,17 +103,23 @@ def over_study(options: CompareOptions, note=lambda _line: None) -> CompareOptio
     return joined
 
 
+def _replace(options: CompareOptions, note) -> CompareOptions:
+    """--replace: the study in --out keeps its reports aside (OUT/replaced/N/), and this run becomes its study."""
+    from trainwise.study import keep_reports  # heavy: trainwise.study loads numpy
+
+    kept = keep_reports(Path(options.out))
+    note(f"trainwise: note: {options.out}: this run replaces its study; the report it had is in {kept}")
+    return options
+
+
 def _stored_options(options: CompareOptions) -> CompareOptions | None:
     """The options the study in `options.out` ran with: its study file; for a study written before it kept
     one (or by advise --run before it did), what its store says of the settings that are options one to one
     (model, task, batch, lengths, steps, lr, seed, device, evaluation, ranks), the rest taken as this run's.
-    None when neither says."""
+    None when neither says; ConfigError when its study file cannot be read."""
     out = Path(options.out)
     if (out / STUDY_FILE).is_file():
-        try:
-            return CompareOptions.of({}, out / STUDY_FILE)
-        except ConfigError as e:
-            raise ConfigError(f"--out {out}: its {STUDY_FILE} cannot be read ({e}); choose another --out") from None
+        return CompareOptions.of({}, out / STUDY_FILE)
     if not (out / "study.sqlite").is_file():
         return None
     # heavy: trainwise.study loads numpy; trainwise.models resolves the model (a study without its file only)
