@@ -79,9 +79,10 @@ def test_the_clock_says_the_projection_once_at_the_first_timed_step():
     # step 2 ended 14 s in at 2 s/step: 10 s of start-up; a trial is that and 4 + 2 steps of 2 s: 22 s
     assert first is not None and first["text"].startswith("trainwise: note: this study will take about 44 s")
     assert first["remaining_s"] == pytest.approx(22.0 - 14.0 + 22.0)
-    now[0] = 16.0
-    later = clock.step({"event": "step", "step": 3, "step_s": 2.0})
+    now[0] = 24.0
+    later = clock.step({"event": "step", "step": 3, "step_s": 10.0})  # a stall: the median of 2 and 10 s
     assert later is not None and "text" not in later
+    assert later["remaining_s"] == pytest.approx(10.0 + 6 * 6.0 - 24.0 + 10.0 + 6 * 6.0)
     assert clock.step({"event": "phase", "phase": "eval"}) is None
     now[0] = 30.0
     assert clock.ended() == {"event": "projection", "remaining_s": 30.0}, "the next trial: as long as this one took"

@@ -7,6 +7,7 @@ fed by the study's loop with the trials' events and a clock it is given.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
@@ -109,12 +110,14 @@ def remaining_s(pace: Pace, steps: int, left: int, walls: list[float], elapsed_s
 class Clock:
     """A running study's projection. `started(row)` when a trial is launched, `step(event)` with each of
     its events, `ended()` when it is stored; each returns the event to pass on (None: nothing new):
-    {"event": "projection", "remaining_s": ..., "text": the note, the first time}."""
+    {"event": "projection", "remaining_s": ..., "text": the note, the first time}. The note rests on the
+    first timed step; the time left, on the median of every timed step so far (one step can be a stall)."""
 
     def __init__(self, shape: Shape, to_run: int, now: Callable[[], float] = time.monotonic):
         self.shape, self.left, self.now = shape, to_run, now
         self.pace: Pace | None = None
         self.walls: list[float] = []
+        self.timed: list[float] = []  # every timed step's seconds, of every trial so far
         self.row, self.t0 = "", 0.0
 
     def started(self, row: str) -> None:
@@ -125,10 +128,13 @@ class Clock:
         if event.get("event") != "step" or event["step"] <= self.shape.warmup:
             return None
         elapsed = self.now() - self.t0
+        self.timed.append(event["step_s"])
         said = {}
         if self.pace is None:
             self.pace = Pace.of(self.row, elapsed, event["step"], event["step_s"])
             said["text"] = note(self.pace, self.shape, self.left + 1)
+        else:
+            self.pace = dataclasses.replace(self.pace, step_s=statistics.median(self.timed))
         remaining = remaining_s(self.pace, self.shape.steps, self.left, self.walls, elapsed)
         return {"event": "projection", "remaining_s": remaining, **said}
 
