@@ -110,3 +110,32 @@ def test_the_cli_and_the_api_share_their_compare_defaults():
     assert cli.pop("config") is None  # --config: the file the options come from, not an option of the study
     api = {f.name: f.default for f in fields(CompareOptions)}
     assert cli == api
+
+
+@pytest.mark.slow
+def test_a_call_shows_progress_and_notes_on_stderr_and_render_none_is_silence(api_study, capsys):
+    """Issue 34: a notebook's compare waited minutes in silence. By default a call shows what the CLI shows on
+    stderr (the study's line, each trial, the study's notes), leaving the table to the returned study;
+    `render=None` shows nothing."""
+    out, _ = api_study
+    capsys.readouterr()
+    trainwise.compare(config=out / "study.yaml", strategies=["baseline"])
+    shown = capsys.readouterr()
+    assert shown.out == "", "the table is the returned study's"
+    assert f"out {out}" in shown.err and "(stored) baseline #1: ok" in shown.err
+    assert "trainwise: note: " in shown.err and "rows this run does not name: dynamic_pad" in shown.err
+    trainwise.compare(config=out / "study.yaml", strategies=["baseline"], render=None)
+    assert capsys.readouterr() == ("", "")
+
+
+def test_every_verb_shows_on_stderr_by_default(capsys):
+    """Every verb's default render is the terminal's on stderr, loaded when it first shows something."""
+    import inspect
+
+    from trainwise.api.render import SILENT, STDERR, Render
+
+    for verb in ("advise", "compare", "estimate", "find_batch", "train", "tune"):
+        assert inspect.signature(getattr(trainwise, verb)).parameters["render"].default is STDERR, verb
+    STDERR.note("trainwise: note: waiting for the machine to quieten")
+    assert capsys.readouterr() == ("", "trainwise: note: waiting for the machine to quieten\n")
+    assert Render.of(None) is SILENT and Render.of(STDERR) is STDERR

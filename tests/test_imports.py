@@ -128,3 +128,13 @@ def test_every_deferred_import_says_why(tmp_path):
     assert unexplained_imports(pkg) == ["trainwise/m.py:8"]
     found = unexplained_imports()
     assert not found, f"imports inside functions with no reason (move them to the top, or say why): {found}"
+
+
+def test_the_api_loads_rich_only_to_show_something():
+    """The API's default render is rich on stderr: importing the API (and the CLI's start) must not load it."""
+    import subprocess
+    import sys
+
+    code = "import sys, trainwise.api.compare, trainwise.api.render, trainwise.cli; print('rich' in sys.modules)"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.stdout.strip() == "False", run.stderr

@@ -342,3 +342,67 @@ def test_a_study_whose_every_trial_failed_exits_1_with_a_summary(tmp_path, cls_c
     assert main([*argv, "--eval-samples", "0", "--out", str(tmp_path / "s")]) == 1
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last == "trainwise: error: every trial failed (1 error, 1 unsupported); see the table above"
+
+
+def test_a_study_grows_by_rows_and_is_replaced_only_when_asked(tmp_path, cls_csv, monkeypatch):
+    """Issue 34: on one --out, the same settings add rows (only the new row runs; the rows the report has stay),
+    other settings are refused with the report untouched, and --replace keeps the report it replaces in
+    replaced/1/. Its trials stay in the store: its study file run again with --replace brings it back without
+    running a trial, and export --study answers for the study the report shows (not for the store's first trial)."""
+    import contextlib
+
+    import trainwise
+    from trainwise.api.render import Render
+    from trainwise.errors import ConfigError
+    from trainwise.study import Store
+
+    out = tmp_path / "study"
+    ran: list[tuple[str, bool]] = []
+    notes: list[str] = []
+
+    @contextlib.contextmanager
+    def progress(_prepared):
+        yield (lambda *_: None), (lambda spec, r, cached: ran.append((spec.row, cached)))
+
+    render = Render(progress=progress, note=notes.append)
+    base = dict(model_preset="bert-tiny", train_file=str(cls_csv), batch_size=8, max_length=32, max_steps=2)
+    base |= dict(warmup_steps=1, eval_samples=0, remeasure=False, retries=0, out=str(out))
+
+    def compare(**options):
+        ran.clear(), notes.clear()
+        return trainwise.compare(render=render, **{**base, **options})
+
+    compare(strategies="baseline,dynamic_pad")
+    monkeypatch.setenv("TRAINWISE_FAULT", "baseline:raise@1")  # from here, a baseline run again would fail
+    study = compare(strategies="baseline,dynamic_pad,freeze_embeddings")
+    assert ran == [("baseline", True), ("dynamic_pad", True), ("freeze_embeddings", False)]
+    study = compare(strategies=["freeze_embeddings"])
+    assert ran == [("baseline", True), ("dynamic_pad", True), ("freeze_embeddings", True)] and not notes[1:]
+    assert "rows this run does not name: baseline, dynamic_pad; they stay in its report" in notes[0]
+    assert {r.strategy for r in study.rows} == {"baseline", "dynamic_pad", "freeze_embeddings"}
+
+    report = (out / "report.md").read_text()
+    with pytest.raises(ConfigError, match=r"\(max_steps 2 → 3\)"):
+        compare(max_steps=3)
+    assert (out / "report.md").read_text() == report and "max_steps: 2" in (out / "study.yaml").read_text()
+
+    monkeypatch.delenv("TRAINWISE_FAULT")
+    replaced = compare(max_steps=3, strategies="baseline", replace=True)
+    assert ran == [("baseline", False)] and "the report it had is in" in notes[0]
+    assert [r.strategy for r in replaced.rows] == ["baseline"] and replaced.rows[0].timed_steps == 2
+    assert (out / "replaced" / "1" / "report.md").read_text() == report
+    store = Store.of(out)
+    assert store.spec("baseline").settings.max_steps == 3, "the trial the report shows, not the first stored"
+    store.close()
+    assert trainwise.export(study=str(out), out=str(tmp_path / "export")).row == "baseline"
+    assert '"max_steps": 3' in (tmp_path / "export" / "training_args.json").read_text()
+
+    monkeypatch.setenv("TRAINWISE_FAULT", "baseline:raise@1")
+    ran.clear()
+    back = trainwise.compare(config=out / "replaced" / "1" / "study.yaml", replace=True, render=render)
+    assert all(cached for _, cached in ran) and (out / "replaced" / "2" / "study.yaml").is_file()
+    assert {r.strategy for r in back.rows} == {"baseline", "dynamic_pad", "freeze_embeddings"}
+
+    (out / "study.yaml").unlink()  # a study from before studies kept their file: its store says its settings
+    with pytest.raises(ConfigError, match=r"\(max_steps 2 → 5\)"):
+        compare(max_steps=5)

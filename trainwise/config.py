@@ -75,7 +75,8 @@ class StudyConfig:
     retry_failed: bool = False
     retries: int = 2  # a timing trial measured under load is run again up to this many times
     # default rows: an emulated slow precision is recorded, not trained, and `all` takes the device's best
-    # precision; None: True exactly when `strategies` are the default rows (a row the user names is trained)
+    # precision; None: True when `strategies` hold every default row (a study of the default rows, or one with
+    # rows added to it); only the default rows are fitted (a row the user names is trained)
     fit_to_device: bool | None = None
     quiet_wait_s: float = 120.0  # how long to wait for the load to drop before each re-run
     # swept dimensions: every row runs at each batch size and each DataLoader worker count
@@ -166,7 +167,7 @@ class StudyConfig:
             raise ConfigError(f"--num-workers must all be >= 0, got {','.join(map(str, self.num_workers))}")
         self.rows = strategies.parse_rows(self.strategies, self.accum_steps)
         if self.fit_to_device is None:
-            self.fit_to_device = [s.strip() for s in self.strategies] == strategies.DEFAULT_STRATEGIES.split(",")
+            self.fit_to_device = set(strategies.DEFAULT_ROWS) <= {s.strip() for s in self.strategies}
         for size in self.batch_sizes or (self.batch_size,):
             for row in self.rows:
                 check_accum(row, size)

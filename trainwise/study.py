@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from trainwise import gguf, strategies
+from trainwise import gguf, projection, strategies
 from trainwise.config import (
     CAUSAL_LM,
     DEFAULT_DATASET,
@@ -57,7 +57,7 @@ from trainwise.models import (
     train_tokenizer,
 )
 from trainwise.report.format import add_cost
-from trainwise.report.write import write_reports
+from trainwise.report.write import PROGRESS, STUDY_FILE, read_trial_keys, write_reports
 from trainwise.results import StudyRow, TrialResult
 from trainwise.strategies import Row, Support
 
@@ -98,6 +98,9 @@ class PreparedStudy:
 
 
 MARK = ".trainwise"  # in every --out trainwise writes: what is there is ours to replace
+REPLACED = "replaced"  # OUT/replaced/N/: the reports of a study --replace replaced
+# what a study's report is (its files, and its quality phase's verdicts): kept whole when it is replaced
+REPORTS = ("results.json", "results.csv", "report.md", "chart.png", PROGRESS, STUDY_FILE, "quality/quality.json")
 
 
 def check_ours(out: Path, force: bool) -> None:
@@ -114,6 +117,22 @@ def check_ours(out: Path, force: bool) -> None:
             f"--out {out} holds files trainwise did not write ({shown}); choose another --out, "
             "or pass --force to write into it"
         )
+
+
+def keep_reports(out: Path) -> Path:
+    """Before a study of other settings replaces the one in `out` (--replace): its reports, copied as they
+    are into OUT/replaced/N/ (the next free N). Its trials stay in the store, keyed by their settings, so
+    its study file run again with --replace brings its report back without running a trial."""
+    n = 1
+    while (out / REPLACED / str(n)).exists():
+        n += 1
+    kept = out / REPLACED / str(n)
+    with writing(kept, kept):
+        for name in REPORTS:
+            if (out / name).is_file():
+                (kept / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(out / name, kept / name)
+    return kept
 
 
 def mark(out: Path) -> None:
@@ -206,9 +225,10 @@ def precision_verdicts(rows: list[Row], device: str, facts: DeviceFacts) -> dict
 
 
 def _fit_to_device(cfg: StudyConfig, device: str, caps: set[str], facts: DeviceFacts, unsupported: dict[str, str]):
-    """Precision truth before any trial: every row's verdict; in the default rows, an emulated slow
-    precision is recorded rather than trained, and `all` trains with the best precision the device has
-    (fp16 on a V100, fp32 on an AVX2-only CPU). Rows the user names are trained as asked."""
+    """Precision truth before any trial: every row's verdict; in the default rows (a study of them, rows added
+    to it or not), an emulated slow precision is recorded rather than trained, and `all` trains with the best
+    precision the device has (fp16 on a V100, fp32 on an AVX2-only CPU). Rows the user names are trained as
+    asked."""
     verdicts = precision_verdicts([r for r in cfg.rows if r.text not in unsupported], device, facts)
     recorded: dict[str, Support] = {}
     row_notes: dict[str, str] = {}
@@ -216,7 +236,7 @@ def _fit_to_device(cfg: StudyConfig, device: str, caps: set[str], facts: DeviceF
         return verdicts, recorded, row_notes
     for i, row in enumerate(cfg.rows):
         verdict = verdicts.get(row.text)
-        if verdict is None or verdict.status != "emulated":
+        if verdict is None or verdict.status != "emulated" or row.text not in strategies.DEFAULT_ROWS:
             continue
         if row.text not in strategies.ALIASES:
             if (verdict.ratio or SLOW_RATIO) >= SLOW_RATIO:
@@ -546,8 +566,11 @@ class Store:
 
     VERSION = 1  # PRAGMA user_version of study.sqlite: a store written by a newer trainwise is refused
 
-    def __init__(self, path: Path, flag: str = "--out", write: bool = True):
+    def __init__(self, path: Path, flag: str = "--out", write: bool = True, keys: list[str] | None = None):
         self.path = path
+        # the trials the study's reports hold (progress.json): a store also keeps the trials of the settings a
+        # study ran with before (--replace), and `spec` must answer for the study the reports show
+        self.keys = keys
         self.check(path, flag)
         self.db = sqlite3.connect(path)
         if write:
@@ -597,7 +620,7 @@ class Store:
         """The store of a finished compare study (ConfigError when `study` is not one)."""
         if not (study / "study.sqlite").is_file() or not (study / "results.json").is_file():
             raise ConfigError(f"{flag} {study}: not a finished trainwise compare study (no study.sqlite/results.json)")
-        return cls(study / "study.sqlite", flag, write=False)
+        return cls(study / "study.sqlite", flag, write=False, keys=read_trial_keys(study))
 
     def get(self, key: str) -> TrialResult | None:
         row = self.db.execute("SELECT result FROM trials WHERE key = ?", (key,)).fetchone()
@@ -627,11 +650,13 @@ class Store:
         return [r for (r,) in self.db.execute("SELECT strategy FROM trials GROUP BY strategy ORDER BY MIN(rowid)")]
 
     def spec(self, row: str | None = None) -> TrialSpec | None:
-        """The spec of a trial of `row` (any trial when None): the settings every trial shares, and its plan."""
-        if row is None:
-            found = self.db.execute("SELECT spec FROM trials LIMIT 1").fetchone()
-        else:
-            found = self.db.execute("SELECT spec FROM trials WHERE strategy = ? LIMIT 1", (row,)).fetchone()
+        """The spec of a trial of `row` (any trial when None): the settings every trial shares, and its plan.
+        One of the trials the reports hold when the store knows them, else the latest stored."""
+        where, args = ("WHERE strategy = ?", [row]) if row is not None else ("WHERE 1", [])
+        if self.keys is not None:
+            where += f" AND key IN ({', '.join('?' * len(self.keys))})"
+            args += self.keys
+        found = self.db.execute(f"SELECT spec FROM trials {where} ORDER BY rowid DESC LIMIT 1", args).fetchone()
         return None if found is None else TrialSpec.from_dict(json.loads(found[0]))
 
     def origin(self) -> DataOrigin | None:
@@ -663,16 +688,40 @@ def run_study(
         return _run_trials(prepared, launch, on_event, on_done, on_stored)
 
 
+def _stored(store: Store, spec: TrialSpec, prepared: PreparedStudy) -> TrialResult | None:
+    """The stored result that stands for the trial (None: it runs)."""
+    done = store.get(spec.key())
+    if done is not None and done.status == "emulated" and spec.row not in prepared.recorded:
+        return None  # recorded (a default row) before, named now: trained and measured as asked
+    if done is not None and (done.status == "ok" or not prepared.config.retry_failed):
+        return done
+    return None
+
+
+def _clock(prepared: PreparedStudy, store: Store) -> projection.Clock:
+    """The study's projected time, over the trials this run launches."""
+    cfg = prepared.config
+    rows = tuple(r.text for r in cfg.rows)
+    runs = [s for s in prepared.specs if s.row not in prepared.unsupported and s.row not in prepared.recorded]
+    to_run = sum(_stored(store, s, prepared) is None for s in runs)
+    slow = {*prepared.unsupported, *prepared.recorded} | {
+        r for r, v in prepared.verdicts.items() if v.status != "native"
+    }
+    per_row = len(prepared.cells) // max(1, len(rows)) * cfg.repeat
+    extra = len(prepared.specs) - per_row * len(rows)
+    shape = projection.Shape(rows, per_row, extra, cfg.max_steps, cfg.warmup_steps, frozenset(slow))
+    return projection.Clock(shape, to_run)
+
+
 def _run_trials(prepared: PreparedStudy, launch: Launch, on_event: Events, on_done: Callable, on_stored) -> Trials:
     cfg, out = prepared.config, prepared.out
     store = Store(out / "study.sqlite")
     trials: Trials = []
     try:
+        clock = _clock(prepared, store)
         for spec in prepared.specs:
-            done = store.get(spec.key())
-            if done is not None and done.status == "emulated" and spec.row not in prepared.recorded:
-                done = None  # recorded (a default row) before, named now: trained and measured as asked
-            if done is not None and (done.status == "ok" or not cfg.retry_failed):
+            done = _stored(store, spec, prepared)
+            if done is not None:
                 on_done(spec, done, True)
                 trials.append((spec, done))
                 continue
@@ -684,9 +733,12 @@ def _run_trials(prepared: PreparedStudy, launch: Launch, on_event: Events, on_do
             else:
                 trial_dir = out / "trials" / f"{spec.key()}"
                 still_there(out)
-                result = _measured(spec, trial_dir, launch, cfg, _bind(on_event, spec))
+                clock.started(spec.row)
+                result = _measured(spec, trial_dir, launch, cfg, _timed(on_event, spec, clock))
                 refused(result, trial_dir)  # a full disk is not a measurement of the strategy: not stored
                 still_there(out)
+                if (said := clock.ended()) is not None:
+                    on_event(spec, said)
             verdict = prepared.verdicts.get(spec.row)
             result.support_note = prepared.row_notes.get(spec.row) or (
                 verdict.line() if verdict and verdict.status != "native" else ""
@@ -760,8 +812,15 @@ def _measured(spec: TrialSpec, trial_dir: Path, launch: Launch, cfg: StudyConfig
     return result
 
 
-def _bind(on_event: Events, spec: TrialSpec) -> Callable[[dict], None]:
-    return lambda event: on_event(spec, event)
+def _timed(on_event: Events, spec: TrialSpec, clock: projection.Clock) -> Callable[[dict], None]:
+    """The trial's events, each followed by the study's projected time when it has something new to say."""
+
+    def emit(event: dict) -> None:
+        on_event(spec, event)
+        if (said := clock.step(event)) is not None:
+            on_event(spec, said)
+
+    return emit
 
 
 # The timing columns and everything derived from them (time %, epoch time, $/epoch) come from ONE trial
@@ -931,9 +990,9 @@ def report(prepared: PreparedStudy, trials: Trials, price=None, quality: tuple[i
     if price is not None:
         table = add_cost(table, price)
     title = f"trainwise compare: {s.model_label} / {s.task} / {s.device}"
-    done = len({spec.key() for spec, _ in trials})
+    keys = list(dict.fromkeys(spec.key() for spec, _ in trials))
     study = study_settings(prepared, table, price, quality)
-    return Report(title, table, write_reports(prepared.out, table, title, done, len(prepared.specs), study))
+    return Report(title, table, write_reports(prepared.out, table, title, len(keys), len(prepared.specs), study, keys))
 
 
 def study_settings(prepared: PreparedStudy, table: list[StudyRow], price=None, quality=None) -> dict[str, object]:

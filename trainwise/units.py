@@ -44,3 +44,11 @@ def parse_seconds(text: str, option: str) -> float:
     if not m or m.group(2).lower() not in _SECONDS or float(m.group(1)) <= 0:
         raise ConfigError(f"{option} {text!r}: give a positive duration such as 90s, 30m or 2h")
     return float(m.group(1)) * _SECONDS[m.group(2).lower()]
+
+
+def human_seconds(s: float) -> str:
+    """A duration as a person says it, rounded to what matters: '40 s', '12 min', '2 h 41 min'."""
+    if s < 90:
+        return f"{max(0, round(s))} s"
+    minutes = round(s / 60)
+    return f"{minutes} min" if minutes < 90 else f"{minutes // 60} h {minutes % 60} min"

@@ -7,19 +7,20 @@ from pathlib import Path
 from typing import Any
 
 from trainwise.advise import Advice, partial_note
-from trainwise.api.compare import run
+from trainwise.api import compare
 from trainwise.api.options import AdviseOptions
-from trainwise.api.render import Render
+from trainwise.api.render import STDERR, Render
 from trainwise.api.studies import advise_study
 
 
-def start(options: AdviseOptions, render: Render = Render()) -> Advice:
+def start(options: AdviseOptions, render: Render | None = STDERR) -> Advice:
     """--run: run (or resume) the study first, as compare; then advise on the studies, and say which are
     partial (killed, or still running)."""
+    render = Render.of(render)
     paths = options.paths()
     constraints = options.constraints()
     if options.run:
-        run(options.compare_config(), render=render)
+        compare.start(options.compare_options(), render)
     with render.status("advising (a budget adds batch hints: an estimate, a probe on first use)..."):
         result = advise_study(paths, constraints)
     for partial in filter(None, map(partial_note, paths)):
@@ -27,7 +28,7 @@ def start(options: AdviseOptions, render: Render = Render()) -> Advice:
     return result
 
 
-def advise(config: str | Path | None = None, render: Render = Render(), **options: Any) -> Advice:
+def advise(config: str | Path | None = None, render: Render | None = STDERR, **options: Any) -> Advice:
     """`trainwise advise` in Python: `study=[paths]` and the CLI's options as keyword arguments (over a
     study file's). Returns the Advice (`recommended`, `verdicts` with their reasons, `notes`)."""
     return start(AdviseOptions.of(options, config), render)

@@ -1,29 +1,33 @@
 """`trainwise compare` as a call: options (the CLI's names and defaults) -> a study on disk -> `Study`.
 
 Prepare (every check of the input), run or resume the trials, write the reports and the options the
-study ran with (study.yaml: `--config` reruns it), then the quality phase when asked. Nothing is printed:
-a `Render` says how the caller shows progress and tables.
+study ran with (study.yaml: `--config` reruns it), then the quality phase when asked. An --out that
+already holds a study is run over, never silently replaced: the same settings resume it or add rows to
+it; other settings are refused (`over_study`). A `Render` says how the caller shows progress and tables
+(by default progress and notes on stderr; None: nothing).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
+from trainwise.advise import read_results
 from trainwise.api.options import CompareOptions
-from trainwise.api.render import Render
+from trainwise.api.render import STDERR, Render
 from trainwise.api.study import Study
-from trainwise.config import StudyConfig
+from trainwise.config import IMAGE_TASK, StudyConfig
+from trainwise.errors import ConfigError
 from trainwise.launcher import launch
-
-STUDY_FILE = "study.yaml"  # the options a study ran with; `--config` reruns it
+from trainwise.report.write import STUDY_FILE, read_trial_keys
 
 
 def run(
     cfg: StudyConfig,
     price=None,
     quality_phase: tuple[int, int] | None = None,
-    render: Render = Render(),
+    render: Render | None = STDERR,
     options: CompareOptions | None = None,
 ) -> Study:
     """Prepare, run (or resume) and report a study, then its quality phase (steps, seeds). RunFailed when
@@ -31,6 +35,7 @@ def run(
     from trainwise.api.quality import run_quality  # heavy: trainwise.api.quality loads numpy
     from trainwise.study import check_some_ok, prepare_study, report, run_study  # heavy: trainwise.study loads numpy
 
+    render = Render.of(render)
     with render.status(f"trainwise compare: validating input, preparing data and model ({cfg.task})..."):
         prepared = prepare_study(cfg, render.note)
     if options is not None:
@@ -47,12 +52,110 @@ def run(
     return Study(prepared.out)
 
 
-def compare(config: str | Path | None = None, render: Render = Render(), **options: Any) -> Study:
+def compare(config: str | Path | None = None, render: Render | None = STDERR, **options: Any) -> Study:
     """`trainwise compare` in Python: the CLI's options as keyword arguments, with its defaults and its
     validation (a bad value is one ConfigError), over a study file's (`config=`). Returns the study
-    (`.rows`, `.to_pandas()`, `.advise()`)."""
+    (`.rows`, `.to_pandas()`, `.advise()`). Progress and notes go to stderr; `render=None`: silence."""
     return start(CompareOptions.of(options, config), render)
 
 
-def start(options: CompareOptions, render: Render = Render()) -> Study:
+def start(options: CompareOptions, render: Render | None = STDERR) -> Study:
+    render = Render.of(render)
+    options.resolve()  # every value checked first: a bad one is said as such, not as a change to the study
+    options = over_study(options, render.note)
     return run(*options.resolve(), render=render, options=options)
+
+
+def over_study(options: CompareOptions, note=lambda _line: None) -> CompareOptions:
+    """The options this run runs with, over the study already in its --out (as given when there is none, or
+    when it has no report yet: nothing measured is replaced). The same settings resume it, or add rows to
+    it (rows, a price or a quality phase it has stay: `CompareOptions.over`). Other settings would replace
+    its report: a ConfigError naming them and the ways out, unless --replace, which keeps the report aside
+    (OUT/replaced/N/) first. Checked before anything is written (prepare rewrites the study's data)."""
+    out = Path(options.out)
+    if not (out / "results.json").is_file():
+        return options
+    ways_out = (
+        f"choose another --out, or pass --replace to make this run its study (its report is kept in "
+        f"{out / 'replaced'}/)"
+    )
+    try:
+        stored = _stored_options(options)
+        reported = [r.row_text for r in read_results(out)]
+    except ConfigError as e:  # a study file or report this trainwise cannot read (edited, or from another)
+        if not options.replace:
+            raise ConfigError(f"--out {out} holds a study that cannot be read ({e}): {ways_out}") from None
+        return _replace(options, note)
+    if stored is None:
+        return options
+    changed = _changed(options, stored)
+    joined, notes = options.over(stored, reported)
+    if options.replace:
+        return _replace(options, note) if changed or joined != options else options
+    if changed:
+        raise ConfigError(
+            f"--out {out} holds a study measured with other settings ({'; '.join(changed)}) whose report this run "
+            f"would replace: {ways_out}; to add rows to it, run it with its own settings: --config "
+            f"{out / STUDY_FILE} --strategies ..."
+        )
+    for line in notes:
+        note(line)
+    return joined
+
+
+def _replace(options: CompareOptions, note) -> CompareOptions:
+    """--replace: the study in --out keeps its reports aside (OUT/replaced/N/), and this run becomes its study."""
+    from trainwise.study import keep_reports  # heavy: trainwise.study loads numpy
+
+    kept = keep_reports(Path(options.out))
+    note(f"trainwise: note: {options.out}: this run replaces its study; the report it had is in {kept}")
+    return options
+
+
+def _stored_options(options: CompareOptions) -> CompareOptions | None:
+    """The options the study in `options.out` ran with: its study file; for a study written before it kept
+    one (or by advise --run before it did), what its store says of the settings that are options one to one
+    (model, task, batch, lengths, steps, lr, seed, device, evaluation, ranks), the rest taken as this run's.
+    None when neither says; ConfigError when its study file cannot be read."""
+    out = Path(options.out)
+    if (out / STUDY_FILE).is_file():
+        return CompareOptions.of({}, out / STUDY_FILE)
+    if not (out / "study.sqlite").is_file():
+        return None
+    # heavy: trainwise.study loads numpy; trainwise.models resolves the model (a study without its file only)
+    from trainwise.models import resolve_model
+    from trainwise.study import Store
+
+    store = Store(out / "study.sqlite", write=False, keys=read_trial_keys(out))
+    try:
+        spec = store.spec()
+    finally:
+        store.close()
+    if spec is None:
+        return None
+    s = spec.settings
+    same = ("task", "accum_steps", "max_length", "max_steps", "warmup_steps", "lr", "seed", "eval_samples", "nproc")
+    values = {k: getattr(s, k) for k in same} | {"device": s.device, "profile": s.profile}
+    if not options.batch_sizes:
+        values["batch_size"] = s.batch_size
+    if s.task == "seq2seq":
+        values["max_target_length"] = s.max_target_length
+    if s.task != IMAGE_TASK:  # image-classification trains the project's ResNeXt: its preset is in the spec too
+        source = resolve_model(options.model, options.model_preset, options.task)
+        if (source.kind, source.ref) != (s.model_kind, s.model_ref):  # said as the model options that name it
+            preset = s.model_kind == "preset"
+            values |= {"model": None if preset else s.model_ref, "model_preset": s.model_ref if preset else None}
+    return dataclasses.replace(options, **values)
+
+
+def _changed(options: CompareOptions, stored: CompareOptions) -> list[str]:
+    """`options.changed(stored)`, with device auto read as the device it resolves to here (a study run with
+    auto on a CPU machine and one with --device cpu measure the same)."""
+    if "auto" in (options.device, stored.device) and options.device != stored.device:
+        from trainwise.study import resolve_device  # heavy: trainwise.study loads numpy (and torch)
+
+        here = resolve_device("auto")[0]
+        options, stored = (
+            dataclasses.replace(o, device=here if o.device == "auto" else o.device) for o in (options, stored)
+        )
+    return options.changed(stored)

@@ -6,13 +6,14 @@ from pathlib import Path
 from typing import Any
 
 from trainwise.api.options import FindBatchOptions
-from trainwise.api.render import Render
+from trainwise.api.render import STDERR, Render
 from trainwise.find_batch import FindBatchReport
 from trainwise.find_batch import find_batch as search
 from trainwise.launcher import launch
 
 
-def start(options: FindBatchOptions, render: Render = Render()) -> FindBatchReport:
+def start(options: FindBatchOptions, render: Render | None = STDERR) -> FindBatchReport:
+    render = Render.of(render)
     fb = options.resolve()
     with render.status("trainwise find-batch: ...") as status:
         return search(
@@ -20,6 +21,6 @@ def start(options: FindBatchOptions, render: Render = Render()) -> FindBatchRepo
         )
 
 
-def find_batch(config: str | Path | None = None, render: Render = Render(), **options: Any) -> FindBatchReport:
+def find_batch(config: str | Path | None = None, render: Render | None = STDERR, **options: Any) -> FindBatchReport:
     """`trainwise find-batch` in Python: the CLI's options as keyword arguments (over a study file's)."""
     return start(FindBatchOptions.of(options, config), render)

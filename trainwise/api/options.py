@@ -19,7 +19,7 @@ import yaml
 
 from trainwise import quality
 from trainwise.advise import Constraints
-from trainwise.config import StudyConfig, TrainConfig
+from trainwise.config import DEFAULT_LR, IMAGE_TASK, StudyConfig, TrainConfig
 from trainwise.cost import resolve_price
 from trainwise.errors import ConfigError, check_names
 from trainwise.estimate import EstimateConfig
@@ -41,9 +41,16 @@ def option(default: Any = dataclasses.MISSING, help: str = "", *flags: str, show
     return field(default=default, metadata=meta)
 
 
-def flag(name: str, help: str) -> Any:
+def flag(name: str, help: str, **more: Any) -> Any:
     """A switch that is off unless given (`--force`), with no --no- form."""
-    return option(False, help, f"--{name}")
+    return option(False, help, f"--{name}", **more)
+
+
+# What an option is to the study already in compare's --out (its `role`). An option with none defines the
+# measurement (model, data, batch, lengths, steps, device, seed, ...): another value is another study, refused
+# over a study's report unless --replace. ROWS adds rows to the study; PRICE and QUALITY add to its report (a run
+# that gives none keeps the study's); RUN says how this run runs, not what it measures.
+ROWS, PRICE, QUALITY, RUN = "rows", "price", "quality", "run"
 
 
 # ---- the help of the options several verbs share (one text each) ---------------------------------------------
@@ -76,7 +83,7 @@ MESSAGES_COLUMN = (
     "the model's chat template; only the assistant turns carry loss \\[default: 'messages' when there is no 'text']."
 )
 MAX_TRAIN_SAMPLES = "Use only the first N training rows."
-ROWS = (
+ROWS_HELP = (
     "Comma list of rows; '+' combines strategies in a row (bf16+grad_ckpt); 'all' is the seed studies' All Applied "
     "row. See `trainwise strategies`."
 )
@@ -103,6 +110,10 @@ NPROC = (
 )
 TIMEOUT = "Seconds before a trial is killed and recorded 'timeout'."
 FORCE = "Write into an --out that holds files trainwise did not write (refused otherwise)."
+REPLACE = (
+    "Run into an --out whose study was measured with other settings (refused otherwise): this run becomes its "
+    "study; the report it had is kept in OUT/replaced/N/, its trials in the store."
+)
 MONITOR = "metric (accuracy / ROUGE-L / -eval loss, maximised), eval_loss or train_loss."
 
 
@@ -140,7 +151,8 @@ class Options:
     def to_file(self) -> dict[str, Any]:
         """The options as a study file's keys: every one, with paths made absolute so the file reruns the
         same run from any directory."""
-        values = dataclasses.asdict(self)
+        once = {f.name for f in fields(self) if f.metadata.get("saved") is False}  # this run's alone (--replace)
+        values = {k: v for k, v in dataclasses.asdict(self).items() if k not in once}
         own, first = set(type(self).__annotations__), set(ModelData.__annotations__)
         values = {k: values[k] for k in sorted(values, key=lambda k: (k not in first, k not in own))}  # as --help
         for name in PATHS:
@@ -230,13 +242,21 @@ def ints(value: Any, option: str) -> tuple[int, ...]:
 class Priced(Options):
     """Cost: a price per hour, or a SKU of the price table (trainwise.cost validates them)."""
 
-    price_per_hour: float | None = option(None, "Cost: machine price in USD per hour (or --sku from the price table).")
-    sku: str | None = option(None, "Cost: a machine in the price table (built in: ND40rs_v2, seed 000).")
-    price_file: str | None = option(
-        None, 'Cost: JSON adding/overriding SKUs: {"NAME": {"dedicated": 3.1, "low_priority": 0.6}}.'
+    price_per_hour: float | None = option(
+        None, "Cost: machine price in USD per hour (or --sku from the price table).", role=PRICE
     )
-    low_priority: bool = flag("low-priority", "Cost: the SKU's low-priority (spot) price, plus expected re-work.")
-    preemptions_per_hour: float = option(0.5, "Cost, low-priority: preemptions per hour (an assumption).")
+    sku: str | None = option(None, "Cost: a machine in the price table (built in: ND40rs_v2, seed 000).", role=PRICE)
+    price_file: str | None = option(
+        None, 'Cost: JSON adding/overriding SKUs: {"NAME": {"dedicated": 3.1, "low_priority": 0.6}}.', role=PRICE
+    )
+    low_priority: bool = flag(
+        "low-priority", "Cost: the SKU's low-priority (spot) price, plus expected re-work.", role=PRICE
+    )
+    preemptions_per_hour: float = option(0.5, "Cost, low-priority: preemptions per hour (an assumption).", role=PRICE)
+
+    def priced(self) -> bool:
+        """Whether a price is given (a SKU, a price per hour or a price file)."""
+        return any(v is not None for v in (self.price_per_hour, self.sku, self.price_file))
 
     def price(self, checkpoint_minutes: float = 0.0):
         values = (self.price_per_hour, self.sku, self.price_file, self.low_priority, self.preemptions_per_hour)
@@ -266,7 +286,9 @@ class CompareOptions(ModelData, Priced):
     Python lists or as the CLI's comma text."""
 
     VERB = "compare"
-    strategies: str | list[str] = option(DEFAULT_STRATEGIES, ROWS, show_default=shown(DEFAULT_STRATEGIES))
+    strategies: str | list[str] = option(
+        DEFAULT_STRATEGIES, ROWS_HELP, show_default=shown(DEFAULT_STRATEGIES), role=ROWS
+    )
     batch_size: int = option(16, BATCH)
     accum_steps: int = option(_STUDY["accum_steps"], ACCUM)
     max_length: int = option(_STUDY["max_length"], MAX_LENGTH)
@@ -278,21 +300,22 @@ class CompareOptions(ModelData, Priced):
     lr: float | None = option(None, LR)
     seed: int = option(_STUDY["seed"], SEED)
     device: str = option("auto", DEVICE)
-    out: str = option("runs/compare", "Study directory (store, reports); the same command again resumes.")
-    trial_timeout: float = option(900.0, TIMEOUT)
+    out: str = option("runs/compare", "Study directory (store, reports); the same command again resumes.", role=RUN)
+    trial_timeout: float = option(900.0, TIMEOUT, role=RUN)
     eval_samples: int = option(_STUDY["eval_samples"], EVAL_SAMPLES)
     max_train_samples: int | None = option(None, MAX_TRAIN_SAMPLES)
-    retry_failed: bool = option(False, "On resume, run again the rows that did not end 'ok'.")
-    retries: int = option(_STUDY["retries"], "Re-runs of a trial timed under load, once quiet.")
-    force: bool = flag("force", FORCE)
+    retry_failed: bool = option(False, "On resume, run again the rows that did not end 'ok'.", role=RUN)
+    retries: int = option(_STUDY["retries"], "Re-runs of a trial timed under load, once quiet.", role=RUN)
+    force: bool = flag("force", FORCE, role=RUN)
+    replace: bool = flag("replace", REPLACE, role=RUN, saved=False)
     batch_sizes: str | list[int] | None = option(None, "Sweep: every row at each batch size, e.g. 8,16,32,64.")
     num_workers: str | int | list[int] = option("0", "Sweep: DataLoader worker counts, e.g. 0,1,2,4,8.")
     nproc: int = option(1, NPROC)
     image_size: int = option(32, "image-classification: image folders are resized to this square size.")
-    checkpoint_minutes: float = option(30.0, "Cost, low-priority: minutes between checkpoints.")
+    checkpoint_minutes: float = option(30.0, "Cost, low-priority: minutes between checkpoints.", role=PRICE)
     profile: bool = option(False, "A torch.profiler trace of each trial's steps (adds overhead).")
-    quality_steps: int | None = option(None, "Then train the Pareto rows this long for quality.")
-    seeds: int = option(2, "Quality phase: seeds per row (the spread of the verdicts).")
+    quality_steps: int | None = option(None, "Then train the Pareto rows this long for quality.", role=QUALITY)
+    seeds: int = option(2, "Quality phase: seeds per row (the spread of the verdicts).", role=QUALITY)
 
     def resolve(self) -> tuple[StudyConfig, Any, tuple[int, int] | None]:
         """(the StudyConfig, the price or None, (quality steps, seeds) or None), every value validated."""
@@ -307,6 +330,69 @@ class CompareOptions(ModelData, Priced):
             (self.quality_steps, self.seeds) if self.quality_steps else None,
         )
 
+    def measured(self) -> dict[str, Any]:
+        """The options that define what the study measures (those with no `role`), each written one way, so
+        that two spellings of one value compare equal (a list or comma text, a relative or absolute path, lr
+        unset or the task's default); an option the study does not read is left out."""
+        roles = {f.name: f.metadata.get("role") for f in fields(self)}
+        values = {k: v for k, v in self.to_file().items() if roles[k] is None}
+        # the batch sizes the rows run at: a sweep's, or --batch-size
+        values["batch_sizes"] = ints(self.batch_sizes, "--batch-sizes") if self.batch_sizes else (self.batch_size,)
+        values["num_workers"] = ints(self.num_workers, "--num-workers")
+        values["lr"] = DEFAULT_LR[self.task] if self.lr is None else self.lr
+        unread = {
+            "batch_size": True,  # in batch_sizes
+            "max_target_length": self.task != "seq2seq",
+            "image_size": self.task != IMAGE_TASK,
+            "remeasure": self.repeat > 1,
+        }
+        return {k: v for k, v in values.items() if not unread.get(k)}
+
+    def changed(self, stored: CompareOptions) -> list[str]:
+        """What differs from the study `stored` describes and would replace its report, as 'max_steps 16 → 4':
+        an option that defines the measurement, a price where both give one, a quality phase where both run one."""
+        old, now = stored.measured(), self.measured()
+        pairs = [(k, old.get(k), now.get(k)) for k in dict.fromkeys([*old, *now])]
+        if self.priced() and stored.priced():
+            pairs += [(f.name, getattr(stored, f.name), getattr(self, f.name)) for f in self._of_role(PRICE)]
+        if self.quality_steps is not None and stored.quality_steps is not None:
+            pairs += [(f.name, getattr(stored, f.name), getattr(self, f.name)) for f in self._of_role(QUALITY)]
+        return [f"{k} {_said(old)} → {_said(new)}" for k, old, new in pairs if old != new]
+
+    def over(self, stored: CompareOptions, reported: list[str]) -> tuple[CompareOptions, list[str]]:
+        """This run over the study already in its --out (`stored`, whose report has the rows `reported`), and a
+        note for each thing the study keeps: its report never loses a row, a price or a quality phase that this
+        run does not ask for (rows are added; --replace runs exactly what is asked)."""
+        rows = [r.strip() for r in words(self.strategies)]
+        reported = list(dict.fromkeys(reported))  # in the report's order, then this run's new rows
+        kept = [r for r in reported if r not in rows]
+        changes: dict[str, Any] = {"strategies": [*reported, *(r for r in rows if r not in reported)]} if kept else {}
+        notes = []
+        if kept:
+            notes.append(f"{self.out} holds rows this run does not name: {', '.join(kept)}; they stay in its report")
+        if stored.priced() and not self.priced():
+            changes |= {f.name: getattr(stored, f.name) for f in self._of_role(PRICE)}
+            notes.append(
+                f"{self.out} is priced: its report stays priced ({stored.price(stored.checkpoint_minutes).label})"
+            )
+        if stored.quality_steps is not None and self.quality_steps is None:
+            changes |= {f.name: getattr(stored, f.name) for f in self._of_role(QUALITY)}
+            notes.append(
+                f"{self.out} has a quality phase: it runs too (--quality-steps {stored.quality_steps}, "
+                f"--seeds {stored.seeds}; its finished trials come from its store)"
+            )
+        return dataclasses.replace(self, **changes), [f"trainwise: note: {n}" for n in notes]
+
+    def _of_role(self, role: str) -> list[dataclasses.Field]:
+        return [f for f in fields(self) if f.metadata.get("role") == role]
+
+
+def _said(value: Any) -> str:
+    """An option's value as a line says it: a list as the CLI's comma text, nothing as 'none'."""
+    if isinstance(value, list | tuple):
+        return ",".join(map(str, value)) or "none"
+    return "none" if value is None else str(value)
+
 
 @dataclass(frozen=True, kw_only=True)
 class AdviseOptions(Options):
@@ -320,12 +406,13 @@ class AdviseOptions(Options):
     max_epoch_time: str | None = option(None, "Time budget: longest acceptable epoch, e.g. 30m, 2h.")
     max_epoch_cost: float | None = option(None, "Cost budget: USD per epoch (a priced study).")
     run: bool = flag("run", "Run (or resume) the study into STUDY first, as compare.")
+    replace: bool = flag("replace", "--run: " + REPLACE, saved=False)
     model: str | None = option(None, MODEL)
     model_preset: str | None = option(None, PRESET)
     task: str = option(_STUDY["task"], TASK)
     dataset: str | None = option(None, DATASET)
     train_file: str | None = option(None, TRAIN_FILE)
-    strategies: str | list[str] = option(DEFAULT_STRATEGIES, ROWS, show_default=shown(DEFAULT_STRATEGIES))
+    strategies: str | list[str] = option(DEFAULT_STRATEGIES, ROWS_HELP, show_default=shown(DEFAULT_STRATEGIES))
     batch_size: int = option(_STUDY["batch_size"], BATCH)
     max_length: int = option(_STUDY["max_length"], MAX_LENGTH)
     max_steps: int = option(_STUDY["max_steps"], "--run: optimizer steps per trial.")
@@ -339,9 +426,11 @@ class AdviseOptions(Options):
             raise ConfigError("--run runs one study: give one STUDY with --run")
         return [Path(s) for s in self.study]
 
-    def compare_config(self) -> StudyConfig:
-        """--run: the study compare runs into STUDY."""
-        return self.study_config(out=self.study[0], warmup_steps=min(_STUDY["warmup_steps"], self.max_steps - 1))
+    def compare_options(self) -> CompareOptions:
+        """--run: the options compare runs STUDY with (its other options at compare's defaults)."""
+        shared = {f.name for f in fields(CompareOptions)} & {f.name for f in fields(self)}
+        warmup = min(_STUDY["warmup_steps"], self.max_steps - 1)
+        return CompareOptions(**{k: getattr(self, k) for k in shared}, out=self.study[0], warmup_steps=warmup)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -360,7 +449,7 @@ class EstimateOptions(Options):
     response_column: str | None = option(None, RESPONSE_COLUMN)
     messages_column: str | None = option(None, MESSAGES_COLUMN)
     num_labels: int | None = option(None, "Classes of the head, without data \\[default: 2].")
-    strategies: str | list[str] = option(ESTIMATE_STRATEGIES, ROWS, show_default=shown(ESTIMATE_STRATEGIES))
+    strategies: str | list[str] = option(ESTIMATE_STRATEGIES, ROWS_HELP, show_default=shown(ESTIMATE_STRATEGIES))
     batch_size: int = option(16, "Effective batch size per device (per optimizer step).")
     accum_steps: int = option(4, ACCUM)
     max_length: int = option(128, "Input tokens per sample (padding to it is assumed).")

@@ -1,5 +1,10 @@
-"""How a caller shows a running verb. The application layer prints nothing: it calls these, and each
-defaults to showing nothing (the CLI's are rich on the terminal; a notebook reads the returned result)."""
+"""How a caller shows a running verb. The application layer prints nothing itself: it calls a `Render`.
+
+Every verb's default is `STDERR`: progress, status and the study's notes (the projected time, a re-run
+waiting for the machine to quieten, rows skipped) on stderr, as the CLI shows them; the result (a study's
+table, the advice) is left to the returned object. `render=None` is silence; `Render(...)` shows what it is
+given and nothing else (its fields default to nothing).
+"""
 
 from __future__ import annotations
 
@@ -24,8 +29,8 @@ class Render:
     table(report): a study's table; quality(rows, seeds): the quality phase's verdicts;
     status(text): a context manager shown while the input is checked and prepared (its `update(text)`, when
     it has one, says what the work is doing now); note(line): what the user should know (rows skipped, a
-    head trained new, a plan's precision); event(dict): a training run's progress; line(text): a line of
-    a search's progress."""
+    head trained new, a plan's precision, the study's projected time); event(dict): a training run's
+    progress; line(text): a line of a search's progress."""
 
     progress: Callable = _silent
     table: Callable[[Any], None] = _nothing
@@ -38,3 +43,30 @@ class Render:
     def update(self, status: Any) -> Callable[[str], None]:
         """The status's update, or nothing (a null context has none)."""
         return getattr(status, "update", _nothing)
+
+    @staticmethod
+    def of(render: Render | None) -> Render:
+        """The render a verb uses: the one given, or silence for None."""
+        return SILENT if render is None else render
+
+
+def _terminal() -> Any:
+    from trainwise.report import terminal  # start-up: rich, loaded when there is something to show
+
+    return terminal
+
+
+def _say(line: str) -> None:
+    terminal = _terminal()
+    terminal.say(line, terminal.err)
+
+
+SILENT = Render()
+# progress bars, status and notes on stderr (rich; in a notebook, its widgets), loaded on first use
+STDERR = Render(
+    progress=lambda prepared: _terminal().study_progress(prepared),
+    status=lambda text: _terminal().err.status(text),
+    note=_say,
+    event=lambda event: _terminal().train_event(event),
+    line=_say,
+)

@@ -15,6 +15,7 @@ from trainwise.config import TrialSpec
 from trainwise.errors import ConfigError
 from trainwise.estimate import calibrate, estimate_plan, largest_batch, runtime_overhead, shape_of
 from trainwise.models import ModelSource, model_config
+from trainwise.report.write import read_trial_keys
 from trainwise.results import StudyRow
 from trainwise.strategies.plan import TrialPlan
 from trainwise.study import Store, check_ours
@@ -65,7 +66,7 @@ def _stored_spec(study: Path):
     """A trial spec from the study's store (None when it has no store or no trial)."""
     if not (study / "study.sqlite").is_file():
         return None
-    store = Store(study / "study.sqlite", "STUDY", write=False)
+    store = Store(study / "study.sqlite", "STUDY", write=False, keys=read_trial_keys(study))
     try:
         return store.spec()
     finally:

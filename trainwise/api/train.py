@@ -7,14 +7,15 @@ from pathlib import Path
 from typing import Any
 
 from trainwise.api.options import TrainOptions
-from trainwise.api.render import Render
+from trainwise.api.render import STDERR, Render
 from trainwise.errors import ConfigError
 from trainwise.tracking import parse_report_to
 
 
-def start(options: TrainOptions, render: Render = Render()):
+def start(options: TrainOptions, render: Render | None = STDERR):
     """Check and prepare, then train; returns the TrainResult (`train.summary` words it)."""
 
+    render = Render.of(render)
     tc, backends = options.train_config(), parse_report_to(options.report_to)  # checked before torch loads
     options.price()  # a bad price is said now, not after the run (the summary prices it)
     if options.plan_study is not None:
@@ -42,7 +43,7 @@ def start(options: TrainOptions, render: Render = Render()):
     return train_any(TrainJob(spec, tc, Path(options.out), options.resume, backends, render.event, warn))
 
 
-def train(config: str | Path | None = None, render: Render = Render(), **options: Any):
+def train(config: str | Path | None = None, render: Render | None = STDERR, **options: Any):
     """`trainwise train` in Python: the CLI's options as keyword arguments (over a study file's). Returns
     the TrainResult (steps, best metric, the model directory)."""
     return start(TrainOptions.of(options, config), render)

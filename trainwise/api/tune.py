@@ -6,19 +6,20 @@ from pathlib import Path
 from typing import Any
 
 from trainwise.api.options import TuneOptions
-from trainwise.api.render import Render
+from trainwise.api.render import STDERR, Render
 from trainwise.space import TuneResult
 from trainwise.tune import tune as search_space
 
 
-def start(options: TuneOptions, render: Render = Render()) -> tuple[TuneResult, dict]:
+def start(options: TuneOptions, render: Render | None = STDERR) -> tuple[TuneResult, dict]:
     """(the search's result, tune_result.json's content)."""
 
+    render = Render.of(render)
     cfg, study = options.resolve()
     with render.status("trainwise tune: ...") as status:
         return search_space(cfg, study, options.price(), render.update(status), render.line)
 
 
-def tune(config: str | Path | None = None, render: Render = Render(), **options: Any) -> tuple[TuneResult, dict]:
+def tune(config: str | Path | None = None, render: Render | None = STDERR, **options: Any) -> tuple[TuneResult, dict]:
     """`trainwise tune` in Python: the CLI's options as keyword arguments (over a study file's)."""
     return start(TuneOptions.of(options, config), render)

@@ -33,7 +33,7 @@ from trainwise.api import find_batch as find_batch_api
 from trainwise.api import options as api
 from trainwise.api import train as train_api
 from trainwise.api import tune as tune_api
-from trainwise.api.render import Render
+from trainwise.api.render import STDERR
 from trainwise.config import monitor_name
 from trainwise.files import exit_line
 from trainwise.measure.env import environment
@@ -102,19 +102,18 @@ def verb(options: type[api.Options], name: str | None = None, json_help: str | N
 
 
 def _terminal():
+    """The terminal module and the API's default render (progress, status and notes on stderr)."""
     from trainwise.report import terminal  # start-up: rich, loaded when there is something to show
 
-    say = lambda line: terminal.say(line, terminal.err)  # noqa: E731
-    return terminal, Render(status=terminal.err.status, note=say, line=say, event=terminal.train_event)
+    return terminal, STDERR
 
 
 def _study_render(console=None):
-    """The terminal's render of a running study: progress, the table (on `console`), the quality phase."""
+    """The terminal's render of a running study: the API's, with the table (on `console`) and the quality
+    phase's verdicts, which the CLI prints and a notebook reads from the returned study."""
     terminal, render = _terminal()
     table = functools.partial(terminal.compare_table, console=console)
-    return terminal, dataclasses.replace(
-        render, progress=terminal.study_progress, table=table, quality=terminal.quality_table
-    )
+    return terminal, dataclasses.replace(render, table=table, quality=terminal.quality_table)
 
 
 @verb(api.CompareOptions)

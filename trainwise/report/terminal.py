@@ -25,6 +25,7 @@ from trainwise.report.format import (
     human_bytes,
     notes,
 )
+from trainwise.units import human_seconds
 
 # Piped or in CI, rich would wrap the table at 80 columns; give it room instead.
 out = Console() if sys.stdout.isatty() else Console(width=240)  # pipes and files: the whole table
@@ -68,10 +69,11 @@ def study_progress(prepared: Any) -> Iterator[tuple[Callable, Callable]]:
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TextColumn("{task.fields[left]}"),  # the study's: projected from its first timed steps
     )
     with Progress(*columns, console=err) as progress:
-        study_bar = progress.add_task("study", total=len(prepared.specs))
-        trial_bar = progress.add_task("", total=s.max_steps, visible=False)
+        study_bar = progress.add_task("study", total=len(prepared.specs), left="")
+        trial_bar = progress.add_task("", total=s.max_steps, visible=False, left="")
 
         def name(spec: Any) -> str:
             return f"{prepared.cell_of(spec).label()} #{spec.repeat + 1}"
@@ -86,6 +88,10 @@ def study_progress(prepared: Any) -> Iterator[tuple[Callable, Callable]]:
                 progress.update(trial_bar, completed=e["step"], description=text)
             elif e.get("event") == "note":  # the study's own word (a re-run under load), not the trial's
                 say(f"  {name(spec)}: {e['text']}", progress.console)
+            elif e.get("event") == "projection":  # the study's time: once as a note, then as time left
+                if e.get("text"):
+                    say(e["text"], progress.console)
+                progress.update(study_bar, left=f"~{human_seconds(e['remaining_s'])} left")
 
         def on_done(spec: Any, r: Any, cached: bool) -> None:
             progress.update(trial_bar, visible=False)

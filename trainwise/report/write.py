@@ -12,7 +12,8 @@ from trainwise.files import writing
 from trainwise.report.format import cells, footnotes, has_loss_share, has_rss, headers, notes, quality
 from trainwise.results import StudyRow
 
-PROGRESS = "progress.json"  # how many of the study's trials the reports hold
+STUDY_FILE = "study.yaml"  # the options a study ran with (`compare --config` reruns it; trainwise.api writes it)
+PROGRESS = "progress.json"  # how many of the study's trials the reports hold, and which (their store keys)
 
 CSV_FIELDS = [
     "strategy",
@@ -55,13 +56,14 @@ def write_reports(
     done: int | None = None,
     total: int | None = None,
     study: dict | None = None,
+    trials: list[str] | None = None,
 ) -> list[Path]:
     """Every file replaced whole: all of them are written aside first and renamed into place only when
     each was written, so a reader, a kill or a full disk never leaves half of one (a set of reports that
     disagree only if a rename itself fails, which needs no space). `study` (the run's settings:
     `study_settings`) opens report.md, sits beside the rows in results.json and captions the chart.
     `progress.json` says how many of the study's trials are in them (a killed study's reports are
-    partial)."""
+    partial), and which: `trials`, their keys in the store (which may hold trials of other settings)."""
     paths = [out / "results.json", out / "results.csv", out / "report.md", out / "chart.png"]
     entries = [e.to_dict() for e in table]
     rows = io.StringIO()
@@ -75,7 +77,7 @@ def write_reports(
         paths[2]: markdown(table, title, study),
     }
     if done is not None and total is not None:
-        texts[out / PROGRESS] = json.dumps({"done": done, "total": total})
+        texts[out / PROGRESS] = json.dumps({"done": done, "total": total, "trials": trials or []})
     tmps = {path: path.with_name(f".{path.stem}.tmp{path.suffix}") for path in [*texts, paths[3]]}
     for path, text in texts.items():
         with writing(path, *tmps.values()):
@@ -109,6 +111,15 @@ def read_progress(study: Path) -> tuple[int, int] | None:
         return int(progress["done"]), int(progress["total"])
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
+
+
+def read_trial_keys(study: Path) -> list[str] | None:
+    """The store keys of the trials a study's reports hold, or None when it does not say (written before)."""
+    try:
+        keys = json.loads((study / PROGRESS).read_text(encoding="utf-8"))["trials"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return None
+    return [str(k) for k in keys] if isinstance(keys, list) and keys else None
 
 
 def settings_block(study: dict | None) -> list[str]:

@@ -64,6 +64,7 @@ REGISTRY: dict[str, Strategy] = _symmetric(
 ALIASES: dict[str, str] = {"all": "bf16+grad_accum+grad_ckpt+adafactor+dynamic_pad+smart_batch"}
 
 DEFAULT_STRATEGIES = "baseline,bf16,fp16,grad_accum,grad_ckpt,adafactor,dynamic_pad,smart_batch,freeze_embeddings,all"
+DEFAULT_ROWS = tuple(DEFAULT_STRATEGIES.split(","))
 ESTIMATE_STRATEGIES = "baseline,bf16,grad_ckpt,adafactor,grad_accum,bf16+grad_ckpt"  # `trainwise estimate`'s rows
 
 
