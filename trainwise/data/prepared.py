@@ -125,7 +125,8 @@ def loss_token_share(enc: Encoded) -> float:
     """The share of a causal LM's encoded tokens that carry loss: labels after each example's first position
     that are not -100 (what HF's shifted loss averages over), over all tokens. Packing does not change it: a
     packed row drops exactly each example's first label, which the shift never scores either."""
-    scored = sum(sum(1 for t in labels[1:] if t != IGNORE_INDEX) for labels in enc.labels)  # type: ignore[index,union-attr]
+    rows: list[list[int]] = enc.labels  # type: ignore[assignment]  # a causal LM's labels are token lists
+    scored = sum(sum(1 for t in labels[1:] if t != IGNORE_INDEX) for labels in rows)
     tokens = sum(enc.lengths())
     return scored / tokens if tokens else 0.0
 
