@@ -29,7 +29,7 @@ from .test_chat import IM_END, conversations
 STEPS = 4
 # what third-party libraries print into a script's output unless it silences them first (DeepSpeed on a CPU, peft
 # on transformers 5, bitsandbytes on a CPU): none may show
-NOISE = ("real_accelerator.py", "is_gradient_checkpointing", "gemm_4bit_forward", "kernels-community")
+NOISE = ("real_accelerator.py", "is_gradient_checkpointing", "gemm_4bit_forward", "kernels-community", "pin_memory")
 
 
 def plan_of(text: str):

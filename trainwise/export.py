@@ -111,6 +111,8 @@ def export_doc(plan: TrialPlan, s: RunSettings, output_dir: str = "out") -> Expo
     }
     if s.device == "cpu":
         args["use_cpu"] = True
+        # trainwise pins batches only for a GPU; the Trainer's default (True) makes torch warn on every CPU run
+        args["dataloader_pin_memory"] = False
     doc = ExportDoc(s.task, s.device, s.nproc, s.batch_size, s.max_length, args)
     doc.accelerate = {
         "compute_environment": "LOCAL_MACHINE",
