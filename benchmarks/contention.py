@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from trainwise.report.write import read_rows
+from trainwise.study.store import read_rows
 
 
 def main() -> None:

@@ -36,7 +36,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 from trainwise.config import StudyConfig  # noqa: E402
 from trainwise.estimate import EstimateConfig, estimate, run_estimate  # noqa: E402
 from trainwise.models import ModelSource  # noqa: E402
-from trainwise.study import prepare_study  # noqa: E402
+from trainwise.study.prepare import prepare_study  # noqa: E402
 from trainwise.trial import run_trial  # noqa: E402
 
 # (model, task, row spec, batch, max_length, max_target_length)

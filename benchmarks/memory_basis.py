@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainwise.report.write import read_rows
+from trainwise.study.store import read_rows
 
 ROWS = ["baseline", "grad_ckpt", "bf16", "grad_accum", "dynamic_pad", "adafactor"]
 SETTINGS = [(32, 128), (16, 256)]  # (batch, max length)

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainwise.report.write import read_rows
+from trainwise.study.store import read_rows
 
 
 def study(out: Path, repeat: int, steps: int) -> dict:

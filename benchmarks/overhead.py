@@ -101,7 +101,7 @@ def main() -> None:
 
     from trainwise.config import StudyConfig
     from trainwise.measure.env import environment
-    from trainwise.study import prepare_study
+    from trainwise.study.prepare import prepare_study
 
     out = tempfile.mkdtemp(prefix="trainwise-overhead-")
     cfg = StudyConfig(

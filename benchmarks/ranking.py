@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainwise.report.write import read_rows
+from trainwise.study.store import read_rows
 
 ROWS = "baseline,bf16,grad_accum,grad_ckpt,adafactor,dynamic_pad,smart_batch,freeze_embeddings,all"
 

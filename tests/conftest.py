@@ -107,7 +107,7 @@ def s2s_csv(tmp_path_factory) -> Path:
 
 def tiny_study(out: Path, data: Path, task: str, strategies: list[str], **kw):
     from trainwise.config import StudyConfig
-    from trainwise.study import prepare_study
+    from trainwise.study.prepare import prepare_study
 
     preset = "bert-tiny" if task == "classification" else "t5-tiny"
     cfg = StudyConfig(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from trainwise.report.write import read_rows
+from trainwise.study.store import read_rows
 
 
 @dataclass

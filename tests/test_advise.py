@@ -9,8 +9,8 @@ import pytest
 from trainwise.advise import Constraints, advise
 from trainwise.cli import main
 from trainwise.errors import ConfigError
-from trainwise.report.write import read_rows
 from trainwise.results import StudyRow
+from trainwise.study.store import read_rows
 from trainwise.units import parse_bytes
 
 GiB = 1024**3
@@ -141,7 +141,7 @@ def test_a_pick_that_lost_quality_in_short_trials_is_cautioned_towards_the_quali
     from trainwise.config import TrialSettings, TrialSpec
     from trainwise.results import TrialResult
     from trainwise.strategies.plan import TrialPlan
-    from trainwise.study import Store
+    from trainwise.study.store import Store
 
     def rows(bf16_metric, **extra):
         return [{**row("baseline", 10.0, 7.0, 50.0), **extra}, {**row("bf16", 25.0, 5.5, bf16_metric), **extra}]

@@ -13,7 +13,7 @@ import pytest
 import trainwise
 from trainwise.cli import main
 from trainwise.errors import ConfigError
-from trainwise.report.write import read_rows
+from trainwise.study.store import read_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 

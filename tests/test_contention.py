@@ -78,7 +78,8 @@ def test_a_busy_process_beside_the_measured_one_is_seen():
 def test_a_trial_timed_under_load_is_flagged_in_results_and_table(tmp_path, cls_csv):
     from trainwise.launcher import launch
     from trainwise.report.format import cells, notes
-    from trainwise.study import aggregate, run_study
+    from trainwise.study.aggregate import aggregate
+    from trainwise.study.run import run_study
 
     # tiny_study: --retries 0, so the flag itself is checked here (tests/test_device.py checks the re-run)
     study = tiny_study(tmp_path, cls_csv, "classification", ["baseline"], eval_samples=0, max_steps=40)

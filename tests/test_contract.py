@@ -70,7 +70,7 @@ def test_compare_and_train_take_the_same_steps(cls_study, tmp_path, row):
 @pytest.mark.parametrize("row", [pytest.param(r, marks=pytest.mark.slow) if r in SLOW else r for r in IMAGE])
 def test_image_strategies_take_the_same_steps_in_compare_and_train(tmp_path, row):
     from trainwise.config import StudyConfig
-    from trainwise.study import prepare_study
+    from trainwise.study.prepare import prepare_study
 
     kw = {"batch_size": 32, "max_steps": 2, "warmup_steps": 1, "eval_samples": 32, "device": "cpu"}
     study = prepare_study(StudyConfig(str(tmp_path / "s"), [row], task="image-classification", **kw))
@@ -85,7 +85,7 @@ LM = ["baseline", "lora", "packing", "chunked_ce", "bf16+grad_ckpt+lora+packing+
 @pytest.fixture(scope="module")
 def lm_study(tmp_path_factory):
     from trainwise.config import StudyConfig
-    from trainwise.study import prepare_study
+    from trainwise.study.prepare import prepare_study
 
     from .conftest import make_rows, write_csv
 

@@ -10,8 +10,8 @@ from trainwise.cli import main
 from trainwise.cost import Price, resolve_price
 from trainwise.errors import ConfigError
 from trainwise.report.format import add_cost, headers
-from trainwise.report.write import read_rows
 from trainwise.results import StudyRow
+from trainwise.study.store import read_rows
 
 
 def test_dedicated_and_low_priority_arithmetic_with_the_seed_000_prices():

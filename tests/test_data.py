@@ -14,7 +14,7 @@ from trainwise.data.samplers import LengthGroupedBatches, RandomBatches
 from trainwise.data.sources import load_rows
 from trainwise.data.tasks import IGNORE_INDEX, Collator
 from trainwise.errors import ConfigError
-from trainwise.report.write import read_rows
+from trainwise.study.store import read_rows
 
 from .conftest import make_rows, write_csv
 

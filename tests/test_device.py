@@ -75,7 +75,7 @@ def test_injected_cpu_flags_replace_what_the_machine_reports(monkeypatch):
     [(SAPPHIRE, 26.0, "emulated"), (AVX2, 0.5, "native"), (AVX2, 26.0, "emulated"), (SAPPHIRE, 1.4, "native")],
 )
 def test_the_measured_linear_layer_wins_where_the_flags_disagree(monkeypatch, facts, ratio, status):
-    from trainwise import study
+    from trainwise.study import prepare as study
 
     monkeypatch.setattr(study, "precision_ratio", lambda device, precision: ratio)
     found = study.precision_verdicts([strategies.parse_row("bf16", 4)], "cpu", facts)["bf16"]
@@ -93,9 +93,10 @@ def _fake_launch(calls: list):
 def test_default_rows_on_an_emulating_cpu_record_bf16_and_train_all_without_it(tmp_path, cls_csv, monkeypatch):
     """The demo on an AVX2-only CPU: bf16 is recorded from its micro-benchmark, not trained for minutes;
     `all` trains with fp32; a row the user names is trained, with the reason attached."""
-    from trainwise import study
     from trainwise.report.format import cells, footnotes, notes
-    from trainwise.study import aggregate, run_study
+    from trainwise.study import prepare as study
+    from trainwise.study.aggregate import aggregate
+    from trainwise.study.run import run_study
 
     monkeypatch.setenv("TRAINWISE_CPU_FLAGS", "avx2 fma")
     monkeypatch.setattr(study, "precision_ratio", lambda device, precision: 26.0)
@@ -128,7 +129,7 @@ def test_default_rows_on_an_emulating_cpu_record_bf16_and_train_all_without_it(t
 def test_all_never_switches_to_the_precision_that_measured_slow(tmp_path, cls_csv, monkeypatch):
     """Flags that say native (this CPU's, or an Ampere GPU's) but a linear layer 26x slower: `all` does not
     'switch' to bf16 again; it trains fp32 here (fp16 is CUDA-only)."""
-    from trainwise import study
+    from trainwise.study import prepare as study
 
     monkeypatch.setenv("TRAINWISE_CPU_FLAGS", "avx2 avx512_bf16 amx_bf16")
     monkeypatch.setattr(study, "precision_ratio", lambda device, precision: 26.0)
@@ -254,7 +255,7 @@ def test_a_slow_step_moves_no_column_of_the_row_away_from_the_others():
     (all from the totals: a median step beside a total-over-total rate read 2.689 s/step, 6.4 samples/s)."""
     from trainwise.config import Cell
     from trainwise.strategies import parse_row
-    from trainwise.study import aggregate
+    from trainwise.study.aggregate import aggregate
 
     base = _row("baseline", [1.0, 1.0, 10.0, 1.0, 1.0], batch=32)
     other = _row("grad_ckpt", [1.3, 1.3, 1.3, 1.3, 1.3], batch=32)
@@ -293,7 +294,7 @@ def _busy(n: int = 2) -> list[subprocess.Popen]:
 
 def test_the_noise_floor_and_verdicts_use_clean_runs_only():
     from trainwise.config import Cell
-    from trainwise.study import aggregate
+    from trainwise.study.aggregate import aggregate
 
     class Spec:
         def __init__(self, row, repeat):
@@ -315,7 +316,7 @@ def test_the_noise_floor_and_verdicts_use_clean_runs_only():
 
 def test_a_failed_re_run_keeps_the_run_measured_under_load(tmp_path, cls_csv, monkeypatch):
     from trainwise.measure import contention
-    from trainwise.study import run_study
+    from trainwise.study.run import run_study
 
     monkeypatch.setattr(contention, "wait_quiet", lambda *_a, **_k: True)
     prepared = tiny_study(tmp_path, cls_csv, "classification", ["baseline"], retries=2)
@@ -359,7 +360,8 @@ def test_a_trial_contended_by_a_busy_process_is_measured_again(tmp_path, cls_csv
     quiet, runs it again, keeps the clean run and counts the discarded one."""
     from trainwise.launcher import launch
     from trainwise.report.format import notes
-    from trainwise.study import aggregate, run_study
+    from trainwise.study.aggregate import aggregate
+    from trainwise.study.run import run_study
 
     study = tiny_study(tmp_path, cls_csv, "classification", ["baseline"], eval_samples=0, max_steps=120, retries=2)
     study.config.quiet_wait_s = 30.0
@@ -399,9 +401,9 @@ def test_doctor_gives_every_registry_strategy_a_verdict_on_this_cpu(tmp_path, mo
     emulated with the reason, the CUDA-only ones are unsupported with why, and doctor.json holds the facts."""
     import json
 
-    from trainwise import study
     from trainwise.cli import main
     from trainwise.doctor import VERDICTS
+    from trainwise.study import prepare as study
 
     monkeypatch.setenv("TRAINWISE_CPU_FLAGS", "avx2 fma")
     monkeypatch.setattr(study, "precision_ratio", lambda device, precision: 26.0)

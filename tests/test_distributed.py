@@ -182,7 +182,7 @@ def test_a_failing_rank_is_a_recorded_row_not_a_hang(tmp_path, cls_csv, monkeypa
 
 
 def test_nproc_beyond_the_cuda_devices_is_rejected_before_training(tmp_path, cls_csv, monkeypatch):
-    from trainwise import study as study_mod
+    from trainwise.study import prepare as study_mod
 
     monkeypatch.setattr(study_mod, "resolve_device", lambda device: ("cuda", {"cuda", "fp16", "bf16"}))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

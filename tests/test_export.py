@@ -140,7 +140,7 @@ def csv_study(tmp_path_factory):
 
     from trainwise.config import StudyConfig
     from trainwise.models import _preset_config, train_tokenizer
-    from trainwise.study import prepare_study
+    from trainwise.study.prepare import prepare_study
 
     from .conftest import make_rows, write_csv
 
@@ -175,7 +175,7 @@ def csv_study(tmp_path_factory):
 def _trial_of(study, row: str) -> tuple:
     """Run the study's trial of `row` (its per-step losses) and store it, so export --study finds it."""
     from trainwise.results import TrialResult
-    from trainwise.study import Store
+    from trainwise.study.store import Store
     from trainwise.trial import run_trial
 
     spec = next(s for s in study.specs if s.row == row)
@@ -228,7 +228,7 @@ def test_the_seq2seq_snippet_as_written_reproduces_the_losses(tmp_path, monkeypa
     from trainwise.config import StudyConfig
     from trainwise.export import ExportConfig, export_plan
     from trainwise.models import _preset_config, train_tokenizer
-    from trainwise.study import prepare_study
+    from trainwise.study.prepare import prepare_study
 
     from .conftest import make_rows, write_csv
 
@@ -262,7 +262,7 @@ def test_export_from_a_study_takes_its_settings_and_advises_the_plan(tmp_path, c
     from trainwise.cli import main
     from trainwise.config import TrialSettings, TrialSpec
     from trainwise.results import TrialResult
-    from trainwise.study import Store
+    from trainwise.study.store import Store
 
     study = tmp_path / "study"
     study.mkdir()
@@ -427,7 +427,8 @@ def test_an_image_study_is_refused_in_one_line(tmp_path):
     from trainwise.errors import ConfigError
     from trainwise.export import ExportConfig, export_plan
     from trainwise.results import TrialResult
-    from trainwise.study import Store, prepare_study
+    from trainwise.study.prepare import prepare_study
+    from trainwise.study.store import Store
 
     cfg = StudyConfig(
         out=str(tmp_path / "study"), strategies=["baseline"], task="image-classification", batch_size=8, max_steps=2,

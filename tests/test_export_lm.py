@@ -40,7 +40,7 @@ def _lm_study(root: Path, data: Path, rows: list[str], model_preset: str | None 
     """A causal-lm study (of llama-tiny unless `model` is given) on `data` (also its held-out file), every step the
     same seed and lr."""
     from trainwise.config import StudyConfig
-    from trainwise.study import prepare_study
+    from trainwise.study.prepare import prepare_study
 
     common = dict(task="causal-lm", model_preset=model_preset, max_steps=STEPS, warmup_steps=1, lr=3e-3)
     common |= dict(eval_samples=0, device="cpu", remeasure=False, retries=0)
@@ -78,7 +78,7 @@ def _trial_of(study, row: str) -> tuple:
 def _store(study, spec) -> None:
     """The trial of `spec` stored as run, so export --study finds it."""
     from trainwise.results import TrialResult
-    from trainwise.study import Store
+    from trainwise.study.store import Store
 
     store = Store(study.out / "study.sqlite")
     store.put(spec, TrialResult(spec.row, "ok"))

@@ -211,7 +211,8 @@ SHM = "RuntimeError: unable to write to file </torch_1_2>: No space left on devi
 def test_a_trial_the_disk_refused_stops_the_study_instead_of_becoming_a_row(
     tmp_path, monkeypatch, status, message, free, refused
 ):
-    from trainwise import files, study
+    from trainwise import files
+    from trainwise.study import run as study
 
     monkeypatch.setattr(files, "free_space", lambda _p: free)
     result = TrialResult("baseline", status, 0, message, {})
@@ -227,7 +228,7 @@ def test_an_output_directory_removed_while_the_study_runs_stops_it_in_one_line(t
     stops at the next trial instead, with exit 3's line."""
     import shutil
 
-    from trainwise.study import run_study
+    from trainwise.study.run import run_study
 
     from .conftest import tiny_study
 

@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from trainwise.report.write import read_rows
+from trainwise.study.store import read_rows
 
 from .killing import alive_after
 
@@ -112,7 +112,7 @@ def test_a_killed_study_keeps_readable_reports_says_it_is_partial_and_resumes(tm
     progress = json.loads((out / "progress.json").read_text())
     assert (progress["done"], progress["total"], len(progress["trials"])) == (1, 4, 1)  # + the baseline again, last
     assert (out / "report.md").read_text().count("| baseline |") == 1 and (out / "chart.png").stat().st_size > 0
-    from trainwise.advise import partial_note
+    from trainwise.study.store import partial_note
 
     assert "1 of 4 trials finished" in (partial_note(out) or "")
     finished = subprocess.run(
@@ -158,7 +158,7 @@ def test_a_second_command_on_an_out_in_use_is_refused(tmp_path, cls_csv, capsys,
     """Issue 17: two commands never share a study's trial directories and store: while one runs in --out
     (it holds a lock on the folder's mark), another one there is refused in one line."""
     from trainwise.cli import main
-    from trainwise.study import hold
+    from trainwise.study.store import hold
 
     out = tmp_path / "busy"
     argv = [verb, "--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--strategies", "baseline"]

@@ -93,7 +93,7 @@ def test_the_study_says_its_projection_where_the_user_sees_it(tmp_path, cls_csv,
     it launches (not a stored one); the terminal prints its note and shows the time left on the study bar."""
     from trainwise.report import terminal
     from trainwise.results import TrialResult
-    from trainwise.study import run_study
+    from trainwise.study.run import run_study
 
     from .conftest import tiny_study
 

@@ -20,7 +20,7 @@ from trainwise.export import RunSettings, write_export
 from trainwise.loop import apply_plan, loss_sum
 from trainwise.measure.device import DeviceFacts
 from trainwise.models import ModelSource, build_model, meta_model, model_config
-from trainwise.report.write import read_rows
+from trainwise.study.store import read_rows
 
 from .conftest import write_csv
 from .test_causal_lm import pairs

@@ -10,7 +10,7 @@ import pytest
 from trainwise.advise import Constraints, advise, with_quality
 from trainwise.api.quality import candidates
 from trainwise.cli import main
-from trainwise.quality import NOT_SIGNIFICANT, quality_config, verdicts
+from trainwise.quality import NOT_SIGNIFICANT, QualityVerdicts, quality_config, verdicts
 from trainwise.results import StudyRow, TrialResult
 
 from .conftest import tiny_study
@@ -87,7 +87,7 @@ def test_a_phase_that_learned_nothing_says_its_verdicts_compare_nothing(tmp_path
     quality_table(found, 2)
     assert "no candidate beats always answering the commonest class (40.0%)" in capsys.readouterr().out
     assert unlearned([40.0, 52.0], 40.0) is None, "one row learned: the verdicts mean something"
-    q = {"seeds": 2, "rows": [r.to_dict() for r in found]}
+    q = QualityVerdicts.from_dict({"seeds": 2, "rows": [r.to_dict() for r in found]})  # as quality.json holds it
     assert "no candidate beats" in with_quality([StudyRow("baseline", status="ok")], q)[1]
     entries = [StudyRow(f"r{m}", status="ok", metric=m, metric_name="accuracy", metrics={"majority_accuracy": 40.0})
                for m in (40.0, 38.0)]  # fmt: skip
@@ -137,7 +137,7 @@ def test_advise_uses_the_verdicts_not_the_short_trials_quality():
     }
     short = advise(typed(rows), Constraints(max_quality_drop=3.0))
     assert short.recommended == "lean", "on 16-step accuracies bf16 looks 15 points worse and lean better"
-    rows_q, note = with_quality(typed(rows), q)
+    rows_q, note = with_quality(typed(rows), QualityVerdicts.from_dict(q))
     a = advise(rows_q, Constraints(max_quality_drop=3.0))
     assert a.recommended == "bf16", "bf16's drop is inside the seeds' ranges: no drop; lean is 10 points worse"
     assert "quality phase (200 steps x 2 seeds)" in note
@@ -159,7 +159,7 @@ def test_a_row_the_quality_phase_did_not_train_wins_nothing_on_quality():
     q["rows"].append({"strategy": "lean", "verdict": NOT_SIGNIFICANT, "values": [49, 51], "steps": 99})
     for r in q["rows"]:
         r |= {"mean": sum(r["values"]) / 2, "low": min(r["values"]), "high": max(r["values"])}
-    judged, _ = with_quality(typed(rows), q)
+    judged, _ = with_quality(typed(rows), QualityVerdicts.from_dict(q))
     by = {v.strategy: v for v in advise(judged, Constraints()).verdicts}
     assert "dominated by lean" in by["adafactor"].reason and "quality unknown" in by["adafactor"].reason
     assert "dominated by lean (no slower, no more memory, its quality measured)" in by["slow"].reason, (
@@ -169,7 +169,7 @@ def test_a_row_the_quality_phase_did_not_train_wins_nothing_on_quality():
     # lean judged worse and excluded by the quality floor: adafactor's quality is unknown, so it cannot be
     # shown no worse than the baseline: both are on the front; adafactor wins on time, said to have no verdict
     q["rows"][1] |= {"verdict": "worse", "values": [30, 32], "mean": 31, "low": 30, "high": 32}
-    tight = advise(with_quality(typed(rows), q)[0], Constraints(max_quality_drop=5.0))
+    tight = advise(with_quality(typed(rows), QualityVerdicts.from_dict(q))[0], Constraints(max_quality_drop=5.0))
     assert tight.recommended == "adafactor" and any("no quality verdict" in n for n in tight.notes)
     assert {v.strategy for v in tight.verdicts if v.pareto} == {"adafactor", "baseline"}
     assert "neither's quality known" in next(v.reason for v in tight.verdicts if v.strategy == "slow")

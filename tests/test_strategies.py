@@ -139,7 +139,7 @@ def test_a_study_with_a_missing_package_stops_before_writing(tmp_path, cls_csv, 
     """On a CUDA device without bitsandbytes, adamw_8bit is an error naming the extra, before any file."""
     import importlib.util
 
-    import trainwise.study as study
+    import trainwise.study.prepare as study
 
     from .conftest import tiny_study
 

@@ -11,8 +11,10 @@ import pytest
 
 from trainwise.cli import main
 from trainwise.launcher import launch
-from trainwise.report.write import caption, read_rows
-from trainwise.study import aggregate, run_study
+from trainwise.report.write import caption
+from trainwise.study.aggregate import aggregate
+from trainwise.study.run import run_study
+from trainwise.study.store import read_rows
 
 from .conftest import tiny_study
 
@@ -354,7 +356,7 @@ def test_a_study_grows_by_rows_and_is_replaced_only_when_asked(tmp_path, cls_csv
     import trainwise
     from trainwise.api.render import Render
     from trainwise.errors import ConfigError
-    from trainwise.study import Store
+    from trainwise.study.store import Store
 
     out = tmp_path / "study"
     ran: list[tuple[str, bool]] = []

@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from trainwise.advise import Constraints, advise, read_results
+from trainwise.advise import Constraints, advise
 from trainwise.api.quality import candidates
 from trainwise.api.studies import advise_study
 from trainwise.api.study import Study
 from trainwise.report import terminal
-from trainwise.report.write import markdown, read_rows, write_reports
+from trainwise.report.write import markdown
 from trainwise.results import StudyRow
-from trainwise.study import Report
+from trainwise.study.aggregate import Report
+from trainwise.study.store import read_results, read_rows, write_reports
 
 DATA = Path(__file__).parent / "data" / "study_rows"
 STUDIES = ["real", "synthetic"]

@@ -256,7 +256,8 @@ def test_train_plan_takes_advises_pick_and_the_settings_of_a_compare_study(tmp_p
     compare += ["--batch-size", "4", "--max-length", "24", "--max-steps", "3", "--warmup-steps", "1"]
     compare += ["--eval-samples", "8", "--device", "cpu", "--no-remeasure"]
     assert main([*compare, "--out", str(study)]) == 0
-    from trainwise.advise import Constraints, advise, read_results
+    from trainwise.advise import Constraints, advise
+    from trainwise.study.store import read_results
 
     pick = advise(read_results(study), Constraints()).recommended
     capsys.readouterr()

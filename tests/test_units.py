@@ -15,7 +15,7 @@ from trainwise.measure.timing import StepTimes, percentile, summarize_steps
 from trainwise.models import PRESETS, bundled_minilm_dir, resolve_model
 from trainwise.report.format import cells, headers, human_bytes
 from trainwise.results import StudyRow, TrialResult
-from trainwise.study import aggregate
+from trainwise.study.aggregate import aggregate
 
 
 def aggregate_of(texts: list[str], results: list[TrialResult]) -> list[StudyRow]:
@@ -229,7 +229,7 @@ def test_results_json_keeps_its_rows_readable_before_and_after_the_settings(tmp_
     """results.json is {"study": ..., "rows": [...]} now; one written as a bare list of rows still reads."""
     import json
 
-    from trainwise.report.write import read_rows
+    from trainwise.study.store import read_rows
 
     rows = [{"strategy": "baseline", "status": "ok"}]
     (tmp_path / "old.json").write_text(json.dumps(rows))

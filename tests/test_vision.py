@@ -11,8 +11,8 @@ import torch
 from trainwise.cli import main
 from trainwise.config import StudyConfig
 from trainwise.errors import ConfigError
-from trainwise.report.write import read_rows
-from trainwise.study import prepare_study
+from trainwise.study.prepare import prepare_study
+from trainwise.study.store import read_rows
 from trainwise.trial import run_trial
 from trainwise.vision import ResNeXt, load_image_data
 

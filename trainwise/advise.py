@@ -12,13 +12,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
-from trainwise.errors import ConfigError, check_number, read_json
+from trainwise.errors import ConfigError, check_number
 from trainwise.measure.memory import CUDA_CONTEXT_BYTES
-from trainwise.quality import NOT_SIGNIFICANT, unlearned
+from trainwise.quality import NOT_SIGNIFICANT, QualityVerdicts, unlearned
 from trainwise.report.format import RANDOM_INIT_NOTE, human_bytes
-from trainwise.report.write import read_progress, rows_of
 from trainwise.results import StudyRow
 from trainwise.units import parse_bytes, parse_seconds
 
@@ -292,77 +290,47 @@ def quality_caution(best: StudyRow, reference: StudyRow) -> str | None:
     )
 
 
-# ---- a study on disk -----------------------------------------------------------------------------
-
-
-def read_results(study: Path) -> list[StudyRow]:
-    """A study's results.json rows, typed (ConfigError when it is missing or not one)."""
-    path = study / "results.json"
-    if study.exists() and not study.is_dir():
-        raise ConfigError(f"{study}: not a study directory (a file); give the --out of `trainwise compare`")
-    if not path.is_file():
-        raise ConfigError(f"{study}: no results.json; run `trainwise compare --out {study}` first, or add --run")
-    rows = rows_of(read_json(path, "a trainwise results file"))
-    if not isinstance(rows, list) or not all(isinstance(r, dict) and "strategy" in r for r in rows):
-        raise ConfigError(f"{path}: not a trainwise results file (expected a list of rows with 'strategy')")
-    return [StudyRow.from_dict(r) for r in rows]
-
-
-def partial_note(study: Path) -> str | None:
-    """A line saying the study is partial (killed or still running), or None when it is whole."""
-
-    progress = read_progress(study)
-    if progress is None or progress[0] >= progress[1]:
-        return None
-    done, total = progress
-    return (
-        f"{study} is partial: {done} of {total} trials finished (interrupted, or still running); "
-        "the same compare command finishes it"
-    )
-
-
-def study_row(study: Path, name: str | None, flag: str = "--study") -> StudyRow:
-    """A finished study's results entry for a row (its table name or its row text), or the one advise
-    recommends (objective time, no constraints) when `name` is None."""
-    rows = read_results(study)
+def pick(rows: list[StudyRow], name: str | None, where: str) -> StudyRow:
+    """A study's row by its table name or its row text, or the one advise recommends (objective time, no
+    constraints) when `name` is None; ConfigError naming `where` (e.g. "--study runs/x") when there is none."""
     if name is None:
         advice = advise(rows, Constraints())
         if advice.recommended is None:
-            raise ConfigError(f"{flag} {study}: no row finished ok; pass --strategies")
+            raise ConfigError(f"{where}: no row finished ok; pass --strategies")
         name = advice.recommended
     found = next((r for r in rows if r.strategy == name), None) or next((r for r in rows if r.row == name), None)
     if found is None:
-        raise ConfigError(f"{flag} {study}: no row {name!r}; its rows: {', '.join(r.strategy for r in rows)}")
+        raise ConfigError(f"{where}: no row {name!r}; its rows: {', '.join(r.strategy for r in rows)}")
     return found
 
 
-def with_quality(rows: list[StudyRow], verdicts: dict) -> tuple[list[StudyRow], str]:
+def with_quality(rows: list[StudyRow], verdicts: QualityVerdicts) -> tuple[list[StudyRow], str]:
     """Rows whose quality is the quality phase's (quality/quality.json), not the speed trials': a row's
     metric becomes its seeds' mean, or the baseline's when the difference is not significant (so it
     neither dominates nor is excluded by --max-quality-drop on noise); rows the phase did not train
     have no quality. Returns the rows and a note saying so."""
 
-    by_row = {q["strategy"]: q for q in verdicts["rows"]}
-    reference = next((q for q in verdicts["rows"] if q["verdict"] == "reference"), None)
+    by_row = {q.strategy: q for q in verdicts.rows}
+    reference = next((q for q in verdicts.rows if q.verdict == "reference"), None)
     out = []
     for r in rows:
         q = by_row.get(r.row_text)
         if q is None:
             out.append(dataclasses.replace(r, metric=None))
             continue
-        metric = reference["mean"] if q["verdict"] == NOT_SIGNIFICANT and reference is not None else q["mean"]
-        verdict = f"{q['verdict']} ({q['low']:.2f}-{q['high']:.2f} over {len(q['values'])} seeds)"
+        metric = reference.mean if q.verdict == NOT_SIGNIFICANT and reference is not None else q.mean
+        verdict = f"{q.verdict} ({q.low:.2f}-{q.high:.2f} over {len(q.values)} seeds)"
         out.append(dataclasses.replace(r, metric=metric, quality_verdict=verdict))
-    steps = verdicts["rows"][0]["steps"] if verdicts["rows"] else 0
+    steps = verdicts.rows[0].steps if verdicts.rows else 0
     note = (
-        f"quality from the quality phase ({steps} steps x {verdicts['seeds']} seeds) for "
+        f"quality from the quality phase ({steps} steps x {verdicts.seeds} seeds) for "
         + ", ".join(by_row)
         + "; a difference its test does not call (seeds' ranges with 2 seeds, Welch's t with 3 or more) counts as "
         "none; the other rows' short-trial quality is not used"
     )
 
-    means = [q["mean"] for q in verdicts["rows"]]
-    majority = verdicts["rows"][0].get("majority") if verdicts["rows"] else None
+    means = [q.mean for q in verdicts.rows]
+    majority = verdicts.rows[0].majority if verdicts.rows else None
     if (line := unlearned(means, majority)) is not None:
         note += f"; but {line}"
     return out, note

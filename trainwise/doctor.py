@@ -28,7 +28,8 @@ from trainwise.measure import device as dev
 from trainwise.measure import flops
 from trainwise.measure.env import environment, package_version
 from trainwise.results import TrialResult
-from trainwise.study import prepare_study, resolve_device, run_study
+from trainwise.study.prepare import prepare_study, resolve_device
+from trainwise.study.run import run_study
 
 VERDICTS = ("ok", "emulated", "inert", "unsupported", "failed")
 LIBRARIES = ("torch", "transformers", "accelerate", "deepspeed", "bitsandbytes", "peft", "flash-attn", "triton")

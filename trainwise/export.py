@@ -33,7 +33,7 @@ from pathlib import Path
 import yaml
 
 from trainwise import strategies
-from trainwise.advise import partial_note, study_row
+from trainwise.advise import pick
 from trainwise.config import DataOrigin, TrialSettings, TrialSpec, check_nproc
 from trainwise.data.chat import trl_labels_as_ours
 from trainwise.errors import ConfigError, check_number
@@ -49,6 +49,7 @@ from trainwise.models import (
 )
 from trainwise.strategies.base import ExportDoc
 from trainwise.strategies.plan import TrialPlan
+from trainwise.study.store import MARK, Store, check_ours, mark, partial_note, read_results
 
 TRL_VERSION = "1.16.0"  # the TRL that sft_train.py is written for and tested with (trainwise[sft])
 AUTO_CLASSES = {"seq2seq": "AutoModelForSeq2SeqLM", CAUSAL_LM: "AutoModelForCausalLM"}
@@ -529,7 +530,6 @@ def write_export(plan: TrialPlan, s: RunSettings, out: Path, force: bool = False
     A script that cannot train the plan as trainwise does is not written (a note says why); with none left, the
     export is refused. An earlier export's files that this one does not write are removed from a directory of
     trainwise's, so that none is left to train something else."""
-    from trainwise.study import MARK, check_ours, mark  # heavy: trainwise.study loads numpy
 
     check_ours(out, force)
     doc = export_doc(plan, s)
@@ -697,11 +697,10 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
     labels: tuple[str, ...] = ()
     if cfg.study is not None:
         from trainwise.data.prepared import read_labels  # heavy: trainwise.data.prepared loads torch
-        from trainwise.study import Store  # heavy: trainwise.study loads numpy
 
         store = Store.of(Path(cfg.study))
         try:
-            entry = study_row(Path(cfg.study), cfg.strategies)
+            entry = pick(read_results(Path(cfg.study)), cfg.strategies, f"--study {cfg.study}")
             spec = store.spec(entry.row_text)
             origin = store.origin()
         finally:

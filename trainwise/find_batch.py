@@ -94,7 +94,7 @@ class SearchResult:
 def point_noise(r: TrialResult) -> float | None:
     """How far a size's samples/s may stray by noise alone, relative: `compare`'s noise floor for one repeat
     (twice the standard error of the difference of two median steps, from the step-to-step variation)."""
-    from trainwise.study import noise_floor  # heavy: trainwise.study loads numpy
+    from trainwise.study.aggregate import noise_floor  # heavy: trainwise.study.aggregate loads numpy
 
     return noise_floor(r, [])[0]
 
@@ -260,7 +260,8 @@ def find_batch(
     on_point: Callable[[str], None],
 ) -> FindBatchReport:
     """Prepare the study once (`config(batch size)`: a study of the one row), then search the candidates."""
-    from trainwise.study import prepare_study, refused  # heavy: trainwise.study loads numpy
+    from trainwise.study.prepare import prepare_study  # heavy: trainwise.study.prepare loads numpy
+    from trainwise.study.run import refused  # heavy: trainwise.study.run loads numpy
 
     rows = strategies.parse_rows(row_text, accum_steps)
     if len(rows) != 1:

@@ -10,20 +10,19 @@ Each row gets its metric and evaluation loss over the seeds (mean and range) and
 baseline, "better"/"worse" or "no significant difference". With 2 seeds a difference is called only
 when the seeds' ranges do not overlap (a coarse test, and the table says so); with 3 or more seeds per
 row, by Welch's t-test at the 5% level (two-sided; the seeds' variances need not be equal). The verdicts are
-written to `--out/quality/quality.json`, which `advise` reads instead of the speed trials' quality.
+written to `--out/quality/quality.json` (by trainwise.study.store), which `advise` reads instead of the speed
+trials' quality.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainwise.config import StudyConfig
-from trainwise.errors import ConfigError, read_json
-from trainwise.files import write_atomic
+from trainwise.errors import ConfigError
 from trainwise.strategies.plan import TrialPlan
 
 QUALITY_DIR = "quality"
@@ -61,6 +60,25 @@ class QualityRow:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "mean": self.mean, "low": self.low, "high": self.high, "eval_loss": self.eval_loss}
+
+
+@dataclass(frozen=True)
+class QualityVerdicts:
+    """The quality phase's verdicts (OUT/quality/quality.json, read and written by trainwise.study.store):
+    per row its seeds' metric and the verdict against the baseline."""
+
+    seeds: int
+    rows: list[QualityRow]
+
+    def to_dict(self) -> dict:
+        return {"seeds": self.seeds, "rows": [r.to_dict() for r in self.rows]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> QualityVerdicts:
+        names = {f.name for f in dataclasses.fields(QualityRow)}  # mean/low/high/eval_loss: derived
+        unsaid = {"metric_name": "", "eval_losses": [], "random_init": False}  # a hand-written file may leave out
+        rows = [QualityRow(**{**unsaid, **{k: v for k, v in r.items() if k in names}}) for r in d["rows"]]
+        return cls(int(d["seeds"]), rows)
 
 
 # Student's t, two-sided 95% (the 0.975 quantile), for 1..30 degrees of freedom; the normal's beyond
@@ -156,16 +174,3 @@ def unlearned(means: list[float], majority: float | None) -> str | None:
         f"no candidate beats always answering the commonest class ({majority:.1f}%): the phase did not learn the "
         "task, so these verdicts compare nothing; raise --quality-steps (or --lr)"
     )
-
-
-def write(out: Path, rows: list[QualityRow], seeds: int) -> Path:
-    path = out / "quality.json"
-    write_atomic(path, json.dumps({"seeds": seeds, "rows": [r.to_dict() for r in rows]}, indent=1))
-    return path
-
-
-def read(study: Path) -> dict | None:
-    """A study's quality verdicts (its --out/quality/quality.json), or None when it has none."""
-
-    path = study / QUALITY_DIR / "quality.json"
-    return read_json(path, "a trainwise quality file") if path.is_file() else None

@@ -41,7 +41,7 @@ from trainwise.errors import ConfigError, RunFailed
 from trainwise.files import failed, free_space, human_bytes, plain_modes, refused_by, tree_bytes, write_atomic, writing
 from trainwise.launcher import run_child
 from trainwise.lifeline import die_with_parent
-from trainwise.study import hold
+from trainwise.study.store import hold
 from trainwise.tracking import Tracker
 from trainwise.worker import _emitter
 

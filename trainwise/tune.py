@@ -37,6 +37,7 @@ from trainwise.space import (
     load_space,
     sample,
 )
+from trainwise.study.store import hold
 
 
 def make_sampler(search: str, seed: int, n_trials: int):
@@ -268,7 +269,7 @@ def tune(
     cfg: TuneConfig, study: StudyConfig, price, on_status: Callable[[str], None], on_line: Callable[[str], None]
 ) -> tuple[TuneResult, dict]:
     """Check, prepare the data once, search; returns the result and tune_result.json's content (cost too)."""
-    from trainwise.study import hold, prepare_study  # heavy: trainwise.study loads numpy
+    from trainwise.study.prepare import prepare_study  # heavy: trainwise.study.prepare loads numpy
     from trainwise.train import check_one_process  # heavy: trainwise.train loads torch and transformers
 
     check_task(list(cfg.params), study.task)

@@ -6,11 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainwise.advise import Advice, partial_note
+from trainwise.advise import Advice
 from trainwise.api import compare
 from trainwise.api.options import AdviseOptions
 from trainwise.api.render import STDERR, Render
 from trainwise.api.studies import advise_study
+from trainwise.study.store import partial_note
 
 
 def start(options: AdviseOptions, render: Render | None = STDERR) -> Advice:

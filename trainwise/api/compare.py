@@ -13,14 +13,13 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from trainwise.advise import read_results
 from trainwise.api.options import CompareOptions
 from trainwise.api.render import STDERR, Render
 from trainwise.api.study import Study
 from trainwise.config import IMAGE_TASK, StudyConfig
 from trainwise.errors import ConfigError
 from trainwise.launcher import launch
-from trainwise.report.write import STUDY_FILE, read_trial_keys
+from trainwise.study.store import STUDY_FILE, Store, keep_reports, read_results, read_trial_keys
 
 
 def run(
@@ -33,7 +32,9 @@ def run(
     """Prepare, run (or resume) and report a study, then its quality phase (steps, seeds). RunFailed when
     the study ran and no trial produced a result. `options`, when given, are saved as the study's file."""
     from trainwise.api.quality import run_quality  # heavy: trainwise.api.quality loads numpy
-    from trainwise.study import check_some_ok, prepare_study, report, run_study  # heavy: trainwise.study loads numpy
+    from trainwise.study.aggregate import check_some_ok, report  # heavy: trainwise.study.aggregate loads numpy
+    from trainwise.study.prepare import prepare_study  # heavy: trainwise.study.prepare loads numpy
+    from trainwise.study.run import run_study  # heavy: trainwise.study.run loads numpy
 
     render = Render.of(render)
     with render.status(f"trainwise compare: validating input, preparing data and model ({cfg.task})..."):
@@ -105,7 +106,6 @@ def over_study(options: CompareOptions, note=lambda _line: None) -> CompareOptio
 
 def _replace(options: CompareOptions, note) -> CompareOptions:
     """--replace: the study in --out keeps its reports aside (OUT/replaced/N/), and this run becomes its study."""
-    from trainwise.study import keep_reports  # heavy: trainwise.study loads numpy
 
     kept = keep_reports(Path(options.out))
     note(f"trainwise: note: {options.out}: this run replaces its study; the report it had is in {kept}")
@@ -122,9 +122,8 @@ def _stored_options(options: CompareOptions) -> CompareOptions | None:
         return CompareOptions.of({}, out / STUDY_FILE)
     if not (out / "study.sqlite").is_file():
         return None
-    # heavy: trainwise.study loads numpy; trainwise.models resolves the model (a study without its file only)
+    # heavy: trainwise.models resolves the model (a study without its file only)
     from trainwise.models import resolve_model
-    from trainwise.study import Store
 
     store = Store(out / "study.sqlite", write=False, keys=read_trial_keys(out))
     try:
@@ -152,7 +151,7 @@ def _changed(options: CompareOptions, stored: CompareOptions) -> list[str]:
     """`options.changed(stored)`, with device auto read as the device it resolves to here (a study run with
     auto on a CPU machine and one with --device cpu measure the same)."""
     if "auto" in (options.device, stored.device) and options.device != stored.device:
-        from trainwise.study import resolve_device  # heavy: trainwise.study loads numpy (and torch)
+        from trainwise.study.prepare import resolve_device  # heavy: trainwise.study.prepare loads numpy (and torch)
 
         here = resolve_device("auto")[0]
         options, stored = (

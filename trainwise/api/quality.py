@@ -1,5 +1,5 @@
 """The quality phase as a call: the speed study's candidates trained longer, with seeds, and their verdicts
-(the statistics and the files are `trainwise.quality`)."""
+(the statistics are `trainwise.quality`, the file `trainwise.study.store`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from trainwise import quality
 from trainwise.advise import Constraints, advise
 from trainwise.config import StudyConfig
 from trainwise.results import StudyRow
-from trainwise.study import prepare_study, run_study
+from trainwise.study.prepare import prepare_study
+from trainwise.study.run import run_study
+from trainwise.study.store import write_quality
 
 
 def candidates(table: list[StudyRow]) -> list[str]:
@@ -31,6 +33,6 @@ def run_quality(cfg: StudyConfig, table: list[StudyRow], steps: int, seeds: int,
         trials = run_study(prepared, launch, on_event, on_done)
     s = prepared.specs[0].settings
     found = quality.verdicts(trials, s.model_kind == "preset" and s.task != "image-classification")
-    quality.write(prepared.out, found, seeds)
+    write_quality(prepared.out, quality.QualityVerdicts(seeds, found))
     on_table(found, seeds)
     return found

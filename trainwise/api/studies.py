@@ -8,17 +8,15 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-from trainwise import quality
-from trainwise.advise import Advice, Constraints, needs, partial_note, read_results, study_row, with_quality
+from trainwise.advise import Advice, Constraints, needs, pick, with_quality
 from trainwise.advise import advise as rank
 from trainwise.config import TrialSpec
 from trainwise.errors import ConfigError
 from trainwise.estimate import calibrate, estimate_plan, largest_batch, runtime_overhead, shape_of
 from trainwise.models import ModelSource, model_config
-from trainwise.report.write import read_trial_keys
 from trainwise.results import StudyRow
 from trainwise.strategies.plan import TrialPlan
-from trainwise.study import Store, check_ours
+from trainwise.study.store import Store, check_ours, partial_note, read_quality, read_results, read_trial_keys
 
 
 def advise_study(studies: Path | list[Path], constraints: Constraints) -> Advice:
@@ -39,7 +37,7 @@ def advise_study(studies: Path | list[Path], constraints: Constraints) -> Advice
         def named(n: str, label: str = label) -> str:
             return n if len(paths) == 1 else f"{label}/{n}"
 
-        if (verdicts := quality.read(path)) is not None:
+        if (verdicts := read_quality(path)) is not None:
             own, note = with_quality(own, verdicts)
             notes.append(note if len(paths) == 1 else f"{label}: {note}")
         if constraints.memory_budget_bytes is not None:
@@ -160,7 +158,7 @@ def study_spec(
         on_note(f"trainwise: note: {partial}")
     store = Store.of(study, "--plan")
     try:
-        entry = study_row(study, name, "--plan")
+        entry = pick(read_results(study), name, f"--plan {study}")
         if name is None:
             on_note(f"trainwise train: {entry.strategy!r}, the plan advise recommends in {study}")
         spec = store.spec(entry.row_text)

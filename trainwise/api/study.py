@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from trainwise.advise import read_results
 from trainwise.api.export import export
 from trainwise.api.options import CONSTRAINTS, AdviseOptions
 from trainwise.errors import check_names
 from trainwise.results import StudyRow
+from trainwise.study.store import read_results, read_settings
 
 # the columns a notebook shows first (the rest stay in to_pandas())
 SHOWN = ("strategy", "status", "step_time_s", "samples_per_s", "rel_time", "peak_mem_bytes", "rel_mem", "metric")
@@ -32,8 +31,7 @@ class Study:
     def settings(self) -> dict:
         """results.json's `study` object ({} for a study written before it was stored)."""
 
-        payload = json.loads((self.path / "results.json").read_text(encoding="utf-8"))
-        return payload.get("study") or {} if isinstance(payload, dict) else {}
+        return read_settings(self.path)
 
     def to_pandas(self) -> Any:
         """One DataFrame row per study row and batch cell, its columns results.json's keys; nested fields

@@ -27,7 +27,7 @@ def start(options: TrainOptions, render: Render | None = STDERR):
             raise ConfigError(f"--plan takes the model, data and settings from the study: leave out {', '.join(given)}")
         spec = study_spec(Path(options.plan_study), options.strategies, render.note, Path(options.out), options.force)
     else:
-        from trainwise.study import prepare_study  # heavy: trainwise.study loads numpy
+        from trainwise.study.prepare import prepare_study  # heavy: trainwise.study.prepare loads numpy
 
         cfg = options.plan_config()
         with render.status("trainwise train: validating input, preparing data and model..."):

@@ -216,7 +216,7 @@ def doctor(o: api.DoctorOptions, as_json: bool) -> None:
 def env(o: api.EnvOptions, _json: bool) -> None:
     """Print the environment trainwise records beside every figure."""
     from trainwise.report import terminal  # start-up: rich
-    from trainwise.study import resolve_device  # heavy: loads numpy
+    from trainwise.study.prepare import resolve_device  # heavy: loads numpy
 
     resolved, caps = resolve_device(o.device)
     terminal.out.print_json(json.dumps({**environment(resolved), "capabilities": sorted(caps)}))

@@ -1,19 +1,13 @@
-"""Write results.json, results.csv, report.md and chart.png into the study's --out directory."""
+"""A study's table rendered as results.csv, report.md and chart.png (trainwise.study.store writes them)."""
 
 from __future__ import annotations
 
 import csv
 import io
-import json
 from pathlib import Path
-from typing import Any
 
-from trainwise.files import writing
 from trainwise.report.format import cells, footnotes, has_loss_share, has_rss, headers, notes, quality
 from trainwise.results import StudyRow
-
-STUDY_FILE = "study.yaml"  # the options a study ran with (`compare --config` reruns it; trainwise.api writes it)
-PROGRESS = "progress.json"  # how many of the study's trials the reports hold, and which (their store keys)
 
 CSV_FIELDS = [
     "strategy",
@@ -49,77 +43,14 @@ CSV_FIELDS = [
 ]
 
 
-def write_reports(
-    out: Path,
-    table: list[StudyRow],
-    title: str,
-    done: int | None = None,
-    total: int | None = None,
-    study: dict | None = None,
-    trials: list[str] | None = None,
-) -> list[Path]:
-    """Every file replaced whole: all of them are written aside first and renamed into place only when
-    each was written, so a reader, a kill or a full disk never leaves half of one (a set of reports that
-    disagree only if a rename itself fails, which needs no space). `study` (the run's settings:
-    `study_settings`) opens report.md, sits beside the rows in results.json and captions the chart.
-    `progress.json` says how many of the study's trials are in them (a killed study's reports are
-    partial), and which: `trials`, their keys in the store (which may hold trials of other settings)."""
-    paths = [out / "results.json", out / "results.csv", out / "report.md", out / "chart.png"]
-    entries = [e.to_dict() for e in table]
+def csv_text(table: list[StudyRow]) -> str:
+    """results.csv: one line per row, the columns a spreadsheet needs (causal LMs: and the loss-token share)."""
     rows = io.StringIO()
     columns = CSV_FIELDS + (["loss_token_share"] if has_loss_share(table) else [])  # causal-lm studies
     writer = csv.DictWriter(rows, fieldnames=columns, extrasaction="ignore")
     writer.writeheader()
-    writer.writerows(entries)
-    texts = {
-        paths[0]: json.dumps({"study": study or {}, "rows": entries}, indent=1, default=str),
-        paths[1]: rows.getvalue(),
-        paths[2]: markdown(table, title, study),
-    }
-    if done is not None and total is not None:
-        texts[out / PROGRESS] = json.dumps({"done": done, "total": total, "trials": trials or []})
-    tmps = {path: path.with_name(f".{path.stem}.tmp{path.suffix}") for path in [*texts, paths[3]]}
-    for path, text in texts.items():
-        with writing(path, *tmps.values()):
-            tmps[path].write_text(text, encoding="utf-8")
-    with writing(paths[3], *tmps.values()):
-        chart(table, tmps[paths[3]], title, caption(study))
-    for path, tmp in tmps.items():
-        with writing(path, *tmps.values()):
-            tmp.replace(path)
-    return paths
-
-
-def read_rows(path: Path) -> Any:
-    """The rows of a results.json as the file holds them (`rows_of` its content): dicts, keys as written.
-    Typed (StudyRow): `trainwise.advise.read_results` on the study's directory."""
-    return rows_of(json.loads(path.read_text(encoding="utf-8")))
-
-
-def rows_of(payload: Any) -> Any:
-    """A results.json's rows: its `rows` beside the `study` settings, or the bare list a study wrote
-    before the settings were stored; anything else is returned whole for the caller to refuse."""
-    if isinstance(payload, dict) and isinstance(payload.get("rows"), list):
-        return payload["rows"]
-    return payload
-
-
-def read_progress(study: Path) -> tuple[int, int] | None:
-    """(trials done, trials in the study), or None when the study does not say (written before it did)."""
-    try:
-        progress = json.loads((study / PROGRESS).read_text(encoding="utf-8"))
-        return int(progress["done"]), int(progress["total"])
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
-        return None
-
-
-def read_trial_keys(study: Path) -> list[str] | None:
-    """The store keys of the trials a study's reports hold, or None when it does not say (written before)."""
-    try:
-        keys = json.loads((study / PROGRESS).read_text(encoding="utf-8"))["trials"]
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
-        return None
-    return [str(k) for k in keys] if isinstance(keys, list) and keys else None
+    writer.writerows(e.to_dict() for e in table)
+    return rows.getvalue()
 
 
 def settings_block(study: dict | None) -> list[str]:

@@ -29,9 +29,9 @@ from trainwise.config import Cell, Sweep, TrialSettings, TrialSpec
 from trainwise.cost import Price
 from trainwise.report import terminal
 from trainwise.report.format import add_cost
-from trainwise.report.write import read_rows, write_reports
 from trainwise.results import TrialResult
-from trainwise.study import Report, aggregate
+from trainwise.study.aggregate import Report, aggregate
+from trainwise.study.store import read_rows, write_reports
 
 CONSTRAINTS = {
     "time": dict(objective="time"),
@@ -104,8 +104,8 @@ def synthetic(out: Path) -> None:
 def golden(study: Path, golden_dir: Path) -> None:
     """What this commit makes of a results.json: the reports re-rendered from its rows, the terminal table,
     advise under several constraints, the quality phase's candidates."""
-    from trainwise.advise import read_results
     from trainwise.report.write import markdown
+    from trainwise.study.store import read_results
 
     golden_dir.mkdir(parents=True, exist_ok=True)
     payload = json.loads((study / "results.json").read_text(encoding="utf-8"))

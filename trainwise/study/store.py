@@ -1,0 +1,372 @@
+"""Everything a study keeps on disk, and the only code that reads or writes it: the directory (ours, locked,
+removed under us), the SQLite store of finished trials, the data files, the reports (results.json rows,
+results.csv, report.md, chart.png, progress.json: written whole, read back typed), the options file (study.yaml)
+and the quality phase's verdicts (quality/quality.json)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import shutil
+import sqlite3
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from trainwise.config import DataOrigin, TrialSpec
+from trainwise.errors import ConfigError, read_json
+from trainwise.files import failed, write_atomic, writing
+from trainwise.quality import QualityVerdicts
+from trainwise.report.write import caption, chart, csv_text, markdown
+from trainwise.results import StudyRow, TrialResult
+
+RESULTS = "results.json"  # the table's rows (StudyRow) beside the study's settings (`study`)
+STUDY_FILE = "study.yaml"  # the options a study ran with (`compare --config` reruns it; trainwise.api writes it)
+PROGRESS = "progress.json"  # how many of the study's trials the reports hold, and which (their store keys)
+QUALITY = "quality/quality.json"  # the quality phase's verdicts (its own study is in OUT/quality/)
+MARK = ".trainwise"  # in every --out trainwise writes: what is there is ours to replace
+REPLACED = "replaced"  # OUT/replaced/N/: the reports of a study --replace replaced
+# what a study's report is (its files, and its quality phase's verdicts): kept whole when it is replaced
+REPORTS = (RESULTS, "results.csv", "report.md", "chart.png", PROGRESS, STUDY_FILE, QUALITY)
+
+
+def check_ours(out: Path, force: bool) -> None:
+    """--out must be a directory this process can write (or one it can create), and one trainwise wrote:
+    an --out that exists with files trainwise did not write is the user's, refused unless --force."""
+    _check_writable(out)
+    if force or not out.is_dir():
+        return
+    entries = sorted(p.name for p in out.iterdir())
+    ours = MARK in entries or "study.sqlite" in entries or (out / "data" / "labels.json").is_file()
+    if entries and not ours:
+        shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+        raise ConfigError(
+            f"--out {out} holds files trainwise did not write ({shown}); choose another --out, "
+            "or pass --force to write into it"
+        )
+
+
+def keep_reports(out: Path) -> Path:
+    """Before a study of other settings replaces the one in `out` (--replace): its reports, copied as they
+    are into OUT/replaced/N/ (the next free N). Its trials stay in the store, keyed by their settings, so
+    its study file run again with --replace brings its report back without running a trial."""
+    n = 1
+    while (out / REPLACED / str(n)).exists():
+        n += 1
+    kept = out / REPLACED / str(n)
+    with writing(kept, kept):
+        for name in REPORTS:
+            if (out / name).is_file():
+                (kept / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(out / name, kept / name)
+    return kept
+
+
+def mark(out: Path) -> None:
+    """Mark `out` as trainwise's, in place: `hold` locks this file, and a rename would swap the inode a
+    running command holds its lock on."""
+    with writing(out / MARK), open(out / MARK, "a+") as f:
+        if f.tell() == 0:
+            f.write("written by trainwise\n")
+
+
+@contextlib.contextmanager
+def hold(out: Path) -> Iterator[None]:
+    """Run a command's trials (or its training) in `out` alone: a second trainwise command on the same
+    --out, while this one runs, is refused in one line rather than sharing trial directories and the
+    store. An advisory lock (flock) on the folder's mark file; the kernel drops it when the holder dies."""
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out / MARK, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by the trial processes
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(
+                f"--out {out} is in use by another trainwise command running now; wait for it to end, "
+                "or choose another --out"
+            ) from None
+        if os.fstat(fd).st_size == 0:
+            with writing(out / MARK):
+                os.write(fd, b"written by trainwise\n")
+        yield
+    finally:
+        os.close(fd)
+
+
+def _check_writable(out: Path) -> None:
+    """Tried for real (a temporary file in the nearest existing folder, removed at once): permission bits
+    say nothing for root, and /proc or a read-only mount refuse writes whatever they say."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a directory; choose a directory")
+    probe = out
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"--out {out}: {probe} is a file, not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as e:
+        raise ConfigError(f"--out {out}: cannot write in {probe} ({e.strerror}); choose a writable directory") from None
+
+
+def write_data(out: Path, labels: list, origin: DataOrigin, train: list[dict] | None = None, evals=None) -> Path:
+    """The study's prepared data in OUT/data/ (trials read it: trainwise.data.prepared): its labels, where it came
+    from (origin.json) and, for text, the training and held-out rows (JSON lines). Returns the directory."""
+    data_dir = out / "data"
+    for path, rows in (("train.jsonl", train), ("eval.jsonl", evals)):
+        if rows is not None:
+            write_atomic(data_dir / path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    write_atomic(data_dir / "labels.json", json.dumps(labels))
+    write_atomic(data_dir / "origin.json", json.dumps(dataclasses.asdict(origin)))
+    return data_dir
+
+
+class Store:
+    """The study's embedded SQLite store: one row per finished trial, written as it ends. The only code
+    that reads study.sqlite."""
+
+    VERSION = 1  # PRAGMA user_version of study.sqlite: a store written by a newer trainwise is refused
+
+    def __init__(self, path: Path, flag: str = "--out", write: bool = True, keys: list[str] | None = None):
+        self.path = path
+        # the trials the study's reports hold (progress.json): a store also keeps the trials of the settings a
+        # study ran with before (--replace), and `spec` must answer for the study the reports show
+        self.keys = keys
+        self.check(path, flag)
+        self.db = sqlite3.connect(path)
+        if write:
+            with writing(path):
+                self._create()
+
+    def _create(self) -> None:
+        self.db.execute(
+            "CREATE TABLE IF NOT EXISTS trials (key TEXT PRIMARY KEY, strategy TEXT, repeat INTEGER, "
+            "status TEXT, spec TEXT, result TEXT, finished_at REAL)"
+        )
+        self.db.execute(f"PRAGMA user_version = {self.VERSION}")
+        self.db.commit()
+
+    @classmethod
+    def check(cls, path: Path, flag: str) -> None:
+        """An existing study.sqlite must be a store this trainwise reads (opened read-only: nothing is
+        written); ConfigError when it is damaged, not a database, or from a newer trainwise."""
+        if not path.exists():
+            return
+        try:
+            db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+            try:
+                version = db.execute("PRAGMA user_version").fetchone()[0]
+                tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                if "trials" in tables:
+                    db.execute("SELECT key, strategy, status, spec FROM trials LIMIT 1").fetchall()
+            finally:
+                db.close()
+        except sqlite3.Error as e:
+            raise ConfigError(
+                f"{path} is not a trainwise store ({e}); move it away, or choose another {flag}"
+            ) from None
+        if version > cls.VERSION:
+            raise ConfigError(
+                f"{path} was written by a newer trainwise (store version {version}; this one reads up to "
+                f"{cls.VERSION}): upgrade trainwise to read it"
+            )
+        if tables - {"trials"}:
+            raise ConfigError(
+                f"{path} is not a trainwise store (it holds tables {', '.join(sorted(tables))}); move it away, "
+                f"or choose another {flag}"
+            )
+
+    @classmethod
+    def of(cls, study: Path, flag: str = "--study") -> Store:
+        """The store of a finished compare study (ConfigError when `study` is not one)."""
+        if not (study / "study.sqlite").is_file() or not (study / RESULTS).is_file():
+            raise ConfigError(f"{flag} {study}: not a finished trainwise compare study (no study.sqlite/results.json)")
+        return cls(study / "study.sqlite", flag, write=False, keys=read_trial_keys(study))
+
+    def get(self, key: str) -> TrialResult | None:
+        row = self.db.execute("SELECT result FROM trials WHERE key = ?", (key,)).fetchone()
+        return TrialResult.from_dict(json.loads(row[0])) if row else None
+
+    def put(self, spec: TrialSpec, result: TrialResult) -> None:
+        """Store a finished trial (one transaction: a full disk leaves the store as it was: OutputFailed)."""
+        with writing(self.path):
+            self._put(spec, result)
+
+    def _put(self, spec: TrialSpec, result: TrialResult) -> None:
+        self.db.execute(
+            "INSERT OR REPLACE INTO trials VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                spec.key(),
+                spec.row,
+                spec.repeat,
+                result.status,
+                json.dumps(spec.to_dict()),
+                json.dumps(result.to_dict()),
+                time.time(),
+            ),
+        )
+        self.db.commit()
+
+    def rows(self) -> list[str]:
+        return [r for (r,) in self.db.execute("SELECT strategy FROM trials GROUP BY strategy ORDER BY MIN(rowid)")]
+
+    def spec(self, row: str | None = None) -> TrialSpec | None:
+        """The spec of a trial of `row` (any trial when None): the settings every trial shares, and its plan.
+        One of the trials the reports hold when the store knows them, else the latest stored."""
+        where, args = ("WHERE strategy = ?", [row]) if row is not None else ("WHERE 1", [])
+        if self.keys is not None:
+            where += f" AND key IN ({', '.join('?' * len(self.keys))})"
+            args += self.keys
+        found = self.db.execute(f"SELECT spec FROM trials {where} ORDER BY rowid DESC LIMIT 1", args).fetchone()
+        return None if found is None else TrialSpec.from_dict(json.loads(found[0]))
+
+    def origin(self) -> DataOrigin | None:
+        """Where the study's data came from (None for a study written before trainwise recorded it)."""
+        return read_origin(self.path.parent)
+
+    def close(self) -> None:
+        self.db.close()
+
+
+Trials = list[tuple[TrialSpec, TrialResult]]
+
+
+def still_there(out: Path) -> None:
+    """OutputFailed when --out was removed while the command ran: a trial would recreate it empty, and
+    the store, open on the removed file, would keep nothing."""
+    if not (out / MARK).is_file():
+        raise failed(out, "the directory was removed")
+
+
+def read_origin(out: Path) -> DataOrigin | None:
+    """Where the study's data came from (None when it does not say: written before trainwise recorded it)."""
+    try:
+        return DataOrigin.from_dict(json.loads((out / "data" / "origin.json").read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
+# ---- the reports: written whole, read back typed ------------------------------------------------------------
+
+
+def write_reports(
+    out: Path,
+    table: list[StudyRow],
+    title: str,
+    done: int | None = None,
+    total: int | None = None,
+    study: dict | None = None,
+    trials: list[str] | None = None,
+) -> list[Path]:
+    """Every file replaced whole: all of them are written aside first and renamed into place only when
+    each was written, so a reader, a kill or a full disk never leaves half of one (a set of reports that
+    disagree only if a rename itself fails, which needs no space). `study` (the run's settings:
+    `aggregate.study_settings`) opens report.md, sits beside the rows in results.json and captions the chart.
+    `progress.json` says how many of the study's trials are in them (a killed study's reports are
+    partial), and which: `trials`, their keys in the store (which may hold trials of other settings)."""
+    paths = [out / RESULTS, out / "results.csv", out / "report.md", out / "chart.png"]
+    texts = {
+        paths[0]: json.dumps({"study": study or {}, "rows": [e.to_dict() for e in table]}, indent=1, default=str),
+        paths[1]: csv_text(table),
+        paths[2]: markdown(table, title, study),
+    }
+    if done is not None and total is not None:
+        texts[out / PROGRESS] = json.dumps({"done": done, "total": total, "trials": trials or []})
+    tmps = {path: path.with_name(f".{path.stem}.tmp{path.suffix}") for path in [*texts, paths[3]]}
+    for path, text in texts.items():
+        with writing(path, *tmps.values()):
+            tmps[path].write_text(text, encoding="utf-8")
+    with writing(paths[3], *tmps.values()):
+        chart(table, tmps[paths[3]], title, caption(study))
+    for path, tmp in tmps.items():
+        with writing(path, *tmps.values()):
+            tmp.replace(path)
+    return paths
+
+
+def rows_of(payload: Any) -> Any:
+    """A results.json's rows: its `rows` beside the `study` settings, or the bare list a study wrote
+    before the settings were stored; anything else is returned whole for the caller to refuse."""
+    if isinstance(payload, dict) and isinstance(payload.get("rows"), list):
+        return payload["rows"]
+    return payload
+
+
+def read_rows(path: Path) -> Any:
+    """The rows of a results.json as the file holds them: dicts, keys as written (benchmarks read them so).
+    Typed (StudyRow): `read_results` on the study's directory."""
+    return rows_of(json.loads(path.read_text(encoding="utf-8")))
+
+
+def read_results(study: Path) -> list[StudyRow]:
+    """A study's results.json rows, typed (ConfigError when it is missing or not one). A results.json of
+    every earlier release opens: the bare list of rows, and rows without the fields added since."""
+    path = study / RESULTS
+    if study.exists() and not study.is_dir():
+        raise ConfigError(f"{study}: not a study directory (a file); give the --out of `trainwise compare`")
+    if not path.is_file():
+        raise ConfigError(f"{study}: no results.json; run `trainwise compare --out {study}` first, or add --run")
+    rows = rows_of(read_json(path, "a trainwise results file"))
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and "strategy" in r for r in rows):
+        raise ConfigError(f"{path}: not a trainwise results file (expected a list of rows with 'strategy')")
+    return [StudyRow.from_dict(r) for r in rows]
+
+
+def read_settings(study: Path) -> dict:
+    """What the study ran with (results.json's `study` object); {} for a study written before it was stored."""
+    payload = read_json(study / RESULTS, "a trainwise results file")
+    return payload.get("study") or {} if isinstance(payload, dict) else {}
+
+
+def read_progress(study: Path) -> tuple[int, int] | None:
+    """(trials done, trials in the study), or None when the study does not say (written before it did)."""
+    try:
+        progress = json.loads((study / PROGRESS).read_text(encoding="utf-8"))
+        return int(progress["done"]), int(progress["total"])
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return None
+
+
+def read_trial_keys(study: Path) -> list[str] | None:
+    """The store keys of the trials a study's reports hold, or None when it does not say (written before)."""
+    try:
+        keys = json.loads((study / PROGRESS).read_text(encoding="utf-8"))["trials"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return None
+    return [str(k) for k in keys] if isinstance(keys, list) and keys else None
+
+
+def partial_note(study: Path) -> str | None:
+    """A line saying the study is partial (killed or still running), or None when it is whole."""
+    progress = read_progress(study)
+    if progress is None or progress[0] >= progress[1]:
+        return None
+    done, total = progress
+    return (
+        f"{study} is partial: {done} of {total} trials finished (interrupted, or still running); "
+        "the same compare command finishes it"
+    )
+
+
+def write_quality(out: Path, verdicts: QualityVerdicts) -> Path:
+    """The quality phase's verdicts into its study's own directory (OUT/quality/quality.json)."""
+    path = out / Path(QUALITY).name
+    write_atomic(path, json.dumps(verdicts.to_dict(), indent=1))
+    return path
+
+
+def read_quality(study: Path) -> QualityVerdicts | None:
+    """A study's quality verdicts, typed, or None when it has none (ConfigError when the file is not one)."""
+    path = study / QUALITY
+    if not path.is_file():
+        return None
+    try:
+        return QualityVerdicts.from_dict(read_json(path, "a trainwise quality file"))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise ConfigError(f"{path}: not a trainwise quality file (expected seeds and rows)") from None
