@@ -177,18 +177,18 @@ def test_an_unwrapped_refusal_reaching_the_cli_is_one_line_with_the_file(tmp_pat
 
 
 def test_reports_that_cannot_be_written_leave_the_previous_set_whole(tmp_path, monkeypatch):
-    from trainwise.report import write
+    from trainwise.study import store
 
     rows = [StudyRow("baseline", status="error", message="m")]
-    write.write_reports(tmp_path, rows, "t", 1, 2, {"model": "m"})
+    store.write_reports(tmp_path, rows, "t", 1, 2, {"model": "m"})
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
 
     def full(*_a, **_k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(write, "chart", full)
+    monkeypatch.setattr(store, "chart", full)
     with pytest.raises(OutputFailed, match="chart.png"):
-        write.write_reports(tmp_path, [*rows, dataclasses.replace(rows[0], strategy="bf16")], "t", 2, 2, {"model": "m"})
+        store.write_reports(tmp_path, [*rows, dataclasses.replace(rows[0], strategy="bf16")], "t", 2, 2, {"model": "m"})
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before, "no half set, no temporary file"
 
 

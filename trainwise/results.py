@@ -272,7 +272,7 @@ class StudyRow:
     @classmethod
     def from_dict(cls, d: dict) -> StudyRow:
         """A results.json entry, of this version or an older one (absent keys take their defaults; unknown
-        keys go to `extra`). The entry must have a 'strategy' (advise.read_results refuses one without)."""
+        keys go to `extra`). The entry must have a 'strategy' (study.store.read_results refuses one without)."""
         known = _ROW_FIELDS
         extra = {k: v for k, v in d.items() if k not in known}
         if "cost_per_epoch" in d and d.get("cost_note") is None:  # priced, without a note: keep it priced

@@ -19,7 +19,7 @@ from trainwise.api.study import Study
 from trainwise.config import IMAGE_TASK, StudyConfig
 from trainwise.errors import ConfigError
 from trainwise.launcher import launch
-from trainwise.study.store import STUDY_FILE, Store, keep_reports, read_results, read_trial_keys
+from trainwise.study.store import RESULTS, STUDY_FILE, Store, keep_reports, read_results
 
 
 def run(
@@ -74,7 +74,7 @@ def over_study(options: CompareOptions, note=lambda _line: None) -> CompareOptio
     its report: a ConfigError naming them and the ways out, unless --replace, which keeps the report aside
     (OUT/replaced/N/) first. Checked before anything is written (prepare rewrites the study's data)."""
     out = Path(options.out)
-    if not (out / "results.json").is_file():
+    if not (out / RESULTS).is_file():
         return options
     ways_out = (
         f"choose another --out, or pass --replace to make this run its study (its report is kept in "
@@ -120,18 +120,12 @@ def _stored_options(options: CompareOptions) -> CompareOptions | None:
     out = Path(options.out)
     if (out / STUDY_FILE).is_file():
         return CompareOptions.of({}, out / STUDY_FILE)
-    if not (out / "study.sqlite").is_file():
+    spec = Store.spec_of(out)
+    if spec is None:
         return None
     # heavy: trainwise.models resolves the model (a study without its file only)
     from trainwise.models import resolve_model
 
-    store = Store(out / "study.sqlite", write=False, keys=read_trial_keys(out))
-    try:
-        spec = store.spec()
-    finally:
-        store.close()
-    if spec is None:
-        return None
     s = spec.settings
     same = ("task", "accum_steps", "max_length", "max_steps", "warmup_steps", "lr", "seed", "eval_samples", "nproc")
     values = {k: getattr(s, k) for k in same} | {"device": s.device, "profile": s.profile}

@@ -16,7 +16,7 @@ from trainwise.estimate import calibrate, estimate_plan, largest_batch, runtime_
 from trainwise.models import ModelSource, model_config
 from trainwise.results import StudyRow
 from trainwise.strategies.plan import TrialPlan
-from trainwise.study.store import Store, check_ours, partial_note, read_quality, read_results, read_trial_keys
+from trainwise.study.store import Store, check_ours, partial_note, read_quality, read_results
 
 
 def advise_study(studies: Path | list[Path], constraints: Constraints) -> Advice:
@@ -62,13 +62,7 @@ def advise_study(studies: Path | list[Path], constraints: Constraints) -> Advice
 
 def _stored_spec(study: Path):
     """A trial spec from the study's store (None when it has no store or no trial)."""
-    if not (study / "study.sqlite").is_file():
-        return None
-    store = Store(study / "study.sqlite", "STUDY", write=False, keys=read_trial_keys(study))
-    try:
-        return store.spec()
-    finally:
-        store.close()
+    return Store.spec_of(study, "STUDY")
 
 
 def _unset(row: StudyRow, values: dict) -> dict:

@@ -40,7 +40,7 @@ from trainwise.models import (
     train_tokenizer,
 )
 from trainwise.strategies import Row, Support
-from trainwise.study.store import Store, check_ours, mark, write_data
+from trainwise.study.store import STORE, Store, check_ours, mark, write_data
 
 
 def resolve_device(device: str) -> tuple[str, set[str]]:
@@ -178,7 +178,7 @@ def prepare_study(cfg: StudyConfig, on_note: Callable[[str], None] = lambda _lin
     _check_ranks(cfg, device, unsupported)
     out = Path(cfg.out)
     check_ours(out, cfg.force)
-    Store.check(out / "study.sqlite", "--out")  # resuming: a damaged or newer store is refused before any write
+    Store.check(out / STORE, "--out")  # resuming: a damaged or newer store is refused before any write
     if cfg.task == IMAGE_TASK:
         prepared = _prepare_images(cfg, device, unsupported, out)
         return dataclasses.replace(prepared, verdicts=verdicts, recorded=recorded, row_notes=row_notes)

@@ -13,7 +13,7 @@ from trainwise.measure import contention
 from trainwise.results import TrialResult
 from trainwise.strategies import Support
 from trainwise.study.prepare import PreparedStudy
-from trainwise.study.store import Store, Trials, hold, still_there
+from trainwise.study.store import STORE, Store, Trials, hold, still_there
 
 Launch = Callable[[TrialSpec, Path, float, Callable[[dict], None]], TrialResult]
 Events = Callable[[TrialSpec, dict], None]
@@ -59,7 +59,7 @@ def _clock(prepared: PreparedStudy, store: Store) -> projection.Clock:
 
 def _run_trials(prepared: PreparedStudy, launch: Launch, on_event: Events, on_done: Callable, on_stored) -> Trials:
     cfg, out = prepared.config, prepared.out
-    store = Store(out / "study.sqlite")
+    store = Store(out / STORE)
     trials: Trials = []
     try:
         clock = _clock(prepared, store)

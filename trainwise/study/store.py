@@ -25,6 +25,7 @@ from trainwise.quality import QualityVerdicts
 from trainwise.report.write import caption, chart, csv_text, markdown
 from trainwise.results import StudyRow, TrialResult
 
+STORE = "study.sqlite"  # the finished trials (Store)
 RESULTS = "results.json"  # the table's rows (StudyRow) beside the study's settings (`study`)
 STUDY_FILE = "study.yaml"  # the options a study ran with (`compare --config` reruns it; trainwise.api writes it)
 PROGRESS = "progress.json"  # how many of the study's trials the reports hold, and which (their store keys)
@@ -42,7 +43,7 @@ def check_ours(out: Path, force: bool) -> None:
     if force or not out.is_dir():
         return
     entries = sorted(p.name for p in out.iterdir())
-    ours = MARK in entries or "study.sqlite" in entries or (out / "data" / "labels.json").is_file()
+    ours = MARK in entries or STORE in entries or (out / "data" / "labels.json").is_file()
     if entries and not ours:
         shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
         raise ConfigError(
@@ -185,9 +186,21 @@ class Store:
     @classmethod
     def of(cls, study: Path, flag: str = "--study") -> Store:
         """The store of a finished compare study (ConfigError when `study` is not one)."""
-        if not (study / "study.sqlite").is_file() or not (study / RESULTS).is_file():
+        if not (study / STORE).is_file() or not (study / RESULTS).is_file():
             raise ConfigError(f"{flag} {study}: not a finished trainwise compare study (no study.sqlite/results.json)")
-        return cls(study / "study.sqlite", flag, write=False, keys=read_trial_keys(study))
+        return cls(study / STORE, flag, write=False, keys=read_trial_keys(study))
+
+    @classmethod
+    def spec_of(cls, study: Path, flag: str = "--out") -> TrialSpec | None:
+        """A trial spec of the study its reports show (the settings every trial shares), read-only; None when
+        `study` has no store or no trial yet."""
+        if not (study / STORE).is_file():
+            return None
+        store = cls(study / STORE, flag, write=False, keys=read_trial_keys(study))
+        try:
+            return store.spec()
+        finally:
+            store.close()
 
     def get(self, key: str) -> TrialResult | None:
         row = self.db.execute("SELECT result FROM trials WHERE key = ?", (key,)).fetchone()
