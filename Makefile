@@ -31,7 +31,7 @@ test: venv
 
 # minutes, not a quarter of an hour: no trial processes, no torch.compile, no calibration probes
 test-fast: venv
-	$(PY) -m pytest -q -m "not slow and not probe"
+	$(PY) -m pytest -q -m "not slow and not probe and not bench"
 
 lint: venv
 	$(VENV)/bin/ruff check trainwise tests benchmarks

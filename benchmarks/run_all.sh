@@ -10,6 +10,10 @@ TW=.venv/bin/trainwise
 PY=.venv/bin/python
 mkdir -p runs
 
+# §T. the whole of the checks `make test` runs a part of (the `bench` marker, deselected by pyproject's addopts):
+#    doctor training every registry row, the ZeRO contract over every stage and offload
+$PY -m pytest -q -m bench --durations=0 | tee runs/bench-tests.txt
+
 # §A1. make test wall time: see BENCHMARKS.md §A1 (two fresh clones, the commit before issue 12 and HEAD,
 #    run back to back with `python -m pytest -q` on an otherwise idle machine)
 #    and the loop's A/B: in each clone, alternately,

@@ -11,8 +11,6 @@ import pytest
 
 from trainwise.measure.contention import CONTENDED_SHARE, CpuSample, between
 
-from .conftest import tiny_study
-
 
 def _s(at, busy, steal=0.0, own=0.0):
     return CpuSample(at_s=at, busy_s=busy, steal_s=steal, own_s=own)
@@ -74,23 +72,5 @@ def test_a_busy_process_beside_the_measured_one_is_seen():
     assert seen["other_cpu_share"] > CONTENDED_SHARE and seen["contended"] is True, seen
 
 
-@pytest.mark.slow
-def test_a_trial_timed_under_load_is_flagged_in_results_and_table(tmp_path, cls_csv):
-    from trainwise.launcher import launch
-    from trainwise.report.format import cells, notes
-    from trainwise.study.aggregate import aggregate
-    from trainwise.study.run import run_study
-
-    # tiny_study: --retries 0, so the flag itself is checked here (tests/test_device.py checks the re-run)
-    study = tiny_study(tmp_path, cls_csv, "classification", ["baseline"], eval_samples=0, max_steps=40)
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
-    try:
-        trials = run_study(study, launch, lambda spec, e: None, lambda spec, r, cached: None)
-    finally:
-        for p in busy:
-            p.kill()
-    [(_, r)] = trials
-    assert r.status == "ok" and r.contended is True and r.other_cpu_share > CONTENDED_SHARE, r
-    [row] = aggregate(study.cells, trials)
-    assert row.contended is True and cells(row)[7].endswith("(loaded)")
-    assert any(line.startswith("measured under load — timings unreliable") for line in notes([row]))
+# a trial timed under real load, flagged in results, the table and its notes: tests/test_device.py
+# (test_a_trial_contended_by_a_busy_process_is_measured_again, whose first run is loaded)

@@ -356,10 +356,12 @@ def test_wait_quiet_returns_once_a_busy_process_stops():
 
 @pytest.mark.slow
 def test_a_trial_contended_by_a_busy_process_is_measured_again(tmp_path, cls_csv):
-    """A real busy process during the first run of the trial, stopped after it: the study waits for
-    quiet, runs it again, keeps the clean run and counts the discarded one."""
+    """A real busy process during the first run of the trial, stopped after it: the first run is flagged as
+    timed under load (in results, the table and its notes), the study waits for quiet, runs it again, keeps the
+    clean run and counts the discarded one."""
     from trainwise.launcher import launch
-    from trainwise.report.format import notes
+    from trainwise.measure.contention import CONTENDED_SHARE
+    from trainwise.report.format import cells, notes
     from trainwise.study.aggregate import aggregate
     from trainwise.study.run import run_study
 
@@ -379,8 +381,13 @@ def test_a_trial_contended_by_a_busy_process_is_measured_again(tmp_path, cls_csv
         return result
 
     trials = run_study(study, first_run_loaded, lambda spec, e: events.append(e), lambda *_: None)
-    [(_, r)] = trials
-    assert runs[0].contended is True, runs[0]
+    [(spec, r)] = trials
+    loaded = runs[0]
+    assert loaded.status == "ok" and loaded.contended is True and loaded.other_cpu_share > CONTENDED_SHARE, loaded
+    # the run timed under load, had it stayed the row (--retries 0): flagged in the table and its notes
+    [flagged] = aggregate(study.cells, [(spec, loaded)])
+    assert flagged.contended is True and cells(flagged)[7].endswith("(loaded)")
+    assert any(line.startswith("measured under load — timings unreliable") for line in notes([flagged]))
     if runs[-1].contended:  # the machine stayed busy for reasons of its own: up to --retries runs, flagged
         assert len(runs) == 3 and r.contended
         return
@@ -394,17 +401,52 @@ def test_a_trial_contended_by_a_busy_process_is_measured_again(tmp_path, cls_csv
 # ---- trainwise doctor --------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_doctor_gives_every_registry_strategy_a_verdict_on_this_cpu(tmp_path, monkeypatch, capsys):
+# What doctor's trials exercise, one row each: a forked trial (baseline), an emulated precision (bf16), the image
+# task (channels_last), the causal-LM task (packing) and torchrun ranks (zero2). Every other row's trial runs the
+# same launcher on the same presets; all of them run for real in `make bench` (the `bench` case below).
+DOCTOR_SEAMS = frozenset({"baseline", "bf16", "channels_last", "packing", "zero2"})
+
+
+def _trials_only_for(rows: frozenset[str], run_study):
+    """doctor's run_study, launching a real trial only for `rows`; another row stands on its task's baseline's
+    result under its own name (doctor's verdict, table and doctor.json still cover it)."""
+    import dataclasses
+
+    def some(prepared, launch, on_event, on_done):
+        ran: dict = {}
+
+        def launch_some(spec, *where_and_how):
+            if spec.row in rows or "baseline" not in ran:  # each task's baseline comes first
+                ran[spec.row] = launch(spec, *where_and_how)
+                return ran[spec.row]
+            return dataclasses.replace(ran["baseline"], strategy=spec.row, plan=spec.plan.to_dict())
+
+        return run_study(prepared, launch_some, on_event, on_done)
+
+    return some
+
+
+@pytest.mark.parametrize(
+    "real",
+    [
+        pytest.param(DOCTOR_SEAMS, marks=pytest.mark.slow, id="a-trial-per-seam"),
+        pytest.param(None, marks=pytest.mark.bench, id="every-trial"),
+    ],
+)
+def test_doctor_gives_every_registry_strategy_a_verdict_on_this_cpu(tmp_path, monkeypatch, capsys, real):
     """The whole doctor through the CLI, on CPU, with an AVX2-only CPU's flags injected and its measured
     bf16 slowness (a test cannot need that CPU): every strategy has a verdict, bf16 trains and reads
-    emulated with the reason, the CUDA-only ones are unsupported with why, and doctor.json holds the facts."""
+    emulated with the reason, the CUDA-only ones are unsupported with why, and doctor.json holds the facts.
+    CI trains one row per seam (DOCTOR_SEAMS); `make bench` trains every row (two minutes on 2 cores)."""
     import json
 
+    from trainwise import doctor
     from trainwise.cli import main
     from trainwise.doctor import VERDICTS
     from trainwise.study import prepare as study
 
+    if real is not None:
+        monkeypatch.setattr(doctor, "run_study", _trials_only_for(real, doctor.run_study))
     monkeypatch.setenv("TRAINWISE_CPU_FLAGS", "avx2 fma")
     monkeypatch.setattr(study, "precision_ratio", lambda device, precision: 26.0)
     code = main(["doctor", "--device", "cpu", "--out", str(tmp_path)])
@@ -423,6 +465,7 @@ def test_doctor_gives_every_registry_strategy_a_verdict_on_this_cpu(tmp_path, mo
     assert bf16["step_time_s"] > 0, "an emulated precision is still trained by the doctor"
     assert checks[("baseline", "classification")]["verdict"] == "ok"
     assert checks[("channels_last", "image-classification")]["verdict"] == "ok"
+    assert checks[("packing", "causal-lm")]["verdict"] == checks[("zero2", "classification")]["verdict"] == "ok"
     assert report["device"]["injected"] and report["device"]["cpu_flags"] == ["avx2", "fma"]
     assert report["peaks_flops_per_s"]["fp32"] > 1e8 and set(report["precision_ratios"]) == {"bf16", "bf16_pure"}
     assert report["environment"]["torch_version"] and "trainwise doctor" in printed
