@@ -32,7 +32,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from trainwise.config import (
     CAUSAL_LM,
     DEVICES,
     TEXT_TASKS,
+    StudyConfig,
     check_accum,
     check_lm_columns,
     check_nproc,
@@ -51,12 +52,14 @@ from trainwise.errors import ConfigError
 from trainwise.files import write_atomic
 from trainwise.measure.memory import CUDA_CONTEXT_BYTES, AllocatedPeak, rss_bytes
 from trainwise.models import ModelSource, load_tokenizer, meta_model, model_config, train_tokenizer
+from trainwise.option import option, take
 from trainwise.strategies import Row
 from trainwise.strategies.base import MemoryTerms
 from trainwise.strategies.plan import TrialPlan
 from trainwise.strategies.scale import FLAGS, ZERO
 
 GiB = 1024**3
+TEXT_TASK_HELP = "classification, seq2seq or causal-lm (decoder-only LMs)."  # the tasks the estimate models
 DECODER_KEYS: dict[str, str | tuple[str, ...]] = dict(
     h="hidden_size", f="intermediate_size", H="num_attention_heads", n="num_hidden_layers"
 )
@@ -651,25 +654,34 @@ class DataFacts:
 class EstimateConfig:
     """One `trainwise estimate` invocation, validated once here; its rows parsed once."""
 
-    rows: tuple[str, ...]
-    task: str = "classification"
-    batch_size: int = 16
-    accum_steps: int = 4
-    max_length: int = 128
-    max_target_length: int = 48
-    num_labels: int | None = None  # None: 2, or the data's classes
-    nproc: int = 1
-    dataset: str | None = None  # the user's data (like compare's): classes and lengths come from it
-    train_file: str | None = None
-    text_column: str | None = None
-    target_column: str | None = None
-    prompt_column: str | None = None  # causal-lm prompt/response data (as compare's)
-    response_column: str | None = None
-    messages_column: str | None = None  # causal-lm chat transcripts
-    zero_stage: int = 0
-    offload: str = "none"
-    device: str = "auto"  # the device to estimate for
-    device_memory: int | None = None
+    # the plans to estimate (the option: compare's --strategies, here with the estimate's default rows)
+    rows: tuple[str, ...] = take(
+        StudyConfig,
+        "strategies",
+        default=strategies.ESTIMATE_STRATEGIES,
+        show_default=strategies.shown(strategies.ESTIMATE_STRATEGIES),
+        config_default=MISSING,
+    )
+    task: str = take(StudyConfig, "task", help=TEXT_TASK_HELP)  # the estimate models transformers
+    batch_size: int = take(StudyConfig, "batch_size", help="Effective batch size per device (per optimizer step).")
+    accum_steps: int = take(StudyConfig, "accum_steps")
+    max_length: int = take(StudyConfig, "max_length", help="Input tokens per sample (padding to it is assumed).")
+    max_target_length: int = take(StudyConfig, "max_target_length")
+    num_labels: int | None = option(None, "Classes of the head, without data \\[default: 2].")  # None: 2, or the data's
+    nproc: int = take(StudyConfig, "nproc", help="Data-parallel ranks (ZeRO partitions over them).")
+    # the user's data (like compare's): classes and lengths come from it
+    dataset: str | None = take(StudyConfig, "dataset")
+    train_file: str | None = take(StudyConfig, "train_file")
+    text_column: str | None = take(StudyConfig, "text_column")
+    target_column: str | None = take(StudyConfig, "target_column")
+    prompt_column: str | None = take(StudyConfig, "prompt_column")  # causal-lm prompt/response data (as compare's)
+    response_column: str | None = take(StudyConfig, "response_column")
+    messages_column: str | None = take(StudyConfig, "messages_column")  # causal-lm chat transcripts
+    zero_stage: int = option(0, "Add DeepSpeed ZeRO stage 1, 2 or 3 to the plan(s) (0: as written).")
+    offload: str = option("none", "With --zero: none, optimizer (stage 2) or params (stage 3) to CPU.")
+    device: str = take(StudyConfig, "device", help="Device to estimate for: auto, cpu or cuda.")
+    # the option is text (24GB), parsed to bytes by api/options.py
+    device_memory: int | None = option(None, "Memory of one device, e.g. 24GB; adds a fits column.")
     parsed: tuple[Row, ...] = field(init=False)
 
     def __post_init__(self) -> None:
