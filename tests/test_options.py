@@ -58,24 +58,18 @@ def test_a_verbs_options_share_the_configs_declarations(verb):
         assert f.default is f.metadata["default"]
 
 
-def _declarations() -> list[tuple[str, dataclasses.Field]]:
-    """Every place an option's help is written: the configs' own fields, the verbs' own fields, and a verb's
-    own words for a taken option."""
-    found: dict[int, tuple[str, dataclasses.Field]] = {}  # by field: a class shares its bases' Field objects
-    for owner in (*CONFIGS, *VERBS.values()):
-        for f in dataclasses.fields(owner):
-            if "help" in f.metadata and ("source" not in f.metadata or f.metadata.get("verb_help")):
-                found.setdefault(id(f), (f"{owner.__name__}.{f.name}", f))
-    return list(found.values())
-
-
 def test_no_help_text_is_written_twice():
     """Two declarations never carry the same help: an option several verbs or configs offer is taken from its
-    one declaration, not re-typed."""
-    by_help: dict[str, list[str]] = defaultdict(list)
-    for where, f in _declarations():
-        by_help[f.metadata["help"]].append(where)
-    twice = {help: places for help, places in by_help.items() if len(places) > 1}
+    one declaration (the same text object), not re-typed (an equal text, another object)."""
+    written: dict[int, tuple[str, str]] = {}  # a help text object -> where it is first met
+    for owner in (*CONFIGS, *VERBS.values()):
+        for f in dataclasses.fields(owner):
+            if "help" in f.metadata:
+                written.setdefault(id(f.metadata["help"]), (f"{owner.__name__}.{f.name}", f.metadata["help"]))
+    by_text: dict[str, list[str]] = defaultdict(list)
+    for where, text in written.values():
+        by_text[text].append(where)
+    twice = {text: places for text, places in by_text.items() if len(places) > 1}
     assert not twice, twice
 
 
