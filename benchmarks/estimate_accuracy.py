@@ -33,8 +33,9 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
+from trainwise.api.estimate import run_estimate  # noqa: E402
 from trainwise.config import StudyConfig  # noqa: E402
-from trainwise.estimate import EstimateConfig, estimate, run_estimate  # noqa: E402
+from trainwise.estimate import EstimateConfig, estimate  # noqa: E402
 from trainwise.models import ModelSource  # noqa: E402
 from trainwise.study.prepare import prepare_study  # noqa: E402
 from trainwise.trial import run_trial  # noqa: E402

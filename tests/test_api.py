@@ -134,7 +134,7 @@ def test_every_verb_shows_on_stderr_by_default(capsys):
 
     from trainwise.api.render import SILENT, STDERR, Render
 
-    for verb in ("advise", "compare", "estimate", "find_batch", "train", "tune"):
+    for verb in ("advise", "compare", "doctor", "estimate", "find_batch", "train", "tune"):
         assert inspect.signature(getattr(trainwise, verb)).parameters["render"].default is STDERR, verb
     STDERR.note("trainwise: note: waiting for the machine to quieten")
     assert capsys.readouterr() == ("", "trainwise: note: waiting for the machine to quieten\n")

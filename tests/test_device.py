@@ -440,13 +440,13 @@ def test_doctor_gives_every_registry_strategy_a_verdict_on_this_cpu(tmp_path, mo
     CI trains one row per seam (DOCTOR_SEAMS); `make bench` trains every row (two minutes on 2 cores)."""
     import json
 
-    from trainwise import doctor
     from trainwise.cli import main
     from trainwise.doctor import VERDICTS
     from trainwise.study import prepare as study
+    from trainwise.study import run
 
-    if real is not None:
-        monkeypatch.setattr(doctor, "run_study", _trials_only_for(real, doctor.run_study))
+    if real is not None:  # the doctor's driver (trainwise.api.doctor) takes run_study from its module when it runs
+        monkeypatch.setattr(run, "run_study", _trials_only_for(real, run.run_study))
     monkeypatch.setenv("TRAINWISE_CPU_FLAGS", "avx2 fma")
     monkeypatch.setattr(study, "precision_ratio", lambda device, precision: 26.0)
     code = main(["doctor", "--device", "cpu", "--out", str(tmp_path)])

@@ -85,7 +85,8 @@ def test_tiny_probe_configs_keep_the_family_and_build(preset):
 def test_estimate_predicts_the_memory_compare_shows_for_a_causal_lm(tmp_path):
     """What compare measures (peak of live tensors) and what estimate predicts from compare's data agree per
     row within -3%..+15%; chunked_ce's saving (the [tokens, vocab] logits) is predicted within 10 points."""
-    from trainwise.estimate import EstimateConfig, run_estimate
+    from trainwise.api.estimate import run_estimate
+    from trainwise.estimate import EstimateConfig
     from trainwise.trial import run_trial
 
     from .conftest import tiny_study

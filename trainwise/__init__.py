@@ -2,7 +2,7 @@
 
 The Python API (docs/python-api.md): `trainwise.compare(...)` runs a study as `trainwise compare` does
 and returns it; `trainwise.open(path)` reads one; `advise`, `estimate`, `find_batch`, `export`,
-`train` and `tune` are the other verbs, each with the CLI's options as keyword arguments (and
+`train`, `tune`, `doctor` and `env` are the other verbs, each with the CLI's options as keyword arguments (and
 `config=` a study file). They are looked up on first use, so that `import trainwise` (and the CLI's
 start) stays light.
 """
@@ -41,12 +41,13 @@ logging.getLogger("DeepSpeed").addFilter(_DropMessages("Setting accelerator to C
 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 __version__ = "0.1.0"
-__all__ = ["advise", "compare", "estimate", "export", "find_batch", "open", "train", "tune"]
-_VERBS = {"advise", "compare", "estimate", "export", "find_batch", "train", "tune"}  # each trainwise.api.<verb>.<verb>
+__all__ = ["advise", "compare", "doctor", "env", "estimate", "export", "find_batch", "open", "train", "tune"]
+# each trainwise.api.<verb>.<verb>
+_VERBS = {"advise", "compare", "doctor", "env", "estimate", "export", "find_batch", "train", "tune"}
 
 
 class _Package(types.ModuleType):
-    """`trainwise.estimate` (and advise, train, tune, export, find_batch) is the API's call, though the library
+    """`trainwise.estimate` (and advise, train, tune, export, find_batch, doctor) is the API's call, though the library
     has modules of those names: importing `trainwise.estimate` would set the package's attribute to the
     module, so that one attribute is not set; code reaches the modules with `from trainwise.estimate
     import ...` or `importlib.import_module`."""

@@ -18,6 +18,7 @@ from typing import Literal
 from trainwise import strategies
 from trainwise.data.sources import Skipped, TaskData, data_source, skip_notes
 from trainwise.errors import ConfigError, check_number
+from trainwise.option import ROWS, RUN, flag, option
 from trainwise.strategies import Row
 from trainwise.strategies.memory import ACCUM
 from trainwise.strategies.plan import TrialPlan
@@ -40,52 +41,123 @@ Task = Literal["classification", "seq2seq", "causal-lm"]
 _NOT_OPTIONS = {"retry_failed", "force", "fit_to_device", "seed_per_repeat", "quiet_wait_s"}
 
 
+# ---- the help of the options several verbs share (one text each, used by the fields below) ---------------------
+MODEL = (
+    "Local HF model dir or hub id (offline: a dir, or 'all-MiniLM-L6-v2' from the bundled package). "
+    "Default: all-MiniLM-L6-v2 for classification, preset t5-small for seq2seq, preset smollm2-135m for causal-lm."
+)
+PRESET = (
+    "Build an architecture from its config with random weights: t5-tiny, t5-small, t5-base, bart-tiny, bart-base, "
+    "bert-tiny, minilm-l6, bert-base; causal-lm: gpt2-tiny, llama-tiny, qwen2-tiny, smollm2-135m, gpt2-124m, "
+    "llama-1b; image-classification: resnext-tiny (default), resnext-small, resnext29-8x16d, resnext29-8x64d."
+)
+DATASET = (
+    "Built-in offline dataset (stdlib-topic for classification, stdlib-summarize for seq2seq, stdlib-instruct for "
+    "causal-lm, digits for image-classification: the defaults) or a HF dataset name."
+)
+TRAIN_FILE = (
+    "Training data: .csv, .json or .jsonl; image-classification: a CIFAR-10 cifar-10-batches-py directory (its "
+    "pickles may hold only arrays, lists and strings) or an image folder (one sub-directory per class)."
+)
+MESSAGES_COLUMN = (
+    "causal-lm: a column of chat transcripts (lists of role/content messages; JSON text in a CSV) rendered with "
+    "the model's chat template; only the assistant turns carry loss \\[default: 'messages' when there is no 'text']."
+)
+ROWS_HELP = (
+    "Comma list of rows; '+' combines strategies in a row (bf16+grad_ckpt); 'all' is the seed studies' All Applied "
+    "row. See `trainwise strategies`."
+)
+LR = (
+    "Peak learning rate (linear decay to 0) \\[default: 5e-05 (fine-tuning text), 0.002 (image-classification, "
+    "from scratch)]."
+)
+DEVICE = (
+    "auto, cpu or cuda. With auto, rows the device cannot run are recorded 'unsupported'; with an explicit device "
+    "they are an error."
+)
+NPROC = (
+    "Data-parallel processes of each trial / of the training run (torchrun; gloo on CPU, one GPU each on CUDA). "
+    "--batch-size stays the global batch, split over the ranks. ZeRO plans partition over them."
+)
+FORCE = "Write into an --out that holds files trainwise did not write (refused otherwise)."
+
+
 @dataclass
 class StudyConfig:
-    """One `trainwise compare` invocation. Defaults are the built-in offline demo study."""
+    """One `trainwise compare` invocation (and the one-row study `train`, `tune` and `find-batch` run). Defaults
+    are the built-in offline demo study. Its fields with `option` metadata are the verbs' options (api/options.py
+    takes them): their help, flags and defaults are declared here, once."""
 
-    out: str
-    strategies: list[str]
-    task: str = "classification"
-    model: str | None = None
-    model_preset: str | None = None
-    dataset: str | None = None
-    train_file: str | None = None
-    eval_file: str | None = None
-    text_column: str | None = None
-    target_column: str | None = None
-    prompt_column: str | None = None  # causal-lm: prompt/response data (the prompt carries no loss)
-    response_column: str | None = None
-    messages_column: str | None = None  # causal-lm: chat transcripts (the assistant turns carry the loss)
-    batch_size: int = 16
-    accum_steps: int = 4
-    max_length: int = 128
-    max_target_length: int = 48
-    max_steps: int = 16
-    warmup_steps: int = 3
-    repeat: int = 1
-    remeasure: bool = True  # --repeat 1: run the baseline again as the last trial (noise floor, drift)
+    out: str = option(
+        "runs/compare",
+        "Study directory (store, reports); the same command again resumes.",
+        role=RUN,
+        config_default=MISSING,
+    )
+    strategies: list[str] = option(
+        strategies.DEFAULT_STRATEGIES,
+        ROWS_HELP,
+        show_default=strategies.shown(strategies.DEFAULT_STRATEGIES),
+        role=ROWS,
+        config_default=MISSING,
+    )
+    task: str = option(
+        "classification",
+        "classification, seq2seq, causal-lm (decoder-only LMs) or image-classification (ResNeXt; seed 003).",
+    )
+    model: str | None = option(None, MODEL)
+    model_preset: str | None = option(None, PRESET)
+    dataset: str | None = option(None, DATASET)
+    train_file: str | None = option(None, TRAIN_FILE)
+    eval_file: str | None = option(None, "Evaluation data (default: a deterministic 10% of --train-file).")
+    text_column: str | None = option(None, "Input text column of the files \\[default: text].")
+    target_column: str | None = option(
+        None, "Label (classification) or target text (seq2seq) column \\[default: target]."
+    )
+    # causal-lm: prompt/response data (the prompt carries no loss)
+    prompt_column: str | None = option(
+        None, "causal-lm: the prompt column of prompt/response data (no loss on it) \\[default: prompt]."
+    )
+    response_column: str | None = option(
+        None, "causal-lm: the response column (its tokens carry the loss) \\[default: response]."
+    )
+    messages_column: str | None = option(None, MESSAGES_COLUMN)  # causal-lm: chat transcripts (assistant turns)
+    batch_size: int = option(16, "Effective batch size: samples per optimizer step over every rank.")
+    accum_steps: int = option(4, "grad_accum: micro-batches per step (each batch/N).")
+    max_length: int = option(128, "Max input tokens; the baseline pads to it.")
+    max_target_length: int = option(48, "Max target tokens (seq2seq).")
+    max_steps: int = option(16, "Optimizer steps per trial, warm-up included.")
+    warmup_steps: int = option(3, "First steps excluded from timing.")
+    repeat: int = option(1, "Trials per row; the table shows medians.")
+    # --repeat 1: run the baseline again as the last trial (noise floor, drift)
+    remeasure: bool = option(True, "With --repeat 1: the baseline again last (noise floor, drift).")
     seed_per_repeat: bool = False  # the quality phase: repeat r trains with seed + r (a seed spread, not timing)
-    lr: float | None = None  # None: DEFAULT_LR of the task
-    seed: int = 0
-    device: str = "auto"
-    trial_timeout: float = 900.0
-    eval_samples: int = 160
-    max_train_samples: int | None = None
-    retry_failed: bool = False
-    retries: int = 2  # a timing trial measured under load is run again up to this many times
+    lr: float | None = option(None, LR)  # None: DEFAULT_LR of the task
+    seed: int = option(0, "Seed for weights, batches and data order.")
+    device: str = option("auto", DEVICE)
+    trial_timeout: float = option(900.0, "Seconds before a trial is killed and recorded 'timeout'.", role=RUN)
+    eval_samples: int = option(160, "Evaluation samples (0: no evaluation).")
+    max_train_samples: int | None = option(None, "Use only the first N training rows.")
+    retry_failed: bool = option(False, "On resume, run again the rows that did not end 'ok'.", role=RUN)
+    # a timing trial measured under load is run again up to this many times
+    retries: int = option(2, "Re-runs of a trial timed under load, once quiet.", role=RUN)
     # default rows: an emulated slow precision is recorded, not trained, and `all` takes the device's best
     # precision; None: True when `strategies` hold every default row (a study of the default rows, or one with
     # rows added to it); only the default rows are fitted (a row the user names is trained)
     fit_to_device: bool | None = None
     quiet_wait_s: float = 120.0  # how long to wait for the load to drop before each re-run
-    # swept dimensions: every row runs at each batch size and each DataLoader worker count
-    batch_sizes: tuple[int, ...] = ()  # empty: just batch_size
-    num_workers: tuple[int, ...] = (0,)
-    nproc: int = 1  # data-parallel processes per trial (torchrun); ZeRO rows partition over them
-    profile: bool = False  # torch.profiler Chrome trace of every trial's training steps
-    image_size: int = 32  # image folders are resized to image_size x image_size
-    force: bool = False  # write into an --out that holds files trainwise did not write
+    # swept dimensions: every row runs at each batch size and each DataLoader worker count (the options' comma
+    # text, parsed by api/options.py)
+    batch_sizes: tuple[int, ...] = option(  # empty: just batch_size
+        None, "Sweep: every row at each batch size, e.g. 8,16,32,64.", config_default=()
+    )
+    num_workers: tuple[int, ...] = option("0", "Sweep: DataLoader worker counts, e.g. 0,1,2,4,8.", config_default=(0,))
+    nproc: int = option(1, NPROC)  # data-parallel processes per trial (torchrun); ZeRO rows partition over them
+    # torch.profiler Chrome trace of every trial's training steps
+    profile: bool = option(False, "A torch.profiler trace of each trial's steps (adds overhead).")
+    # image folders are resized to image_size x image_size
+    image_size: int = option(32, "image-classification: image folders are resized to this square size.")
+    force: bool = flag("force", FORCE, role=RUN)  # write into an --out that holds files trainwise did not write
 
     rows: list[Row] = field(init=False)  # `strategies`, parsed once
 
@@ -213,14 +285,17 @@ class TrainConfig:
     """`trainwise train`'s own options (how long, evaluation, checkpoints, early stopping), validated here,
     before torch is imported: the model, data and plan come as a StudyConfig or a study's spec."""
 
-    epochs: int = 1
-    max_steps: int | None = None  # a cap on optimizer steps (None: epochs x steps per epoch)
-    eval_every: int = 50
-    save_every: int = 50
-    patience: int | None = None  # early stopping: evaluations without improvement (None: off)
-    min_delta: float = 0.0
-    monitor: str = "metric"  # one of MONITORS: the metric (higher is better), or a loss (lower)
-    keep: int = 2  # checkpoints kept besides the best
+    epochs: int = option(1, "Passes over the training data.")
+    # a cap on optimizer steps (None: epochs x steps per epoch)
+    max_steps: int | None = option(None, "Stop after this many optimizer steps.")
+    eval_every: int = option(50, "Evaluate every K optimizer steps (and at the end).")
+    save_every: int = option(50, "Checkpoint every K optimizer steps (and at the end).")
+    # early stopping: evaluations without improvement (None: off)
+    patience: int | None = option(None, "Early stopping: evaluations without improvement.")
+    min_delta: float = option(0.0, "Early stopping: the smallest change that counts.")
+    # one of MONITORS: the metric (higher is better), or a loss (lower)
+    monitor: str = option("metric", "metric (accuracy / ROUGE-L / -eval loss, maximised), eval_loss or train_loss.")
+    keep: int = option(2, "Checkpoints kept (the last N), besides best/ and final/.")  # besides the best
     checkpoints: bool = True  # tune's trials run without them
 
     def __post_init__(self) -> None:

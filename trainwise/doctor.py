@@ -1,4 +1,4 @@
-"""`trainwise doctor`: what works on this device, proved by running it.
+"""`trainwise doctor`'s parts: what works on this device, proved by running it (the verb is `api/doctor.py`).
 
 For every strategy in the registry, a 2-step trial of a tiny preset through the real loop (its own
 process, as compare runs it): ok / emulated / inert (it ran, and its precision is emulated or does
@@ -11,25 +11,15 @@ quotes; written as a table and as doctor.json.
 from __future__ import annotations
 
 import dataclasses
-import json
-import shutil
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 from trainwise import strategies
-from trainwise.config import DEVICES, IMAGE_TASK, StudyConfig
-from trainwise.errors import ConfigError, RunFailed
-from trainwise.files import write_atomic
-from trainwise.launcher import launch
+from trainwise.config import IMAGE_TASK, StudyConfig
+from trainwise.errors import RunFailed
 from trainwise.measure import device as dev
 from trainwise.measure import flops
-from trainwise.measure.env import environment, package_version
 from trainwise.results import TrialResult
-from trainwise.study.prepare import prepare_study, resolve_device
-from trainwise.study.run import run_study
 
 VERDICTS = ("ok", "emulated", "inert", "unsupported", "failed")
 LIBRARIES = ("torch", "transformers", "accelerate", "deepspeed", "bitsandbytes", "peft", "flash-attn", "triton")
@@ -67,12 +57,12 @@ class DoctorReport:
 PRESETS = {"classification": "bert-tiny", IMAGE_TASK: "resnext-tiny", "causal-lm": "llama-tiny"}  # by task
 
 
-def _rows(task: str) -> list[str]:
+def rows_for(task: str) -> list[str]:
     """Every registry strategy that applies to `task` (the baseline first)."""
     return [name for name, s in strategies.REGISTRY.items() if task in s.tasks]
 
 
-def _config(out: Path, device: str, task: str, rows: list[str]) -> StudyConfig:
+def doctor_config(out: Path, device: str, task: str, rows: list[str]) -> StudyConfig:
     return StudyConfig(
         out=str(out / task),
         strategies=rows,
@@ -94,7 +84,7 @@ def _config(out: Path, device: str, task: str, rows: list[str]) -> StudyConfig:
     )
 
 
-def _verdict(task: str, r: TrialResult) -> Check:
+def verdict(task: str, r: TrialResult) -> Check:
     if r.status == "unsupported":
         return Check(r.strategy, task, "unsupported", r.message)
     if r.status != "ok":
@@ -105,57 +95,8 @@ def _verdict(task: str, r: TrialResult) -> Check:
     return Check(r.strategy, task, verdict, detail, r.step_time_s)
 
 
-def _measure_device(device: str) -> tuple[dict[str, float], dict[str, float]]:
+def measure_device(device: str) -> tuple[dict[str, float], dict[str, float]]:
     modes = ["fp32", "autocast-bf16", "weights-bf16"] + (["autocast-fp16"] if device == "cuda" else [])
     peaks = {m: flops.matmul_peak(device, m) for m in modes}
     precisions = ["bf16", "bf16_pure"] + (["fp16"] if device == "cuda" else [])
     return peaks, {p: dev.precision_ratio(device, p) for p in precisions}
-
-
-def run_doctor(
-    device: str,
-    out: Path,
-    on_event: Callable[[str, object, dict], None],
-    on_done: Callable[[str, object, TrialResult, bool], None],
-    launch: Callable = launch,
-) -> DoctorReport:
-    """Check every strategy on `device` ("auto", "cpu" or "cuda"): trials of text rows on bert-tiny
-    (classification), image rows on resnext-tiny and causal-LM rows on llama-tiny, each in its own process
-    (`launch`), under `out`."""
-    start = time.perf_counter()
-    if device not in DEVICES:
-        raise ConfigError(f"--device must be one of {', '.join(DEVICES)}, not {device!r}")
-    resolved, caps = resolve_device(device)
-    facts = dev.facts(resolved)
-    peaks, ratios = _measure_device(resolved)
-    env = {**environment(resolved), **{f"{lib}_version": package_version(lib) for lib in LIBRARIES}}
-    if resolved == "cuda":
-        import torch  # heavy: torch
-
-        env["cudnn"] = torch.backends.cudnn.version()
-    report = DoctorReport(facts.to_dict(), env, peaks, ratios)
-    text = _rows("classification")
-    # the image and causal-LM tasks add what classification cannot check
-    image_only = [n for n in _rows(IMAGE_TASK) if n not in text]
-    lm_only = [n for n in _rows("causal-lm") if n not in text]
-    tasks = (("classification", text), (IMAGE_TASK, ["baseline", *image_only]), ("causal-lm", ["baseline", *lm_only]))
-    for task, rows in tasks:
-        runnable, missing = [], {}
-        for name in rows:
-            row = strategies.parse_row(name, 2)
-            why = row.missing_capabilities(caps) or row.missing_packages()
-            if why:
-                missing[name] = f"needs {', '.join(why)}; this device ({resolved}) or environment lacks it"
-            else:
-                runnable.append(name)
-        shutil.rmtree(out / task, ignore_errors=True)  # measured now, never a stored result from before a fix
-        prepared = prepare_study(_config(out, resolved, task, runnable))
-        trials = run_study(prepared, launch, partial(on_event, task), partial(on_done, task))
-        report.checks += [_verdict(task, r) for _, r in trials]
-        report.checks += [Check(name, task, "unsupported", why) for name, why in missing.items()]
-    order = list(strategies.REGISTRY)
-    report.checks.sort(key=lambda c: (order.index(c.strategy), c.task))
-    report.wall_s = time.perf_counter() - start
-    report.path = str(out / "doctor.json")
-    write_atomic(Path(report.path), json.dumps(report.to_dict(), indent=1))
-    return report

@@ -32,7 +32,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from trainwise.config import (
     CAUSAL_LM,
     DEVICES,
     TEXT_TASKS,
+    StudyConfig,
     check_accum,
     check_lm_columns,
     check_nproc,
@@ -50,14 +51,15 @@ from trainwise.data.sources import read_task_data, tokenizer_corpus
 from trainwise.errors import ConfigError
 from trainwise.files import write_atomic
 from trainwise.measure.memory import CUDA_CONTEXT_BYTES, AllocatedPeak, rss_bytes
-from trainwise.models import ModelSource, load_tokenizer, meta_model, model_config, resolve_model, train_tokenizer
-from trainwise.report.format import human_bytes
+from trainwise.models import ModelSource, load_tokenizer, meta_model, model_config, train_tokenizer
+from trainwise.option import option, take
 from trainwise.strategies import Row
 from trainwise.strategies.base import MemoryTerms
 from trainwise.strategies.plan import TrialPlan
 from trainwise.strategies.scale import FLAGS, ZERO
 
 GiB = 1024**3
+TEXT_TASK_HELP = "classification, seq2seq or causal-lm (decoder-only LMs)."  # the tasks the estimate models
 DECODER_KEYS: dict[str, str | tuple[str, ...]] = dict(
     h="hidden_size", f="intermediate_size", H="num_attention_heads", n="num_hidden_layers"
 )
@@ -652,25 +654,34 @@ class DataFacts:
 class EstimateConfig:
     """One `trainwise estimate` invocation, validated once here; its rows parsed once."""
 
-    rows: tuple[str, ...]
-    task: str = "classification"
-    batch_size: int = 16
-    accum_steps: int = 4
-    max_length: int = 128
-    max_target_length: int = 48
-    num_labels: int | None = None  # None: 2, or the data's classes
-    nproc: int = 1
-    dataset: str | None = None  # the user's data (like compare's): classes and lengths come from it
-    train_file: str | None = None
-    text_column: str | None = None
-    target_column: str | None = None
-    prompt_column: str | None = None  # causal-lm prompt/response data (as compare's)
-    response_column: str | None = None
-    messages_column: str | None = None  # causal-lm chat transcripts
-    zero_stage: int = 0
-    offload: str = "none"
-    device: str = "auto"  # the device to estimate for
-    device_memory: int | None = None
+    # the plans to estimate (the option: compare's --strategies, here with the estimate's default rows)
+    rows: tuple[str, ...] = take(
+        StudyConfig,
+        "strategies",
+        default=strategies.ESTIMATE_STRATEGIES,
+        show_default=strategies.shown(strategies.ESTIMATE_STRATEGIES),
+        config_default=MISSING,
+    )
+    task: str = take(StudyConfig, "task", help=TEXT_TASK_HELP)  # the estimate models transformers
+    batch_size: int = take(StudyConfig, "batch_size", help="Effective batch size per device (per optimizer step).")
+    accum_steps: int = take(StudyConfig, "accum_steps")
+    max_length: int = take(StudyConfig, "max_length", help="Input tokens per sample (padding to it is assumed).")
+    max_target_length: int = take(StudyConfig, "max_target_length")
+    num_labels: int | None = option(None, "Classes of the head, without data \\[default: 2].")  # None: 2, or the data's
+    nproc: int = take(StudyConfig, "nproc", help="Data-parallel ranks (ZeRO partitions over them).")
+    # the user's data (like compare's): classes and lengths come from it
+    dataset: str | None = take(StudyConfig, "dataset")
+    train_file: str | None = take(StudyConfig, "train_file")
+    text_column: str | None = take(StudyConfig, "text_column")
+    target_column: str | None = take(StudyConfig, "target_column")
+    prompt_column: str | None = take(StudyConfig, "prompt_column")  # causal-lm prompt/response data (as compare's)
+    response_column: str | None = take(StudyConfig, "response_column")
+    messages_column: str | None = take(StudyConfig, "messages_column")  # causal-lm chat transcripts
+    zero_stage: int = option(0, "Add DeepSpeed ZeRO stage 1, 2 or 3 to the plan(s) (0: as written).")
+    offload: str = option("none", "With --zero: none, optimizer (stage 2) or params (stage 3) to CPU.")
+    device: str = take(StudyConfig, "device", help="Device to estimate for: auto, cpu or cuda.")
+    # the option is text (24GB), parsed to bytes by api/options.py
+    device_memory: int | None = option(None, "Memory of one device, e.g. 24GB; adds a fits column.")
     parsed: tuple[Row, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -816,167 +827,3 @@ def largest_batch(
         mid = (low + high) // 2
         low, high = (mid, high) if fits(mid * step) else (low, mid)
     return low * step
-
-
-# ---- the verb ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class EstimateReport:
-    """What `trainwise estimate` prints: the estimates, what would fit, and the notes that explain them."""
-
-    title: str
-    model: str
-    device: str
-    n_params: int
-    budget: int | None
-    estimates: list[tuple[str, MemoryEstimate]]
-    calibrations: list[Calibration]
-    rescue: list[tuple[str, MemoryEstimate]]
-    notes: list[str]
-
-    def to_json(self) -> dict:
-        return {
-            "model": self.model,
-            "device": self.device,
-            "device_memory": self.budget,
-            "n_params": self.n_params,
-            "estimates": [{"strategy": r, **e.to_dict(), "fits": e.fits(self.budget)} for r, e in self.estimates],
-            "calibration": [asdict(c) for c in self.calibrations],
-            "would_fit": [{"plan": label, **e.to_dict()} for label, e in self.rescue],
-            "notes": self.notes,
-        }
-
-
-def run_estimate(
-    model: str | None, model_preset: str | None, cfg: EstimateConfig, on_status: Callable[[str], None]
-) -> EstimateReport:
-    """Estimate every row of `cfg`; when none fits the device memory, say why and what would."""
-    import torch  # heavy: torch
-
-    target = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
-    probe_device = target if target == "cpu" or torch.cuda.is_available() else "cpu"
-    source = resolve_model(model, model_preset, cfg.task, (cfg.max_length, cfg.max_target_length))
-    facts = None
-    if cfg.dataset or cfg.train_file:
-        on_status("reading the data (classes, token lengths)...")
-        facts = DataFacts.read(cfg, source)
-    num_labels = facts.num_labels if facts else cfg.num_labels or 2
-    config = model_config(source, cfg.task, num_labels)
-    shapes: dict[TrialPlan, Shape] = {}
-    cals: dict[str, Calibration] = {}
-
-    def shape_for(plan: TrialPlan) -> Shape:
-        if plan not in shapes:
-            shapes[plan] = shape_of(config, cfg.task, plan)
-        return shapes[plan]
-
-    def cal_for(plan: TrialPlan) -> Calibration:
-        key = json.dumps(terms_of(plan, probe_device).probe, sort_keys=True, default=list)
-        if key not in cals:
-
-            def on_probe(i: int, n: int) -> None:
-                on_status(f"calibrating activations: measured probe {i + 1}/{n} ({config.model_type}, {probe_device})")
-
-            cals[key] = calibrate(config, cfg.task, plan, probe_device, on_probe)
-        return cals[key]
-
-    from transformers import AutoModelForSeq2SeqLM  # noqa: F401  (loaded before the runtime is measured)
-
-    overhead = runtime_overhead(target)  # before any probe grows this process
-    estimates = []
-    for row in cfg.parsed:
-        try:
-            shape = shape_for(row.plan)
-        except ValueError as err:
-            raise ConfigError(f"{row.text}: {err}") from None
-        lengths = facts.lengths(row.plan, cfg) if facts else (cfg.max_length, cfg.max_target_length)
-        est = estimate_plan(shape, cal_for(row.plan), row.plan, cfg.batch_size, *lengths, target, cfg.nproc, overhead)
-        estimates.append((row.text, est))
-    base_shape = shape_for(TrialPlan())
-    budget = cfg.device_memory
-    fits_none = budget is not None and not any(e.fits(budget) for _, e in estimates)
-    rescue = what_fits(shape_for, cal_for, cfg, target, budget, overhead) if fits_none and budget else []
-    runtime_what = (
-        "CUDA context, assumed" if target == "cuda" else "this process's RSS with torch + transformers loaded"
-    )
-    notes = [
-        "peak = weights + optimizer + max(activations [+ grads under accumulation], grads + step temps); total "
-        f"adds {human_bytes(overhead)} runtime ({runtime_what})."
-    ]
-    for c in cals.values():
-        source_note = "tiny configs of the family" if c.how == "tiny-config probe" else "its own config at 1-3 layers"
-        notes.append(
-            f"activations: calibrated by a measured probe, {c.probes} forward/backward passes of {source_note} "
-            f"on {c.device} ({c.family}, {c.describe()}; fit error {100 * c.residual:.1f}%, added to them as a "
-            f"margin; {c.provenance()})."
-        )
-        if c.residual > LOOSE_FIT:
-            notes.append(
-                f"the activation fit for {c.describe()} is loose ({100 * c.residual:.1f}% median error on its probes, "
-                "some probes above that): near the limit, measure with trainwise find-batch."
-            )
-        if c.how != "tiny-config probe":
-            notes.append(f"family {c.family!r} has no tiny-config recipe: fell back to probing its own config.")
-    if probe_device != target:
-        notes.append(
-            "no GPU here: activations were probed on CPU; CUDA attention kernels (flash / memory-efficient) keep less."
-        )
-    if facts is None:
-        dynamic = [row.text for row in cfg.parsed if terms_of(row.plan, target).padding != "max_length"]
-        notes.append(
-            "padding to --max-length is assumed"
-            + (
-                f" (also for {', '.join(dynamic)}: the worst case; give --train-file for the data's longest)"
-                if dynamic
-                else ""
-            )
-            + "."
-        )
-    else:
-        target_part = f", targets {facts.longest_target}" if cfg.task == "seq2seq" else ""
-        notes.append(
-            f"data: {facts.where}, {facts.rows} training rows"
-            + (f", {facts.num_labels} classes" if cfg.task == "classification" else "")
-            + f"; longest input {facts.longest} tokens{target_part} after truncation: rows with dynamic padding "
-            "are estimated for a batch that holds it, the others for padding to --max-length."
-        )
-        notes += [f"data: {line}" for line in facts.skipped]
-    for text, e in estimates:
-        notes += [f"{text}: {n}" for n in e.notes]
-    if any(e.cpu_offload_bytes for _, e in estimates):
-        notes.append(
-            f"ZeRO offload keeps {human_bytes(max(e.cpu_offload_bytes for _, e in estimates))} in CPU memory per rank."
-        )
-    if fits_none and budget is not None:
-        notes += _impossible(base_shape, budget, overhead, rescue, cfg.nproc)
-    title = (
-        f"trainwise estimate: {source.display()} ({base_shape.n_params / 1e6:.1f}M params) / {cfg.task} / {target}, "
-        f"batch {cfg.batch_size}, length {cfg.max_length}"
-        + (f"/{cfg.max_target_length}" if cfg.task == "seq2seq" else "")
-        + (f", {cfg.nproc} ranks" if cfg.nproc > 1 else "")
-    )
-    return EstimateReport(
-        title, source.display(), target, base_shape.n_params, budget, estimates, list(cals.values()), rescue, notes
-    )
-
-
-def _impossible(base: Shape, budget: int, overhead: int, rescue: list, nproc: int) -> list[str]:
-
-    if overhead >= budget:
-        return [f"impossible: the runtime alone ({human_bytes(overhead)}) does not fit {human_bytes(budget)}."]
-    lines = []
-    if 4 * base.n_params + overhead > budget:
-        lines.append(
-            f"impossible as asked: the fp32 weights alone need {human_bytes(4 * base.n_params)} "
-            f"(+{human_bytes(overhead)} runtime), more than {human_bytes(budget)}."
-        )
-    else:
-        lines.append(f"no plan above fits {human_bytes(budget)}.")
-    if rescue:
-        lines.append("would fit: " + "; ".join(f"{label} ({human_bytes(e.total_bytes)})" for label, e in rescue[:3]))
-    else:
-        need = min_ranks_for_zero3(base, budget, overhead)
-        more = f"ZeRO-3 over >= {need} devices" if need else "a smaller model"
-        lines.append(f"nothing in the catalogue fits on {nproc} device(s): needs {more}, or a LoRA plan.")
-    return lines

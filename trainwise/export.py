@@ -34,7 +34,7 @@ import yaml
 
 from trainwise import strategies
 from trainwise.advise import pick
-from trainwise.config import DataOrigin, TrialSettings, TrialSpec, check_nproc
+from trainwise.config import DEFAULT_LR, DataOrigin, StudyConfig, TrialSettings, TrialSpec, check_nproc
 from trainwise.data.chat import trl_labels_as_ours
 from trainwise.errors import ConfigError, check_number
 from trainwise.estimate import EstimateConfig
@@ -47,6 +47,7 @@ from trainwise.models import (
     preset_config_kwargs,
     resolve_model,
 )
+from trainwise.option import option, take
 from trainwise.strategies.base import ExportDoc
 from trainwise.strategies.plan import TrialPlan
 from trainwise.study.store import MARK, Store, check_ours, mark, partial_note, read_results
@@ -585,22 +586,23 @@ BUNDLED_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"  # trainwise resolves 
 class ExportConfig:
     """One `trainwise export`: a plan and its settings, or a study to take them from."""
 
-    study: str | None = None
-    strategies: str | None = None
-    model: str | None = None
-    model_preset: str | None = None
-    task: str = "classification"
-    batch_size: int = 16
-    accum_steps: int = 4
-    max_length: int = 128
-    max_target_length: int = 48
-    lr: float = 5e-5
-    max_steps: int | None = None  # None: the study's (with --study), else 1000
-    nproc: int | None = None  # None: the study's (with --study), else 1
-    zero: int = 0
-    offload: str = "none"
-    device: str = "cuda"
-    force: bool = False  # write into an --out that holds files trainwise did not write
+    study: str | None = option(None, "Model and settings from this study; the plan: advise's pick.")
+    strategies: str | None = option(None, "The plan to export, one '+' combination, e.g. bf16+grad_ckpt.")
+    model: str | None = take(StudyConfig, "model")
+    model_preset: str | None = take(StudyConfig, "model_preset")
+    task: str = take(EstimateConfig, "task")  # a text task: the scripts build a transformers model
+    batch_size: int = take(StudyConfig, "batch_size")
+    accum_steps: int = take(StudyConfig, "accum_steps")
+    max_length: int = take(StudyConfig, "max_length")
+    max_target_length: int = take(StudyConfig, "max_target_length")
+    lr: float = option(DEFAULT_LR["classification"], "Peak learning rate (linear decay).")
+    # None: the study's (with --study), else 1000
+    max_steps: int | None = option(None, "Steps of the exported run \\[default: the study's, else 1000].")
+    nproc: int | None = option(None, "Data-parallel ranks \\[default: the study's, else 1].")  # as max_steps
+    zero: int = take(EstimateConfig, "zero_stage")
+    offload: str = take(EstimateConfig, "offload")
+    device: str = option("cuda", "Where the exported run trains: cuda or cpu.")
+    force: bool = take(StudyConfig, "force")  # write into an --out that holds files trainwise did not write
 
     def __post_init__(self) -> None:
         if self.device not in ("cuda", "cpu"):

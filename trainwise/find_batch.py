@@ -30,6 +30,7 @@ from trainwise.estimate import calibrate, estimate_plan, runtime_overhead, shape
 from trainwise.files import write_atomic, writing
 from trainwise.measure.memory import CUDA_CONTEXT_BYTES
 from trainwise.models import ModelSource, model_config
+from trainwise.option import option
 from trainwise.report.format import human_bytes
 from trainwise.results import TrialResult
 
@@ -219,11 +220,12 @@ def default_limit(device: str) -> int:
 class FindBatchConfig:
     """The search's own options (the model, data and plan come as a StudyConfig), validated here."""
 
-    candidates: str = "4,8,16,32,64,128"
-    steps: int = 4
-    memory_limit: int | None = None
-    refine: int = 2
-    use_estimate: bool = True
+    candidates: str = option("4,8,16,32,64,128", "Batch sizes to try, ascending (comma list).")
+    steps: int = option(4, "Optimizer steps per size, the first untimed.")
+    # the option is text (8GB), parsed to bytes by api/options.py
+    memory_limit: int | None = option(None, "Fit limit, e.g. 8GB (default: the device's, or RAM - 10%).")
+    refine: int = option(2, "Bisection steps between the largest fit and the first failure.")
+    use_estimate: bool = option(True, "Skip sizes the estimate rules out.", "--estimate/--no-estimate")
     sizes: tuple[int, ...] = field(init=False)
 
     def __post_init__(self) -> None:

@@ -22,11 +22,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainwise.config import DataOrigin, StudyConfig, TrialSettings, TrialSpec, check_monitor, maximize, monitored
+from trainwise.config import (
+    DataOrigin,
+    StudyConfig,
+    TrainConfig,
+    TrialSettings,
+    TrialSpec,
+    check_monitor,
+    maximize,
+    monitored,
+)
 from trainwise.errors import ConfigError, RunFailed, check_number
 from trainwise.export import RunSettings, epochs_for, named_model, train_command, train_out
 from trainwise.files import failed, refused_by, write_atomic
 from trainwise.launcher import run_child
+from trainwise.option import option, take
 from trainwise.pbt import EXPERIMENT, check_pbt, run_pbt
 from trainwise.space import (
     Param,
@@ -202,16 +212,19 @@ if __name__ == "__main__":
 class TuneConfig:
     """`trainwise tune`'s own options (model, data and plan come as a StudyConfig), validated here."""
 
-    space: str
-    search: str = "tpe"
-    trials: int = 8
-    max_steps: int = 60
-    eval_every: int = 20
-    monitor: str = "metric"
-    seed: int = 0
-    ray_address: str | None = None
-    cpus_per_trial: float | None = None
-    trial_timeout: float = 900.0  # seconds before a trial (random / tpe) is killed and recorded 'timeout'
+    space: str = option(help="Search space, YAML: lr: {low: 1e-5, high: 1e-3, log: true} ...")
+    search: str = option("tpe", "random or tpe (Optuna, pruning), or pbt (Ray Tune; trainwise\\[ray]).")
+    trials: int = option(8, "random/tpe: finished trials to reach; pbt: the population.")
+    max_steps: int = option(60, "Optimizer steps per trial (the budget unit).")
+    eval_every: int = option(20, "Evaluate (and maybe prune) every K steps.")
+    monitor: str = take(TrainConfig, "monitor", help="metric (maximised), eval_loss or train_loss (minimised).")
+    seed: int = take(StudyConfig, "seed")
+    ray_address: str | None = option(None, "pbt: a Ray cluster (ray://head:10001 or auto).")
+    cpus_per_trial: float | None = option(None, "pbt: CPUs per member (default: cores / population).")
+    # seconds before a trial (random / tpe) is killed and recorded 'timeout'
+    trial_timeout: float = take(
+        StudyConfig, "trial_timeout", help="random/tpe: seconds before a trial is killed ('timeout')."
+    )
     params: tuple[Param, ...] = field(init=False)
 
     @classmethod
@@ -225,9 +238,9 @@ class TuneConfig:
         if self.trials <= 0:
             raise ConfigError(f"--trials must be > 0, got {self.trials}")
         check_number("--trial-timeout", self.trial_timeout)
-        for option, value in (("--max-steps", self.max_steps), ("--eval-every", self.eval_every)):
+        for name, value in (("--max-steps", self.max_steps), ("--eval-every", self.eval_every)):
             if value <= 0:
-                raise ConfigError(f"{option} must be > 0, got {value}")
+                raise ConfigError(f"{name} must be > 0, got {value}")
         if self.eval_every > self.max_steps:
             raise ConfigError(
                 f"--eval-every {self.eval_every} is more than --max-steps {self.max_steps}: no trial would be "
@@ -246,14 +259,15 @@ class TuneConfig:
             )
         object.__setattr__(self, "params", tuple(load_space(self.space)))
 
-    def train_config(self):
-        from trainwise.train import TrainConfig  # heavy: trainwise.train loads torch and transformers
-
+    def train_config(self) -> TrainConfig:
+        """What every trial trains: --max-steps steps (the budget unit), however many epochs that takes."""
+        steps, every, monitor = self.max_steps, self.eval_every, self.monitor
         if self.search == "pbt":  # a member checkpoints at every evaluation, where PBT exploits and explores
-            return TrainConfig(10**6, self.max_steps, self.eval_every, self.eval_every, None, 0.0, self.monitor, keep=1)
-        # every trial trains --max-steps steps (the budget unit), however many epochs that takes
+            return TrainConfig(
+                epochs=10**6, max_steps=steps, eval_every=every, save_every=every, monitor=monitor, keep=1
+            )
         return TrainConfig(
-            10**6, self.max_steps, self.eval_every, self.max_steps, None, 0.0, self.monitor, checkpoints=False
+            epochs=10**6, max_steps=steps, eval_every=every, save_every=steps, monitor=monitor, checkpoints=False
         )
 
 

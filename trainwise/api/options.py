@@ -1,8 +1,12 @@
-"""Every verb's options, defined once: one frozen dataclass per verb whose fields are the CLI's flags
-(`max_steps` is `--max-steps`), the Python API's keyword arguments and a study file's keys, with their
-defaults and help. `Options.of` is the one edge where they are checked: names (an unknown one names the
-closest), types, and a `config=` YAML file whose keys are the same names (given options win over it).
-The libraries' own configs (`StudyConfig`, `EstimateConfig`, ...) validate the values."""
+"""Every verb's options: one frozen dataclass per verb whose fields are the CLI's flags (`max_steps` is
+`--max-steps`), the Python API's keyword arguments and a study file's keys. Each field is taken (`take`) from the
+library config that declares the option, with its help and default (`StudyConfig.max_steps` in config.py,
+`TuneConfig.trials` in tune.py, ...): an option is declared once, there. The options no library config reads
+(a run's --out, the price, the quality phase, advise's constraints, train's --resume) are declared here, once.
+
+`Options.of` is the one edge where they are checked: names (an unknown one names the closest), types, and a
+`config=` YAML file whose keys are the same names (given options win over it). The libraries' own configs
+(`StudyConfig`, `EstimateConfig`, ...) validate the values."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import difflib
 import types
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -26,95 +30,17 @@ from trainwise.estimate import EstimateConfig
 from trainwise.export import ExportConfig
 from trainwise.files import write_atomic
 from trainwise.find_batch import FindBatchConfig
-from trainwise.strategies import DEFAULT_STRATEGIES, ESTIMATE_STRATEGIES, shown
+from trainwise.option import PRICE, QUALITY, RUN, flag, option, take
 from trainwise.tune import TuneConfig
 from trainwise.units import parse_bytes
 
 _STUDY: dict[str, Any] = {f.name: f.default for f in fields(StudyConfig) if f.init}  # the shared defaults
 CONSTRAINTS = ("objective", "memory_budget", "max_quality_drop", "max_epoch_time", "max_epoch_cost")  # advise's
 PATHS = ("out", "train_file", "eval_file", "price_file", "space", "study", "plan_study")  # absolute in a study file
-
-
-def option(default: Any = dataclasses.MISSING, help: str = "", *flags: str, show_default: Any = None, **more: Any):
-    """A field of a verb's options: its default, its help and (when not the field's name) its CLI flags."""
-    meta = {"help": help, "flags": flags, "show_default": show_default, **more}
-    return field(default=default, metadata=meta)
-
-
-def flag(name: str, help: str, **more: Any) -> Any:
-    """A switch that is off unless given (`--force`), with no --no- form."""
-    return option(False, help, f"--{name}", **more)
-
-
-# What an option is to the study already in compare's --out (its `role`). An option with none defines the
-# measurement (model, data, batch, lengths, steps, device, seed, ...): another value is another study, refused
-# over a study's report unless --replace. ROWS adds rows to the study; PRICE and QUALITY add to its report (a run
-# that gives none keeps the study's); RUN says how this run runs, not what it measures.
-ROWS, PRICE, QUALITY, RUN = "rows", "price", "quality", "run"
-
-
-# ---- the help of the options several verbs share (one text each) ---------------------------------------------
-MODEL = (
-    "Local HF model dir or hub id (offline: a dir, or 'all-MiniLM-L6-v2' from the bundled package). "
-    "Default: all-MiniLM-L6-v2 for classification, preset t5-small for seq2seq, preset smollm2-135m for causal-lm."
-)
-PRESET = (
-    "Build an architecture from its config with random weights: t5-tiny, t5-small, t5-base, bart-tiny, bart-base, "
-    "bert-tiny, minilm-l6, bert-base; causal-lm: gpt2-tiny, llama-tiny, qwen2-tiny, smollm2-135m, gpt2-124m, "
-    "llama-1b; image-classification: resnext-tiny (default), resnext-small, resnext29-8x16d, resnext29-8x64d."
-)
-TASK = "classification, seq2seq, causal-lm (decoder-only LMs) or image-classification (ResNeXt; seed 003)."
-TEXT_TASK = "classification, seq2seq or causal-lm (decoder-only LMs)."
-DATASET = (
-    "Built-in offline dataset (stdlib-topic for classification, stdlib-summarize for seq2seq, stdlib-instruct for "
-    "causal-lm, digits for image-classification: the defaults) or a HF dataset name."
-)
-TRAIN_FILE = (
-    "Training data: .csv, .json or .jsonl; image-classification: a CIFAR-10 cifar-10-batches-py directory (its "
-    "pickles may hold only arrays, lists and strings) or an image folder (one sub-directory per class)."
-)
-EVAL_FILE = "Evaluation data (default: a deterministic 10% of --train-file)."
-TEXT_COLUMN = "Input text column of the files \\[default: text]."
-TARGET_COLUMN = "Label (classification) or target text (seq2seq) column \\[default: target]."
-PROMPT_COLUMN = "causal-lm: the prompt column of prompt/response data (no loss on it) \\[default: prompt]."
-RESPONSE_COLUMN = "causal-lm: the response column (its tokens carry the loss) \\[default: response]."
-MESSAGES_COLUMN = (
-    "causal-lm: a column of chat transcripts (lists of role/content messages; JSON text in a CSV) rendered with "
-    "the model's chat template; only the assistant turns carry loss \\[default: 'messages' when there is no 'text']."
-)
-MAX_TRAIN_SAMPLES = "Use only the first N training rows."
-ROWS_HELP = (
-    "Comma list of rows; '+' combines strategies in a row (bf16+grad_ckpt); 'all' is the seed studies' All Applied "
-    "row. See `trainwise strategies`."
-)
-PLAN = "The plan: one '+' combination, e.g. bf16+grad_ckpt."
-ZERO = "Add DeepSpeed ZeRO stage 1, 2 or 3 to the plan(s) (0: as written)."
-OFFLOAD = "With --zero: none, optimizer (stage 2) or params (stage 3) to CPU."
-BATCH = "Effective batch size: samples per optimizer step over every rank."
-ACCUM = "grad_accum: micro-batches per step (each batch/N)."
-MAX_LENGTH = "Max input tokens; the baseline pads to it."
-MAX_TARGET = "Max target tokens (seq2seq)."
-LR = (
-    "Peak learning rate (linear decay to 0) \\[default: 5e-05 (fine-tuning text), 0.002 (image-classification, "
-    "from scratch)]."
-)
-SEED = "Seed for weights, batches and data order."
-DEVICE = (
-    "auto, cpu or cuda. With auto, rows the device cannot run are recorded 'unsupported'; with an explicit device "
-    "they are an error."
-)
-EVAL_SAMPLES = "Evaluation samples (0: no evaluation)."
-NPROC = (
-    "Data-parallel processes of each trial / of the training run (torchrun; gloo on CPU, one GPU each on CUDA). "
-    "--batch-size stays the global batch, split over the ranks. ZeRO plans partition over them."
-)
-TIMEOUT = "Seconds before a trial is killed and recorded 'timeout'."
-FORCE = "Write into an --out that holds files trainwise did not write (refused otherwise)."
 REPLACE = (
     "Run into an --out whose study was measured with other settings (refused otherwise): this run becomes its "
     "study; the report it had is kept in OUT/replaced/N/, its trials in the store."
 )
-MONITOR = "metric (accuracy / ROUGE-L / -eval loss, maximised), eval_loss or train_loss."
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -265,19 +191,20 @@ class Priced(Options):
 
 @dataclass(frozen=True, kw_only=True)
 class ModelData(Options):
-    """The model and the data a study or a run trains (compare, train, tune): shown first by --help."""
+    """The model and the data a study or a run trains (compare, train, tune): shown first by --help. The other
+    verbs take those of them they read, from the same declarations (StudyConfig's)."""
 
-    model: str | None = option(None, MODEL)
-    model_preset: str | None = option(None, PRESET)
-    task: str = option(_STUDY["task"], TASK)
-    dataset: str | None = option(None, DATASET)
-    train_file: str | None = option(None, TRAIN_FILE)
-    eval_file: str | None = option(None, EVAL_FILE)
-    text_column: str | None = option(None, TEXT_COLUMN)
-    target_column: str | None = option(None, TARGET_COLUMN)
-    prompt_column: str | None = option(None, PROMPT_COLUMN)
-    response_column: str | None = option(None, RESPONSE_COLUMN)
-    messages_column: str | None = option(None, MESSAGES_COLUMN)
+    model: str | None = take(StudyConfig, "model")
+    model_preset: str | None = take(StudyConfig, "model_preset")
+    task: str = take(StudyConfig, "task")
+    dataset: str | None = take(StudyConfig, "dataset")
+    train_file: str | None = take(StudyConfig, "train_file")
+    eval_file: str | None = take(StudyConfig, "eval_file")
+    text_column: str | None = take(StudyConfig, "text_column")
+    target_column: str | None = take(StudyConfig, "target_column")
+    prompt_column: str | None = take(StudyConfig, "prompt_column")
+    response_column: str | None = take(StudyConfig, "response_column")
+    messages_column: str | None = take(StudyConfig, "messages_column")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -286,34 +213,32 @@ class CompareOptions(ModelData, Priced):
     Python lists or as the CLI's comma text."""
 
     VERB = "compare"
-    strategies: str | list[str] = option(
-        DEFAULT_STRATEGIES, ROWS_HELP, show_default=shown(DEFAULT_STRATEGIES), role=ROWS
-    )
-    batch_size: int = option(16, BATCH)
-    accum_steps: int = option(_STUDY["accum_steps"], ACCUM)
-    max_length: int = option(_STUDY["max_length"], MAX_LENGTH)
-    max_target_length: int = option(_STUDY["max_target_length"], MAX_TARGET)
-    max_steps: int = option(_STUDY["max_steps"], "Optimizer steps per trial, warm-up included.")
-    warmup_steps: int = option(_STUDY["warmup_steps"], "First steps excluded from timing.")
-    repeat: int = option(_STUDY["repeat"], "Trials per row; the table shows medians.")
-    remeasure: bool = option(True, "With --repeat 1: the baseline again last (noise floor, drift).")
-    lr: float | None = option(None, LR)
-    seed: int = option(_STUDY["seed"], SEED)
-    device: str = option("auto", DEVICE)
-    out: str = option("runs/compare", "Study directory (store, reports); the same command again resumes.", role=RUN)
-    trial_timeout: float = option(900.0, TIMEOUT, role=RUN)
-    eval_samples: int = option(_STUDY["eval_samples"], EVAL_SAMPLES)
-    max_train_samples: int | None = option(None, MAX_TRAIN_SAMPLES)
-    retry_failed: bool = option(False, "On resume, run again the rows that did not end 'ok'.", role=RUN)
-    retries: int = option(_STUDY["retries"], "Re-runs of a trial timed under load, once quiet.", role=RUN)
-    force: bool = flag("force", FORCE, role=RUN)
+    strategies: str | list[str] = take(StudyConfig, "strategies")
+    batch_size: int = take(StudyConfig, "batch_size")
+    accum_steps: int = take(StudyConfig, "accum_steps")
+    max_length: int = take(StudyConfig, "max_length")
+    max_target_length: int = take(StudyConfig, "max_target_length")
+    max_steps: int = take(StudyConfig, "max_steps")
+    warmup_steps: int = take(StudyConfig, "warmup_steps")
+    repeat: int = take(StudyConfig, "repeat")
+    remeasure: bool = take(StudyConfig, "remeasure")
+    lr: float | None = take(StudyConfig, "lr")
+    seed: int = take(StudyConfig, "seed")
+    device: str = take(StudyConfig, "device")
+    out: str = take(StudyConfig, "out")
+    trial_timeout: float = take(StudyConfig, "trial_timeout")
+    eval_samples: int = take(StudyConfig, "eval_samples")
+    max_train_samples: int | None = take(StudyConfig, "max_train_samples")
+    retry_failed: bool = take(StudyConfig, "retry_failed")
+    retries: int = take(StudyConfig, "retries")
+    force: bool = take(StudyConfig, "force")
     replace: bool = flag("replace", REPLACE, role=RUN, saved=False)
-    batch_sizes: str | list[int] | None = option(None, "Sweep: every row at each batch size, e.g. 8,16,32,64.")
-    num_workers: str | int | list[int] = option("0", "Sweep: DataLoader worker counts, e.g. 0,1,2,4,8.")
-    nproc: int = option(1, NPROC)
-    image_size: int = option(32, "image-classification: image folders are resized to this square size.")
+    batch_sizes: str | list[int] | None = take(StudyConfig, "batch_sizes")
+    num_workers: str | int | list[int] = take(StudyConfig, "num_workers")
+    nproc: int = take(StudyConfig, "nproc")
+    image_size: int = take(StudyConfig, "image_size")
     checkpoint_minutes: float = option(30.0, "Cost, low-priority: minutes between checkpoints.", role=PRICE)
-    profile: bool = option(False, "A torch.profiler trace of each trial's steps (adds overhead).")
+    profile: bool = take(StudyConfig, "profile")
     quality_steps: int | None = option(None, "Then train the Pareto rows this long for quality.", role=QUALITY)
     seeds: int = option(2, "Quality phase: seeds per row (the spread of the verdicts).", role=QUALITY)
 
@@ -407,16 +332,17 @@ class AdviseOptions(Options):
     max_epoch_cost: float | None = option(None, "Cost budget: USD per epoch (a priced study).")
     run: bool = flag("run", "Run (or resume) the study into STUDY first, as compare.")
     replace: bool = flag("replace", "--run: " + REPLACE, saved=False)
-    model: str | None = option(None, MODEL)
-    model_preset: str | None = option(None, PRESET)
-    task: str = option(_STUDY["task"], TASK)
-    dataset: str | None = option(None, DATASET)
-    train_file: str | None = option(None, TRAIN_FILE)
-    strategies: str | list[str] = option(DEFAULT_STRATEGIES, ROWS_HELP, show_default=shown(DEFAULT_STRATEGIES))
-    batch_size: int = option(_STUDY["batch_size"], BATCH)
-    max_length: int = option(_STUDY["max_length"], MAX_LENGTH)
-    max_steps: int = option(_STUDY["max_steps"], "--run: optimizer steps per trial.")
-    device: str = option("auto", DEVICE)
+    # --run runs compare: its model, data and measurement options (the others at compare's defaults)
+    model: str | None = take(StudyConfig, "model")
+    model_preset: str | None = take(StudyConfig, "model_preset")
+    task: str = take(StudyConfig, "task")
+    dataset: str | None = take(StudyConfig, "dataset")
+    train_file: str | None = take(StudyConfig, "train_file")
+    strategies: str | list[str] = take(StudyConfig, "strategies")
+    batch_size: int = take(StudyConfig, "batch_size")
+    max_length: int = take(StudyConfig, "max_length")
+    max_steps: int = take(StudyConfig, "max_steps", help="--run: optimizer steps per trial.")
+    device: str = take(StudyConfig, "device")
 
     def constraints(self):
         return Constraints.of({k: getattr(self, k) for k in CONSTRAINTS})
@@ -438,27 +364,27 @@ class EstimateOptions(Options):
     """`trainwise estimate`: each plan's peak training memory without training."""
 
     VERB = "estimate"
-    model: str | None = option(None, MODEL)
-    model_preset: str | None = option(None, PRESET)
-    task: str = option("classification", TEXT_TASK)
-    dataset: str | None = option(None, DATASET)
-    train_file: str | None = option(None, TRAIN_FILE)
-    text_column: str | None = option(None, TEXT_COLUMN)
-    target_column: str | None = option(None, TARGET_COLUMN)
-    prompt_column: str | None = option(None, PROMPT_COLUMN)
-    response_column: str | None = option(None, RESPONSE_COLUMN)
-    messages_column: str | None = option(None, MESSAGES_COLUMN)
-    num_labels: int | None = option(None, "Classes of the head, without data \\[default: 2].")
-    strategies: str | list[str] = option(ESTIMATE_STRATEGIES, ROWS_HELP, show_default=shown(ESTIMATE_STRATEGIES))
-    batch_size: int = option(16, "Effective batch size per device (per optimizer step).")
-    accum_steps: int = option(4, ACCUM)
-    max_length: int = option(128, "Input tokens per sample (padding to it is assumed).")
-    max_target_length: int = option(48, MAX_TARGET)
-    nproc: int = option(1, "Data-parallel ranks (ZeRO partitions over them).")
-    zero: int = option(0, ZERO)
-    offload: str = option("none", OFFLOAD)
-    device: str = option("auto", "Device to estimate for: auto, cpu or cuda.")
-    device_memory: str | None = option(None, "Memory of one device, e.g. 24GB; adds a fits column.")
+    model: str | None = take(StudyConfig, "model")  # the estimate's config has the model resolved
+    model_preset: str | None = take(StudyConfig, "model_preset")
+    task: str = take(EstimateConfig, "task")
+    dataset: str | None = take(EstimateConfig, "dataset")
+    train_file: str | None = take(EstimateConfig, "train_file")
+    text_column: str | None = take(EstimateConfig, "text_column")
+    target_column: str | None = take(EstimateConfig, "target_column")
+    prompt_column: str | None = take(EstimateConfig, "prompt_column")
+    response_column: str | None = take(EstimateConfig, "response_column")
+    messages_column: str | None = take(EstimateConfig, "messages_column")
+    num_labels: int | None = take(EstimateConfig, "num_labels")
+    strategies: str | list[str] = take(EstimateConfig, "rows")
+    batch_size: int = take(EstimateConfig, "batch_size")
+    accum_steps: int = take(EstimateConfig, "accum_steps")
+    max_length: int = take(EstimateConfig, "max_length")
+    max_target_length: int = take(EstimateConfig, "max_target_length")
+    nproc: int = take(EstimateConfig, "nproc")
+    zero: int = take(EstimateConfig, "zero_stage")
+    offload: str = take(EstimateConfig, "offload")
+    device: str = take(EstimateConfig, "device")
+    device_memory: str | None = take(EstimateConfig, "device_memory")
 
     def resolve(self):
         values = dataclasses.asdict(self)
@@ -480,22 +406,22 @@ class ExportOptions(Options):
 
     VERB = "export"
     out: str = option("runs/export", "Directory to write the files into.")
-    study: str | None = option(None, "Model and settings from this study; the plan: advise's pick.")
-    strategies: str | None = option(None, "The plan to export, one '+' combination, e.g. bf16+grad_ckpt.")
-    model: str | None = option(None, MODEL)
-    model_preset: str | None = option(None, PRESET)
-    task: str = option("classification", TEXT_TASK)
-    batch_size: int = option(16, BATCH)
-    accum_steps: int = option(4, ACCUM)
-    max_length: int = option(128, MAX_LENGTH)
-    max_target_length: int = option(48, MAX_TARGET)
-    lr: float = option(5e-5, "Peak learning rate (linear decay).")
-    max_steps: int | None = option(None, "Steps of the exported run \\[default: the study's, else 1000].")
-    nproc: int | None = option(None, "Data-parallel ranks \\[default: the study's, else 1].")
-    zero: int = option(0, ZERO)
-    offload: str = option("none", OFFLOAD)
-    device: str = option("cuda", "Where the exported run trains: cuda or cpu.")
-    force: bool = flag("force", FORCE)
+    study: str | None = take(ExportConfig, "study")
+    strategies: str | None = take(ExportConfig, "strategies")
+    model: str | None = take(ExportConfig, "model")
+    model_preset: str | None = take(ExportConfig, "model_preset")
+    task: str = take(ExportConfig, "task")
+    batch_size: int = take(ExportConfig, "batch_size")
+    accum_steps: int = take(ExportConfig, "accum_steps")
+    max_length: int = take(ExportConfig, "max_length")
+    max_target_length: int = take(ExportConfig, "max_target_length")
+    lr: float = take(ExportConfig, "lr")
+    max_steps: int | None = take(ExportConfig, "max_steps")
+    nproc: int | None = take(ExportConfig, "nproc")
+    zero: int = take(ExportConfig, "zero")
+    offload: str = take(ExportConfig, "offload")
+    device: str = take(ExportConfig, "device")
+    force: bool = take(ExportConfig, "force")
 
     def resolve(self):
         values = dataclasses.asdict(self)
@@ -507,32 +433,38 @@ class FindBatchOptions(Options):
     """`trainwise find-batch`: the fastest batch size that fits."""
 
     VERB = "find-batch"
-    strategies: str = option("baseline", PLAN)
-    model: str | None = option(None, MODEL)
-    model_preset: str | None = option(None, PRESET)
-    task: str = option("classification", TEXT_TASK)
-    dataset: str | None = option(None, DATASET)
-    train_file: str | None = option(None, TRAIN_FILE)
-    text_column: str | None = option(None, TEXT_COLUMN)
-    target_column: str | None = option(None, TARGET_COLUMN)
-    prompt_column: str | None = option(None, PROMPT_COLUMN)
-    response_column: str | None = option(None, RESPONSE_COLUMN)
-    messages_column: str | None = option(None, MESSAGES_COLUMN)
-    candidates: str = option("4,8,16,32,64,128", "Batch sizes to try, ascending (comma list).")
-    accum_steps: int = option(4, ACCUM)
-    max_length: int = option(128, MAX_LENGTH)
-    max_target_length: int = option(48, MAX_TARGET)
-    steps: int = option(4, "Optimizer steps per size, the first untimed.")
-    memory_limit: str | None = option(None, "Fit limit, e.g. 8GB (default: the device's, or RAM - 10%).")
-    refine: int = option(2, "Bisection steps between the largest fit and the first failure.")
-    use_estimate: bool = option(True, "Skip sizes the estimate rules out.", "--estimate/--no-estimate")
-    device: str = option("auto", DEVICE)
+    strategies: str = option("baseline", "The plan: one '+' combination, e.g. bf16+grad_ckpt.")
+    model: str | None = take(StudyConfig, "model")
+    model_preset: str | None = take(StudyConfig, "model_preset")
+    task: str = take(EstimateConfig, "task")  # the search skips sizes by the estimate, which models text tasks
+    dataset: str | None = take(StudyConfig, "dataset")
+    train_file: str | None = take(StudyConfig, "train_file")
+    text_column: str | None = take(StudyConfig, "text_column")
+    target_column: str | None = take(StudyConfig, "target_column")
+    prompt_column: str | None = take(StudyConfig, "prompt_column")
+    response_column: str | None = take(StudyConfig, "response_column")
+    messages_column: str | None = take(StudyConfig, "messages_column")
+    candidates: str = take(FindBatchConfig, "candidates")
+    accum_steps: int = take(StudyConfig, "accum_steps")
+    max_length: int = take(StudyConfig, "max_length")
+    max_target_length: int = take(StudyConfig, "max_target_length")
+    steps: int = take(FindBatchConfig, "steps")
+    memory_limit: str | None = take(FindBatchConfig, "memory_limit")
+    refine: int = take(FindBatchConfig, "refine")
+    use_estimate: bool = take(FindBatchConfig, "use_estimate")
+    device: str = take(StudyConfig, "device")
     out: str = option("runs/find-batch", "Directory for find_batch.json / .png and the trials.")
-    trial_timeout: float = option(900.0, TIMEOUT)
+    trial_timeout: float = take(StudyConfig, "trial_timeout")
 
     def resolve(self):
         limit = parse_bytes(self.memory_limit, "--memory-limit") if self.memory_limit is not None else None
-        return FindBatchConfig(self.candidates, self.steps, limit, self.refine, self.use_estimate)
+        return FindBatchConfig(
+            candidates=self.candidates,
+            steps=self.steps,
+            memory_limit=limit,
+            refine=self.refine,
+            use_estimate=self.use_estimate,
+        )
 
     def config_at(self, batch: int) -> StudyConfig:
         """The study of the one row at a batch size (what each probe of the search runs)."""
@@ -546,33 +478,41 @@ class TrainOptions(ModelData, Priced):
     VERB = "train"
     strategies: str | None = option(None, "The plan (a+b) \\[default: baseline]; --plan: a row.")
     plan_study: str | None = option(None, "Train a study's row (advise's pick) as it ran.", "--plan")
-    batch_size: int = option(_STUDY["batch_size"], BATCH)
-    accum_steps: int = option(_STUDY["accum_steps"], ACCUM)
-    max_length: int = option(_STUDY["max_length"], MAX_LENGTH)
-    max_target_length: int = option(_STUDY["max_target_length"], MAX_TARGET)
-    lr: float | None = option(None, LR)
-    seed: int = option(_STUDY["seed"], SEED)
-    device: str = option("auto", DEVICE)
-    num_workers: int = option(0, "DataLoader worker processes.")
-    epochs: int = option(1, "Passes over the training data.")
-    max_steps: int | None = option(None, "Stop after this many optimizer steps.")
-    eval_every: int = option(50, "Evaluate every K optimizer steps (and at the end).")
-    save_every: int = option(50, "Checkpoint every K optimizer steps (and at the end).")
-    keep_checkpoints: int = option(2, "Checkpoints kept (the last N), besides best/ and final/.")
-    patience: int | None = option(None, "Early stopping: evaluations without improvement.")
-    min_delta: float = option(0.0, "Early stopping: the smallest change that counts.")
-    monitor: str = option("metric", MONITOR)
-    eval_samples: int = option(_STUDY["eval_samples"], EVAL_SAMPLES)
-    max_train_samples: int | None = option(None, MAX_TRAIN_SAMPLES)
-    nproc: int = option(1, NPROC)
+    batch_size: int = take(StudyConfig, "batch_size")
+    accum_steps: int = take(StudyConfig, "accum_steps")
+    max_length: int = take(StudyConfig, "max_length")
+    max_target_length: int = take(StudyConfig, "max_target_length")
+    lr: float | None = take(StudyConfig, "lr")
+    seed: int = take(StudyConfig, "seed")
+    device: str = take(StudyConfig, "device")
+    num_workers: int = option(0, "DataLoader worker processes.")  # one count (compare's sweeps several)
+    epochs: int = take(TrainConfig, "epochs")
+    max_steps: int | None = take(TrainConfig, "max_steps")
+    eval_every: int = take(TrainConfig, "eval_every")
+    save_every: int = take(TrainConfig, "save_every")
+    keep_checkpoints: int = take(TrainConfig, "keep")
+    patience: int | None = take(TrainConfig, "patience")
+    min_delta: float = take(TrainConfig, "min_delta")
+    monitor: str = take(TrainConfig, "monitor")
+    eval_samples: int = take(StudyConfig, "eval_samples")
+    max_train_samples: int | None = take(StudyConfig, "max_train_samples")
+    nproc: int = take(StudyConfig, "nproc")
     out: str = option("runs/train", "Run directory: checkpoints/, best/, train_result.json.")
-    force: bool = flag("force", FORCE)
+    force: bool = take(StudyConfig, "force")
     resume: bool = flag("resume", "Continue from the last whole checkpoint in --out.")
     report_to: str | None = option(None, "tensorboard and/or mlflow (comma list); trainwise\\[report].")
 
-    def train_config(self):
-        values = (self.epochs, self.max_steps, self.eval_every, self.save_every, self.patience, self.min_delta)
-        return TrainConfig(*values, self.monitor, self.keep_checkpoints)
+    def train_config(self) -> TrainConfig:
+        return TrainConfig(
+            epochs=self.epochs,
+            max_steps=self.max_steps,
+            eval_every=self.eval_every,
+            save_every=self.save_every,
+            patience=self.patience,
+            min_delta=self.min_delta,
+            monitor=self.monitor,
+            keep=self.keep_checkpoints,
+        )
 
     def plan_config(self) -> StudyConfig:
         """The one-row study whose trial spec the run trains (max_steps: a placeholder, the run's own
@@ -588,23 +528,23 @@ class TuneOptions(ModelData, Priced):
     """`trainwise tune`: search the hyper-parameters of one plan."""
 
     VERB = "tune"
-    space: str = option(help="Search space, YAML: lr: {low: 1e-5, high: 1e-3, log: true} ...")
-    search: str = option("tpe", "random or tpe (Optuna, pruning), or pbt (Ray Tune; trainwise\\[ray]).")
-    trials: int = option(8, "random/tpe: finished trials to reach; pbt: the population.")
+    space: str = take(TuneConfig, "space")
+    search: str = take(TuneConfig, "search")
+    trials: int = take(TuneConfig, "trials")
     strategies: str = option("baseline", "The plan every trial trains with.")
-    batch_size: int = option(_STUDY["batch_size"], "Batch size when the space does not tune it.")
-    max_length: int = option(_STUDY["max_length"], MAX_LENGTH)
-    max_steps: int = option(60, "Optimizer steps per trial (the budget unit).")
-    eval_every: int = option(20, "Evaluate (and maybe prune) every K steps.")
-    monitor: str = option("metric", "metric (maximised), eval_loss or train_loss (minimised).")
-    eval_samples: int = option(_STUDY["eval_samples"], EVAL_SAMPLES)
-    max_train_samples: int | None = option(None, MAX_TRAIN_SAMPLES)
-    seed: int = option(_STUDY["seed"], SEED)
-    device: str = option("auto", DEVICE)
+    batch_size: int = take(StudyConfig, "batch_size", help="Batch size when the space does not tune it.")
+    max_length: int = take(StudyConfig, "max_length")
+    max_steps: int = take(TuneConfig, "max_steps")
+    eval_every: int = take(TuneConfig, "eval_every")
+    monitor: str = take(TuneConfig, "monitor")
+    eval_samples: int = take(StudyConfig, "eval_samples")
+    max_train_samples: int | None = take(StudyConfig, "max_train_samples")
+    seed: int = take(TuneConfig, "seed")
+    device: str = take(StudyConfig, "device")
     out: str = option("runs/tune", "Study directory: tune.sqlite or pbt/, trials/, tune_result.json.")
-    ray_address: str | None = option(None, "pbt: a Ray cluster (ray://head:10001 or auto).")
-    cpus_per_trial: float | None = option(None, "pbt: CPUs per member (default: cores / population).")
-    trial_timeout: float = option(900.0, "random/tpe: seconds before a trial is killed ('timeout').")
+    ray_address: str | None = take(TuneConfig, "ray_address")
+    cpus_per_trial: float | None = take(TuneConfig, "cpus_per_trial")
+    trial_timeout: float = take(TuneConfig, "trial_timeout")
 
     def resolve(self):
         """(the search's TuneConfig, the one-row StudyConfig every trial trains)."""
@@ -618,7 +558,7 @@ class DoctorOptions(Options):
     """`trainwise doctor`: what works here."""
 
     VERB = "doctor"
-    device: str = option("auto", "auto, cpu or cuda: the device to check.")
+    device: str = take(StudyConfig, "device", help="auto, cpu or cuda: the device to check.")
     out: str = option("runs/doctor", "Where the checks' trials and doctor.json are written.")
 
 
@@ -627,4 +567,4 @@ class EnvOptions(Options):
     """`trainwise env`: the environment recorded beside every figure."""
 
     VERB = "env"
-    device: str = option("auto", "auto, cpu or cuda.")
+    device: str = take(StudyConfig, "device", help="auto, cpu or cuda.")

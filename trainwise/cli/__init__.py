@@ -15,7 +15,6 @@ import sys
 import types
 import typing
 from collections.abc import Callable
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -27,6 +26,7 @@ from typer._click.exceptions import ClickException, NoArgsIsHelpError
 from trainwise import lifeline
 from trainwise import strategies as catalogue
 from trainwise.api import compare as compare_api
+from trainwise.api import env as env_api
 from trainwise.api import estimate as estimate_api
 from trainwise.api import export as export_api
 from trainwise.api import find_batch as find_batch_api
@@ -36,7 +36,6 @@ from trainwise.api import tune as tune_api
 from trainwise.api.render import STDERR
 from trainwise.config import monitor_name
 from trainwise.files import exit_line
-from trainwise.measure.env import environment
 from trainwise.tune import check_some_complete
 
 app = typer.Typer(
@@ -203,11 +202,10 @@ def list_strategies(
 def doctor(o: api.DoctorOptions, as_json: bool) -> None:
     """What works here: every strategy tried 2 steps on a tiny preset, the device's facts, measured peaks and
     versions (what a bug report quotes). Exit 1 when a strategy the device supports failed."""
-    from trainwise.doctor import run_doctor  # heavy: loads numpy
-    from trainwise.report import terminal  # start-up: rich
+    from trainwise.api.doctor import start  # heavy: loads numpy
 
-    with terminal.doctor_progress() as (on_event, on_done):
-        report = run_doctor(o.device, Path(o.out), on_event, on_done)
+    terminal, render = _terminal()
+    report = start(o, render)
     terminal.out.print_json(json.dumps(report.to_dict())) if as_json else terminal.doctor_table(report)
     report.check_failed()
 
@@ -216,10 +214,8 @@ def doctor(o: api.DoctorOptions, as_json: bool) -> None:
 def env(o: api.EnvOptions, _json: bool) -> None:
     """Print the environment trainwise records beside every figure."""
     from trainwise.report import terminal  # start-up: rich
-    from trainwise.study.prepare import resolve_device  # heavy: loads numpy
 
-    resolved, caps = resolve_device(o.device)
-    terminal.out.print_json(json.dumps({**environment(resolved), "capabilities": sorted(caps)}))
+    terminal.out.print_json(json.dumps(env_api.start(o)))
 
 
 def _interrupted() -> int:

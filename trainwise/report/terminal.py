@@ -305,22 +305,6 @@ def strategies_table() -> None:
     out.print(grid)
 
 
-@contextlib.contextmanager
-def doctor_progress() -> Iterator[tuple[Callable, Callable]]:
-    """A line per checked strategy as its trial ends; yields (on_event, on_done) for run_doctor."""
-    with err.status("trainwise doctor: measuring the device's peaks...") as status:
-
-        def on_event(task: str, spec: Any, e: dict) -> None:
-            if e.get("event") == "phase":
-                status.update(f"trainwise doctor: {spec.row} ({task}): {e['phase']}")
-
-        def on_done(task: str, spec: Any, r: Any, cached: bool) -> None:
-            what = f"{r.step_time_s:.3f} s/step" if r.status == "ok" else r.message
-            say(f"  {spec.row} ({task}): {r.status}  {what}", err)
-
-        yield on_event, on_done
-
-
 def doctor_table(report: Any) -> None:
     d, e = report.device, report.environment
     cap = f"  compute capability {d['capability']}" if d.get("capability") else ""

@@ -1,0 +1,119 @@
+"""Issue 35: each option is declared once. The CLI's flags, the Python API's keyword arguments (a verb's
+Options fields) and the library configs' fields share one declaration per option: the same help and default
+objects, not copies that can drift. Fast: nothing is trained."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+
+import pytest
+import typer
+
+from trainwise.api import options as api
+from trainwise.cli import app
+from trainwise.config import StudyConfig, TrainConfig
+from trainwise.estimate import EstimateConfig
+from trainwise.export import ExportConfig
+from trainwise.find_batch import FindBatchConfig
+from trainwise.option import declared, option, take
+from trainwise.tune import TuneConfig
+
+CONFIGS = (StudyConfig, TrainConfig, EstimateConfig, ExportConfig, TuneConfig, FindBatchConfig)
+VERBS = {
+    cls.VERB: cls for cls in vars(api).values() if isinstance(cls, type) and issubclass(cls, api.Options) and cls.VERB
+}
+
+
+def test_every_verb_has_options():
+    assert set(VERBS) == {"compare", "advise", "estimate", "export", "find-batch", "train", "tune", "doctor", "env"}
+
+
+def _declaration(f: dataclasses.Field) -> dataclasses.Field:
+    """The field that declares the option `f` is (itself, or the config field named in its `source`)."""
+    source = f.metadata.get("source")
+    if source is None:
+        return f
+    owner, name = source.split(".")
+    config = next(c for c in CONFIGS if c.__name__ == owner)
+    found = declared(config, name)
+    assert "source" not in found.metadata, f"{source} is itself taken from {found.metadata['source']}"
+    return found
+
+
+@pytest.mark.parametrize("verb", sorted(VERBS))
+def test_a_verbs_options_share_the_configs_declarations(verb):
+    """Every option a verb takes from a library config has that config field's help, flags and default (the
+    same objects), unless the verb names its own (`take(..., default=)` / `help=`, marked in the metadata)."""
+    for f in dataclasses.fields(VERBS[verb]):
+        d = _declaration(f)
+        assert "help" in f.metadata and f.metadata["help"], f"{verb} --{f.name} has no help"
+        assert f.metadata["flags"] is d.metadata["flags"], f.name
+        if not f.metadata.get("verb_help"):
+            assert f.metadata["help"] is d.metadata["help"], f"{verb} --{f.name}: a copy of the help"
+        else:
+            assert f.metadata["help"] != d.metadata["help"], f"{verb} --{f.name}: its own help is the declaration's"
+        if not f.metadata.get("verb_default"):
+            assert f.default is d.metadata["default"], f"{verb} --{f.name}: a copy of the default"
+        assert f.default is f.metadata["default"]
+
+
+def test_no_help_text_is_written_twice():
+    """Two declarations never carry the same help: an option several verbs or configs offer is taken from its
+    one declaration (the same text object), not re-typed (an equal text, another object)."""
+    written: dict[int, tuple[str, str]] = {}  # a help text object -> where it is first met
+    for owner in (*CONFIGS, *VERBS.values()):
+        for f in dataclasses.fields(owner):
+            if "help" in f.metadata:
+                written.setdefault(id(f.metadata["help"]), (f"{owner.__name__}.{f.name}", f.metadata["help"]))
+    by_text: dict[str, list[str]] = defaultdict(list)
+    for where, text in written.values():
+        by_text[text].append(where)
+    twice = {text: places for text, places in by_text.items() if len(places) > 1}
+    assert not twice, twice
+
+
+def test_a_config_field_taken_by_another_config_is_the_same_option():
+    """EstimateConfig, ExportConfig and TuneConfig read some of StudyConfig's options (the data, the batch, the
+    seed): they take them, so a default changed in StudyConfig changes everywhere."""
+    assert _declaration(declared(EstimateConfig, "accum_steps")) is declared(StudyConfig, "accum_steps")
+    assert _declaration(declared(ExportConfig, "zero")) is declared(EstimateConfig, "zero_stage")
+    assert _declaration(declared(TuneConfig, "seed")) is declared(StudyConfig, "seed")
+    assert EstimateConfig(("baseline",)).accum_steps == StudyConfig(out="x", strategies=["baseline"]).accum_steps
+
+
+def test_the_clis_flags_are_the_options():
+    """Each verb's command has one parameter per option, with the option's help and default objects (and
+    --config, --json, --help besides)."""
+    commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
+    for verb, cls in VERBS.items():
+        params = {p.name: p for p in commands[verb].params}
+        own = {f.name: f for f in dataclasses.fields(cls)}
+        assert set(params) - {"ctx", "config", "as_json", "help"} == set(own), verb
+        for name, f in own.items():
+            p = params[name]
+            assert p.help is f.metadata["help"], f"{verb} --{name}"
+            if f.default is not dataclasses.MISSING:
+                assert p.default is f.default, f"{verb} --{name}"
+
+
+def test_the_apis_defaults_are_the_options():
+    """A verb called with nothing but what it requires has every option at its declared default."""
+    required = {"advise": {"study": ["s"]}, "tune": {"space": "space.yaml"}}
+    for verb, cls in VERBS.items():
+        made = cls.of(required.get(verb, {}))
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:
+                assert getattr(made, f.name) is f.default, f"{verb} {f.name}"
+
+
+def test_take_refuses_what_is_not_an_option():
+    @dataclasses.dataclass
+    class Config:
+        plain: int = 1
+        told: int = option(2, "An option.")
+
+    with pytest.raises(TypeError, match="Config.plain is not an option"):
+        take(Config, "plain")
+    taken = take(Config, "told", default=3)
+    assert (taken.default, taken.metadata["verb_default"], taken.metadata["source"]) == (3, True, "Config.told")
