@@ -24,7 +24,7 @@ def main(specs_path: str, out_path: str) -> None:
         measured: list[float] = []
         r = run_trial(spec, progress=lambda e, m=measured: m.append(e["loss"]) if e.get("event") == "step" else None)
         trained: list[float] = []
-        tc = TrainConfig(epochs=10, max_steps=spec.settings.max_steps, eval_every=1, checkpoints=False)
+        tc = TrainConfig(epochs=10, max_steps=spec.steps, eval_every=1, checkpoints=False)
         with tempfile.TemporaryDirectory() as out:  # each rank its own run directory
             on_event = lambda e, t=trained: t.append(e["loss"]) if e["event"] == "step" else None  # noqa: E731
             run_train(TrainJob(spec, tc, Path(out), on_event=on_event, warn=print))

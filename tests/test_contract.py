@@ -40,7 +40,7 @@ def _compare_and_train(spec, out: Path) -> tuple[list[float], list[float], objec
     measured: list[float] = []
     r = run_trial(spec, progress=lambda e: measured.append(e["loss"]) if e.get("event") == "step" else None)
     trained: list[float] = []
-    tc = TrainConfig(epochs=10, max_steps=spec.settings.max_steps, eval_every=1, save_every=1, checkpoints=False)
+    tc = TrainConfig(epochs=10, max_steps=spec.steps, eval_every=1, save_every=1, checkpoints=False)
     on_event = lambda e: trained.append(e["loss"]) if e["event"] == "step" else None  # noqa: E731
     run_train(TrainJob(spec, tc, out, on_event=on_event, warn=print))
     return measured, trained, r

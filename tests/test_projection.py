@@ -100,8 +100,8 @@ def test_the_study_says_its_projection_where_the_user_sees_it(tmp_path, cls_csv,
     study = tiny_study(tmp_path, cls_csv, "classification", ["baseline", "dynamic_pad"], max_steps=4)
 
     def launch(spec, _dir, _timeout, emit):  # a trial of 100 s steps, without running one
-        for step in range(1, spec.settings.max_steps + 1):
-            emit({"event": "step", "step": step, "total": spec.settings.max_steps, "loss": 1.0, "step_s": 100.0})
+        for step in range(1, spec.steps + 1):
+            emit({"event": "step", "step": step, "total": spec.steps, "loss": 1.0, "step_s": 100.0})
         return TrialResult(spec.row, "ok", spec.repeat, step_time_s=100.0, samples_per_s=0.08)
 
     seen: list[dict] = []

@@ -394,7 +394,7 @@ def test_a_study_grows_by_rows_and_is_replaced_only_when_asked(tmp_path, cls_csv
     assert [r.strategy for r in replaced.rows] == ["baseline"] and replaced.rows[0].timed_steps == 2
     assert (out / "replaced" / "1" / "report.md").read_text() == report
     store = Store.of(out)
-    assert store.spec("baseline").settings.max_steps == 3, "the trial the report shows, not the first stored"
+    assert store.spec("baseline").steps == 3, "the trial the report shows, not the first stored"
     store.close()
     assert trainwise.export(study=str(out), out=str(tmp_path / "export")).row == "baseline"
     assert '"max_steps": 3' in (tmp_path / "export" / "training_args.json").read_text()

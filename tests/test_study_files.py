@@ -52,6 +52,20 @@ def test_a_study_written_by_e874211_opens_typed(tmp_path):
     assert CompareOptions.of({}, study / store.STUDY_FILE).strategies == "baseline,dynamic_pad"
 
 
+def test_the_old_store_keeps_its_keys_so_the_same_command_resumes():
+    """TrialSettings lost max_steps (a compare trial's step count is TrialSpec.steps, train's is its schedule):
+    a spec stored before reads back with its steps, and its key is the one it was stored under."""
+    import sqlite3
+
+    with sqlite3.connect(OLD / "study.sqlite") as db:
+        stored = db.execute("SELECT key, spec FROM trials").fetchall()
+    assert len(stored) == 3
+    for key, blob in stored:
+        spec = TrialSpec.from_dict(json.loads(blob))
+        assert spec.steps == 4 and not hasattr(spec.settings, "max_steps")
+        assert spec.key() == key and TrialSpec.from_dict(spec.to_dict()) == spec
+
+
 def test_advise_and_the_python_api_read_the_old_study(tmp_path):
     study = tmp_path / "old"
     shutil.copytree(OLD, study)

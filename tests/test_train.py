@@ -276,7 +276,7 @@ def test_train_plan_takes_advises_pick_and_the_settings_of_a_compare_study(tmp_p
     assert spec.settings.batch_size == 4 and spec.settings.max_length == 24
     import dataclasses
 
-    ran = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, max_steps=2))
+    ran = dataclasses.replace(spec, steps=2)
     assert manifest["trainer"]["fingerprint"] == fingerprint(ran)
     for args, message in (
         (["--strategies", "nope"], "no row 'nope'; its rows: baseline, bf16"),

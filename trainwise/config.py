@@ -126,7 +126,8 @@ class StudyConfig:
     accum_steps: int = option(4, "grad_accum: micro-batches per step (each batch/N).")
     max_length: int = option(128, "Max input tokens; the baseline pads to it.")
     max_target_length: int = option(48, "Max target tokens (seq2seq).")
-    max_steps: int = option(16, "Optimizer steps per trial, warm-up included.")
+    # None: the run's own schedule says (train's --epochs/--max-steps, tune's --max-steps), not a trial's count
+    max_steps: int | None = option(16, "Optimizer steps per trial, warm-up included.")
     warmup_steps: int = option(3, "First steps excluded from timing.")
     repeat: int = option(1, "Trials per row; the table shows medians.")
     # --repeat 1: run the baseline again as the last trial (noise floor, drift)
@@ -200,7 +201,7 @@ class StudyConfig:
             raise ConfigError(f"--device must be one of {', '.join(DEVICES)}, not {self.device!r}")
         for name in ("batch_size", "max_steps", "max_length", "max_target_length", "repeat", "accum_steps"):
             value = getattr(self, name)
-            if value <= 0:
+            if value is not None and value <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {value}")
         if not 0 <= self.retries <= 10:
             raise ConfigError(f"--retries must be between 0 and 10, got {self.retries}")
@@ -210,7 +211,7 @@ class StudyConfig:
             raise ConfigError(f"--image-size must be > 0, got {self.image_size}")
         if self.max_train_samples is not None and self.max_train_samples <= 0:
             raise ConfigError(f"--max-train-samples must be > 0, got {self.max_train_samples}")
-        if self.warmup_steps < 0 or self.warmup_steps >= self.max_steps:
+        if self.warmup_steps < 0 or (self.max_steps is not None and self.warmup_steps >= self.max_steps):
             raise ConfigError(
                 f"--warmup-steps must be >= 0 and < --max-steps ({self.max_steps}) so that some steps "
                 f"are timed, got {self.warmup_steps}"
@@ -497,7 +498,6 @@ class TrialSettings:
     accum_steps: int
     max_length: int
     max_target_length: int
-    max_steps: int
     warmup_steps: int
     lr: float
     seed: int
@@ -526,6 +526,8 @@ class TrialSpec:
     plan: TrialPlan
     settings: TrialSettings
     extra: dict[str, str] = field(default_factory=dict)
+    # a compare trial's optimizer steps, warm-up included; None where the run's own schedule says (train, tune)
+    steps: int | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -534,26 +536,33 @@ class TrialSpec:
             "plan": self.plan.to_dict(),
             "settings": asdict(self.settings),
             "extra": dict(self.extra),
+            "steps": self.steps,
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> TrialSpec:
+        settings = dict(d["settings"])
+        placed = settings.pop("max_steps", None)  # stores written before issue 35 kept the steps in the settings
         return cls(
             row=d["row"] if "row" in d else d["strategy"],  # stores written before 0.2 said "strategy"
             repeat=int(d["repeat"]),
             plan=TrialPlan.from_dict(d["plan"]),
-            settings=TrialSettings(**d["settings"]),
+            settings=TrialSettings(**settings),
             extra=dict(d.get("extra", {})),
+            steps=d.get("steps", placed),
         )
 
     def key(self) -> str:
         """Stable identity of a trial: same command -> same keys, so a re-run resumes. Fields at their
         default values are left out, so adding a field (with a default) keeps existing studies' keys."""
+        settings = {k: v for k, v in asdict(self.settings).items() if SETTINGS_DEFAULTS.get(k, MISSING) != v}
+        if self.steps is not None:  # where the settings held it before issue 35: existing studies keep their keys
+            settings["max_steps"] = self.steps
         d = {
             "strategy": self.row,  # the name keys have always used: existing studies keep their keys
             "repeat": self.repeat,
             "plan": self.plan.changed(),
-            "settings": {k: v for k, v in asdict(self.settings).items() if SETTINGS_DEFAULTS.get(k, MISSING) != v},
+            "settings": settings,
             "extra": dict(self.extra),
         }
         blob = json.dumps(d, sort_keys=True)

@@ -719,7 +719,7 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
             (s.max_length, s.max_target_length),
             s.lr,
         )
-        max_steps = cfg.max_steps or s.max_steps
+        max_steps = cfg.max_steps or spec.steps or 1000
         nproc = cfg.nproc or s.nproc
         seed = s.seed
         labels = tuple(read_labels(s.data_dir)) if task == "classification" else ()

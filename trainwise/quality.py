@@ -145,9 +145,7 @@ def verdicts(trials: list, random_init: bool) -> list[QualityRow]:
     for spec, r in trials:
         if r.status != "ok" or r.metric is None:
             continue
-        row = rows.setdefault(
-            spec.row, QualityRow(spec.row, r.metric_name or "", [], [], spec.settings.max_steps, random_init)
-        )
+        row = rows.setdefault(spec.row, QualityRow(spec.row, r.metric_name or "", [], [], spec.steps or 0, random_init))
         row.values.append(float(r.metric))
         row.majority = r.metrics.get("majority_accuracy", row.majority)
         if r.metrics.get("eval_loss") is not None:

@@ -353,7 +353,6 @@ def run_train(job: TrainJob, adopt: Path | None = None) -> TrainResult:
         return _fit(job, adopt)
 
     spec, tc, out = job.spec, job.tc, job.out
-    # the spec's max_steps is a placeholder: the train config's (its cap) replaces it
     params = {"plan": spec.row, **dataclasses.asdict(spec.settings), **dataclasses.asdict(tc)}
     out.mkdir(parents=True, exist_ok=True)
     tracker = Tracker(job.report_to, out, f"{out.name} {spec.row}", params)
@@ -383,7 +382,7 @@ def _fit(job: TrainJob, adopt: Path | None) -> TrainResult:
     if per_epoch == 0:
         raise ConfigError(f"an epoch of {len(data.lengths)} samples has no full batch of {s.batch_size}")
     planned = tc.epochs * per_epoch if tc.max_steps is None else min(tc.max_steps, tc.epochs * per_epoch)
-    spec = dataclasses.replace(spec, settings=dataclasses.replace(s, max_steps=planned))
+    spec = dataclasses.replace(spec, steps=planned)
     parts = loop.build(spec, data, planned)
     raw = parts.raw_model
     ranks = Ranks.from_env()

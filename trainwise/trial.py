@@ -40,6 +40,13 @@ class Measured(loop.Phases):
         return self.tracer.range(name)
 
 
+def _steps(spec: TrialSpec) -> int:
+    """A compare trial's optimizer steps (its spec says them: prepare_study sets them from --max-steps)."""
+    if spec.steps is None:
+        raise ValueError(f"trial {spec.row!r}: its spec gives no step count (a training run's spec, not a trial's)")
+    return spec.steps
+
+
 def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Path | None = None) -> TrialResult:
     """One trial. With `trace_path`, the training steps are recorded by torch.profiler (--profile)."""
     emit = progress or (lambda _event: None)
@@ -53,7 +60,8 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Pat
         memory.cuda_reset_peak()
     memory.reset_peak_rss()
     rss_before = memory.rss_bytes()
-    parts = loop.build(spec, data, s.max_steps)
+    steps = _steps(spec)
+    parts = loop.build(spec, data, steps)
     stream = loop.Stream(data, parts)
 
     emit({"event": "phase", "phase": "train"})
@@ -76,10 +84,10 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Pat
             counts["samples"] += sum(b.n_samples for b in micro)
             counts["real"] += sum(b.real_tokens for b in micro)
             counts["padded"] += sum(b.padded_tokens for b in micro)
-        emit({"event": "step", "step": parts.step, "total": s.max_steps, "loss": loss, "step_s": times.total_s})
+        emit({"event": "step", "step": parts.step, "total": steps, "loss": loss, "step_s": times.total_s})
 
     tracer.start()  # a no-op without --profile; with it, one trace of all training steps
-    loop.run(parts, stream, s.max_steps, on_step, Measured(timer, tracer))
+    loop.run(parts, stream, steps, on_step, Measured(timer, tracer))
     loaded = contention.between(load[0] if load else None, contention.sample())
     tracer.stop()
 

@@ -515,12 +515,11 @@ class TrainOptions(ModelData, Priced):
         )
 
     def plan_config(self) -> StudyConfig:
-        """The one-row study whose trial spec the run trains (max_steps: a placeholder, the run's own
-        schedule replaces it)."""
+        """The one-row study whose trial spec the run trains (its steps: the run's own schedule, not a study's)."""
         if self.strategies is not None and "," in self.strategies:
             raise ConfigError(f"--strategies {self.strategies!r}: train runs one plan (a '+' combination)")
         rows = [self.strategies or "baseline"]
-        return self.study_config(strategies=rows, max_steps=2, warmup_steps=0, num_workers=(self.num_workers,))
+        return self.study_config(strategies=rows, max_steps=None, warmup_steps=0, num_workers=(self.num_workers,))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -550,7 +549,7 @@ class TuneOptions(ModelData, Priced):
         """(the search's TuneConfig, the one-row StudyConfig every trial trains)."""
         values = dataclasses.asdict(self)
         tune = TuneConfig(**{f.name: values[f.name] for f in fields(TuneConfig) if f.init})
-        return tune, self.study_config(strategies=[self.strategies], max_steps=2, warmup_steps=0)
+        return tune, self.study_config(strategies=[self.strategies], max_steps=None, warmup_steps=0)
 
 
 @dataclass(frozen=True, kw_only=True)

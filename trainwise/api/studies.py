@@ -79,7 +79,7 @@ def quality_basis(study: Path) -> dict:
     s = spec.settings
     held = Path(s.data_dir) / "eval.jsonl"
     n = min(s.eval_samples, len(held.read_text(encoding="utf-8").splitlines())) if held.is_file() else s.eval_samples
-    return {"trial_steps": s.max_steps, "eval_samples": n}
+    return {"trial_steps": spec.steps, "eval_samples": n}
 
 
 def _study_line(label: str, rows: list[StudyRow]) -> str:

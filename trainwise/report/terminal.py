@@ -58,7 +58,7 @@ def study_progress(prepared: Any) -> Iterator[tuple[Callable, Callable]]:
     sizes = sorted({c.batch_size for c in prepared.cells})
     say(
         f"model {s.model_label} ({s.model_kind})  device {s.device}  train rows {s.n_train}  "
-        f"batch {','.join(map(str, sizes))}  steps {s.max_steps} ({s.warmup_steps} untimed)"
+        f"batch {','.join(map(str, sizes))}  steps {prepared.specs[0].steps} ({s.warmup_steps} untimed)"
         + (f"  ranks {s.nproc}" if s.nproc > 1 else "")
         + f"  trials {len(prepared.specs)}  out {prepared.out}",
         err,
@@ -73,7 +73,7 @@ def study_progress(prepared: Any) -> Iterator[tuple[Callable, Callable]]:
     )
     with Progress(*columns, console=err) as progress:
         study_bar = progress.add_task("study", total=len(prepared.specs), left="")
-        trial_bar = progress.add_task("", total=s.max_steps, visible=False, left="")
+        trial_bar = progress.add_task("", total=prepared.specs[0].steps, visible=False, left="")
 
         def name(spec: Any) -> str:
             return f"{prepared.cell_of(spec).label()} #{spec.repeat + 1}"

@@ -230,7 +230,7 @@ def study_settings(prepared: PreparedStudy, table: list[StudyRow], price=None, q
         "strategies": ", ".join(r.text for r in cfg.rows),
         "batch": f"{s.batch_size} samples per optimizer step{sweep}{accum}; {ranks}{workers}",
         "lengths": lengths if s.task != "image-classification" else f"images {cfg.image_size}x{cfg.image_size}",
-        "steps": f"{s.max_steps} optimizer steps per trial, the first {s.warmup_steps} not timed",
+        "steps": f"{prepared.specs[0].steps} optimizer steps per trial, the first {s.warmup_steps} not timed",
         "lr": f"{s.lr:g} peak, linear decay to 0",
         "seed": s.seed,
         "repeats": f"{cfg.repeat} trial(s) per row"

@@ -337,7 +337,6 @@ def _settings(
         accum_steps=cfg.accum_steps,
         max_length=cfg.max_length,
         max_target_length=cfg.max_target_length,
-        max_steps=cfg.max_steps,
         warmup_steps=cfg.warmup_steps,
         lr=cfg.lr,
         seed=cfg.seed,
@@ -364,6 +363,7 @@ def _specs(cfg: StudyConfig, settings, fingerprint: str, unsupported: dict[str, 
                 seed=settings.seed + rep if cfg.seed_per_repeat else settings.seed,
             ),
             {"data": fingerprint},
+            cfg.max_steps,
         )
         for rep in range(cfg.repeat)  # repeats interleaved: drift on a shared machine hits every row alike
         for c in cells
@@ -373,7 +373,7 @@ def _specs(cfg: StudyConfig, settings, fingerprint: str, unsupported: dict[str, 
         # the reference again, as the last trial: with one repeat the study still measures its noise floor
         # (run-to-run, which the step-to-step spread misses) and sees the machine drift between first and last
         base_settings = dataclasses.replace(settings, batch_size=base.batch_size, num_workers=base.workers)
-        specs.append(TrialSpec(base.row.text, 1, base.row.plan, base_settings, {"data": fingerprint}))
+        specs.append(TrialSpec(base.row.text, 1, base.row.plan, base_settings, {"data": fingerprint}, cfg.max_steps))
     return PreparedStudy(cfg, out, specs, cells, unsupported)
 
 

@@ -53,7 +53,7 @@ def _clock(prepared: PreparedStudy, store: Store) -> projection.Clock:
     }
     per_row = len(prepared.cells) // max(1, len(rows)) * cfg.repeat
     extra = len(prepared.specs) - per_row * len(rows)
-    shape = projection.Shape(rows, per_row, extra, cfg.max_steps, cfg.warmup_steps, frozenset(slow))
+    shape = projection.Shape(rows, per_row, extra, prepared.specs[0].steps or 0, cfg.warmup_steps, frozenset(slow))
     return projection.Clock(shape, to_run)
 
 
