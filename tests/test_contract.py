@@ -127,11 +127,14 @@ ZERO_CI = ("zero1", "zero2", "zero3")
     ],
 )
 def test_zero_rows_take_the_same_steps_in_compare_and_train_under_torchrun(tmp_path, cls_csv, rows):
-    """ZeRO entries over 2 gloo ranks (DeepSpeed on CPU): compare's trial and train's run, one torchrun."""
+    """ZeRO entries over 2 gloo ranks (DeepSpeed on CPU): compare's trial and train's run, one torchrun. DeepSpeed
+    builds its C++ ops into TORCH_EXTENSIONS_DIR, here a new one, as on a new machine: training builds no
+    `deepspeed_shm_comm` (only DeepSpeed's inference all-reduce uses it; a 55 s build on 2 cores)."""
     study = tiny_study(tmp_path, cls_csv, "classification", list(rows), nproc=2, max_steps=2)
     specs = tmp_path / "specs.json"
     specs.write_text(json.dumps([s.to_dict() for s in study.specs]))
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    ext = tmp_path / "torch_extensions"
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "TORCH_EXTENSIONS_DIR": str(ext)}
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     argv += ["-m", "tests.ranks", str(specs), str(tmp_path / "losses.json")]
     root = Path(__file__).resolve().parents[1]
@@ -143,6 +146,7 @@ def test_zero_rows_take_the_same_steps_in_compare_and_train_under_torchrun(tmp_p
         assert trained == measured and all(math.isfinite(x) for x in measured), row
         assert state_bytes < 16 * n_params, f"{row}: the state each rank holds shrinks (16 B/param without ZeRO)"
     assert losses["zero1"][0] == pytest.approx(losses["zero2"][0], rel=1e-5), "stages 1 and 2 take the same steps"
+    assert not list(ext.rglob("deepspeed_shm_comm*")), "training built DeepSpeed's shared-memory all-reduce"
 
 
 @pytest.mark.parametrize("row", ["baseline", "all"])

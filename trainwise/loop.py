@@ -94,6 +94,8 @@ def new_accelerator(rt: Runtime, micro_batch_per_rank: int, max_grad_norm: float
 
     AcceleratorState._reset_state(reset_partial_state=True)  # one run per process, but tests reuse one
     if rt.deepspeed is not None:
+        if rt.device == "cpu":
+            _without_shm_all_reduce()
         config = {
             **rt.deepspeed,
             # the loop keeps its own accumulation windows and loss normalisation
@@ -115,6 +117,16 @@ def new_accelerator(rt: Runtime, micro_batch_per_rank: int, max_grad_norm: float
     return Accelerator(
         mixed_precision=rt.mixed_precision, cpu=rt.device == "cpu", gradient_accumulation_steps=rt.accum_steps
     )
+
+
+def _without_shm_all_reduce() -> None:
+    """DeepSpeed on CPU builds and loads its shared-memory all-reduce (`deepspeed_shm_comm`, a C++ op: 55 s of
+    compiling on 2 cores on a new machine) when its process group starts, for its inference all-reduce only:
+    ZeRO training reduces through torch.distributed (gloo) either way. Marked incompatible before the group
+    starts, DeepSpeed skips the build (`deepspeed.comm.torch.build_shm_op`)."""
+    import deepspeed.ops  # heavy: deepspeed (accelerate imports it for a ZeRO plan anyway)
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def apply_plan(model: Any, rt: Runtime) -> Any:
