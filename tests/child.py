@@ -10,6 +10,9 @@ rank    (each rank of a group) says its place, its store's port, its torch threa
 rank1-killed  rank 1 kills itself with SIGKILL; the other ranks say their pid and wait, as in a collective
 rank1-fails   rank 1 writes an exception to stderr and exits 1; the other ranks wait
 ranks-hang    every rank says its pid and sleeps
+
+`EchoJob` is a job of the one protocol (`launcher.run`) that trains nothing: its ranks say three steps
+and end with a TrialResult of their own (with `big`, one longer than a pipe writes at once).
 """
 
 from __future__ import annotations
@@ -20,6 +23,13 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from trainwise.distributed import Ranks
+from trainwise.events import Emit, Step
+from trainwise.launcher import Exit, Place
+from trainwise.results import TrialResult, combine_ranks
 
 
 def say(event: dict) -> None:
@@ -74,6 +84,44 @@ def rank(what: str, me: int) -> int:
     say({"event": "waiting", "rank": me, "pid": os.getpid()})
     time.sleep(600)
     return 0
+
+
+@dataclass(frozen=True)
+class EchoJob:
+    home: str
+    ranks: int | None = None
+    big: bool = False
+
+    def place(self) -> Place:
+        return Place(Path(self.home) / "job.json", Path(self.home) / "log", self.ranks, "cpu")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, blob: dict) -> EchoJob:
+        return cls(**blob)
+
+    def run(self, emit: Emit) -> TrialResult:
+        me = Ranks.from_env()
+        for step in (1, 2, 3):
+            emit(Step(step, 3, 1.0 / step, step_s=0.5))
+        env = {"pad": "x" * 6000} if self.big else {"pid": os.getpid()}
+        time_s, peak = 1.0 + me.rank, 1000 * (me.rank + 1)
+        return TrialResult(
+            "echo",
+            "ok",
+            step_time_s=time_s,
+            samples_per_s=8.0 / time_s,
+            peak_mem_bytes=peak,
+            world_size=me.world,
+            env=env,
+        )
+
+    def ended(self, results: list[TrialResult | None], end: Exit) -> TrialResult:
+        if self.ranks is not None:
+            return combine_ranks(results, self.ranks)
+        return results[0] or TrialResult("echo", "crashed", message=end.tail)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 from trainwise.config import TrialSpec
+from trainwise.events import Step
 from trainwise.train import TrainConfig, TrainJob, run_train
 from trainwise.trial import run_trial
 
@@ -22,12 +23,12 @@ def main(specs_path: str, out_path: str) -> None:
     for blob in json.loads(Path(specs_path).read_text()):
         spec = TrialSpec.from_dict(blob)
         measured: list[float] = []
-        r = run_trial(spec, progress=lambda e, m=measured: m.append(e["loss"]) if e.get("event") == "step" else None)
+        r = run_trial(spec, progress=lambda e, m=measured: m.append(e.loss) if isinstance(e, Step) else None)
         trained: list[float] = []
         tc = TrainConfig(epochs=10, max_steps=spec.steps, eval_every=1, checkpoints=False)
         with tempfile.TemporaryDirectory() as out:  # each rank its own run directory
-            on_event = lambda e, t=trained: t.append(e["loss"]) if e["event"] == "step" else None  # noqa: E731
-            run_train(TrainJob(spec, tc, Path(out), on_event=on_event, warn=print))
+            on_event = lambda e, t=trained: t.append(e.loss) if isinstance(e, Step) else None  # noqa: E731
+            run_train(TrainJob(spec, tc, Path(out)), on_event)
         losses[spec.row] = [measured, trained, r.state_bytes, r.n_params]
     if rank == 0:
         Path(out_path).write_text(json.dumps(losses))

@@ -17,6 +17,7 @@ import torch
 
 from trainwise import loop, strategies
 from trainwise.errors import ConfigError
+from trainwise.events import Step
 from trainwise.models import ModelSource, build_model
 from trainwise.strategies.freezing import apply_lora, frozen_parameters, layer_stack, lower_layer_parameters
 from trainwise.strategies.optim import OPTIMIZERS
@@ -38,11 +39,11 @@ def _spec(study, row):
 def _compare_and_train(spec, out: Path) -> tuple[list[float], list[float], object]:
     """The step losses of compare's trial and of train's run of the same spec (train evaluates every step)."""
     measured: list[float] = []
-    r = run_trial(spec, progress=lambda e: measured.append(e["loss"]) if e.get("event") == "step" else None)
+    r = run_trial(spec, progress=lambda e: measured.append(e.loss) if isinstance(e, Step) else None)
     trained: list[float] = []
     tc = TrainConfig(epochs=10, max_steps=spec.steps, eval_every=1, save_every=1, checkpoints=False)
-    on_event = lambda e: trained.append(e["loss"]) if e["event"] == "step" else None  # noqa: E731
-    run_train(TrainJob(spec, tc, out, on_event=on_event, warn=print))
+    on_event = lambda e: trained.append(e.loss) if isinstance(e, Step) else None  # noqa: E731
+    run_train(TrainJob(spec, tc, out), on_event)
     return measured, trained, r
 
 

@@ -359,6 +359,7 @@ def test_a_trial_contended_by_a_busy_process_is_measured_again(tmp_path, cls_csv
     """A real busy process during the first run of the trial, stopped after it: the first run is flagged as
     timed under load (in results, the table and its notes), the study waits for quiet, runs it again, keeps the
     clean run and counts the discarded one."""
+    from trainwise.events import Note
     from trainwise.launcher import launch
     from trainwise.measure.contention import CONTENDED_SHARE
     from trainwise.report.format import cells, notes
@@ -392,7 +393,7 @@ def test_a_trial_contended_by_a_busy_process_is_measured_again(tmp_path, cls_csv
         assert len(runs) == 3 and r.contended
         return
     assert r.status == "ok" and r.contended is False and r.discarded_runs == len(runs) - 1 >= 1
-    assert any(e.get("event") == "note" and "measuring again (1 of --retries 2)" in e["text"] for e in events)
+    assert any(isinstance(e, Note) and "measuring again (1 of --retries 2)" in e.text for e in events)
     [row] = aggregate(study.cells, trials)
     assert any(line.startswith("re-measured:") and f"baseline {r.discarded_runs}" in line for line in notes([row]))
     assert row.step_time_s == r.step_time_s and row.discarded_runs == r.discarded_runs

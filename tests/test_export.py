@@ -174,13 +174,14 @@ def csv_study(tmp_path_factory):
 
 def _trial_of(study, row: str) -> tuple:
     """Run the study's trial of `row` (its per-step losses) and store it, so export --study finds it."""
+    from trainwise.events import Step
     from trainwise.results import TrialResult
     from trainwise.study.store import Store
     from trainwise.trial import run_trial
 
     spec = next(s for s in study.specs if s.row == row)
     losses: list[float] = []
-    run_trial(spec, progress=lambda e: losses.append(e["loss"]) if e.get("event") == "step" else None)
+    run_trial(spec, progress=lambda e: losses.append(e.loss) if isinstance(e, Step) else None)
     store = Store(study.out / "study.sqlite")
     store.put(spec, TrialResult(row, "ok"))
     store.close()

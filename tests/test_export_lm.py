@@ -64,11 +64,12 @@ _TRIALS: dict[tuple[Path, str], tuple] = {}  # (study, row) -> (spec, losses): e
 def _trial_of(study, row: str) -> tuple:
     """Run the study's trial of `row` (its per-step losses; once, then remembered) and store it, so export --study
     finds it."""
+    from trainwise.events import Step
     from trainwise.trial import run_trial
 
     if (study.out, row) not in _TRIALS:
         spec, losses = _spec_of(study, row), []
-        run_trial(spec, progress=lambda e: losses.append(e["loss"]) if e.get("event") == "step" else None)
+        run_trial(spec, progress=lambda e: losses.append(e.loss) if isinstance(e, Step) else None)
         _TRIALS[study.out, row] = spec, losses
     spec, losses = _TRIALS[study.out, row]
     _store(study, spec)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from trainwise import projection
+from trainwise.events import Phase, Projection, Step
 from trainwise.projection import Clock, Pace, Shape, note, remaining_s
 from trainwise.strategies import DEFAULT_ROWS as DEFAULT
 
@@ -73,19 +74,21 @@ def test_the_clock_says_the_projection_once_at_the_first_timed_step():
     clock = Clock(Shape(("baseline", "dynamic_pad"), 1, 0, steps=4, warmup=1), to_run=2, now=lambda: now[0])
     clock.started("baseline")
     now[0] = 12.0
-    assert clock.step({"event": "step", "step": 1, "step_s": 5.0}) is None, "a warm-up step says nothing"
+    assert clock.step(Step(1, 4, 1.0, step_s=5.0)) is None, "a warm-up step says nothing"
     now[0] = 14.0
-    first = clock.step({"event": "step", "step": 2, "step_s": 2.0})
+    first = clock.step(Step(2, 4, 1.0, step_s=2.0))
     # step 2 ended 14 s in at 2 s/step: 10 s of start-up; a trial is that and 4 + 2 steps of 2 s: 22 s
-    assert first is not None and first["text"].startswith("trainwise: note: this study will take about 44 s")
-    assert first["remaining_s"] == pytest.approx(22.0 - 14.0 + 22.0)
+    assert (
+        first is not None and first.text and first.text.startswith("trainwise: note: this study will take about 44 s")
+    )
+    assert first.remaining_s == pytest.approx(22.0 - 14.0 + 22.0)
     now[0] = 24.0
-    later = clock.step({"event": "step", "step": 3, "step_s": 10.0})  # a stall: the median of 2 and 10 s
-    assert later is not None and "text" not in later
-    assert later["remaining_s"] == pytest.approx(10.0 + 6 * 6.0 - 24.0 + 10.0 + 6 * 6.0)
-    assert clock.step({"event": "phase", "phase": "eval"}) is None
+    later = clock.step(Step(3, 4, 1.0, step_s=10.0))  # a stall: the median of 2 and 10 s
+    assert later is not None and later.text is None
+    assert later.remaining_s == pytest.approx(10.0 + 6 * 6.0 - 24.0 + 10.0 + 6 * 6.0)
+    assert clock.step(Phase("eval")) is None
     now[0] = 30.0
-    assert clock.ended() == {"event": "projection", "remaining_s": 30.0}, "the next trial: as long as this one took"
+    assert clock.ended() == Projection(30.0), "the next trial: as long as this one took"
 
 
 def test_the_study_says_its_projection_where_the_user_sees_it(tmp_path, cls_csv, capsys):
@@ -101,10 +104,10 @@ def test_the_study_says_its_projection_where_the_user_sees_it(tmp_path, cls_csv,
 
     def launch(spec, _dir, _timeout, emit):  # a trial of 100 s steps, without running one
         for step in range(1, spec.steps + 1):
-            emit({"event": "step", "step": step, "total": spec.steps, "loss": 1.0, "step_s": 100.0})
+            emit(Step(step, spec.steps, 1.0, step_s=100.0))
         return TrialResult(spec.row, "ok", spec.repeat, step_time_s=100.0, samples_per_s=0.08)
 
-    seen: list[dict] = []
+    seen: list = []
     with terminal.study_progress(study) as (on_event, on_done):
 
         def events(spec, e):
@@ -112,10 +115,10 @@ def test_the_study_says_its_projection_where_the_user_sees_it(tmp_path, cls_csv,
             on_event(spec, e)
 
         run_study(study, launch, events, on_done)
-    said = [e for e in seen if e.get("event") == "projection"]
-    assert len([e for e in said if "text" in e]) == 1 and said[0]["text"] == seen[seen.index(said[0])]["text"]
+    said = [e for e in seen if isinstance(e, Projection)]
+    assert len([e for e in said if e.text]) == 1 and said[0].text
     assert seen.index(said[0]) == 2, "after the first timed step (step 2: one warm-up step)"
-    assert said[-1]["remaining_s"] == 0.0
+    assert said[-1].remaining_s == 0.0
     err = capsys.readouterr().err
     assert "this study will take about 20 min: 2 trials of 4 steps at 100.00 s/step" in err
     assert "--max-steps" not in err and "--strategies" not in err, "no shorter study to offer: 2 rows, 4 steps"

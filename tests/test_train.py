@@ -142,16 +142,17 @@ def _run(tmp_path, cls_csv, name, adopt=None, max_steps=8, **settings):
     import dataclasses
     from pathlib import Path
 
+    from trainwise.events import Step
     from trainwise.train import TrainJob, run_train
 
     from .conftest import tiny_study
 
     spec = tiny_study(tmp_path / f"s-{name}", cls_csv, "classification", ["baseline"], accum_steps=1).specs[0]
     spec = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, **{"lr": 1e-3, **settings}))
-    steps: list[dict] = []
+    steps: list[Step] = []
     tc = TrainConfig(epochs=10, max_steps=max_steps, eval_every=4, save_every=4)
-    emit = lambda e: steps.append(e) if e["event"] == "step" else None  # noqa: E731
-    r = run_train(TrainJob(spec, tc, Path(tmp_path / name), on_event=emit, warn=print), adopt=adopt)
+    emit = lambda e: steps.append(e) if isinstance(e, Step) else None  # noqa: E731
+    r = run_train(TrainJob(spec, tc, Path(tmp_path / name)), emit, adopt=adopt)
     return r, steps
 
 
@@ -169,7 +170,7 @@ def test_early_stopping_watches_the_evaluation_loss_when_asked(tmp_path, cls_csv
     spec = dataclasses.replace(spec, settings=dataclasses.replace(spec.settings, lr=3e-3))
     for monitor, pick in (("eval_loss", min), ("metric", max)):
         tc = TrainConfig(epochs=10, max_steps=8, eval_every=2, save_every=8, monitor=monitor)
-        r = run_train(TrainJob(spec, tc, Path(tmp_path / monitor), warn=print))
+        r = run_train(TrainJob(spec, tc, Path(tmp_path / monitor)))
         key = "eval_loss" if monitor == "eval_loss" else "accuracy"
         values = [e[key] for e in r.evals]
         assert len(values) == 4 and all(v == v and v >= 0 for v in values)
@@ -181,8 +182,8 @@ def test_label_smoothing_reaches_the_training_loss(tmp_path, cls_csv):
     _, plain = _run(tmp_path, cls_csv, "plain", max_steps=3)
     _, again = _run(tmp_path, cls_csv, "again", max_steps=3)
     _, smooth = _run(tmp_path, cls_csv, "smooth", max_steps=3, label_smoothing=0.3)
-    assert [e["loss"] for e in plain] == [e["loss"] for e in again], "the loop is deterministic"
-    assert [e["loss"] for e in plain] != [e["loss"] for e in smooth]
+    assert [e.loss for e in plain] == [e.loss for e in again], "the loop is deterministic"
+    assert [e.loss for e in plain] != [e.loss for e in smooth]
 
 
 def test_pbt_adopts_a_checkpoint_with_new_hyper_parameters(tmp_path, cls_csv):
@@ -191,16 +192,16 @@ def test_pbt_adopts_a_checkpoint_with_new_hyper_parameters(tmp_path, cls_csv):
     # the same hyper-parameters: the adopted run continues the donor exactly (weights, optimizer,
     # schedule, sampler position and RNG all come from the checkpoint)
     same, same_steps = _run(tmp_path, cls_csv, "same", adopt=ckpt)
-    assert [e["step"] for e in same_steps] == [5, 6, 7, 8]
-    assert [e["loss"] for e in same_steps] == pytest.approx([e["loss"] for e in donor_steps[4:]], abs=1e-5)
+    assert [e.step for e in same_steps] == [5, 6, 7, 8]
+    assert [e.loss for e in same_steps] == pytest.approx([e.loss for e in donor_steps[4:]], abs=1e-5)
     assert same.resumed_from == str(ckpt)
     # a new peak lr and weight decay: the same weights at step 5, then the new schedule
     new, new_steps = _run(tmp_path, cls_csv, "new", adopt=ckpt, lr=1e-2, weight_decay=0.1)
-    assert new_steps[0]["loss"] == pytest.approx(donor_steps[4]["loss"], abs=1e-5)
+    assert new_steps[0].loss == pytest.approx(donor_steps[4].loss, abs=1e-5)
     # no warm-up, linear decay to 0 over the 8 steps: step n trains at peak x (8 - (n - 1)) / 8
-    assert [e["lr"] for e in donor_steps] == pytest.approx([1e-3 * (9 - n) / 8 for n in range(1, 9)])
-    assert [e["lr"] for e in new_steps] == pytest.approx([1e-2 * (9 - n) / 8 for n in range(5, 9)])
-    assert new_steps[1]["loss"] != pytest.approx(donor_steps[5]["loss"], abs=1e-5)
+    assert [e.lr for e in donor_steps] == pytest.approx([1e-3 * (9 - n) / 8 for n in range(1, 9)])
+    assert [e.lr for e in new_steps] == pytest.approx([1e-2 * (9 - n) / 8 for n in range(5, 9)])
+    assert new_steps[1].loss != pytest.approx(donor_steps[5].loss, abs=1e-5)
     # the next member's checkpoints are its own: the new lr is in their fingerprint
     with pytest.raises(ConfigError, match="another model, plan, data or batch"):
         _run(tmp_path, cls_csv, "other", adopt=ckpt, batch_size=4)

@@ -2,7 +2,7 @@
 
 `trainwise compare --nproc N` (and every ZeRO row) launches a trial as N processes under
 `torch.distributed.run` (torchrun). Each rank reads its place from the environment torchrun sets,
-trains on its shard of every global batch, and writes its own result; the launcher combines them
+trains on its shard of every global batch, and sends its own result; the launcher combines them
 (`results.combine_ranks`). The DeepSpeed config is the loop's (`trainwise.loop.new_accelerator`).
 """
 

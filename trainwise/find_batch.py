@@ -27,6 +27,7 @@ from trainwise import strategies
 from trainwise.config import CAUSAL_LM, StudyConfig
 from trainwise.errors import ConfigError
 from trainwise.estimate import calibrate, estimate_plan, runtime_overhead, shape_of
+from trainwise.events import Event, Step
 from trainwise.files import write_atomic, writing
 from trainwise.measure.memory import CUDA_CONTEXT_BYTES
 from trainwise.models import ModelSource, model_config
@@ -307,9 +308,9 @@ def find_batch(
     def run(b: int) -> TrialResult:
         spec = dataclasses.replace(base, settings=dataclasses.replace(s, batch_size=b))
 
-        def on_event(e: dict) -> None:
-            if e.get("event") == "step":
-                on_status(f"batch {b}: step {e['step']}/{e['total']}, {e['step_s']:.2f} s")
+        def on_event(e: Event) -> None:
+            if isinstance(e, Step):
+                on_status(f"batch {b}: step {e.step}/{e.total}, {e.step_s or 0.0:.2f} s")
 
         on_status(f"batch {b}: starting")
         trial_dir = prepared.out / "trials" / f"bs{b}"

@@ -1,13 +1,24 @@
-"""Every process trainwise starts goes through `run_child`: a compare trial (`launch`), the ranks of a
-training run (`train.train_ranks`) and a tune trial (`tune._run_one`).
+"""The one way trainwise runs a child: `run(job, on_event) -> result`, for every kind of job (a compare
+trial `TrialJob`, a training run `train.TrainJob`, a tune trial `tune.TuneTrial`).
+
+A job is a dataclass that serialises (`to_dict` / `from_dict`), says where it runs (`place`: its job file,
+its log, its ranks, its device), runs in the child through one function (`job.run(emit) -> result`, called
+by `trainwise.worker`) and, in the parent, turns what came back into its result (`job.ended(results, exit)`:
+the ranks' results combined, or a fault). The child speaks typed events (`trainwise.events`) as JSON lines
+on stdout and ends with a `Result` event (each rank its own); nothing else travels back.
+
+Backends (`BACKENDS`): a fresh process forked from the zygote ("fork", exec'd where the zygote cannot
+serve), a fresh process exec'd ("exec"), and for a job with ranks, those ranks as torchrun starts them
+(forked by a leader, or under torchrun itself with "exec"); "here" runs the job in this process. A Ray task
+would be one more backend running the same `job.run(emit)`.
 
 A fresh process per trial makes measurements independent (allocator state, peak RSS, compiled
 kernels, accelerate's global state) and contains crashes. The child runs in its own session, bound to
-this process by the lifeline (it dies with it), and speaks JSON lines on stdout; `run_child` hands them
-to a callback, kills the child's whole group past a timeout, on the callback's word or on Ctrl-C, and
-says how it ended (`Exit`). Each caller turns that into its own result: for a compare trial an
-exception or OOM is reported by the worker; a hang past the timeout is killed (`timeout`); a process
-that dies without a result (SIGKILL from the OS OOM killer, a segfault) is `crashed`.
+this process by the lifeline (it dies with it); `run_child` hands its events to a callback, kills the
+child's whole group past a timeout, on the callback's word or on Ctrl-C, and says how it ended (`Exit`).
+The job turns that into its result: for a compare trial an exception or OOM is reported by the child; a
+hang past the timeout is killed (`timeout`); a process that dies without a result (SIGKILL from the OS OOM
+killer, a segfault) is `crashed`.
 """
 
 from __future__ import annotations
@@ -22,16 +33,21 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from trainwise import zygote
 from trainwise.config import TrialSpec
-from trainwise.distributed import is_multiprocess
+from trainwise.distributed import Ranks, is_multiprocess
+from trainwise.events import Emit, Event, Reader, Result, ignore
+from trainwise.faults import is_oom, seamed
+from trainwise.files import write_atomic
 from trainwise.lifeline import bound_to_me
 from trainwise.results import TrialResult, combine_ranks
+from trainwise.worker import job_blob
 
 GRACE_S = 5.0  # after the child exits, how long its stdout may stay open (held by something it started)
 
@@ -49,6 +65,7 @@ class Exit:
     tail: str  # why it failed, from its log: the last line (ranks: the failing rank's error, or its exit code)
     wall_s: float
     log: Path
+    timeout_s: float | None = None  # the timeout it ran under
 
 
 def run_child(
@@ -60,6 +77,7 @@ def run_child(
     ranks: int | None = None,
     device: str = "cpu",
     timeout_s: float | None = None,
+    fork: bool = True,
 ) -> Exit:
     """Run `python -m module *args` in a fresh process in its own session that dies with this one (forked
     from the zygote, else exec'd); with `ranks`, that many ranks on this machine as torchrun starts them
@@ -67,7 +85,8 @@ def run_child(
     its stderr goes to `log`. Each JSON object it prints on a line of
     stdout goes to `on_event`, in this thread; when that returns True the child is stopped. The child and
     all it started are killed past `timeout_s` seconds, and when this thread is interrupted (Ctrl-C,
-    SIGTERM: the child has its own session and would not see the signal)."""
+    SIGTERM: the child has its own session and would not see the signal). `fork=False`: exec'd (ranks:
+    under torchrun), never forked."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, "-m", module, *args]
     if ranks is not None:
@@ -79,7 +98,7 @@ def run_child(
     deadline = None if timeout_s is None else start + timeout_s
     with open(log, "w") as stderr:
         proc: Any = None
-        if zygote.enabled():  # forked from a process that has imported torch already (ranks: as torchrun would)
+        if fork and zygote.enabled():  # forked from a process that imported torch already (ranks: as torchrun would)
             with contextlib.suppress(zygote.Unavailable):  # else exec'd, as with TRAINWISE_FORK=0
                 proc = zygote.spawn(module, args, env, stderr, ranks)
         forked = proc is not None
@@ -108,7 +127,7 @@ def run_child(
             killed_by += killer(ooms)
     tail = last_line(log) if ranks is None else group_failure(log) if forked else rank_failure(log)
     wall = time.perf_counter() - start
-    return Exit(code, ended_here == "timeout", ended_here == "stopped", killed_by, tail, wall, log)
+    return Exit(code, ended_here == "timeout", ended_here == "stopped", killed_by, tail, wall, log, timeout_s)
 
 
 def _pump(
@@ -240,56 +259,152 @@ def killer(before: int | None) -> str:
     return " (not the out-of-memory killer, which counted no kill: another process, or a scheduler)"
 
 
+# ---- the one entry: a job, run by a backend ------------------------------------------------------
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a job runs: the file the child reads it from, the log its stderr goes to, its ranks (None: one
+    process) and its device."""
+
+    file: Path
+    log: Path
+    ranks: int | None = None
+    device: str = "cpu"
+
+
+class Job(Protocol[R]):
+    """A kind of child. Serialisable (`to_dict`, and a classmethod `from_dict` the child rebuilds it with),
+    run in the child by `run(emit)`, and in the parent `ended` turns the ranks' results (None for a rank
+    that sent none) and how the process ended into the one result."""
+
+    def place(self) -> Place: ...
+
+    def to_dict(self) -> dict: ...
+
+    def run(self, emit: Emit) -> R: ...
+
+    def ended(self, results: list[R | None], end: Exit) -> R: ...
+
+
+Listener = Callable[[Event], "bool | None"]
+Backend = Callable[["Job[Any]", Callable[[dict], "bool | None"], "float | None"], Exit]
+
+
+def _process(fork: bool) -> Backend:
+    """A backend that runs the job in a fresh process (ranks: a group of them), forked or exec'd."""
+
+    def start(job: Job[Any], on_line: Callable[[dict], bool | None], timeout_s: float | None) -> Exit:
+        where = job.place()
+        where.file.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(where.file, json.dumps(job_blob(job)))
+        args = [str(where.file)]
+        return run_child(
+            "trainwise.worker", args, where.log, on_line, ranks=where.ranks, device=where.device,
+            timeout_s=timeout_s, fork=fork,
+        )  # fmt: skip
+
+    return start
+
+
+BACKENDS: dict[str, Backend] = {"fork": _process(True), "exec": _process(False)}
+
+
+def run(job: Job[R], on_event: Listener = ignore, *, backend: str = "fork", timeout_s: float | None = None) -> R:
+    """Run `job` and return its result. Its events go to `on_event` as they come (True from it stops the
+    child); past `timeout_s` the child and all it started are killed, and the job says what that means.
+    `backend`: "fork" (the zygote's child; exec'd where it cannot serve), "exec", or "here" (this process:
+    its exceptions are the caller's)."""
+    if backend == "here":
+
+        def emit(event: Event) -> None:
+            on_event(event)
+
+        return job.run(emit)
+    reader = Reader()
+    results: dict[int, Any] = {}
+
+    def on_line(line: dict) -> bool | None:
+        event = reader.read(line)
+        if isinstance(event, Result):
+            results[event.rank] = event.value
+            return None
+        return None if event is None else on_event(event)
+
+    end = BACKENDS[backend](job, on_line, timeout_s)
+    return job.ended([results.get(r) for r in range(job.place().ranks or 1)], end)
+
+
 # ---- a compare trial ----------------------------------------------------------------------------
 
 
-def launch(spec: TrialSpec, trial_dir: Path, timeout_s: float, on_event: Callable[[dict], None]) -> TrialResult:
-    """One compare trial in a fresh process (`trainwise.worker`; under torchrun for ranks and ZeRO); whatever
-    happens to it becomes a TrialResult."""
-    trial_dir.mkdir(parents=True, exist_ok=True)
-    spec_path, result_path, log_path = (trial_dir / n for n in ("spec.json", "result.json", "stderr.log"))
-    result_path.unlink(missing_ok=True)
-    spec_path.write_text(json.dumps(spec.to_dict(), indent=1))
-    nproc = spec.settings.nproc
-    multi = is_multiprocess(spec)
-    if multi:
-        for old in trial_dir.glob("result.rank*.json"):
-            old.unlink()
-    end = run_child(
-        "trainwise.worker",
-        [str(spec_path), str(result_path)],
-        log_path,
-        on_event,
-        ranks=nproc if multi else None,
-        device=spec.settings.device,
-        timeout_s=timeout_s,
-    )
-    base: dict[str, Any] = {
-        "strategy": spec.row,
-        "repeat": spec.repeat,
-        "plan": spec.plan.to_dict(),
-        "wall_s": end.wall_s,
-    }
-    if end.timed_out:
-        return TrialResult(status="timeout", message=f"no result within --trial-timeout {timeout_s:g}s; killed", **base)
-    if multi:
-        ranks = [rank_result_path(result_path, r) for r in range(nproc)]
-        if any(p.exists() for p in ranks):
-            parts = [TrialResult.from_dict(json.loads(p.read_text())) if p.exists() else None for p in ranks]
-            result = combine_ranks(parts, nproc)
+@dataclass(frozen=True)
+class TrialJob:
+    """A compare trial: the spec (model, data, plan, settings) measured in `trial_dir` (its log, the job
+    file and, with --profile, its trace), in one process or under torchrun for ranks and ZeRO."""
+
+    spec: TrialSpec
+    trial_dir: Path
+
+    def place(self) -> Place:
+        s = self.spec.settings
+        ranks = s.nproc if is_multiprocess(self.spec) else None
+        return Place(self.trial_dir / "job.json", self.trial_dir / "stderr.log", ranks, s.device)
+
+    def to_dict(self) -> dict:
+        return {"spec": self.spec.to_dict(), "trial_dir": str(self.trial_dir)}
+
+    @classmethod
+    def from_dict(cls, blob: dict) -> TrialJob:
+        return cls(TrialSpec.from_dict(blob["spec"]), Path(blob["trial_dir"]))
+
+    def run(self, emit: Emit) -> TrialResult:
+        """The trial, in this rank; an exception becomes an `error` row, an out-of-memory an `oom` row."""
+        spec = self.spec
+        ranked = "RANK" in os.environ  # launched by torchrun (data parallel or ZeRO): a trace per rank
+        try:
+            from trainwise.trial import run_trial  # heavy: torch, transformers; in the try: a failed import is a row
+
+            trace = None
+            if spec.settings.profile:
+                trace = self.trial_dir / (f"trace.rank{Ranks.from_env().rank}.json" if ranked else "trace.json")
+            result = run_trial(spec, progress=seamed(emit, spec.row, spec.settings.batch_size), trace_path=trace)
+            result.trace = str(trace) if trace else None
+        except BaseException as exc:  # every failure is a row, never a lost study
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            status = "oom" if is_oom(exc) else "error"
+            message = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            traceback.print_exc(file=sys.stderr)
+            plan = spec.plan.to_dict()
+            result = TrialResult(strategy=spec.row, status=status, repeat=spec.repeat, message=message[:500], plan=plan)
+        return result
+
+    def ended(self, results: list[TrialResult | None], end: Exit) -> TrialResult:
+        """The trial's row: its ranks' results combined, or what happened to its process."""
+        spec = self.spec
+        base: dict[str, Any] = {"strategy": spec.row, "repeat": spec.repeat, "plan": spec.plan.to_dict()}
+        if end.timed_out:
+            message = f"no result within --trial-timeout {end.timeout_s:g}s; killed"
+            return TrialResult(status="timeout", message=message, wall_s=end.wall_s, **base)
+        ranks = self.place().ranks
+        if any(r is not None for r in results):
+            result = combine_ranks(results, ranks) if ranks is not None else results[0]
+            assert result is not None
             result.wall_s = end.wall_s
             return result
-    elif result_path.exists():
-        result = TrialResult.from_dict(json.loads(result_path.read_text()))
-        result.wall_s = end.wall_s
-        return result
-    if end.killed_by is not None:
-        message = f"trial process killed by {end.killed_by}"
-    else:
-        message = f"trial process exited with code {end.code} and no result: {end.tail[:300]}"
-    return TrialResult(status="crashed", message=message, **base)
+        if end.killed_by is not None:
+            message = f"trial process killed by {end.killed_by}"
+        else:
+            message = f"trial process exited with code {end.code} and no result: {end.tail[:300]}"
+        return TrialResult(status="crashed", message=message, wall_s=end.wall_s, **base)
 
 
-def rank_result_path(result_path: Path, rank: int) -> Path:
-    """Where rank `rank` of a multi-process trial writes its result."""
-    return result_path.with_name(f"{result_path.stem}.rank{rank}{result_path.suffix}")
+def launch(spec: TrialSpec, trial_dir: Path, timeout_s: float, on_event: Listener) -> TrialResult:
+    """One compare trial in a fresh process (under torchrun for ranks and ZeRO); whatever happens to it
+    becomes a TrialResult. `trial_dir` keeps its spec.json and its stderr.log."""
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    (trial_dir / "spec.json").write_text(json.dumps(spec.to_dict(), indent=1))
+    return run(TrialJob(spec, trial_dir), on_event, timeout_s=timeout_s)

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from trainwise.config import TrialSpec, maximize, monitored
 from trainwise.errors import ConfigError
+from trainwise.events import Checkpoint, Eval, Event, Step
 from trainwise.space import PARAMS, Param, TuneResult, apply
 
 # continued from a checkpoint with a new value (decoding only changes how evaluation generates)
@@ -132,23 +133,23 @@ def _member(config: dict, spec_blob: dict, train_args: dict, scratch: str) -> No
     last: dict = {}
     start: list[int] = []
 
-    def emit(event: dict) -> None:
-        if event["event"] == "step" and not start:
-            start.append(event["step"] - 1)
-        elif event["event"] == "eval":
+    def emit(event: Event) -> None:
+        if isinstance(event, Step) and not start:
+            start.append(event.step - 1)
+        elif isinstance(event, Eval):
             last.clear()
-            last.update(event)
-        elif event["event"] == "checkpoint" and last.get("step") == event["step"]:
+            last.update(event.record)
+        elif isinstance(event, Checkpoint) and last.get("step") == event.step:
             value = objective(last, tc.monitor)
-            ran = event["step"] - start[-1]
-            start.append(event["step"])
-            metrics = {k: v for k, v in last.items() if k not in ("event", "best") and isinstance(v, int | float)}
+            ran = event.step - start[-1]
+            start.append(event.step)
+            metrics = {k: v for k, v in last.items() if k != "best" and isinstance(v, int | float)}
             # the config it trained with: by the time the driver's callback sees this report, PBT may have
             # already given the trial its next config
             tune.report(
                 {**metrics, "objective": float("nan") if value is None else value, "ran": ran, "at": time.time()}
                 | {"trained_with": dict(config)},
-                checkpoint=tune.Checkpoint.from_directory(event["path"]),
+                checkpoint=tune.Checkpoint.from_directory(event.path),
             )
 
     try:
@@ -158,7 +159,7 @@ def _member(config: dict, spec_blob: dict, train_args: dict, scratch: str) -> No
             adopt = work / "adopted"
             with handed.as_directory() as d:
                 shutil.copytree(d, adopt)
-        run_train(TrainJob(spec, tc, work / "run", on_event=emit), adopt=adopt)
+        run_train(TrainJob(spec, tc, work / "run"), emit, adopt=adopt)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

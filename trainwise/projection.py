@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from trainwise.events import Event, Projection, Step
 from trainwise.units import human_seconds
 
 LONG_S = 600.0  # a study projected longer than this is offered a shorter one
@@ -109,8 +110,8 @@ def remaining_s(pace: Pace, steps: int, left: int, walls: list[float], elapsed_s
 
 class Clock:
     """A running study's projection. `started(row)` when a trial is launched, `step(event)` with each of
-    its events, `ended()` when it is stored; each returns the event to pass on (None: nothing new):
-    {"event": "projection", "remaining_s": ..., "text": the note, the first time}. The note rests on the
+    its events, `ended()` when it is stored; each returns the event to pass on (None: nothing new): a
+    `Projection` of the time left, with the note (`text`) the first time. The note rests on the
     first timed step; the time left, on the median of every timed step so far (one step can be a stall)."""
 
     def __init__(self, shape: Shape, to_run: int, now: Callable[[], float] = time.monotonic):
@@ -124,22 +125,22 @@ class Clock:
         self.row, self.t0 = row, self.now()
         self.left -= 1
 
-    def step(self, event: dict) -> dict | None:
-        if event.get("event") != "step" or event["step"] <= self.shape.warmup:
+    def step(self, event: Event) -> Projection | None:
+        if not isinstance(event, Step) or event.step <= self.shape.warmup or event.step_s is None:
             return None
         elapsed = self.now() - self.t0
-        self.timed.append(event["step_s"])
-        said = {}
+        self.timed.append(event.step_s)
+        text = None
         if self.pace is None:
-            self.pace = Pace.of(self.row, elapsed, event["step"], event["step_s"])
-            said["text"] = note(self.pace, self.shape, self.left + 1)
+            self.pace = Pace.of(self.row, elapsed, event.step, event.step_s)
+            text = note(self.pace, self.shape, self.left + 1)
         else:
             self.pace = dataclasses.replace(self.pace, step_s=statistics.median(self.timed))
         remaining = remaining_s(self.pace, self.shape.steps, self.left, self.walls, elapsed)
-        return {"event": "projection", "remaining_s": remaining, **said}
+        return Projection(remaining, text)
 
-    def ended(self) -> dict | None:
+    def ended(self) -> Projection | None:
         self.walls.append(self.now() - self.t0)
         if self.pace is None:  # the trial ended before a timed step (it failed): nothing to project from
             return None
-        return {"event": "projection", "remaining_s": remaining_s(self.pace, self.shape.steps, self.left, self.walls)}
+        return Projection(remaining_s(self.pace, self.shape.steps, self.left, self.walls))

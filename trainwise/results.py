@@ -1,4 +1,5 @@
-"""TrialResult: one trial's measurements, with units in the field names."""
+"""What a child process hands back (`trainwise.events.Result`): a compare trial's measurements (TrialResult,
+with units in the field names), a training run's (TrainResult) and a tune trial's (TuneTrialResult)."""
 
 from __future__ import annotations
 
@@ -161,6 +162,61 @@ def combine_ranks(results: list[TrialResult | None], expected_world: int) -> Tri
         rank_peak_mem_bytes=peaks,
         world_size=expected_world,
     )
+
+
+@dataclass
+class TrainResult:
+    """A training run (`trainwise train`): what train_result.json holds, less its derived `compute_saved`."""
+
+    steps: int
+    planned_steps: int
+    stopped_early: bool
+    final_loss: float
+    best_step: int
+    best_value: float | None
+    monitor: str
+    evals: list[dict]
+    resumed_from: str | None
+    wall_s: float
+    out: str
+    disk: dict[str, int] = field(default_factory=dict)  # bytes under --out: checkpoints, best, final, total
+
+    @property
+    def compute_saved(self) -> float:
+        return 1 - self.steps / self.planned_steps
+
+    def to_dict(self) -> dict:
+        """train_result.json's content."""
+        return {**asdict(self), "compute_saved": self.compute_saved}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrainResult:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+TUNE_STATES = ("complete", "pruned", "timeout", "fail")
+
+
+@dataclass(frozen=True)
+class TuneTrialResult:
+    """One trial of `trainwise tune` (random / tpe): its state, its best monitored value, the optimizer
+    steps it ran and, when it failed, why."""
+
+    state: str  # one of TUNE_STATES
+    value: float | None = None
+    steps: int = 0
+    error: str = ""
+
+    def __post_init__(self) -> None:
+        assert self.state in TUNE_STATES, self.state
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TuneTrialResult:
+        return cls(**d)
 
 
 @dataclass(frozen=True)

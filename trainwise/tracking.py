@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwise.errors import ConfigError
+from trainwise.events import Eval, Event, Step
 
 # name -> (module to import, package, extra)
 BACKENDS = {
@@ -76,13 +77,13 @@ class Tracker:
         values = [Param(k, str(v)[:500]) for k, v in sorted(params.items())]
         self.mlflow.log_batch(self.run_id, params=values)
 
-    def log(self, event: dict) -> None:
-        kind = event.get("event")
-        if kind == "step":
-            self._scalars({"train/loss": event["loss"], "train/lr": event["lr"]}, event["step"])
-        elif kind == "eval":
-            values = {f"eval/{k}": v for k, v in event.items() if k not in ("event", "step", "best")}
-            self._scalars({k: float(v) for k, v in values.items() if isinstance(v, int | float)}, event["step"])
+    def log(self, event: Event) -> None:
+        if isinstance(event, Step):
+            lr = {} if event.lr is None else {"train/lr": event.lr}
+            self._scalars({"train/loss": event.loss, **lr}, event.step)
+        elif isinstance(event, Eval):
+            values = {f"eval/{k}": v for k, v in event.values.items() if k != "best"}
+            self._scalars({k: float(v) for k, v in values.items() if isinstance(v, int | float)}, event.step)
 
     def _scalars(self, values: dict[str, float], step: int) -> None:
         if self.tb is None and self.tb_dir is not None:

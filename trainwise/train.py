@@ -16,11 +16,9 @@ data and batch, with its own learning rate, weight decay and label smoothing fro
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import hashlib
-import io
 import json
 import os
 import random
@@ -38,12 +36,13 @@ from trainwise.config import StudyConfig, TrainConfig, TrialSpec, maximize, moni
 from trainwise.data.prepared import TrialData, load_data
 from trainwise.distributed import Ranks, is_multiprocess
 from trainwise.errors import ConfigError, RunFailed
+from trainwise.events import Checkpoint, Emit, Eval, Event, Note, Step, Warn, ignore
+from trainwise.faults import seamed
 from trainwise.files import failed, free_space, human_bytes, plain_modes, refused_by, tree_bytes, write_atomic, writing
-from trainwise.launcher import run_child
-from trainwise.lifeline import die_with_parent
+from trainwise.launcher import Exit, Listener, Place, run
+from trainwise.results import TrainResult
 from trainwise.study.store import hold
 from trainwise.tracking import Tracker
-from trainwise.worker import _emitter
 
 LATEST = "latest"
 
@@ -84,47 +83,25 @@ class TrainState:
     base: str = ""  # the fingerprint without the hyper-parameters PBT mutates (see `adopt`)
 
 
-@dataclass
-class TrainResult:
-    steps: int
-    planned_steps: int
-    stopped_early: bool
-    final_loss: float
-    best_step: int
-    best_value: float | None
-    monitor: str
-    evals: list[dict]
-    resumed_from: str | None
-    wall_s: float
-    out: str
-    disk: dict[str, int] = field(default_factory=dict)  # bytes under --out: checkpoints, best, final, total
-
-    @property
-    def compute_saved(self) -> float:
-        return 1 - self.steps / self.planned_steps
-
-
-def _ignore(_: object) -> None:
-    """A listener that hears nothing: a job's default, and the warnings of ranks other than 0."""
-
-
 @dataclass(frozen=True)
 class TrainJob:
     """One training run: what to train (the spec: model, data, plan, settings), for how long and with what
-    evaluation and checkpoints (tc), where (out), whether to continue the checkpoints there (resume), which
-    trackers get its curves (report_to), and who hears it: `on_event` gets step, eval, checkpoint and note
-    events, `warn` one-line warnings."""
+    evaluation and checkpoints (tc), where (out), whether to continue the checkpoints there (resume) and
+    which trackers get its curves (report_to). Its listener is `run`'s: step, eval, checkpoint, note and
+    warning events."""
 
     spec: TrialSpec
     tc: TrainConfig
     out: Path
     resume: bool = False
     report_to: tuple[str, ...] = ()
-    on_event: Callable[[dict], None] = _ignore
-    warn: Callable[[str], None] = _ignore
+
+    def place(self) -> Place:
+        """Over the ranks its plan needs (data parallel, ZeRO); the ranks' stderr in ranks.log."""
+        s = self.spec.settings
+        return Place(self.out / "ranks.json", self.out / "ranks.log", s.nproc, s.device)
 
     def to_dict(self) -> dict:
-        """What a rank needs to run the job (the listeners stay here)."""
         return {
             "spec": self.spec.to_dict(),
             "tc": asdict(self.tc),
@@ -134,9 +111,26 @@ class TrainJob:
         }
 
     @classmethod
-    def from_dict(cls, blob: dict, on_event: Callable[[dict], None], warn: Callable[[str], None]) -> TrainJob:
+    def from_dict(cls, blob: dict) -> TrainJob:
         spec, tc, out = TrialSpec.from_dict(blob["spec"]), TrainConfig(**blob["tc"]), Path(blob["out"])
-        return cls(spec, tc, out, bool(blob["resume"]), tuple(blob["report_to"]), on_event, warn)
+        return cls(spec, tc, out, bool(blob["resume"]), tuple(blob["report_to"]))
+
+    def run(self, emit: Emit) -> TrainResult:
+        """Train in this process (a rank: rank 0 reports to the trackers). The test seam
+        TRAINWISE_FAULT="train:KIND@STEP" acts here, in every rank."""
+        job = self if Ranks.from_env().main else dataclasses.replace(self, report_to=())
+        return run_train(job, seamed(emit, "train", self.spec.settings.batch_size))
+
+    def ended(self, results: list[TrainResult | None], end: Exit) -> TrainResult:
+        """Rank 0's result (it wrote train_result.json); a run whose ranks failed raises, in one line."""
+        if end.code != 0 or results[0] is None:
+            if reason := refused_by(end.tail, self.out, died=True):
+                raise failed(self.out, reason, RESUME_HINT)
+            nproc = self.spec.settings.nproc
+            raise RunFailed(
+                f"the {nproc} training ranks exited with code {end.code}: {end.tail[:300]} (log: {end.log})"
+            )
+        return results[0]
 
 
 def disk_use(out: Path) -> dict[str, int]:
@@ -345,24 +339,24 @@ def _prune(root: Path, keep: int, protect: set[str]) -> None:
 # ---- the run ------------------------------------------------------------------------------------
 
 
-def run_train(job: TrainJob, adopt: Path | None = None) -> TrainResult:
-    """Train in this process; `job.on_event` gets step, eval and checkpoint events, and the trackers of
+def run_train(job: TrainJob, emit: Emit = ignore, adopt: Path | None = None) -> TrainResult:
+    """Train in this process; `emit` gets step, eval, checkpoint and warning events, and the trackers of
     `job.report_to` (--report-to) the run's curves. `adopt`: start from this checkpoint (of another run of
     the same model, plan, data and batch) with this spec's hyper-parameters (PBT)."""
     if not job.report_to:
-        return _fit(job, adopt)
+        return _fit(job, emit, adopt)
 
     spec, tc, out = job.spec, job.tc, job.out
     params = {"plan": spec.row, **dataclasses.asdict(spec.settings), **dataclasses.asdict(tc)}
     out.mkdir(parents=True, exist_ok=True)
     tracker = Tracker(job.report_to, out, f"{out.name} {spec.row}", params)
 
-    def on_event(event: dict) -> None:
+    def on_event(event: Event) -> None:
         tracker.log(event)
-        job.on_event(event)
+        emit(event)
 
     try:
-        r = _fit(dataclasses.replace(job, on_event=on_event), adopt)
+        r = _fit(job, on_event, adopt)
     except BaseException:
         tracker.close(failed=True)
         raise
@@ -371,9 +365,13 @@ def run_train(job: TrainJob, adopt: Path | None = None) -> TrainResult:
     return r
 
 
-def _fit(job: TrainJob, adopt: Path | None) -> TrainResult:
+def _fit(job: TrainJob, emit: Emit, adopt: Path | None) -> TrainResult:
     """The run itself: the loop, with evaluation, checkpoints and early stopping around its steps."""
-    spec, tc, out, resume, emit, warn = job.spec, job.tc, job.out, job.resume, job.on_event, job.warn
+    spec, tc, out, resume = job.spec, job.tc, job.out, job.resume
+
+    def warn(text: str) -> None:
+        emit(Warn(text))
+
     s = spec.settings
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
@@ -387,8 +385,6 @@ def _fit(job: TrainJob, adopt: Path | None) -> TrainResult:
     raw = parts.raw_model
     ranks = Ranks.from_env()
     engine = parts.model if parts.rt.deepspeed is not None else None  # DeepSpeed's engine: ZeRO checkpoints
-    if not ranks.main:
-        warn = _ignore  # rank 0 says the same
 
     root = out / "checkpoints"
     state = TrainState(fingerprint=fingerprint(spec), base=fingerprint(spec, with_lr=False))
@@ -435,7 +431,7 @@ def _fit(job: TrainJob, adopt: Path | None) -> TrainResult:
         nonlocal stopped
         state.step, state.micro = parts.step, stream.position
         state.losses.append(loss)
-        emit({"event": "step", "step": state.step, "total": planned, "loss": loss, "lr": parts.lr})
+        emit(Step(state.step, planned, loss, lr=parts.lr))
         if state.step % tc.eval_every == 0 or state.step == planned:
             window = state.losses[-tc.eval_every :]
             record = {"step": state.step, "train_loss": sum(window) / len(window)}
@@ -448,11 +444,11 @@ def _fit(job: TrainJob, adopt: Path | None) -> TrainResult:
                 if best and tc.checkpoints:
                     save_model_dir(out / "best", parts, data, record)
             state.evals.append(record)
-            emit({"event": "eval", **record})
+            emit(Eval(state.step, {k: v for k, v in record.items() if k != "step"}))
         if tc.checkpoints and (state.step % tc.save_every == 0 or state.step == planned or stopped):
             state.stopper = {"best": stopper.best, "best_step": stopper.best_step, "bad": stopper.bad}
             saved_at = save_checkpoint(root, raw, parts.optimizer, parts.scheduler, state, engine)
-            emit({"event": "checkpoint", "step": state.step, "path": str(saved_at)})
+            emit(Checkpoint(state.step, str(saved_at)))
             if ranks.main:
                 _prune(root, tc.keep, protect={saved_at.name})
         return stopped
@@ -480,7 +476,7 @@ def _fit(job: TrainJob, adopt: Path | None) -> TrainResult:
     )
     if ranks.main:
         result.disk = disk_use(out)
-        write_atomic(out / "train_result.json", json.dumps({**asdict(result), "compute_saved": result.compute_saved}))
+        write_atomic(out / "train_result.json", json.dumps(result.to_dict()))
     return result
 
 
@@ -542,73 +538,27 @@ def check_one_process(cfg: StudyConfig, verb: str) -> None:
         )
 
 
-def train_ranks(job: TrainJob) -> TrainResult:
-    """`run_train` over the ranks a plan needs (data parallel, ZeRO): torchrun runs this module's `main` in
-    each, as `compare --nproc` runs its trials; rank 0's events come back as JSON lines. Checkpoints are
-    written by every rank together, so `--resume` continues a run that was killed."""
-
-    out, nproc = job.out, job.spec.settings.nproc
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "train_result.json").unlink(missing_ok=True)
-    args = out / "ranks.json"
-    args.write_text(json.dumps(job.to_dict()))
-
-    def on_event(event: dict) -> None:
-        if event.get("event") == "warning":
-            job.warn(event["message"])
-        else:
-            job.on_event(event)
-
-    end = run_child(
-        "trainwise.train", [str(args)], out / "ranks.log", on_event, ranks=nproc, device=job.spec.settings.device
-    )
-    result = out / "train_result.json"
-    if end.code != 0 or not result.is_file():
-        if reason := refused_by(end.tail, out, died=True):
-            raise failed(out, reason, RESUME_HINT)
-        raise RunFailed(f"the {nproc} training ranks exited with code {end.code}: {end.tail[:300]} (log: {end.log})")
-    saved = json.loads(result.read_text())
-    saved.pop("compute_saved", None)
-    return TrainResult(**saved)
+def train_ranks(job: TrainJob, on_event: Listener) -> TrainResult:
+    """`run_train` over the ranks a plan needs (data parallel, ZeRO): each rank runs `job.run` as `compare
+    --nproc` runs its trials; rank 0's events come back, and its result. Checkpoints are written by every rank
+    together, so `--resume` continues a run that was killed."""
+    job.out.mkdir(parents=True, exist_ok=True)
+    (job.out / "train_result.json").unlink(missing_ok=True)
+    return run(job, on_event)
 
 
-def main(argv: list[str]) -> int:
-    """One rank of `train_ranks`: `python -m trainwise.train RANKS.json` under torchrun."""
-
-    die_with_parent()  # torchrun's agent: if it dies, so does this rank
-
-    blob = json.loads(Path(argv[0]).read_text())
-    ranks = Ranks.from_env()
-    # rank 0 prints the events; the test seam TRAINWISE_FAULT="train:kill@STEP" acts in every rank
-    emit = _emitter("train", TrialSpec.from_dict(blob["spec"]).settings.batch_size, ranks.main)
-
-    def warn(message: str) -> None:
-        emit({"event": "warning", "message": message})
-
-    job = TrainJob.from_dict(blob, emit, warn)
-    run_train(job if ranks.main else dataclasses.replace(job, report_to=()))  # rank 0 reports to the trackers
-    return 0
-
-
-def train_any(job: TrainJob) -> TrainResult:
+def train_any(job: TrainJob, on_event: Listener = ignore) -> TrainResult:
     """Train in this process, or over the ranks the plan needs (data parallel, ZeRO) under torchrun; one
-    command at a time in `job.out` (and the folder is marked trainwise's)."""
+    command at a time in `job.out` (and the folder is marked trainwise's). `on_event` hears the run's
+    notes, steps, evaluations, checkpoints and warnings."""
 
     spec, out = job.spec, job.out
     with hold(out):
-        job.on_event({"event": "note", "message": writes_line(out, job.tc)})
+        on_event(Note(writes_line(out, job.tc)))
         if is_multiprocess(spec):
-            line = f"{spec.row!r} over {spec.settings.nproc} ranks (their output: {out}/ranks.log)"
-            job.on_event({"event": "note", "message": line})
-            return train_ranks(job)
-        fault = _emitter("train", spec.settings.batch_size)  # the test seam: TRAINWISE_FAULT="train:kill@STEP"
-
-        def on_event(event: dict) -> None:
-            job.on_event(event)
-            with contextlib.redirect_stdout(io.StringIO()):  # the seam's emitter prints JSON lines: not here
-                fault(event)
-
-        return run_train(dataclasses.replace(job, on_event=on_event))
+            on_event(Note(f"{spec.row!r} over {spec.settings.nproc} ranks (their output: {out}/ranks.log)"))
+            return train_ranks(job, on_event)
+        return run(job, on_event, backend="here")
 
 
 def writes_line(out: Path, tc: TrainConfig) -> str:
@@ -663,9 +613,3 @@ def summary(r: TrainResult, tc: TrainConfig, price) -> list[str]:
         rework = f" (x{price.rework_factor():.3f} expected re-work)" if price.low_priority else ""
         lines.append(f"cost ${price.cost(r.wall_s):.4g} at {price.label}{rework}")
     return lines
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main(sys.argv[1:]))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,13 +17,12 @@ import torch
 from trainwise import loop
 from trainwise.config import TrialSpec
 from trainwise.data.prepared import load_data
+from trainwise.events import Emit, Phase, Step, ignore
 from trainwise.measure import contention, flops, memory
 from trainwise.measure.env import environment
 from trainwise.measure.timing import StepTimer, summarize_steps
 from trainwise.measure.trace import Tracer
 from trainwise.results import TrialResult
-
-Progress = Callable[[dict], None]
 
 
 class Measured(loop.Phases):
@@ -47,14 +45,15 @@ def _steps(spec: TrialSpec) -> int:
     return spec.steps
 
 
-def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Path | None = None) -> TrialResult:
-    """One trial. With `trace_path`, the training steps are recorded by torch.profiler (--profile)."""
-    emit = progress or (lambda _event: None)
+def run_trial(spec: TrialSpec, progress: Emit | None = None, trace_path: Path | None = None) -> TrialResult:
+    """One trial; its progress (phases, steps) goes to `progress`. With `trace_path`, the training steps are
+    recorded by torch.profiler (--profile)."""
+    emit = progress or ignore
     s = spec.settings
-    emit({"event": "phase", "phase": "data"})
+    emit(Phase("data"))
     data = load_data(spec)  # text tokenized once, unpadded (the plan chooses padding and grouping)
 
-    emit({"event": "phase", "phase": "model"})
+    emit(Phase("model"))
     if s.device == "cuda":
         torch.cuda.empty_cache()
         memory.cuda_reset_peak()
@@ -64,7 +63,7 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Pat
     parts = loop.build(spec, data, steps)
     stream = loop.Stream(data, parts)
 
-    emit({"event": "phase", "phase": "train"})
+    emit(Phase("train"))
     timer = StepTimer(torch.cuda.synchronize if s.device == "cuda" else (lambda: None))
     tracer = Tracer(trace_path, s.device == "cuda")
     counts = {"samples": 0, "real": 0, "padded": 0}
@@ -84,7 +83,7 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Pat
             counts["samples"] += sum(b.n_samples for b in micro)
             counts["real"] += sum(b.real_tokens for b in micro)
             counts["padded"] += sum(b.padded_tokens for b in micro)
-        emit({"event": "step", "step": parts.step, "total": steps, "loss": loss, "step_s": times.total_s})
+        emit(Step(parts.step, steps, loss, step_s=times.total_s))
 
     tracer.start()  # a no-op without --profile; with it, one trace of all training steps
     loop.run(parts, stream, steps, on_step, Measured(timer, tracer))
@@ -103,14 +102,14 @@ def run_trial(spec: TrialSpec, progress: Progress | None = None, trace_path: Pat
     metrics: dict[str, float] = {}
     eval_s = None
     if data.n_eval:
-        emit({"event": "phase", "phase": "eval"})
+        emit(Phase("eval"))
         t0 = time.perf_counter()
         metrics = data.evaluate(parts.model, parts.accelerator)
         eval_s = time.perf_counter() - t0
 
     # after the timed steps and the evaluation (so neither is slowed nor changed): more steps on the
     # largest window, one profiled for the peak of live tensors (CPU), one counted for FLOPs
-    emit({"event": "phase", "phase": "measure"})
+    emit(Phase("measure"))
     measured = measure_step(parts, largest, s.device)
     if s.device != "cuda":
         peak = measured.peak_bytes

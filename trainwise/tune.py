@@ -1,8 +1,8 @@
 """trainwise tune: hyper-parameter search over `trainwise train` runs (Optuna random search or TPE;
 population-based training with Ray Tune is in trainwise.pbt).
 
-Each trial is one training run with the sampled values in its own process (`python -m
-trainwise.tune --trial ...`), reporting its evaluations as JSON lines; the parent feeds them to
+Each trial is one training run with the sampled values in its own process (a `TuneTrial` job run by
+`launcher.run`), reporting its evaluations as events and its outcome as a `TuneTrialResult`; the parent feeds them to
 Optuna, which prunes a trial whose intermediate metric falls below the median of earlier trials at
 the same step (the process is then killed). The study lives in Optuna's embedded SQLite storage
 (`--out/tune.sqlite`): re-running the same command continues it until `--trials` trials have
@@ -33,11 +33,13 @@ from trainwise.config import (
     monitored,
 )
 from trainwise.errors import ConfigError, RunFailed, check_number
+from trainwise.events import Emit, Eval, Event, Warn
 from trainwise.export import RunSettings, epochs_for, named_model, train_command, train_out
 from trainwise.files import failed, refused_by, write_atomic
-from trainwise.launcher import run_child
+from trainwise.launcher import Exit, Place, run
 from trainwise.option import option, take
 from trainwise.pbt import EXPERIMENT, check_pbt, run_pbt
+from trainwise.results import TuneTrialResult
 from trainwise.space import (
     Param,
     TuneResult,
@@ -101,7 +103,8 @@ def run_tune(
         values = sample(trial, space)
         started = time.perf_counter()
         trial_dir = out / "trials" / f"{trial.number:04d}"
-        state, value, steps, why = _run_one(apply(spec, values), train_args, trial_dir, trial, trial_timeout)
+        r = _run_one(apply(spec, values), train_args, trial_dir, trial, trial_timeout)
+        state, value, steps = r.state, r.value, r.steps
         trial.set_user_attr("steps", steps)
         trial.set_user_attr("wall_s", time.perf_counter() - started)
         if state == "complete":
@@ -109,8 +112,8 @@ def run_tune(
         elif state == "pruned":
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         else:
-            trial.set_user_attr("error", why)
-            refused = None if state == "timeout" else refused_by(why, trial_dir, died=True)
+            trial.set_user_attr("error", r.error)
+            refused = None if state == "timeout" else refused_by(r.error, trial_dir, died=True)
             if refused:
                 trial.set_user_attr("refused", refused)
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -147,62 +150,86 @@ def _summarise(study) -> TuneResult:
     )
 
 
-def _run_one(
-    spec: TrialSpec, train_args: dict, trial_dir: Path, trial, timeout_s: float = 900.0
-) -> tuple[str, float | None, int, str]:
+def best_of(values: list[float | None], monitor: str) -> float | None:
+    """The best finite value of the monitored metric, None when there is none."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return None
+    return max(finite) if maximize(monitor) else min(finite)
+
+
+@dataclass(frozen=True)
+class TuneTrial:
+    """One trial of a random / tpe search: a training run with the sampled values (in the spec), for the
+    search's budget (tc), in `trial_dir`. It reports its evaluations (the pruner reads them) and ends with a
+    TuneTrialResult: its best value and its steps."""
+
+    spec: TrialSpec
+    tc: TrainConfig
+    trial_dir: Path
+
+    def place(self) -> Place:
+        return Place(self.trial_dir / "job.json", self.trial_dir / "stderr.log", None, self.spec.settings.device)
+
+    def to_dict(self) -> dict:
+        return {"spec": self.spec.to_dict(), "train": dataclasses.asdict(self.tc), "trial_dir": str(self.trial_dir)}
+
+    @classmethod
+    def from_dict(cls, blob: dict) -> TuneTrial:
+        return cls(TrialSpec.from_dict(blob["spec"]), TrainConfig(**blob["train"]), Path(blob["trial_dir"]))
+
+    def run(self, emit: Emit) -> TuneTrialResult:
+        """Train with the sampled settings; only the evaluations go back (warnings to the trial's log)."""
+        from trainwise.train import TrainJob, run_train  # heavy: trainwise.train loads torch and transformers
+
+        def evals(event: Event) -> None:
+            if isinstance(event, Eval):
+                emit(event)
+            elif isinstance(event, Warn):
+                print(event.text, file=sys.stderr)
+
+        r = run_train(TrainJob(self.spec, self.tc, self.trial_dir), evals)
+        value = best_of([monitored(e, self.tc.monitor) for e in r.evals], self.tc.monitor)
+        if value is None:
+            return TuneTrialResult("fail", None, r.steps, "no evaluation gave a value")
+        return TuneTrialResult("complete", value, r.steps)
+
+    def ended(self, results: list[TuneTrialResult | None], end: Exit) -> TuneTrialResult:
+        """complete (its result), pruned (stopped here), timeout, or fail with the log's last line."""
+        if end.stopped:
+            return TuneTrialResult("pruned")
+        if end.timed_out:
+            return TuneTrialResult("timeout", error=f"no result within --trial-timeout {end.timeout_s:g}s; killed")
+        r = results[0]
+        if end.code == 0 and r is not None and r.state == "complete":
+            return r
+        return TuneTrialResult("fail", error=end.tail[:300] or "it exited without a word")
+
+
+def _run_one(spec: TrialSpec, train_args: dict, trial_dir: Path, trial, timeout_s: float = 900.0) -> TuneTrialResult:
     """One training run in its own process; its evaluations are reported to Optuna as they come, and a run
-    Optuna prunes is killed (with whatever it started), as is one that outlives `timeout_s`. Returns the
-    trial's state (complete, pruned, timeout or fail), its best value, its steps and why it failed."""
+    Optuna prunes is killed (with whatever it started), as is one that outlives `timeout_s`. A trial that
+    did not complete keeps the best value and the steps its evaluations reported."""
     trial_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(trial_dir / "spec.json", json.dumps({"spec": spec.to_dict(), "train": train_args}))
     monitor = train_args["monitor"]
     value: float | None = None
     steps = 0
 
-    def on_event(event: dict) -> bool:
+    def on_event(event: Event) -> bool:
         """True: Optuna prunes the trial, stop it."""
         nonlocal value, steps
-        if event.get("event") == "eval":
-            steps = event["step"]
-            v = monitored(event, monitor)
+        if isinstance(event, Eval):
+            steps = event.step
+            v = monitored(event.record, monitor)
             if v is not None and math.isfinite(v):
-                value = v if value is None else (max(value, v) if maximize(monitor) else min(value, v))
+                value = best_of([value, v], monitor)
                 trial.report(v, steps)
                 return trial.should_prune()
-        elif event.get("event") == "done":
-            steps = event["steps"]
         return False
 
-    args = [str(trial_dir / "spec.json"), str(trial_dir)]
-    end = run_child("trainwise.tune", args, trial_dir / "stderr.log", on_event, timeout_s=timeout_s)
-    if end.stopped:
-        return "pruned", value, steps, ""
-    if end.timed_out:
-        return "timeout", value, steps, f"no result within --trial-timeout {timeout_s:g}s; killed"
-    if end.code == 0 and value is not None:
-        return "complete", value, steps, ""
-    return "fail", value, steps, end.tail[:300] or "it exited without a word"
-
-
-def _trial_main(argv: list[str]) -> int:
-    """Entry of a trial's process: train with the sampled settings, print evaluations as JSON lines."""
-    from trainwise.train import TrainConfig, TrainJob, run_train  # heavy: trainwise.train loads torch and transformers
-
-    blob = json.loads(Path(argv[0]).read_text())
-    spec = TrialSpec.from_dict(blob["spec"])
-    tc = TrainConfig(**blob["train"])
-
-    def emit(event: dict) -> None:
-        if event.get("event") == "eval":
-            print(json.dumps(event), flush=True)
-
-    r = run_train(TrainJob(spec, tc, Path(argv[1]), on_event=emit, warn=lambda msg: print(msg, file=sys.stderr)))
-    print(json.dumps({"event": "done", "steps": r.steps}), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_trial_main(sys.argv[1:]))
+    r = run(TuneTrial(spec, TrainConfig(**train_args), trial_dir), on_event, timeout_s=timeout_s)
+    return r if r.state == "complete" else dataclasses.replace(r, value=value, steps=steps)
 
 
 # ---- the verb ------------------------------------------------------------------------------------

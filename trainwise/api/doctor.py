@@ -18,6 +18,7 @@ from trainwise.api.render import STDERR, Render
 from trainwise.config import DEVICES, IMAGE_TASK
 from trainwise.doctor import LIBRARIES, Check, DoctorReport, doctor_config, measure_device, rows_for, verdict
 from trainwise.errors import ConfigError
+from trainwise.events import Event, Phase
 from trainwise.files import write_atomic
 from trainwise.launcher import launch
 from trainwise.measure import device as dev
@@ -33,9 +34,9 @@ def start(options: DoctorOptions, render: Render | None = STDERR) -> DoctorRepor
     with render.status("trainwise doctor: measuring the device's peaks...") as status:
         update = render.update(status)
 
-        def on_event(task: str, spec: Any, e: dict) -> None:
-            if e.get("event") == "phase":
-                update(f"trainwise doctor: {spec.row} ({task}): {e['phase']}")
+        def on_event(task: str, spec: Any, e: Event) -> None:
+            if isinstance(e, Phase):
+                update(f"trainwise doctor: {spec.row} ({task}): {e.phase}")
 
         def on_done(task: str, spec: Any, r: Any, _cached: bool) -> None:
             what = f"{r.step_time_s:.3f} s/step" if r.status == "ok" else r.message

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from trainwise.events import Event
+
 
 @contextlib.contextmanager
 def _silent(_prepared: Any) -> Iterator[tuple[Callable, Callable]]:
@@ -29,15 +31,16 @@ class Render:
     table(report): a study's table; quality(rows, seeds): the quality phase's verdicts;
     status(text): a context manager shown while the input is checked and prepared (its `update(text)`, when
     it has one, says what the work is doing now); note(line): what the user should know (rows skipped, a
-    head trained new, a plan's precision, the study's projected time); event(dict): a training run's
-    progress; line(text): a line of a search's progress."""
+    head trained new, a plan's precision, the study's projected time); event(Event): a training run's
+    progress (`trainwise.events`: Step, Eval, Checkpoint, Note); line(text): a line of a search's progress.
+    A study's on_event gets the trials' typed events too (Phase, Step, Note, Projection)."""
 
     progress: Callable = _silent
     table: Callable[[Any], None] = _nothing
     quality: Callable[[list, int], None] = _nothing
     status: Callable[[str], Any] = lambda _text: contextlib.nullcontext()
     note: Callable[[str], None] = _nothing
-    event: Callable[[dict], None] = _nothing
+    event: Callable[[Event], None] = _nothing
     line: Callable[[str], None] = _nothing
 
     def update(self, status: Any) -> Callable[[str], None]:

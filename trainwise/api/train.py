@@ -9,6 +9,7 @@ from typing import Any
 from trainwise.api.options import TrainOptions
 from trainwise.api.render import STDERR, Render
 from trainwise.errors import ConfigError
+from trainwise.events import Event, Warn
 from trainwise.tracking import parse_report_to
 
 
@@ -39,8 +40,13 @@ def start(options: TrainOptions, render: Render | None = STDERR):
             render.note(f"trainwise: note: {verdict.line()}")  # trained as asked; why it may be slow
     from trainwise.train import TrainJob, train_any  # torch: after every check of the input
 
-    warn = lambda msg: render.note(f"trainwise: warning: {msg}")  # noqa: E731
-    return train_any(TrainJob(spec, tc, Path(options.out), options.resume, backends, render.event, warn))
+    def on_event(event: Event) -> None:
+        if isinstance(event, Warn):
+            render.note(f"trainwise: warning: {event.text}")
+        else:
+            render.event(event)
+
+    return train_any(TrainJob(spec, tc, Path(options.out), options.resume, backends), on_event)
 
 
 def train(config: str | Path | None = None, render: Render | None = STDERR, **options: Any):

@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 from trainwise import strategies as catalogue
+from trainwise.events import Eval, Event, Note, Phase, Projection, Step
 from trainwise.quality import unlearned
 from trainwise.report.format import (
     RANDOM_INIT_NOTE,
@@ -78,20 +79,20 @@ def study_progress(prepared: Any) -> Iterator[tuple[Callable, Callable]]:
         def name(spec: Any) -> str:
             return f"{prepared.cell_of(spec).label()} #{spec.repeat + 1}"
 
-        def on_event(spec: Any, e: dict) -> None:
-            if e.get("event") == "phase" and e["phase"] == "data":  # a new trial: fresh bar and clock
+        def on_event(spec: Any, e: Event) -> None:
+            if isinstance(e, Phase) and e.phase == "data":  # a new trial: fresh bar and clock
                 progress.reset(trial_bar, description=f"{name(spec)}: data", visible=True)
-            elif e.get("event") == "phase":
-                progress.update(trial_bar, description=f"{name(spec)}: {e['phase']}")
-            elif e.get("event") == "step":
-                text = f"{name(spec)}: loss {e['loss']:.3f}, {e['step_s']:.2f} s/step"
-                progress.update(trial_bar, completed=e["step"], description=text)
-            elif e.get("event") == "note":  # the study's own word (a re-run under load), not the trial's
-                say(f"  {name(spec)}: {e['text']}", progress.console)
-            elif e.get("event") == "projection":  # the study's time: once as a note, then as time left
-                if e.get("text"):
-                    say(e["text"], progress.console)
-                progress.update(study_bar, left=f"~{human_seconds(e['remaining_s'])} left")
+            elif isinstance(e, Phase):
+                progress.update(trial_bar, description=f"{name(spec)}: {e.phase}")
+            elif isinstance(e, Step):
+                text = f"{name(spec)}: loss {e.loss:.3f}, {e.step_s or 0.0:.2f} s/step"
+                progress.update(trial_bar, completed=e.step, description=text)
+            elif isinstance(e, Note):  # the study's own word (a re-run under load), not the trial's
+                say(f"  {name(spec)}: {e.text}", progress.console)
+            elif isinstance(e, Projection):  # the study's time: once as a note, then as time left
+                if e.text:
+                    say(e.text, progress.console)
+                progress.update(study_bar, left=f"~{human_seconds(e.remaining_s)} left")
 
         def on_done(spec: Any, r: Any, cached: bool) -> None:
             progress.update(trial_bar, visible=False)
@@ -102,15 +103,15 @@ def study_progress(prepared: Any) -> Iterator[tuple[Callable, Callable]]:
         yield on_event, on_done
 
 
-def train_event(event: dict) -> None:
+def train_event(event: Event) -> None:
     """train's progress: every evaluation, every 10th step and the last, and notes."""
-    if event.get("event") == "eval":
-        shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in event.items() if k != "event"}
+    if isinstance(event, Eval):
+        shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in event.record.items()}
         say(f"  eval {shown}", err)
-    elif event.get("event") == "step" and (event["step"] % 10 == 0 or event["step"] == event["total"]):
-        say(f"  step {event['step']}/{event['total']}  loss {event['loss']:.4f}", err)
-    elif event.get("event") == "note":
-        say(f"trainwise train: {event['message']}", err)
+    elif isinstance(event, Step) and (event.step % 10 == 0 or event.step == event.total):
+        say(f"  step {event.step}/{event.total}  loss {event.loss:.4f}", err)
+    elif isinstance(event, Note):
+        say(f"trainwise train: {event.text}", err)
 
 
 def compare_table(report: Any, console: Console | None = None) -> None:

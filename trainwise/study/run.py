@@ -8,6 +8,7 @@ from pathlib import Path
 
 from trainwise import projection
 from trainwise.config import StudyConfig, TrialSpec
+from trainwise.events import Event, Note
 from trainwise.files import failed, refused_by
 from trainwise.measure import contention
 from trainwise.results import TrialResult
@@ -15,8 +16,8 @@ from trainwise.strategies import Support
 from trainwise.study.prepare import PreparedStudy
 from trainwise.study.store import STORE, Store, Trials, hold, still_there
 
-Launch = Callable[[TrialSpec, Path, float, Callable[[dict], None]], TrialResult]
-Events = Callable[[TrialSpec, dict], None]
+Launch = Callable[[TrialSpec, Path, float, Callable[[Event], None]], TrialResult]
+Events = Callable[[TrialSpec, Event], None]
 
 
 def run_study(
@@ -129,30 +130,29 @@ def _measured(spec: TrialSpec, trial_dir: Path, launch: Launch, cfg: StudyConfig
     while result.status == "ok" and result.contended and discarded < cfg.retries:
         discarded += 1
         emit(
-            {
-                "event": "note",
-                "text": f"measured under load ({result.step_time_s:.3f} s/step, "
+            Note(
+                f"measured under load ({result.step_time_s:.3f} s/step, "
                 f"{100 * (result.other_cpu_share or 0):.0f}% of the CPUs taken by other processes): "
                 "waiting for the machine to quieten, then measuring again "
-                f"({discarded} of --retries {cfg.retries})",
-            }
+                f"({discarded} of --retries {cfg.retries})"
+            )
         )
         quiet = contention.wait_quiet(cfg.quiet_wait_s)
         if not quiet:
-            emit({"event": "note", "text": f"still busy after {cfg.quiet_wait_s:.0f} s: measuring anyway"})
+            emit(Note(f"still busy after {cfg.quiet_wait_s:.0f} s: measuring anyway"))
         again = launch(spec, trial_dir, cfg.trial_timeout, emit)
         if again.status != "ok":  # the re-run failed (timeout, OOM): the loaded measurement stays, flagged
-            emit({"event": "note", "text": f"the re-run ended {again.status}: keeping the run measured under load"})
+            emit(Note(f"the re-run ended {again.status}: keeping the run measured under load"))
             break
         result = again
     result.discarded_runs = discarded
     return result
 
 
-def _timed(on_event: Events, spec: TrialSpec, clock: projection.Clock) -> Callable[[dict], None]:
+def _timed(on_event: Events, spec: TrialSpec, clock: projection.Clock) -> Callable[[Event], None]:
     """The trial's events, each followed by the study's projected time when it has something new to say."""
 
-    def emit(event: dict) -> None:
+    def emit(event: Event) -> None:
         on_event(spec, event)
         if (said := clock.step(event)) is not None:
             on_event(spec, said)
