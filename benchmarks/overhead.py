@@ -67,7 +67,7 @@ def child(kind: str, spec_path: str) -> None:
     with open(spec_path) as f:
         spec = TrialSpec.from_dict(json.load(f))
     s = spec.settings
-    step = plain_loop(spec, s.max_steps, s.warmup_steps) if kind == "plain" else run_trial(spec).step_time_s
+    step = plain_loop(spec, spec.steps, s.warmup_steps) if kind == "plain" else run_trial(spec).step_time_s
     print(f"STEP {step}")
 
 

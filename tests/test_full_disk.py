@@ -192,7 +192,7 @@ def test_reports_that_cannot_be_written_leave_the_previous_set_whole(tmp_path, m
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before, "no half set, no temporary file"
 
 
-OURS = "trainwise.errors.OutputFailed: permission denied writing /o/trials/k/result.json; choose a writable --out"
+OURS = "trainwise.errors.OutputFailed: permission denied writing /o/trials/k/job.json; choose a writable --out"
 SHM = "RuntimeError: unable to write to file </torch_1_2>: No space left on device (28)"
 
 

@@ -64,6 +64,20 @@ def test_the_old_store_keeps_its_keys_so_the_same_command_resumes():
         spec = TrialSpec.from_dict(json.loads(blob))
         assert spec.steps == 4 and not hasattr(spec.settings, "max_steps")
         assert spec.key() == key and TrialSpec.from_dict(spec.to_dict()) == spec
+        assert spec.to_dict()["settings"]["max_steps"] == 4, "where the previous release reads a stored spec's steps"
+
+
+def test_an_old_study_without_its_file_still_says_what_another_run_would_replace(tmp_path):
+    """A study from before studies kept study.yaml: its store says its settings, so a compare of other steps
+    into it is refused in one line naming them (the steps come from the stored spec, not its settings)."""
+    from trainwise.api.compare import over_study
+
+    study = tmp_path / "old"
+    shutil.copytree(OLD, study)
+    (study / store.STUDY_FILE).unlink()
+    asked = CompareOptions.of({"out": str(study), "model_preset": "bert-tiny", "strategies": "baseline,dynamic_pad"})
+    with pytest.raises(ConfigError, match="max_steps 4 → 16"):
+        over_study(asked)
 
 
 def test_advise_and_the_python_api_read_the_old_study(tmp_path):

@@ -530,11 +530,14 @@ class TrialSpec:
     steps: int | None = None
 
     def to_dict(self) -> dict[str, object]:
+        settings = asdict(self.settings)
+        if self.steps is not None:  # where a release before issue 35 reads them (its TrialSettings requires them)
+            settings["max_steps"] = self.steps
         return {
             "row": self.row,
             "repeat": self.repeat,
             "plan": self.plan.to_dict(),
-            "settings": asdict(self.settings),
+            "settings": settings,
             "extra": dict(self.extra),
             "steps": self.steps,
         }

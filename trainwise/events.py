@@ -161,12 +161,13 @@ def lines(event: Event) -> list[bytes]:
     """The event as the lines a child writes, each one write to its stdout: one line, or for a line longer
     than a pipe writes at once, `part` lines that `Reader` joins."""
     line = json.dumps(event.to_dict())
-    if len(line) < PIPE_BUF:
-        return [(line + "\n").encode()]
+    # each line starts on a line of its own: text a library left on stdout without a newline stays apart
+    if len(line) + 1 < PIPE_BUF:
+        return [("\n" + line + "\n").encode()]
     pieces = [line[i : i + _PIECE] for i in range(0, len(line), _PIECE)]
     key = f"{os.getpid()}-{next(_parts)}"
     return [
-        (json.dumps({"event": "part", "id": key, "i": i, "n": len(pieces), "data": p}) + "\n").encode()
+        ("\n" + json.dumps({"event": "part", "id": key, "i": i, "n": len(pieces), "data": p}) + "\n").encode()
         for i, p in enumerate(pieces)
     ]
 

@@ -737,7 +737,15 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         preset = source.kind == "preset"
         model = BUNDLED_HUB_ID if source.label == "all-MiniLM-L6-v2" else source.ref
     parsed = EstimateConfig(
-        (text,), task, batch, accum, *lengths, nproc=nproc, zero_stage=cfg.zero, offload=cfg.offload
+        rows=(text,),
+        task=task,
+        batch_size=batch,
+        accum_steps=accum,
+        max_length=lengths[0],
+        max_target_length=lengths[1],
+        nproc=nproc,
+        zero_stage=cfg.zero,
+        offload=cfg.offload,
     )
     row = parsed.parsed[0]
     if source is not None and source.kind != "preset" and task == CAUSAL_LM and row.plan.value("packing"):

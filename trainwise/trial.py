@@ -1,6 +1,6 @@
 """run_trial: `compare`'s measured trial, the loop of `trainwise.loop` with timers and memory probes.
 
-Reads top to bottom: load data -> build the plan's training parts -> run max_steps optimizer steps
+Reads top to bottom: load data -> build the plan's training parts -> run the spec's `steps` optimizer steps
 (the first warmup_steps untimed) -> evaluate. What a strategy does is the loop's business; this
 module only measures it.
 """

@@ -201,7 +201,7 @@ class TuneTrial:
         if end.timed_out:
             return TuneTrialResult("timeout", error=f"no result within --trial-timeout {end.timeout_s:g}s; killed")
         r = results[0]
-        if end.code == 0 and r is not None and r.state == "complete":
+        if end.code == 0 and r is not None and r.state in ("complete", "fail"):  # its own word on a failed run
             return r
         return TuneTrialResult("fail", error=end.tail[:300] or "it exited without a word")
 

@@ -127,8 +127,8 @@ def _stored_options(options: CompareOptions) -> CompareOptions | None:
     from trainwise.models import resolve_model
 
     s = spec.settings
-    same = ("task", "accum_steps", "max_length", "max_steps", "warmup_steps", "lr", "seed", "eval_samples", "nproc")
-    values = {k: getattr(s, k) for k in same} | {"device": s.device, "profile": s.profile}
+    same = ("task", "accum_steps", "max_length", "warmup_steps", "lr", "seed", "eval_samples", "nproc")
+    values = {k: getattr(s, k) for k in same} | {"device": s.device, "profile": s.profile, "max_steps": spec.steps}
     if not options.batch_sizes:
         values["batch_size"] = s.batch_size
     if s.task == "seq2seq":

@@ -7,7 +7,7 @@ time, time % and $/epoch follow from samples/s, so they always agree (a median s
 total-over-total rate did not: a loaded baseline read 2.689 s/step beside 6.4 samples/s, where
 32 / 2.689 = 11.9). Totals, not medians: rows whose batches vary in length (dynamic padding, smart
 batching) have a few long steps that a median would leave out of their epoch. Trials timed under load
-are measured again (trainwise.study), and the median, p90 and IQR stay beside them for the noise.
+are measured again (trainwise.study.run), and the median, p90 and IQR stay beside them for the noise.
 """
 
 from __future__ import annotations

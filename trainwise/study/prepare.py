@@ -363,7 +363,7 @@ def _specs(cfg: StudyConfig, settings, fingerprint: str, unsupported: dict[str, 
                 seed=settings.seed + rep if cfg.seed_per_repeat else settings.seed,
             ),
             {"data": fingerprint},
-            cfg.max_steps,
+            steps=cfg.max_steps,
         )
         for rep in range(cfg.repeat)  # repeats interleaved: drift on a shared machine hits every row alike
         for c in cells
@@ -373,7 +373,9 @@ def _specs(cfg: StudyConfig, settings, fingerprint: str, unsupported: dict[str, 
         # the reference again, as the last trial: with one repeat the study still measures its noise floor
         # (run-to-run, which the step-to-step spread misses) and sees the machine drift between first and last
         base_settings = dataclasses.replace(settings, batch_size=base.batch_size, num_workers=base.workers)
-        specs.append(TrialSpec(base.row.text, 1, base.row.plan, base_settings, {"data": fingerprint}, cfg.max_steps))
+        specs.append(
+            TrialSpec(base.row.text, 1, base.row.plan, base_settings, {"data": fingerprint}, steps=cfg.max_steps)
+        )
     return PreparedStudy(cfg, out, specs, cells, unsupported)
 
 

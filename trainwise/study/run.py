@@ -8,6 +8,7 @@ from pathlib import Path
 
 from trainwise import projection
 from trainwise.config import StudyConfig, TrialSpec
+from trainwise.errors import ConfigError
 from trainwise.events import Event, Note
 from trainwise.files import failed, refused_by
 from trainwise.measure import contention
@@ -29,6 +30,8 @@ def run_study(
 ) -> Trials:
     """Run the trials not in the store yet; return every trial of this study with its result, in order.
     `on_stored` gets the trials so far each time one is stored (the reports are rewritten with it)."""
+    if prepared.config.max_steps is None:  # a training run's study (train, tune): its schedule says the steps
+        raise ConfigError("a study's trials need --max-steps: this one was prepared for a training run")
     with hold(prepared.out):
         return _run_trials(prepared, launch, on_event, on_done, on_stored)
 
