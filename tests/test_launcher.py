@@ -1,6 +1,7 @@
 """The process layer under the one child protocol (`launcher.run(job)` runs every child over `run_child`), which
-starts a compare trial, a training run's ranks and a tune trial: events come back as they are printed, a child past its timeout or stopped by its listener dies with
-everything it started, and a failure says why in one line."""
+starts a compare trial, a training run's ranks and a tune trial: events come back as they are printed, a child
+past its timeout or stopped by its listener dies with everything it started, and a failure says why in one
+line."""
 
 from __future__ import annotations
 

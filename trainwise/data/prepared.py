@@ -1,5 +1,5 @@
-"""A study's prepared data (written by `trainwise.study.prepare` through `study.store`), loaded for a run: the training set, how to
-batch it, and how to score a model on the held-out rows."""
+"""A study's prepared data (written by `trainwise.study.prepare` through `study.store`), loaded for a run: the
+training set, how to batch it, and how to score a model on the held-out rows."""
 
 from __future__ import annotations
 
