@@ -164,10 +164,10 @@ def test_a_pick_that_lost_quality_in_short_trials_is_cautioned_towards_the_quali
     # a study on disk: its trials' steps and held-out rows come from its store
     study = tmp_path / "study"
     study.mkdir()
-    settings = TrialSettings("classification", "preset", "bert-tiny", "bert-tiny", None, "", 2, 8, 1, 32, 8, 16, 1,
+    settings = TrialSettings("classification", "preset", "bert-tiny", "bert-tiny", None, "", 2, 8, 1, 32, 8, 1,
                              5e-5, 0, "cpu", 160, 96)  # fmt: skip
     store = Store(study / "study.sqlite")
-    store.put(TrialSpec("baseline", 0, TrialPlan(), settings), TrialResult("baseline", "ok"))
+    store.put(TrialSpec("baseline", 0, TrialPlan(), settings, steps=16), TrialResult("baseline", "ok"))
     store.close()
     (study / "results.json").write_text(json.dumps(rows(41.25)))
     assert main(["advise", str(study)]) == 0

@@ -268,11 +268,11 @@ def test_export_from_a_study_takes_its_settings_and_advises_the_plan(tmp_path, c
     study = tmp_path / "study"
     study.mkdir()
     settings = TrialSettings(
-        "seq2seq", "preset", "t5-small", "t5-small", None, "", 0, 8, 2, 64, 16, 2, 1, 1e-4, 0, "cpu", 0, 100
+        "seq2seq", "preset", "t5-small", "t5-small", None, "", 0, 8, 2, 64, 16, 1, 1e-4, 0, "cpu", 0, 100
     )
     store = Store(study / "study.sqlite")
     for row in ("baseline", "bf16"):
-        spec = TrialSpec(row, 0, plan_of(row), settings)
+        spec = TrialSpec(row, 0, plan_of(row), settings, steps=2)
         store.put(spec, TrialResult(row, "ok"))
     store.close()
     from .test_advise import ROWS  # bf16 is the fastest row there

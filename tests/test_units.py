@@ -24,11 +24,13 @@ def aggregate_of(texts: list[str], results: list[TrialResult]) -> list[StudyRow]
     from trainwise.config import Cell, TrialSettings, TrialSpec
 
     settings = TrialSettings(
-        "classification", "preset", "bert-tiny", "bert-tiny", None, "", 2, 16, 4, 8, 8, 2, 1, 1e-3, 0, "cpu", 0, 100
+        "classification", "preset", "bert-tiny", "bert-tiny", None, "", 2, 16, 4, 8, 8, 1, 1e-3, 0, "cpu", 0, 100
     )
     rows = {r.text: r for r in strategies.parse_rows(texts, 4)}
     cells = [Cell(rows[t], 16, 0) for t in texts]
-    return aggregate(cells, [(TrialSpec(r.strategy, r.repeat, rows[r.strategy].plan, settings), r) for r in results])
+    return aggregate(
+        cells, [(TrialSpec(r.strategy, r.repeat, rows[r.strategy].plan, settings, steps=2), r) for r in results]
+    )
 
 
 def test_text_metrics_perfect_and_disjoint():

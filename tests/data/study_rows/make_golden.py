@@ -48,7 +48,7 @@ def synthetic(out: Path) -> None:
     timed under load and re-run, a failed row, an emulated one, a 2-rank ZeRO row, a sweep of 2 batch sizes,
     priced; and a quality phase's verdicts beside it."""
     settings = TrialSettings(
-        "classification", "preset", "bert-tiny", "bert-tiny", None, "", 2, 16, 4, 8, 8, 2, 1, 1e-3, 0, "cpu", 0, 100
+        "classification", "preset", "bert-tiny", "bert-tiny", None, "", 2, 16, 4, 8, 8, 1, 1e-3, 0, "cpu", 0, 100
     )
     texts = ["baseline", "bf16", "grad_ckpt", "fp16", "adafactor", "zero2"]
     rows = {r.text: r for r in strategies.parse_rows(texts, 4)}
@@ -59,7 +59,7 @@ def synthetic(out: Path) -> None:
 
     def add(text, batch, repeat, **kw):
         r = TrialResult(text, kw.pop("status", "ok"), repeat=repeat, plan=rows[text].plan.to_dict(), env=env, **kw)
-        spec = TrialSpec(text, repeat, rows[text].plan, dataclasses.replace(settings, batch_size=batch))
+        spec = TrialSpec(text, repeat, rows[text].plan, dataclasses.replace(settings, batch_size=batch), steps=2)
         trials.append((spec, r))
 
     common = dict(mem_kind="cpu_allocated", compute_dtype="fp32", peak_mode="fp32", metric_name="accuracy",
