@@ -327,8 +327,8 @@ def test_a_failed_re_run_keeps_the_run_measured_under_load(tmp_path, cls_csv, mo
     events: list = []
     [(_, r)] = run_study(prepared, lambda *_: runs.pop(0), lambda spec, e: events.append(e), lambda *_: None)
     assert r.status == "ok" and r.contended and r.samples_per_s == 5.0 and r.discarded_runs == 1
-    assert "measured under load (1.600 s/step, 50% of the CPUs" in events[0]["text"]
-    assert "the re-run ended timeout" in events[-1]["text"]
+    assert "measured under load (1.600 s/step, 50% of the CPUs" in events[0].text
+    assert "the re-run ended timeout" in events[-1].text
 
 
 def test_wait_quiet_returns_once_a_busy_process_stops():
