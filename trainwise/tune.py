@@ -70,8 +70,8 @@ def run_tune(
     out: Path,
     train_args: dict,
     on_trial: Callable[[dict], None],
-    seed: int = 0,
-    trial_timeout: float = 900.0,
+    seed: int,
+    trial_timeout: float,  # --trial-timeout: declared once, on TuneConfig
 ) -> TuneResult:
     if search not in ("random", "tpe"):
         raise ValueError(f"run_tune runs Optuna's random or tpe, not {search!r} (pbt: trainwise.pbt)")
@@ -206,7 +206,7 @@ class TuneTrial:
         return TuneTrialResult("fail", error=end.tail[:300] or "it exited without a word")
 
 
-def _run_one(spec: TrialSpec, train_args: dict, trial_dir: Path, trial, timeout_s: float = 900.0) -> TuneTrialResult:
+def _run_one(spec: TrialSpec, train_args: dict, trial_dir: Path, trial, timeout_s: float) -> TuneTrialResult:
     """One training run in its own process; its evaluations are reported to Optuna as they come, and a run
     Optuna prunes is killed (with whatever it started), as is one that outlives `timeout_s`. A trial that
     did not complete keeps the best value and the steps its evaluations reported."""
