@@ -19,6 +19,7 @@
 #   --device cpu: a dry run of the same steps with the tiny preset, 3 steps per trial and no CUDA-only rows,
 #                 results under runs/gpu-cpu-dryrun (on 2 cores: ~80 s of studies, plus trainwise doctor's ~165 s)
 #   REPEAT=N: trials per row (default 1; the table shows medians)
+#   DOCTOR=skip: leave out step 0 (trainwise doctor already ran, as benchmarks/device_session.sh runs it)
 # Each study's --out is resumable: the same command again skips the rows already measured.
 set -euo pipefail
 
@@ -69,7 +70,9 @@ step() {
 
 # 0. environment check first. `trainwise doctor` is a verb being added; until it exists this step is skipped.
 #    A doctor that runs and fails stops the script: the studies would not measure what they claim.
-if $TW doctor --help >/dev/null 2>&1; then
+if [ "${DOCTOR:-}" = skip ]; then
+  echo "=== gpu.sh [doctor] skipped: DOCTOR=skip"
+elif $TW doctor --help >/dev/null 2>&1; then
   step doctor $TW doctor --device "$DEVICE" --out "$RESULTS/doctor"
   if [ ${#FAILED[@]} -gt 0 ]; then
     echo "gpu.sh: trainwise doctor failed; see $RESULTS/doctor.log" >&2

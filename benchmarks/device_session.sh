@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# One lent GPU session in one command: `trainwise doctor --device cuda`, then benchmarks/gpu.sh's studies
+# (doctor already ran, so gpu.sh skips its own), on a machine whose python3 already holds a CUDA build of
+# torch and transformers (the device tool's image) and that cannot reach a package registry.
+#   bash benchmarks/device_session.sh OUTDIR [SECONDS]
+# - .venv: when this checkout has none, .venv/bin/{python,trainwise} run python3 with this checkout on its
+#   path, no download. The versions that differ from requirements.lock are
+#   printed first (doctor.json records them too).
+# - OUTDIR gets doctor.log, pytest_gpu.log (the tests marked gpu), seed001.log, hf_docs.log, versions.txt and results.tar.gz (every study's
+#   results.json, report.md, report.csv and doctor.json), even when SECONDS (default 540) cut the studies.
+# A failed doctor does not stop the studies here: its checks are in doctor.json, and a GPU session is too
+# scarce to end at the first failing strategy.
+set -uo pipefail
+OUTDIR=${1:?usage: bash benchmarks/device_session.sh OUTDIR [SECONDS]}
+LIMIT=${2:-540}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+mkdir -p "$OUTDIR"
+OUTDIR=$(cd "$OUTDIR" && pwd)
+RESULTS=/tmp/trainwise-gpu
+DEVICE=${DEVICE:-cuda} # DEVICE=cpu: the same steps as a dry run (gpu.sh --device cpu)
+START=$(date +%s)
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+
+# python3 there is itself a venv's (/opt/torch/.venv): a venv made from it would see the base interpreter's
+# packages, not its torch. So .venv/bin holds wrappers that run python3 itself with this checkout on its path
+# (PYTHONPATH reaches every trial's child process too).
+export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
+if [ ! -x .venv/bin/trainwise ]; then
+  PY3=$(command -v python3) || exit 1
+  mkdir -p .venv/bin
+  printf '#!/bin/sh\nexec %s "$@"\n' "$PY3" >.venv/bin/python
+  printf '#!/bin/sh\nexec %s -c "import sys; from trainwise.cli import main; sys.exit(main())" "$@"\n' "$PY3" \
+    >.venv/bin/trainwise
+  chmod +x .venv/bin/python .venv/bin/trainwise
+fi
+{
+  nvidia-smi -L 2>&1
+  .venv/bin/python - <<'EOF'
+import importlib.metadata as md, re
+pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==([^\s;]+)", open("requirements.lock").read(), re.M))
+core = "torch transformers accelerate tokenizers typer rich matplotlib psutil rouge-score sacrebleu safetensors numpy pyyaml peft trl datasets deepspeed bitsandbytes".split()
+for name, want in sorted((n, v) for n, v in pins.items() if n.lower() in core):
+    try:
+        have = md.version(name)
+    except md.PackageNotFoundError:
+        have = "missing"
+    if have.split("+")[0] != want:
+        print(f"{name}: {have} here, {want} in requirements.lock")
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+EOF
+} 2>&1 | tee "$OUTDIR/versions.txt"
+
+collect() {
+  cp "$RESULTS"/*.log "$OUTDIR"/ 2>/dev/null
+  (cd "$RESULTS" && find . \( -name results.json -o -name report.md -o -name report.csv -o -name doctor.json \
+    -o -name settings.json \) -print0 | tar -czf "$OUTDIR/results.tar.gz" --null -T -)
+  echo "=== device_session: $(($(date +%s) - START)) s; results in $OUTDIR"
+}
+trap collect EXIT
+mkdir -p "$RESULTS"
+echo "=== device_session: trainwise doctor --device $DEVICE"
+timeout "$LIMIT" .venv/bin/trainwise doctor --device "$DEVICE" --out "$RESULTS/doctor" 2>&1 | tee "$RESULTS/doctor.log"
+echo "=== device_session: doctor exit ${PIPESTATUS[0]}"
+if [ "$DEVICE" = cuda ]; then # the tests marked gpu (skipped in CI): compare's and train's steps agree on CUDA
+  echo "=== device_session: pytest -m gpu"
+  timeout 150 .venv/bin/python -m pytest -q -m gpu -p no:cacheprovider tests/test_contract.py 2>&1 |
+    tee "$RESULTS/pytest_gpu.log"
+  echo "=== device_session: pytest exit ${PIPESTATUS[0]}"
+fi
+left=$((LIMIT - ($(date +%s) - START)))
+[ "$left" -gt 30 ] || exit 1
+DOCTOR=skip timeout "$left" bash benchmarks/gpu.sh --device "$DEVICE" --out "$RESULTS"
