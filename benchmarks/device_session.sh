@@ -61,7 +61,9 @@ collect() {
 trap collect EXIT
 mkdir -p "$RESULTS"
 echo "=== device_session: trainwise doctor --device $DEVICE"
-timeout "$LIMIT" .venv/bin/trainwise doctor --device "$DEVICE" --out "$RESULTS/doctor" 2>&1 | tee "$RESULTS/doctor.log"
+# a doctor that hangs is stopped with SIGABRT: with PYTHONFAULTHANDLER=1 it prints every thread's stack first
+# (one did hang, before its first trial, on 2026-11-26: BENCHMARKS.md §G1)
+PYTHONFAULTHANDLER=1 timeout -s ABRT -k 10 "$LIMIT" .venv/bin/trainwise doctor --device "$DEVICE" --out "$RESULTS/doctor" 2>&1 | tee "$RESULTS/doctor.log"
 echo "=== device_session: doctor exit ${PIPESTATUS[0]}"
 if [ "$DEVICE" = cuda ]; then # the tests marked gpu (skipped in CI): compare's and train's steps agree on CUDA
   echo "=== device_session: pytest -m gpu"

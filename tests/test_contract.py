@@ -107,6 +107,9 @@ def test_causal_lm_strategies_take_the_same_steps_in_compare_and_train(lm_study,
 @pytest.mark.gpu
 @pytest.mark.parametrize("row", CUDA_ONLY)
 def test_cuda_strategies_take_the_same_steps_in_compare_and_train(tmp_path, cls_csv, row):
+    missing = strategies.parse_row(row, 2).missing_packages()
+    if missing:  # the H200 image of 2026-11-26 had no bitsandbytes: adamw_8bit needs it, the others do not
+        pytest.skip(f"{row} needs {', '.join(missing)}")
     study = tiny_study(tmp_path / "s", cls_csv, "classification", [row], device="cuda", max_steps=2)
     measured, trained, r = _compare_and_train(study.specs[0], tmp_path / "t")
     _check(row, r, measured, trained)

@@ -470,3 +470,16 @@ def test_doctor_gives_every_registry_strategy_a_verdict_on_this_cpu(tmp_path, mo
     assert report["device"]["injected"] and report["device"]["cpu_flags"] == ["avx2", "fma"]
     assert report["peaks_flops_per_s"]["fp32"] > 1e8 and set(report["precision_ratios"]) == {"bf16", "bf16_pure"}
     assert report["environment"]["torch_version"] and "trainwise doctor" in printed
+
+
+def test_a_tf32_row_is_probed_and_labelled_apart_from_fp32(monkeypatch):
+    """On an H200 the tf32 row's probe read 403 TFLOP/s against fp32's 51: both were labelled `fp32` in the MFU
+    note (2026-11-26). The label is the probe's cache key: fp32 with TF32 matmuls on a GPU is `fp32-tf32`."""
+    from trainwise.measure import flops
+
+    monkeypatch.setattr(flops, "_tf32_on", lambda: True)
+    assert flops.probe_mode("cuda", "fp32") == "fp32-tf32"
+    assert flops.probe_mode("cuda", "autocast-fp16") == "autocast-fp16"
+    assert flops.probe_mode("cpu", "fp32") == "fp32"
+    monkeypatch.setattr(flops, "_tf32_on", lambda: False)
+    assert flops.probe_mode("cuda", "fp32") == "fp32"

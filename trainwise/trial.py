@@ -219,7 +219,8 @@ def measure_step(parts: loop.Parts, window: list, device: str) -> StepMeasure:
     dtype = flops.compute_dtype(parts.rt.mixed_precision, parts.rt.weights_dtype)
     mode = flops.linear_mode(parts.rt.mixed_precision, parts.rt.weights_dtype)
     tokens = sum(b.padded_tokens for b in window)
-    return StepMeasure(at_start + grown, n, tokens, flops.matmul_peak(device, mode), dtype, mode, note)
+    top = flops.matmul_peak(device, mode)
+    return StepMeasure(at_start + grown, n, tokens, top, dtype, flops.probe_mode(device, mode), note)
 
 
 def _state_bytes(parts: loop.Parts) -> int:

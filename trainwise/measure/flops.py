@@ -67,8 +67,13 @@ def matmul_peak(device: str, mode: str, budget_s: float = 1.0) -> float:
         best, n = dev.best_linear(device, mode, budget_s)
         return {"flops_per_s": best, "n": n}
 
-    what = mode + ("-tf32" if device == "cuda" and mode == "fp32" and _tf32_on() else "")
-    return float(dev.cached("peak", device, f"linear-{what}", measure)["flops_per_s"])
+    return float(dev.cached("peak", device, f"linear-{probe_mode(device, mode)}", measure)["flops_per_s"])
+
+
+def probe_mode(device: str, mode: str) -> str:
+    """`mode` as the peak probe ran it: fp32 on a GPU with TF32 matmuls on (the tf32 row) is `fp32-tf32`, its
+    own peak (8x fp32's on an H200) and its own label in the MFU note."""
+    return mode + ("-tf32" if device == "cuda" and mode == "fp32" and _tf32_on() else "")
 
 
 def _tf32_on() -> bool:
