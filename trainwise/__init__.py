@@ -1,7 +1,7 @@
 """trainwise: controlled trials of training strategies, measured honestly.
 
 The Python API (docs/python-api.md): `trainwise.compare(...)` runs a study as `trainwise compare` does
-and returns it; `trainwise.open(path)` reads one; `advise`, `estimate`, `find_batch`, `export`,
+and returns it; `trainwise.open(path)` reads one; `advise`, `plan`, `estimate`, `find_batch`, `export`,
 `train`, `tune`, `doctor` and `env` are the other verbs, each with the CLI's options as keyword arguments (and
 `config=` a study file). They are looked up on first use, so that `import trainwise` (and the CLI's
 start) stays light.
@@ -41,9 +41,9 @@ logging.getLogger("DeepSpeed").addFilter(_DropMessages("Setting accelerator to C
 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 __version__ = "0.1.0"
-__all__ = ["advise", "compare", "doctor", "env", "estimate", "export", "find_batch", "open", "train", "tune"]
+__all__ = ["advise", "compare", "doctor", "env", "estimate", "export", "find_batch", "open", "plan", "train", "tune"]
 # each trainwise.api.<verb>.<verb>
-_VERBS = {"advise", "compare", "doctor", "env", "estimate", "export", "find_batch", "train", "tune"}
+_VERBS = {"advise", "compare", "doctor", "env", "estimate", "export", "find_batch", "plan", "train", "tune"}
 
 
 class _Package(types.ModuleType):

@@ -360,6 +360,43 @@ class AdviseOptions(Options):
 
 
 @dataclass(frozen=True, kw_only=True)
+class PlanOptions(CompareOptions):
+    """`trainwise plan`: search combinations of the rows that helped, measure the most promising as rows of the
+    same study, and recommend the measured best (compare's options say the study and its single rows)."""
+
+    VERB = "plan"
+    study: str | None = option(None, "Start from this compare study (its --out and settings) \\[default: --out].")
+    objective: str = take(AdviseOptions, "objective", help="What to optimise: time or cost (one machine: as time).")
+    memory_budget: str | None = take(AdviseOptions, "memory_budget")
+    max_quality_drop: float | None = take(AdviseOptions, "max_quality_drop")
+    max_epoch_time: str | None = take(AdviseOptions, "max_epoch_time")
+    max_epoch_cost: float | None = take(AdviseOptions, "max_epoch_cost")
+    max_trials: int = option(8, "Search budget: combination rows measured at most.")
+    max_search_time: str | None = option(None, "Search budget: wall time, e.g. 20m (the trial in flight ends).")
+    only: str | None = option(None, "Combine only these strategies (comma list).")
+    never: str | None = option(None, "Never combine these strategies (comma list).")
+    quality_check: bool = option(True, "Train the plan and the baseline longer over seeds (Welch) before recommending.")
+
+    def constraints(self) -> Constraints:
+        if self.objective == "quality":
+            raise ConfigError("--objective quality: plan searches for speed; bound quality with --max-quality-drop")
+        return Constraints.of({k: getattr(self, k) for k in CONSTRAINTS})
+
+    def compare_options(self) -> CompareOptions:
+        """The study the search runs in: --study's own options (its study.yaml), else this run's."""
+        if self.study is None:
+            shared = {f.name for f in fields(CompareOptions)}
+            return CompareOptions(**{k: getattr(self, k) for k in shared})
+        found = Path(self.study) / "study.yaml"
+        if not found.is_file():
+            raise ConfigError(
+                f"--study {self.study}: no study.yaml there (a study written by `trainwise compare`); give the "
+                "model and data options instead, with --out"
+            )
+        return dataclasses.replace(CompareOptions.of({}, found), out=self.study)
+
+
+@dataclass(frozen=True, kw_only=True)
 class EstimateOptions(Options):
     """`trainwise estimate`: each plan's peak training memory without training."""
 

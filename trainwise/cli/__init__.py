@@ -137,6 +137,23 @@ def advise(o: api.AdviseOptions, as_json: bool) -> None:
     terminal.advise_table(result, ", ".join(o.study), o.objective)
 
 
+@verb(api.PlanOptions, json_help="Print the plan as JSON.")
+def plan(o: api.PlanOptions, as_json: bool) -> None:
+    """Search combinations of the strategies that helped and recommend the measured best: the single rows
+    first (compare's, or --study's), then rounds of combinations allowed by the registry, predicted from the
+    rows measured so far, pruned by memory, measured as rows of the same study (it resumes), refined by adding
+    or dropping one strategy, until none is predicted to beat the best beyond the noise floor or a budget is
+    spent; then the plan's quality against the baseline over seeds. Writes OUT/plan.md and OUT/plan.json.
+    """
+    from trainwise.api import plan as plan_api  # heavy: the study machinery
+    from trainwise.report import terminal  # start-up: rich
+
+    result = plan_api.start(o, _study_render(terminal.err if as_json else terminal.out)[1])
+    if as_json:
+        return terminal.out.print_json(json.dumps(result.to_dict()))
+    terminal.out.print(plan_api.markdown(result), markup=False, highlight=False, soft_wrap=True)
+
+
 @verb(api.EstimateOptions, json_help="Print the estimates as JSON.")
 def estimate(o: api.EstimateOptions, as_json: bool) -> None:
     """Predict each plan's peak training memory without training: a breakdown, and whether it fits.

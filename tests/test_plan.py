@@ -1,0 +1,218 @@
+"""`trainwise plan`: the search policy on made-up figures (exhaustive best, the registry's vetoes, budgets,
+memory pruning), then one real search on the tiny preset: killed mid-way by its CLI, resumed by the API without
+re-running a stored trial, and the CLI's plan read again equal to the API's."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import trainwise
+from trainwise import strategies
+from trainwise.errors import ConfigError
+from trainwise.plan import Measured, predict, search
+from trainwise.study.store import read_results, read_trial_keys
+
+ORDER = list(strategies.REGISTRY)
+# a made-up device: each strategy's time alone, and how pairs interact (dynamic_pad and smart_batch both cut
+# padding, so together they save less than the product says; bf16 and fp16 conflict in the registry)
+ALONE = {"bf16": 0.6, "fp16": 0.5, "adafactor": 0.99, "dynamic_pad": 0.45, "smart_batch": 0.3, "freeze_embeddings": 0.85}
+OVERLAP = {frozenset({"dynamic_pad", "smart_batch"}): 0.3 / (0.45 * 0.3)}  # together: smart_batch's 0.3 alone
+
+
+def true_time(names: frozenset[str]) -> float:
+    t = math.prod(ALONE[n] for n in names)
+    for pair, factor in OVERLAP.items():
+        if pair <= names:
+            t *= factor
+    return t
+
+
+def valid(names: frozenset[str]) -> str | None:
+    try:
+        strategies.parse_row("+".join(sorted(names, key=ORDER.index)), 4)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def world(noise: float = 0.03):
+    asked: list[str] = []
+
+    def measure(rows: list[str]) -> list[Measured]:
+        asked.extend(rows)
+        return [Measured(r, frozenset(r.split("+")), true_time(frozenset(r.split("+"))), 1.0) for r in rows]
+
+    singles = [Measured("baseline", frozenset(), 1.0, 1.0)]
+    singles += [Measured(n, frozenset({n}), t, 1.0) for n, t in ALONE.items()]
+    return singles, measure, asked
+
+
+def exhaustive() -> tuple[int, float]:
+    """Every valid combination of two or more strategies: how many, and the best one's time."""
+    combos = [
+        frozenset(c)
+        for k in range(2, len(ALONE) + 1)
+        for c in itertools.combinations(ALONE, k)
+        if valid(frozenset(c)) is None
+    ]
+    return len(combos), min(true_time(c) for c in combos)
+
+
+def test_the_search_finds_the_exhaustive_best_with_a_third_of_its_trials_and_builds_nothing_forbidden():
+    singles, measure, asked = world()
+    found = search(singles, measure, valid, ORDER, noise=0.03, max_trials=50)
+    combos, best = exhaustive()
+    got = true_time(frozenset(found.incumbent.split("+")))
+    assert got <= best * 1.03, (found.incumbent, got, best)
+    assert found.trials == len(asked) <= combos / 3, (found.trials, combos)
+    for row in asked:  # nothing the registry forbids was ever measured or even proposed
+        assert valid(frozenset(row.split("+"))) is None
+    assert all(valid(frozenset(c.row.split("+"))) is None for c in found.candidates)
+    assert not any({"bf16", "fp16"} <= set(c.row.split("+")) for c in found.candidates)
+    # adafactor's 1% is inside the noise floor: it is combined only as a refinement, never in round 1
+    assert not any("adafactor" in c.row for c in found.candidates if c.round == 1)
+    measured = [c for c in found.candidates if c.state == "measured"]
+    assert measured and all(c.measured_time == pytest.approx(true_time(frozenset(c.row.split("+")))) for c in measured)
+
+
+def test_a_prediction_is_anchored_on_the_largest_subset_measured_as_a_whole():
+    single = {"dynamic_pad": 0.45, "smart_batch": 0.3, "bf16": 0.6}
+    pair = frozenset({"dynamic_pad", "smart_batch"})
+    seen = {pair: Measured("dynamic_pad+smart_batch", pair, 0.3, 1.0)}
+    assert predict(pair | {"bf16"}, seen, single) == pytest.approx(0.3 * 0.6)  # not 0.45 * 0.3 * 0.6
+    assert predict(frozenset({"bf16", "smart_batch"}), seen, single) == pytest.approx(0.6 * 0.3)
+
+
+def test_each_budget_stops_the_search():
+    singles, measure, asked = world()
+    found = search(singles, measure, valid, ORDER, noise=0.03, max_trials=1)
+    assert found.trials == 1 == len(asked) and "--max-trials 1" in found.stopped
+    ticks = iter(range(1000))
+    singles, measure, asked = world()
+    found = search(singles, measure, valid, ORDER, noise=0.03, max_seconds=1.5, clock=lambda: next(ticks))
+    assert "--max-search-time" in found.stopped and found.trials == len(asked) == 2  # one round of BEAM
+
+
+def test_a_candidate_the_estimate_says_cannot_fit_is_pruned_before_it_trains():
+    singles, measure, asked = world()
+
+    def mem_of(names):
+        return (2e9, "needs 2 GiB, more than the budget 1 GiB") if "fp16" in names else (1e8, None)
+
+    found = search(singles, measure, valid, ORDER, noise=0.03, mem_of=mem_of, max_trials=50)
+    assert not any("fp16" in r for r in asked)
+    pruned = [c for c in found.candidates if c.state == "pruned"]
+    assert pruned and all("fp16" in c.row and "more than the budget" in c.note for c in pruned)
+    assert "fp16" not in found.incumbent
+
+
+def test_nothing_helping_beyond_the_noise_floor_means_no_search():
+    singles = [Measured("baseline", frozenset(), 1.0, 1.0), Measured("adafactor", frozenset({"adafactor"}), 0.98, 1.0)]
+    found = search(singles, lambda rows: pytest.fail(f"measured {rows}"), valid, ORDER, noise=0.05)
+    assert found.trials == 0 and found.incumbent == "adafactor" and "noise floor" in found.stopped
+
+
+# ---- one real search on the tiny preset ---------------------------------------------------------------------
+
+ROWS = "baseline,dynamic_pad,smart_batch,freeze_embeddings"
+
+
+def options(csv, out) -> dict:
+    return {
+        "model_preset": "bert-tiny",
+        "train_file": str(csv),
+        "strategies": ROWS,
+        "batch_size": 8,
+        "max_length": 64,
+        "max_steps": 4,
+        "warmup_steps": 1,
+        "eval_samples": 8,
+        "device": "cpu",
+        "retries": 0,
+        "out": str(out),
+        "quality_check": False,
+        "max_trials": 3,
+    }
+
+
+def argv(opts: dict, *extra: str) -> list[str]:
+    words = [sys.executable, "-m", "trainwise.cli", "plan"]
+    for k, v in opts.items():
+        flag = "--" + k.replace("_", "-")
+        words += [flag] if v is True else [f"--no-{flag[2:]}"] if v is False else [flag, str(v)]
+    return [*words, *extra]
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory, cls_csv):
+    """The CLI's search, killed while its first combination trains, then resumed by the API."""
+    out = tmp_path_factory.mktemp("plan") / "study"
+    opts = options(cls_csv, out)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    cli = subprocess.Popen(argv(opts), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    said = []
+    for line in cli.stderr:  # the singles first; the kill lands while a combination's trial is in flight
+        said.append(line)
+        if "trainwise plan: measuring" in line:
+            time.sleep(2)
+            cli.send_signal(signal.SIGTERM)
+            break
+    cli.wait(timeout=60)
+    assert any("trainwise plan: measuring" in s for s in said), "".join(said)[-2000:]
+    before = read_trial_keys(out)
+    result = trainwise.plan(render=None, **opts)
+    return out, opts, before, result
+
+
+def test_a_killed_search_resumes_without_rerunning_a_stored_trial(searched):
+    out, _opts, before, result = searched
+    after = read_trial_keys(out)
+    assert set(before) <= set(after)  # the stored trials stay (the same keys), and new ones were added
+    assert len(after) > len(before)
+    rows = {r.row_text: r for r in read_results(out)}
+    measured = [c for c in result.search["candidates"] if c["state"] == "measured"]
+    assert measured and all(c["row"] in rows for c in measured)  # rows of the same study, same baseline
+    assert result.plan in rows and rows[result.plan].status == "ok"
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["plan"] == result.plan and (out / "plan.md").is_file()
+    reasons = {s["strategy"]: s for s in result.strategies}
+    assert all(reasons[n]["in"] for n in result.plan.split("+") if n != "baseline")
+    assert reasons["freeze_embeddings"]["reason"].startswith(("in", "out: "))
+
+
+def test_the_cli_gives_the_api_plan_and_runs_no_trial_again(searched):
+    out, opts, _before, result = searched
+    keys = read_trial_keys(out)
+    done = subprocess.run(argv(opts, "--json"), env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["plan"] == result.plan
+    assert read_trial_keys(out) == keys
+
+
+@pytest.mark.parametrize(
+    "extra, says",
+    [
+        (["--never", "nosuch"], "--never: unknown strategy 'nosuch'"),
+        (["--only", "dynamic_pad,baseline"], "--only: unknown strategy 'baseline'"),
+        (["--objective", "quality"], "--objective quality"),
+        (["--max-trials", "0"], "--max-trials must be >= 1"),
+        (["--memory-budget", "1KB"], "meets the constraints"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(searched, extra, says):
+    out, _opts, _before, _result = searched
+    cmd = [sys.executable, "-m", "trainwise.cli", "plan", "--study", str(out), "--no-quality-check", *extra]
+    done = subprocess.run(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip() and not ln.startswith(("trainwise: note", "model "))]
+    assert says in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert len([ln for ln in lines if "error" in ln.lower()]) == 1, done.stderr[-2000:]

@@ -1,0 +1,370 @@
+"""`trainwise plan` as a call: the single rows (a study given with --study, or compare's rows run first), then
+the search over their combinations (`trainwise.plan`, the policy), each round's candidates run as rows of the
+same study (same baseline, noise floor and store: a killed search resumes, a fault is a row), the winner's
+quality checked against the baseline over seeds, and the plan with its reasons written to OUT/plan.json and
+OUT/plan.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainwise import strategies
+from trainwise.advise import Constraints, advise
+from trainwise.api import compare as compare_api
+from trainwise.api.options import CompareOptions, PlanOptions, words
+from trainwise.api.render import STDERR, Render
+from trainwise.errors import ConfigError
+from trainwise.files import human_bytes, write_atomic
+from trainwise.plan import Measured, Search, search
+from trainwise.results import StudyRow
+from trainwise.units import parse_seconds
+
+PLAN_JSON, PLAN_MD = "plan.json", "plan.md"
+UNMEASURED = "out: not measured (not among the study's rows)"
+
+
+@dataclass
+class Line:
+    """A row of the plan's summary: its time and memory relative to the baseline, as measured."""
+
+    label: str  # plan | best single row | all | baseline
+    row: str
+    rel_time: float | None
+    rel_mem: float | None
+    samples_per_s: float | None
+    peak_mem_bytes: float | None
+    epoch_time_s: float | None
+
+
+@dataclass
+class PlanResult:
+    """What `trainwise plan` found (OUT/plan.json): the plan, the rows it is measured against, every strategy
+    in or out with its reason, the search's candidates and cost, the quality check, and the commands."""
+
+    study: str
+    plan: str | None  # the recommended row (None: nothing beat the baseline within the constraints)
+    lines: list[Line]
+    strategies: list[dict]  # {"strategy", "in": bool, "reason"}
+    search: dict  # trainwise.plan.Search.to_dict()
+    quality: dict | None  # the check of the plan against the baseline (None: not run)
+    search_share_of_epoch: float | None  # the search's wall time / one projected epoch of the plan
+    commands: list[str]
+    notes: list[str] = field(default_factory=list)
+    singles_s: float = 0.0  # wall time of the single rows (run, or read back from the store)
+    quality_s: float = 0.0  # wall time of the quality check
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def plan(config: str | Path | None = None, render: Render | None = STDERR, **options: Any) -> PlanResult:
+    """`trainwise plan` in Python: the CLI's options as keyword arguments (over a study file's). Returns the
+    PlanResult (`.plan`, `.lines`, `.strategies` with their reasons, `.search`), also in OUT/plan.json."""
+    return start(PlanOptions.of(options, config), render)
+
+
+def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
+    render = Render.of(render)
+    began = time.monotonic()
+    constraints = options.constraints()
+    budget_s = parse_seconds(options.max_search_time, "--max-search-time") if options.max_search_time else None
+    if options.max_trials < 1:
+        raise ConfigError(f"--max-trials must be >= 1, got {options.max_trials}")
+    base = options.compare_options()
+    cfg0, _price, _phase = base.resolve()
+    if cfg0.batch_sizes or len(cfg0.num_workers) > 1:
+        raise ConfigError(
+            "plan searches at one batch size and worker count: leave out --batch-sizes and a --num-workers list"
+        )
+    only, never = _names(options.only, "--only"), _names(options.never, "--never")
+    out = Path(base.out)
+
+    compare_api.start(base, render)  # the single rows: run, or resumed from the store
+    singles_s = time.monotonic() - began
+    rows = study_rows(out)
+    task, accum = cfg0.task, cfg0.accum_steps
+    from trainwise.study.prepare import resolve_device  # heavy: trainwise.study.prepare loads numpy (and torch)
+
+    caps = resolve_device(cfg0.device)[1]
+    order = list(strategies.REGISTRY)
+
+    def valid(names: frozenset[str]) -> str | None:
+        if only and not names <= only or names & never:
+            return "outside --only / --never"
+        try:
+            row = strategies.parse_row("+".join(sorted(names, key=order.index)), accum)
+        except ConfigError as e:
+            return str(e)
+        if row.wrong_task(task) or row.missing_capabilities(caps) or row.missing_packages():
+            return "this task, device or environment cannot run it"
+        return None
+
+    singles = measured_rows(rows, constraints, accum)  # every row measured so far (a resumed search's too)
+    if not any(m.feasible for m in singles):
+        why = next((f"{m.row}: {m.why_not}" for m in singles if m.ok and m.why_not), "no row finished ok")
+        raise ConfigError(f"no row of {out} meets the constraints, so there is nothing to combine ({why})")
+    noise = next((r.noise_floor for r in rows if r.baseline and r.noise_floor is not None), None)
+    current = [r.row_text for r in rows]
+
+    def measure(new: list[str]) -> list[Measured]:
+        nonlocal current
+        render.note(f"trainwise plan: measuring {', '.join(new)}")
+        current = [*current, *(r for r in new if r not in current)]
+        compare_api.start(dataclasses.replace(base, strategies=current), render)
+        got = {m.row: m for m in measured_rows(study_rows(out), constraints, accum)}
+        return [got[r] for r in new if r in got]
+
+    def on_round(s: Search) -> None:
+        render.note(f"trainwise plan: round {s.rounds}: incumbent {s.incumbent} after {s.trials} trial(s)")
+
+    found = search(
+        singles,
+        measure,
+        valid,
+        order,
+        noise=noise,
+        max_trials=options.max_trials,
+        max_seconds=None if budget_s is None else max(0.0, budget_s - (time.monotonic() - began)),
+        on_round=on_round,
+    )
+    rows = study_rows(out)
+    result = _result(options, base, rows, found, constraints, valid, only, never)
+    result.singles_s = singles_s
+    checked = time.monotonic()
+    if options.quality_check and result.plan and result.plan != "baseline":
+        result.quality = _quality(cfg0, base, result.plan, render)
+        drop = options.max_quality_drop
+        q = result.quality or {}
+        if drop is not None and q.get("delta") is not None and -q["delta"] > drop and q.get("verdict") == "worse":
+            result.notes.append(
+                f"{result.plan} lost {-q['delta']:.2f} {q.get('metric_name', '')} against the baseline over seeds, "
+                "more "
+                f"than --max-quality-drop {drop:g}: not recommended"
+            )
+            result.plan = None
+    result.quality_s = time.monotonic() - checked
+    result.search = found.to_dict()
+    plan_line = next((ln for ln in result.lines if ln.label == "plan"), None)
+    if plan_line and plan_line.epoch_time_s:
+        result.search_share_of_epoch = found.wall_s / plan_line.epoch_time_s
+    write_atomic(out / PLAN_JSON, json.dumps(result.to_dict(), indent=1))
+    write_atomic(out / PLAN_MD, markdown(result))
+    return result
+
+
+def _names(text: str | None, flag: str) -> frozenset[str]:
+    if not text:
+        return frozenset()
+    names = frozenset(words(text))
+    unknown = sorted(n for n in names if n not in strategies.REGISTRY or n == "baseline")
+    if unknown:
+        raise ConfigError(f"{flag}: unknown strategy {unknown[0]!r}; valid names: {strategies.valid_names()}")
+    return names
+
+
+def study_rows(out: Path) -> list[StudyRow]:
+    from trainwise.study.store import read_results  # heavy: trainwise.study.store
+
+    return read_results(out)
+
+
+def measured_rows(rows: list[StudyRow], constraints: Constraints, accum: int) -> list[Measured]:
+    """The study's rows as the search reads them, with advise's feasibility under the constraints."""
+    ranked = {v.strategy: v for v in advise(rows, constraints).verdicts}
+    found = []
+    for r in rows:
+        text = r.row_text
+        names = frozenset() if r.baseline else frozenset(s.name for s, _ in strategies.parse_row(text, accum).parts)
+        v = ranked.get(r.strategy)
+        why = None if v is None or v.feasible or r.status != "ok" else v.reason
+        found.append(
+            Measured(text, names, r.rel_time if r.status == "ok" else None, r.rel_mem, r.peak_mem_bytes, r.status, why)
+        )
+    return found
+
+
+def _line(label: str, r: StudyRow | None) -> Line | None:
+    if r is None:
+        return None
+    return Line(label, r.row_text, r.rel_time, r.rel_mem, r.samples_per_s, r.peak_mem_bytes, r.epoch_time_s)
+
+
+def _result(
+    options: PlanOptions,
+    base: CompareOptions,
+    rows: list[StudyRow],
+    found: Search,
+    constraints: Constraints,
+    valid,
+    only: frozenset[str],
+    never: frozenset[str],
+) -> PlanResult:
+    by_row = {r.row_text: r for r in rows}
+    measured = {m.row: m for m in measured_rows(rows, constraints, base.accum_steps)}
+    chosen = found.incumbent
+    singles = [m for m in measured.values() if len(m.names) == 1 and m.feasible]
+    best_single = min(singles, key=lambda m: m.rel_time or 1.0, default=None)
+    lines = [
+        _line("plan", by_row.get(chosen or "")),
+        _line("best single row", by_row.get(best_single.row) if best_single else None),
+        _line("all", by_row.get("all")),
+        _line("baseline", next((r for r in rows if r.baseline), None)),
+    ]
+    plan_names = measured[chosen].names if chosen in measured else frozenset()
+    noise = found.noise
+    reasons = []
+    for name in strategies.REGISTRY:
+        if name == "baseline":
+            continue
+        alone = measured.get(name)
+        if name in plan_names:
+            reasons.append(
+                {
+                    "strategy": name,
+                    "in": True,
+                    "reason": f"in: alone {_pct(alone.rel_time)} time, {_pct(alone.rel_mem)} memory"
+                    if alone and alone.ok
+                    else "in",
+                }
+            )
+            continue
+        if alone is None:
+            why = (
+                "--never"
+                if name in never
+                else "not in --only"
+                if only and name not in only
+                else "not measured (not among the study's rows)"
+            )
+        elif not alone.ok:
+            why = f"{alone.status} on this device"
+        elif alone.why_not:
+            why = f"breaks a budget alone: {alone.why_not}"
+        elif name in never:
+            why = "--never"
+        elif only and name not in only:
+            why = "not in --only"
+        elif plan_names and valid(plan_names | {name}) is not None:
+            why = f"{_pct(alone.rel_time)} time alone, but the registry forbids it with the plan"
+        else:
+            tried = measured.get("+".join(sorted(plan_names | {name}, key=list(strategies.REGISTRY).index)))
+            mem = (
+                "memory does not bind"
+                if constraints.memory_budget_bytes is None
+                else f"memory does not bind under {human_bytes(constraints.memory_budget_bytes)}"
+            )
+            if tried is not None and tried.ok:
+                why = (
+                    f"the plan with it measured {_pct(tried.rel_time)} time, no gain beyond the noise floor "
+                    f"±{noise:.1%}"
+                )
+            elif (alone.rel_time or 1) >= 1 - noise:
+                why = f"{_pct(alone.rel_time)} time alone (not a gain beyond the noise floor ±{noise:.1%}), and {mem}"
+            else:
+                why = f"{_pct(alone.rel_time)} time alone, but no measured combination with it beat the plan"
+        reasons.append({"strategy": name, "in": False, "reason": f"out: {why}" if why else UNMEASURED})
+    commands = []
+    if chosen and chosen != "baseline":
+        q = shlex.quote
+        commands = [
+            f"trainwise export --study {q(str(Path(base.out).resolve()))} --strategies {q(chosen)} --out runs/export",
+            f"trainwise train --plan {q(str(Path(base.out).resolve()))} --strategies {q(chosen)} --out runs/train",
+        ]
+    notes = [f"search stopped: {found.stopped}"]
+    if chosen == "baseline" or chosen is None:
+        notes.append("no strategy or combination beat the baseline beyond the noise floor within the constraints")
+    return PlanResult(
+        str(base.out), chosen, [ln for ln in lines if ln], reasons, found.to_dict(), None, None, commands, notes
+    )
+
+
+def _signed(x: float | None) -> str:
+    return "?" if x is None else f"{x:+.2f}"
+
+
+def _pct(x: float | None) -> str:
+    return "?" if x is None else f"{x:.0%}"
+
+
+def _quality(cfg0, base: CompareOptions, row: str, render: Render) -> dict | None:
+    """The plan against the baseline, trained longer over seeds (compare's quality phase on two rows)."""
+    from trainwise import quality  # heavy: numpy (the statistics)
+    from trainwise.launcher import launch
+    from trainwise.study.prepare import prepare_study
+    from trainwise.study.run import run_study
+
+    steps = base.quality_steps or 4 * (base.max_steps or 16)
+    seeds = max(2, base.seeds)
+    cfg, _price, _q = base.resolve()
+    prepared = prepare_study(quality.quality_config(cfg, ["baseline", row], steps, seeds))
+    render.note(f"trainwise plan: quality check: {row} against the baseline, {steps} steps x {seeds} seeds")
+    with render.progress(prepared) as (on_event, on_done):
+        trials = run_study(prepared, launch, on_event, on_done)
+    s = prepared.specs[0].settings
+    found = quality.verdicts(trials, s.model_kind == "preset" and s.task != "image-classification")
+    mine = next((q for q in found if q.strategy == row), None)
+    return mine.to_dict() if mine else None
+
+
+def markdown(r: PlanResult) -> str:
+    """OUT/plan.md: the plan, its reasons, the candidates and the search's cost."""
+    out = [
+        f"# trainwise plan: {r.study}",
+        "",
+        f"**Plan: `{r.plan}`**" if r.plan else "**No plan beat the baseline.**",
+        "",
+    ]
+    out += ["| | row | time % | mem % | samples/s | peak mem | epoch (s) |", "|---|---|---|---|---|---|---|"]
+    for ln in r.lines:
+        out.append(
+            f"| {ln.label} | `{ln.row}` | {_pct(ln.rel_time)} | {_pct(ln.rel_mem)} | "
+            f"{ln.samples_per_s or 0:.1f} | {human_bytes(ln.peak_mem_bytes or 0)} | {ln.epoch_time_s or 0:.1f} |"
+        )
+    if r.quality:
+        q = r.quality
+        out += [
+            "",
+            f"Quality over {len(q['values'])} seeds x {q['steps']} steps: {q['metric_name']} {q['mean']:.2f} "
+            f"(delta {_signed(q['delta'])} vs the baseline): {q['verdict']}",
+        ]
+    unmeasured = [x["strategy"] for x in r.strategies if x["reason"] == UNMEASURED]
+    out += ["", "## Strategies", ""]
+    out += [f"- `{x['strategy']}`: {x['reason']}" for x in r.strategies if x["reason"] != UNMEASURED]
+    if unmeasured:
+        out.append(f"- not among the study's rows, so not searched: {', '.join(unmeasured)}")
+    s = r.search
+    out += [
+        "",
+        "## Candidates",
+        "",
+        "| round | row | why | predicted time % | measured time % | state |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in s["candidates"]:
+        if c["state"] in ("measured", "failed", "pruned") or c["round"] > 1:
+            meas = _pct(c["measured_time"]) if c["measured_time"] is not None else "-"
+            note = f" ({c['note']})" if c["note"] else ""
+            out.append(
+                f"| {c['round']} | `{c['row']}` | {c['reason']} | {_pct(c['predicted_time'])} | {meas} | "
+                f"{c['state']}{note} |"
+            )
+    skipped = sum(c["state"] == "skipped" for c in s["candidates"])
+    share = f", {r.search_share_of_epoch:.1%} of one projected epoch of the plan" if r.search_share_of_epoch else ""
+    out += [
+        "",
+        f"Time: the single rows {r.singles_s:.0f} s, the search {s['trials']} trial(s) in {s['rounds']} round(s), "
+        f"{s['wall_s']:.0f} s{share}, the quality check {r.quality_s:.0f} s; "
+        f"{skipped} predicted candidate(s) never measured; noise floor ±{s['noise']:.1%}; stopped: {s['stopped']}.",
+    ]
+    if r.commands:
+        out += ["", "## Carry it out", "", "```sh", *r.commands, "```"]
+    if r.notes:
+        out += ["", *[f"- {n}" for n in r.notes]]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,191 @@
+"""The plan search's policy: from the rows a study has measured, which combinations of strategies to measure
+next, and when to stop. Pure (no files, no trials): `search` calls `measure(rows)` for each round, so the
+driver (`trainwise.api.plan`) runs them as rows of one study and a test can run it on made-up figures.
+
+Time is predicted multiplicatively: a combination's time relative to the baseline is the product of its parts'
+measured ratios, anchored on the largest subset already measured as a whole (so what the search learns about
+how two strategies interact carries into every superset). Memory comes from `mem_of` (the driver's: `trainwise
+estimate` where it can build the model), so a candidate that cannot fit is pruned before it trains. A
+combination is only built if the registry allows it (`valid`): conflicts, requirements, tasks, packages.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+
+DEFAULT_NOISE = 0.05  # the study's noise floor when it has none (a relative share of the baseline's time)
+BEAM = 2  # candidates measured per round
+POOL = 7  # at most this many strategies combined in the first round (2^7 subsets predicted, not measured)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A row of the study as the search reads it: its time and memory relative to the baseline, and whether
+    it fits the budgets (`feasible`; `why_not` when it does not)."""
+
+    row: str
+    names: frozenset[str]
+    rel_time: float | None  # baseline samples/s / the row's: > 1 is slower; None when it did not run ok
+    rel_mem: float | None
+    peak_bytes: float | None = None
+    status: str = "ok"
+    why_not: str | None = None  # a budget it breaks (None: feasible)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and self.rel_time is not None
+
+    @property
+    def feasible(self) -> bool:
+        return self.ok and self.why_not is None
+
+
+@dataclass
+class Candidate:
+    """A combination the search considered: what it predicted, and what it measured when it ran."""
+
+    row: str
+    round: int
+    reason: str  # why it was proposed
+    predicted_time: float  # relative to the baseline
+    predicted_bytes: float | None = None  # the memory the estimate predicts (None: not predicted)
+    state: str = "proposed"  # proposed | measured | pruned | skipped | failed
+    measured_time: float | None = None
+    measured_mem: float | None = None
+    note: str = ""
+
+
+@dataclass
+class Search:
+    """What a search did: every candidate, the incumbent it ended with and why it stopped."""
+
+    noise: float
+    incumbent: str | None
+    candidates: list[Candidate] = field(default_factory=list)
+    stopped: str = ""
+    trials: int = 0  # rows the search measured (the single rows it started from are not counted)
+    wall_s: float = 0.0
+    rounds: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def row_text(names: Iterable[str], order: list[str]) -> str:
+    """A combination's row text, its strategies in the registry's order (one spelling per combination)."""
+    return "+".join(sorted(names, key=order.index))
+
+
+def predict(names: frozenset[str], measured: dict[frozenset[str], Measured], single: dict[str, float]) -> float:
+    """The combination's time relative to the baseline: the largest subset measured as a whole (an anchor)
+    times the single ratios of the rest; with no anchor, the product of the single ratios."""
+    anchors = [m for s, m in measured.items() if s and s <= names and m.ok and len(s) > 1]
+    best = max(anchors, key=lambda m: (len(m.names), -(m.rel_time or 0)), default=None)
+    base, rest = (best.rel_time or 1.0, names - best.names) if best else (1.0, names)
+    return base * math.prod(single[n] for n in rest)
+
+
+def search(
+    singles: list[Measured],
+    measure: Callable[[list[str]], list[Measured]],
+    valid: Callable[[frozenset[str]], str | None],
+    order: list[str],
+    noise: float | None = None,
+    mem_of: Callable[[frozenset[str]], tuple[float | None, str | None]] = lambda _names: (None, None),
+    max_trials: int = 12,
+    max_seconds: float | None = None,
+    on_round: Callable[[Search], None] = lambda _s: None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Search:
+    """Search combinations of the strategies in `singles` (one-strategy rows already measured; the baseline's
+    rel_time is 1). Round 1 predicts every valid combination of the rows that helped beyond the noise floor
+    (and, when the baseline breaks a budget, the rows that save memory), prunes those the estimate says do not
+    fit (`mem_of(names) -> (bytes, why_not)`), and measures the BEAM best predicted to beat the incumbent by
+    more than the noise. Each later round proposes the incumbent plus or minus one strategy and the unmeasured
+    combinations again, with predictions anchored on what was measured. It stops when nothing is predicted to
+    beat the incumbent beyond the noise, when a round measured no such gain, or when `max_trials` rows or
+    `max_seconds` are spent."""
+    began = clock()
+    noise = DEFAULT_NOISE if noise is None else max(noise, 0.01)
+    measured: dict[frozenset[str], Measured] = {m.names: m for m in singles}
+    single = {n: m.rel_time for m in singles if m.ok and len(m.names) == 1 and m.rel_time for n in m.names}
+    single_ok = set(single)
+    result = Search(noise, None)
+
+    def incumbent() -> Measured | None:
+        fits = [m for m in measured.values() if m.feasible]
+        return min(fits, key=lambda m: (m.rel_time, m.rel_mem or 1.0), default=None)
+
+    base_fits = any(m.feasible and not m.names for m in measured.values())
+    helpers = sorted((n for n in single_ok if single[n] < 1 - noise), key=lambda n: single[n])
+    savers = [] if base_fits else [n for n in single_ok if (measured[frozenset({n})].rel_mem or 1) < 1 - noise]
+    pool = list(dict.fromkeys([*helpers, *savers]))[:POOL]
+    seen: dict[str, Candidate] = {}
+
+    def consider(names: frozenset[str], reason: str, round_: int) -> Candidate | None:
+        text = row_text(names, order)
+        if text in seen or names in measured or len(names) < 2 or not names <= set(single):
+            return seen.get(text)
+        if valid(names) is not None:
+            return None  # the registry forbids it: never built, never shown as a candidate
+        c = Candidate(text, round_, reason, predict(names, measured, single))
+        c.predicted_bytes, over = mem_of(names)
+        if over is not None:
+            c.state, c.note = "pruned", over
+        seen[text] = c
+        result.candidates.append(c)
+        return c
+
+    for size in range(2, len(pool) + 1):
+        for combo in itertools.combinations(pool, size):
+            consider(frozenset(combo), "a combination of rows that helped", 1)
+
+    round_ = 1
+    while True:
+        best = incumbent()
+        bar = (best.rel_time or 1.0) * (1 - noise) if best else math.inf
+        if best is not None and round_ > 1:
+            for n in sorted(single_ok - best.names, key=order.index):
+                consider(best.names | {n}, f"{best.row} + {n}", round_)
+            for n in sorted(best.names, key=order.index):
+                consider(best.names - {n}, f"{best.row} - {n}", round_)
+        waiting = [c for c in result.candidates if c.state == "proposed"]
+        for c in waiting:
+            c.predicted_time = predict(frozenset(c.row.split("+")), measured, single)
+        ahead = sorted((c for c in waiting if c.predicted_time < bar), key=lambda c: c.predicted_time)
+        if not ahead:
+            result.stopped = "no candidate is predicted to beat the incumbent by more than the noise floor"
+            break
+        if result.trials >= max_trials:
+            result.stopped = f"--max-trials {max_trials} spent"
+            break
+        if max_seconds is not None and clock() - began >= max_seconds:
+            result.stopped = f"--max-search-time {max_seconds:g} s spent"
+            break
+        chosen = ahead[: min(BEAM, max_trials - result.trials)]
+        for m in measure([c.row for c in chosen]):
+            measured[m.names] = m
+            c = seen[m.row]
+            c.state = "measured" if m.ok else "failed"
+            c.measured_time, c.measured_mem, c.note = m.rel_time, m.rel_mem, m.why_not or ("" if m.ok else m.status)
+        result.trials += len(chosen)
+        result.rounds = round_
+        after = incumbent()
+        result.incumbent = after.row if after else None
+        on_round(result)
+        gained = after is not None and (best is None or (after.rel_time or 1.0) < bar)
+        if not gained and round_ > 1:
+            result.stopped = "a round measured no gain beyond the noise floor over the incumbent"
+            break
+        round_ += 1
+    final = incumbent()
+    result.incumbent = final.row if final else None
+    result.wall_s = clock() - began
+    for c in result.candidates:
+        if c.state == "proposed":
+            c.state = "skipped"
+    return result
