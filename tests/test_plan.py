@@ -24,7 +24,14 @@ from trainwise.study.store import read_results, read_trial_keys
 ORDER = list(strategies.REGISTRY)
 # a made-up device: each strategy's time alone, and how pairs interact (dynamic_pad and smart_batch both cut
 # padding, so together they save less than the product says; bf16 and fp16 conflict in the registry)
-ALONE = {"bf16": 0.6, "fp16": 0.5, "adafactor": 0.99, "dynamic_pad": 0.45, "smart_batch": 0.3, "freeze_embeddings": 0.85}
+ALONE = {
+    "bf16": 0.6,
+    "fp16": 0.5,
+    "adafactor": 0.99,
+    "dynamic_pad": 0.45,
+    "smart_batch": 0.3,
+    "freeze_embeddings": 0.85,
+}
 OVERLAP = {frozenset({"dynamic_pad", "smart_batch"}): 0.3 / (0.45 * 0.3)}  # together: smart_batch's 0.3 alone
 
 
@@ -192,7 +199,9 @@ def test_a_killed_search_resumes_without_rerunning_a_stored_trial(searched):
 def test_the_cli_gives_the_api_plan_and_runs_no_trial_again(searched):
     out, opts, _before, result = searched
     keys = read_trial_keys(out)
-    done = subprocess.run(argv(opts, "--json"), env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
+    done = subprocess.run(
+        argv(opts, "--json"), env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["plan"] == result.plan
     assert read_trial_keys(out) == keys
@@ -216,3 +225,16 @@ def test_bad_input_is_one_line_and_exit_2(searched, extra, says):
     lines = [ln for ln in done.stderr.splitlines() if ln.strip() and not ln.startswith(("trainwise: note", "model "))]
     assert says in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert len([ln for ln in lines if "error" in ln.lower()]) == 1, done.stderr[-2000:]
+
+
+def test_the_estimate_prices_a_combination_before_it_trains(searched):
+    """The driver's memory check: `trainwise estimate` on the study's model, batch and lengths, against the budget."""
+    from trainwise.api.plan import memory_of
+
+    out = searched[0]
+    pair = frozenset({"dynamic_pad", "smart_batch"})
+    need, why = memory_of(out, 10 * 2**30, 4, ORDER)(pair)
+    assert why is None and 0 < need < 10 * 2**30
+    need_small, why = memory_of(out, 2**20, 4, ORDER)(pair)
+    assert need_small == need and "more than --memory-budget 1.0 MiB" in why
+    assert memory_of(out, None, 4, ORDER)(pair) == (None, None)

@@ -130,6 +130,7 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
         valid,
         order,
         noise=noise,
+        mem_of=memory_of(out, constraints.memory_budget_bytes, accum, order),
         max_trials=options.max_trials,
         max_seconds=None if budget_s is None else max(0.0, budget_s - (time.monotonic() - began)),
         on_round=on_round,
@@ -167,6 +168,48 @@ def _names(text: str | None, flag: str) -> frozenset[str]:
     if unknown:
         raise ConfigError(f"{flag}: unknown strategy {unknown[0]!r}; valid names: {strategies.valid_names()}")
     return names
+
+
+def memory_of(out: Path, budget: int | None, accum: int, order: list[str]):
+    """`trainwise estimate`'s peak (tensors + runtime, what --memory-budget bounds) of a combination on the study's
+    model, batch and lengths, and why it does not fit (None: it fits, or nothing can be said: no budget, or a
+    model the estimate cannot build here). Pruning happens before a candidate trains."""
+
+    def nothing(_names: frozenset[str]) -> tuple[float | None, str | None]:
+        return None, None
+
+    if budget is None:
+        return nothing
+    # heavy: the estimate builds the model on the meta device (torch, transformers)
+    from trainwise.estimate import calibrate, estimate_plan, runtime_overhead, shape_of
+    from trainwise.models import ModelSource, model_config
+    from trainwise.study.store import Store
+
+    spec = Store.spec_of(out, "STUDY")
+    if spec is None:
+        return nothing
+    s = spec.settings
+    try:
+        config = model_config(ModelSource(s.model_kind, s.model_ref), s.task, s.num_labels or 2)
+    except ConfigError:
+        return nothing
+    overhead = runtime_overhead(s.device)
+
+    def of(names: frozenset[str]) -> tuple[float | None, str | None]:
+        plan = strategies.parse_row("+".join(sorted(names, key=order.index)), accum).plan
+        try:
+            cal, shape = calibrate(config, s.task, plan, s.device), shape_of(config, s.task, plan)
+            est = estimate_plan(
+                shape, cal, plan, s.batch_size, s.max_length, s.max_target_length, s.device, 1, overhead
+            )
+        except ConfigError:  # a plan the estimate does not model: measured, not pruned
+            return None, None
+        need = est.peak_bytes + est.overhead_bytes
+        if need > budget:
+            return need, f"the estimate needs {human_bytes(need)}, more than --memory-budget {human_bytes(budget)}"
+        return need, None
+
+    return of
 
 
 def study_rows(out: Path) -> list[StudyRow]:
