@@ -280,9 +280,6 @@ def quality_noise(row: StudyRow, reference: StudyRow) -> float | None:
     return 100 * ((p * (1 - p) + q * (1 - q)) / n) ** 0.5
 
 
-QUALITY_PHASE = "run the quality phase: --quality-steps N --seeds 3"
-
-
 def _trial(row: StudyRow) -> str:
     return f"a {row.trial_steps}-step trial" if row.trial_steps else "a speed trial"
 
@@ -291,22 +288,36 @@ def _figure(row: StudyRow, value: float) -> str:
     return f"{value:.1f}%" if row.metric_name == "accuracy" else f"{value:.2f}"
 
 
+QUALITY_PHASE = "run the quality phase: --quality-steps N --seeds 3"
+# a speed trial's quality difference counts (excludes, dominates, ranks) only beyond this many standard errors of
+# the held-out noise: about the 5% level the quality phase tests at, and still a lower bound on a short trial's
+# noise (another seed or data order moves it more). quality_caution warns from one standard error.
+COUNTED_BEYOND_SE = 2.0
+
+
 def _short_drop(row: StudyRow, reference: StudyRow) -> str:
     """Why a speed trial's drop excludes a row: it is beyond the held-out noise, or there is no noise estimate."""
     noise = quality_noise(row, reference)
-    beyond = f"beyond its held-out noise ±{noise:.2f}" if noise is not None else "with no noise estimate"
+    beyond = (
+        f"beyond {COUNTED_BEYOND_SE:g}x its held-out noise (±{noise:.2f})"
+        if noise is not None
+        else "with no noise estimate"
+    )
     return f" in {_trial(row)}, {beyond} ({QUALITY_PHASE} to measure it)"
 
 
 def counted_quality(row: StudyRow, reference: StudyRow) -> float | None:
     """The quality advise ranks, excludes (--max-quality-drop) and compares (Pareto) a row by: its metric,
-    except that a speed trial's difference from the reference (no quality phase verdict) within the held-out
-    noise (quality_noise) counts as none, the reference's metric, as with_quality counts a difference the
-    quality phase does not call: a few steps' quality that close is no reason to prefer or exclude a row."""
+    except that a speed trial's difference from the reference (no quality phase verdict) within
+    COUNTED_BEYOND_SE standard errors of the held-out noise (quality_noise) counts as none: the row gets the
+    reference's metric, as with_quality does for a difference the quality phase does not call. A few steps'
+    quality that close is no reason to prefer or exclude a row. Without a noise estimate (another metric, or
+    the held-out count unknown) the metric counts as it is."""
     if row.quality_verdict or row.metric is None or reference.metric is None:
         return row.metric
     noise = quality_noise(row, reference)
-    return reference.metric if noise is not None and abs(row.metric - reference.metric) <= noise else row.metric
+    within = noise is not None and abs(row.metric - reference.metric) <= COUNTED_BEYOND_SE * noise
+    return reference.metric if within else row.metric
 
 
 def quality_shown(row: StudyRow, reference: StudyRow) -> tuple[str, str]:
