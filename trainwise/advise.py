@@ -335,10 +335,8 @@ def quality_shown(row: StudyRow, reference: StudyRow) -> tuple[str, str]:
     if row is reference:
         return f"{mine} ({steps})", f"{row.metric_name} {mine} ({_trial(row)})"
     theirs = _figure(reference, reference.metric)
-    return (
-        f"{mine} vs {theirs} ({steps})",
-        f"{row.metric_name} {mine} vs {theirs} ({_trial(row)}: not a measured difference; {QUALITY_PHASE})",
-    )
+    what = "" if mine == theirs else f": not a measured difference; {QUALITY_PHASE}"  # no difference shown: no hint
+    return f"{mine} vs {theirs} ({steps})", f"{row.metric_name} {mine} vs {theirs} ({_trial(row)}{what})"
 
 
 def quality_caution(best: StudyRow, reference: StudyRow) -> str | None:
