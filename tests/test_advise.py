@@ -176,6 +176,82 @@ def test_a_pick_that_lost_quality_in_short_trials_is_cautioned_towards_the_quali
     assert any(n.startswith("caution:") for n in advise_study(study, Constraints()).notes)
 
 
+def _short_study_rows(**quality):
+    """The demo's shape (issue 36): 16-step speed trials scored on 160 held-out rows, smart_batch 10 points above
+    the baseline, bf16 7.5 below and `lucky` 10 above at the baseline's speed: beyond one standard error of the
+    held-out noise (±5.5) but within two, i.e. noise. `quality`: a quality-phase verdict per row (as
+    advise_study's with_quality sets it)."""
+    basis = dict(trial_steps=16, eval_samples=160)
+    rows = [
+        {**row("baseline", 10.0, 7.0, 52.5), **basis},
+        {**row("smart_batch", 40.0, 4.0, 62.5), **basis},
+        {**row("bf16", 25.0, 5.5, 45.0), **basis},
+        {**row("lucky", 10.0, 7.0, 62.5), **basis},
+    ]
+    return [{**r, "quality_verdict": quality[r["strategy"]]} if r["strategy"] in quality else r for r in rows]
+
+
+def test_a_short_trials_quality_difference_is_never_a_gain_or_a_loss(tmp_path, capsys):
+    """Issue 36, part 2: after 16 steps advise showed smart_batch at "+10.00 accuracy". A speed trial's quality
+    is shown as its figures, said not to be a measured difference, with the way to measure it; within the
+    held-out noise it neither excludes a row (--max-quality-drop) nor dominates one."""
+    a = advise(typed(_short_study_rows()), Constraints(max_quality_drop=5.0))
+    by = {v.strategy: v for v in a.verdicts}
+    smart = by["smart_batch"]
+    assert "+10.00" not in smart.reason and "+10.00" not in smart.quality
+    said = "accuracy 62.5% vs 52.5% (a 16-step trial: not a measured difference; run the quality phase: "
+    assert said + "--quality-steps N --seeds 3)" in smart.reason
+    assert smart.quality == "62.5% vs 52.5% (16 steps)" and not smart.quality_measured
+    assert smart.quality_delta == pytest.approx(10.0), "the API's figure stays, marked as not measured"
+    assert by["baseline"].quality == "52.5% (16 steps)" and "accuracy 52.5% (a 16-step trial)" in by["baseline"].reason
+    # 7.5 points below, within 2 x ±5.6: not excluded by a 5-point floor, and no caution for the pick
+    assert by["bf16"].feasible and "-7.50" not in by["bf16"].reason and "45.0% vs 52.5%" in by["bf16"].reason
+    assert not any("caution" in n for n in a.notes)
+    assert a.recommended == "smart_batch"
+    # `lucky` is as fast and as small as the baseline: its 10 noisy points do not dominate the baseline
+    pair = advise(typed([r for r in _short_study_rows() if r["strategy"] in ("baseline", "lucky")]), Constraints())
+    assert all(v.pareto for v in pair.verdicts) and pair.recommended == "baseline"
+    # the rendered table: no signed figure for any row
+    study = tmp_path / "study"
+    study.mkdir()
+    (study / "results.json").write_text(json.dumps(_short_study_rows()))
+    assert main(["advise", str(study), "--max-quality-drop", "5"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "+10.00" not in out and "-7.50" not in out and "+0.00" not in out
+    assert "│ 62.5% vs 52.5% (16 steps) │" in out and "│ 52.5% (16 steps) │" in out
+    shown = {v["strategy"]: v for v in json.loads(_advise_json(capsys, [str(study)]))["verdicts"]}
+    assert (
+        "not a measured difference" in shown["smart_batch"]["reason"] and not shown["smart_batch"]["quality_measured"]
+    )
+    # beyond the held-out noise (or with none to compare against) a floor still applies, and says what it rests on
+    far = _short_study_rows()
+    far[2]["metric"] = 30.0  # 22.5 points below: beyond 2 x ±5.36
+    bf16 = next(v for v in advise(typed(far), Constraints(max_quality_drop=5.0)).verdicts if v.strategy == "bf16")
+    said = "accuracy 30.00 is more than 5 below the reference (52.50) in a 16-step trial, beyond 2x its held-out"
+    assert not bf16.feasible and said + " noise (±5.36) (run the quality phase" in bf16.reason, bf16.reason
+
+
+def test_a_quality_phase_difference_is_shown_signed_with_its_verdict():
+    """Issue 36, part 2: when the quality phase judged the rows, their difference and verdict are shown."""
+    verdicts = {
+        "baseline": "reference (50.00-55.00 over 3 seeds)",
+        "smart_batch": "better (60.00-65.00 over 3 seeds)",
+        "bf16": "worse (44.00-46.00 over 3 seeds)",
+        "lucky": "better (60.00-65.00 over 3 seeds)",
+    }
+    a = advise(typed(_short_study_rows(**verdicts)), Constraints(max_quality_drop=5.0))
+    by = {v.strategy: v for v in a.verdicts}
+    assert by["smart_batch"].quality == "+10.00" and by["smart_batch"].quality_measured
+    assert "+10.00 accuracy" in by["smart_batch"].reason and "not a measured" not in by["smart_batch"].reason
+    assert by["baseline"].quality == "+0.00"
+    assert not by["bf16"].feasible and "accuracy 45.00 is more than 5 below the reference (52.50)" in by["bf16"].reason
+    assert by["bf16"].reason.endswith("(52.50)"), "a measured drop needs no speed-trial caveat"
+    pair = advise(
+        typed([r for r in _short_study_rows(**verdicts) if r["strategy"] in ("baseline", "lucky")]), Constraints()
+    )
+    assert pair.recommended == "lucky" and "reference row; dominated by lucky" in pair.verdicts[1].reason
+
+
 def test_nothing_ok_is_advice_too():
     a = advise(typed([row("baseline", 0, 0, status="oom")]), Constraints())
     assert a.recommended is None and a.verdicts[0].status == "oom"

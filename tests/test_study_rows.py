@@ -1,7 +1,9 @@
 """Issue 25, point 4: a study's rows are StudyRow dataclasses, and results.json keeps its keys. The fixtures in
 tests/data/study_rows were written by commit 5c1a55b, when rows were dicts (make_golden.py there says how): a
 real tiny study's results.json and a synthetic one with every kind of row, and what that commit made of each.
-Today's typed rows must read them, write them back byte for byte, and render and advise on them the same."""
+Today's typed rows must read them, write them back byte for byte, and render and advise on them the same.
+golden/*/advise.json was rewritten once since, by issue 36 (a speed trial's quality difference is shown as its
+figures, not as a gain or a loss; Verdict's new `quality` and `quality_measured`): only those changed in it."""
 
 from __future__ import annotations
 

@@ -61,8 +61,10 @@ class Verdict:
     reason: str
     rel_time: float | None = None  # vs the reference row
     rel_mem: float | None = None
-    quality_delta: float | None = None  # metric - reference metric
+    quality_delta: float | None = None  # metric - reference metric (a speed trial's too: see quality_measured)
     cost_per_epoch: float | None = None  # USD, when the row's study was priced
+    quality: str = "-"  # the quality column: the quality phase's difference ("-4.06"), else the speed trials' figures
+    quality_measured: bool = False  # quality_delta is the quality phase's (tested over seeds), not a short trial's
 
 
 @dataclass
@@ -90,11 +92,12 @@ def needs(row: StudyRow) -> int:
     return int(_mem(row)) + int(runtime)
 
 
-def _dominates(a: StudyRow, b: StudyRow) -> bool:
-    """a is no worse than b in time, memory and quality, and better in one. A row without a quality figure
-    (not trained by the quality phase) never dominates one with it: it cannot be shown no worse; one with a
-    quality figure may dominate one without (b's quality is unknown, so nothing is shown to favour it)."""
-    qa, qb = a.metric, b.metric
+def _dominates(a: StudyRow, b: StudyRow, quality: Callable[[StudyRow], float | None]) -> bool:
+    """a is no worse than b in time, memory and quality (`quality`: counted_quality), and better in one. A row
+    without a quality figure (not trained by the quality phase) never dominates one with it: it cannot be shown
+    no worse; one with a quality figure may dominate one without (b's quality is unknown, so nothing is shown
+    to favour it)."""
+    qa, qb = quality(a), quality(b)
     if qa is None and qb is not None:
         return False
     q_no_worse = qb is None or (qa is not None and qa >= qb)
@@ -107,9 +110,9 @@ def _dominates(a: StudyRow, b: StudyRow) -> bool:
     return no_worse and better
 
 
-def _objective_key(objective: str) -> Callable[[StudyRow], tuple]:
+def _objective_key(objective: str, quality: Callable[[StudyRow], float | None]) -> Callable[[StudyRow], tuple]:
     if objective == "quality":
-        return lambda r: (-(r.metric if r.metric is not None else float("-inf")), _time(r))
+        return lambda r: (-(q if (q := quality(r)) is not None else float("-inf")), _time(r))
     if objective == "cost":  # $/epoch where priced (advise refuses a mix); on one price it ranks like time
         return lambda r: (r.cost_per_epoch or 0.0, _time(r), _mem(r))
     return lambda r: (_time(r), _mem(r))
@@ -149,8 +152,14 @@ def advise(rows: list[StudyRow], constraints: Constraints) -> Advice:
 
     if any(r.random_init and r.metric is not None for r in ok):
         notes.append(RANDOM_INIT_NOTE)
-    key = _objective_key(constraints.objective)
-    reference = next((r for r in ok if r.baseline), None) or min(ok, key=key)
+    reference = next((r for r in ok if r.baseline), None) or min(
+        ok, key=_objective_key(constraints.objective, lambda r: r.metric)
+    )
+
+    def quality(r: StudyRow) -> float | None:
+        return counted_quality(r, reference)
+
+    key = _objective_key(constraints.objective, quality)
     if not reference.baseline:
         notes.append(
             f"no successful baseline row: figures are relative to {reference.strategy!r}, "
@@ -175,13 +184,15 @@ def advise(rows: list[StudyRow], constraints: Constraints) -> Advice:
                 f"needs {human_bytes(needs(r))} (peak tensors {human_bytes(r.peak_mem_bytes)} + runtime), "
                 f"more than the budget {human_bytes(budget)}"
             )
-        drop = constraints.max_quality_drop
-        if drop is not None and ref_q is not None and r.metric is not None and ref_q - r.metric > drop:
-            return f"{r.metric_name} {r.metric:.2f} is more than {drop:g} below the reference ({ref_q:.2f})"
+        drop, q = constraints.max_quality_drop, quality(r)
+        if drop is not None and ref_q is not None and r.metric is not None and q is not None and ref_q - q > drop:
+            return f"{r.metric_name} {r.metric:.2f} is more than {drop:g} below the reference ({ref_q:.2f})" + (
+                "" if r.quality_verdict else _short_drop(r, reference)
+            )
         return None
 
     feasible = [r for r in ok if infeasible_reason(r) is None]
-    front = [r for r in feasible if not any(_dominates(o, r) for o in feasible if o is not r)]
+    front = [r for r in feasible if not any(_dominates(o, r, quality) for o in feasible if o is not r)]
     if budget is not None and not feasible:
         smallest = min(ok, key=needs)
         notes.append(
@@ -195,17 +206,16 @@ def advise(rows: list[StudyRow], constraints: Constraints) -> Advice:
     for r in sorted(ok, key=key):
         rel_t, rel_m = _time(r) / _time(reference), _mem(r) / _mem(reference)
         dq = r.metric - ref_q if r.metric is not None and ref_q is not None else None
-        effect = f"{_pct(rel_t)} time, {_pct(rel_m)} memory" + (
-            f", {dq:+.2f} {r.metric_name}" if dq is not None else ""
-        )
+        column, said = quality_shown(r, reference)
+        effect = f"{_pct(rel_t)} time, {_pct(rel_m)} memory" + (f", {said}" if said else "")
         why = infeasible_reason(r)
         if why:
             reason = f"excluded: {why}"
         elif r in front:
             reason = f"Pareto-optimal: {effect}"
         else:
-            by = next((o for o in feasible if o.metric is not None and _dominates(o, r)), None) or next(
-                o for o in feasible if _dominates(o, r)
+            by = next((o for o in feasible if o.metric is not None and _dominates(o, r, quality)), None) or next(
+                o for o in feasible if _dominates(o, r, quality)
             )  # a row whose quality is known is the better witness
             worse = (
                 "no worse quality"
@@ -224,7 +234,12 @@ def advise(rows: list[StudyRow], constraints: Constraints) -> Advice:
             reason += "; timed under load (unreliable)"
         if r.support_note:  # its precision is emulated or inert on this device: why its time is what it is
             reason += f"; {r.support_note}"
-        verdicts.append(Verdict(r.strategy, "ok", why is None, r in front, reason, rel_t, rel_m, dq, r.cost_per_epoch))
+        measured = dq is not None and bool(r.quality_verdict)
+        verdicts.append(
+            Verdict(
+                r.strategy, "ok", why is None, r in front, reason, rel_t, rel_m, dq, r.cost_per_epoch, column, measured
+            )
+        )
     verdicts.sort(key=lambda v: (not v.pareto, not v.feasible))  # stable: keeps the objective order inside
     for r in rows:
         if r not in ok:
@@ -263,6 +278,65 @@ def quality_noise(row: StudyRow, reference: StudyRow) -> float | None:
         return None
     p, q = row.metric / 100, reference.metric / 100
     return 100 * ((p * (1 - p) + q * (1 - q)) / n) ** 0.5
+
+
+def _trial(row: StudyRow) -> str:
+    return f"a {row.trial_steps}-step trial" if row.trial_steps else "a speed trial"
+
+
+def _figure(row: StudyRow, value: float) -> str:
+    return f"{value:.1f}%" if row.metric_name == "accuracy" else f"{value:.2f}"
+
+
+QUALITY_PHASE = "run the quality phase: --quality-steps N --seeds 3"
+# a speed trial's quality difference counts (excludes, dominates, ranks) only beyond this many standard errors of
+# the held-out noise: about the 5% level the quality phase tests at, and still a lower bound on a short trial's
+# noise (another seed or data order moves it more). quality_caution warns from one standard error.
+COUNTED_BEYOND_SE = 2.0
+
+
+def _short_drop(row: StudyRow, reference: StudyRow) -> str:
+    """Why a speed trial's drop excludes a row: it is beyond the held-out noise, or there is no noise estimate."""
+    noise = quality_noise(row, reference)
+    beyond = (
+        f"beyond {COUNTED_BEYOND_SE:g}x its held-out noise (±{noise:.2f})"
+        if noise is not None
+        else "with no noise estimate"
+    )
+    return f" in {_trial(row)}, {beyond} ({QUALITY_PHASE} to measure it)"
+
+
+def counted_quality(row: StudyRow, reference: StudyRow) -> float | None:
+    """The quality advise ranks, excludes (--max-quality-drop) and compares (Pareto) a row by: its metric,
+    except that a speed trial's difference from the reference (no quality phase verdict) within
+    COUNTED_BEYOND_SE standard errors of the held-out noise (quality_noise) counts as none: the row gets the
+    reference's metric, as with_quality does for a difference the quality phase does not call. A few steps'
+    quality that close is no reason to prefer or exclude a row. Without a noise estimate (another metric, or
+    the held-out count unknown) the metric counts as it is."""
+    if row.quality_verdict or row.metric is None or reference.metric is None:
+        return row.metric
+    noise = quality_noise(row, reference)
+    within = noise is not None and abs(row.metric - reference.metric) <= COUNTED_BEYOND_SE * noise
+    return reference.metric if within else row.metric
+
+
+def quality_shown(row: StudyRow, reference: StudyRow) -> tuple[str, str]:
+    """A row's quality as advise shows it: the quality column and the words in its reason. A difference the
+    quality phase measured is signed ("-4.06", "-4.06 accuracy"); a speed trial's is never shown as a gain or
+    a loss, only as the two figures and what they are ("accuracy 62.5% vs 52.5% (a 16-step trial: not a
+    measured difference; run the quality phase: ...)"). ("-", "") without a quality figure."""
+    if row.metric is None or reference.metric is None:
+        return "-", ""
+    if row.quality_verdict:
+        dq = row.metric - reference.metric
+        return f"{dq:+.2f}", f"{dq:+.2f} {row.metric_name}"
+    steps = f"{row.trial_steps} steps" if row.trial_steps else "speed trial"
+    mine = _figure(row, row.metric)
+    if row is reference:
+        return f"{mine} ({steps})", f"{row.metric_name} {mine} ({_trial(row)})"
+    theirs = _figure(reference, reference.metric)
+    what = "" if mine == theirs else f": not a measured difference; {QUALITY_PHASE}"  # no difference shown: no hint
+    return f"{mine} vs {theirs} ({steps})", f"{row.metric_name} {mine} vs {theirs} ({_trial(row)}{what})"
 
 
 def quality_caution(best: StudyRow, reference: StudyRow) -> str | None:

@@ -146,7 +146,7 @@ def advise_table(advice: Any, study: str, objective: str) -> None:
             verdict,
             "-" if v.rel_time is None else f"{100 * v.rel_time:.0f}%",
             "-" if v.rel_mem is None else f"{100 * v.rel_mem:.0f}%",
-            "-" if v.quality_delta is None else f"{v.quality_delta:+.2f}",
+            v.quality,  # a speed trial's quality is never shown as a gain or a loss (advise.quality_shown)
             *cost,
             v.reason,
             style=None if v.feasible else "dim",
