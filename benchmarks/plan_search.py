@@ -1,11 +1,13 @@
 """`trainwise plan` against exhaustive search over the same space (issue 36's goal).
 
     .venv/bin/python benchmarks/plan_search.py OUT [trainwise plan options...]
+    SPACE=a,b,c .venv/bin/python benchmarks/plan_search.py OUT ...   # the exhaustive space: these strategies
 
 1. `trainwise plan --out OUT ...` (the single rows, the search, the quality check), timed.
-2. The space the search drew from: every valid combination (two or more) of the rows that helped beyond the noise
-   floor (round 1's pool), each run as a row of the same study (`trainwise compare --config OUT/study.yaml`), so
-   the exhaustive best is measured beside the plan with the same baseline and noise floor.
+2. The space: every valid combination (two or more) of the rows that helped beyond the noise floor (round 1's
+   pool), or of the strategies in $SPACE (those the search could have reached by adding one at a time), each
+   run as a row of the same study (`trainwise compare --config OUT/study.yaml`), so the exhaustive best is
+   measured beside the plan with the same baseline and noise floor.
 3. One line per figure: the best single row, `all`, the plan, the exhaustive best, the search's trials and wall
    time against the exhaustive search's, and the search's share of one projected epoch of the plan.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 import time
@@ -32,8 +35,9 @@ def main() -> None:
     plan_s = time.monotonic() - began
     plan = json.loads((out / "plan.json").read_text())
     search = plan["search"]
+    drawn = os.environ.get("SPACE", "").split(",") if os.environ.get("SPACE") else None
     pool = sorted(
-        {n for c in search["candidates"] if c["round"] == 1 for n in c["row"].split("+")},
+        drawn or {n for c in search["candidates"] if c["round"] == 1 for n in c["row"].split("+")},
         key=list(strategies.REGISTRY).index,
     )
     combos = []
@@ -54,7 +58,7 @@ def main() -> None:
     best = min((table[c] for c in combos if table[c].status == "ok"), key=lambda r: r.rel_time, default=None)
     lines = {ln["label"]: ln for ln in plan["lines"]}
     noise = search["noise"]
-    print(f"pool (round 1): {', '.join(pool)}; exhaustive space: {len(combos)} combinations")
+    print(f"space ({'$SPACE' if drawn else 'round 1'}): {', '.join(pool)}; exhaustive: {len(combos)} combinations")
     for label in ("baseline", "best single row", "all", "plan"):
         ln = lines.get(label)
         if ln:

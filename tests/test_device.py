@@ -221,6 +221,13 @@ def test_a_probe_taken_under_load_is_not_cached(tmp_path, monkeypatch):
     monkeypatch.setattr(contention, "between", lambda *_a, **_k: loaded)
     assert flops.matmul_peak("cpu", "fp32", budget_s=0.05) > 0
     assert not list((tmp_path / "peak").glob("*.json"))
+    # a window too short to judge (contended None) with the CPUs taken is loaded too (issue 36)
+    loaded |= {"other_cpu_share": 0.69, "contended": None}
+    assert flops.matmul_peak("cpu", "fp32", budget_s=0.05) > 0
+    assert not list((tmp_path / "peak").glob("*.json"))
+    loaded |= {"other_cpu_share": 0.02, "contended": None}  # short and quiet: kept
+    assert flops.matmul_peak("cpu", "fp32", budget_s=0.05) > 0
+    assert len(list((tmp_path / "peak").glob("*.json"))) == 1
 
 
 def test_mfu_above_100_percent_is_never_printed():
@@ -329,6 +336,24 @@ def test_a_failed_re_run_keeps_the_run_measured_under_load(tmp_path, cls_csv, mo
     assert r.status == "ok" and r.contended and r.samples_per_s == 5.0 and r.discarded_runs == 1
     assert "measured under load (1.600 s/step, 50% of the CPUs" in events[0].text
     assert "the re-run ended timeout" in events[-1].text
+
+
+def test_a_re_run_measured_while_still_busy_stays_flagged(tmp_path, cls_csv, monkeypatch):
+    """Issue 36: re-runs taken while the machine was 'still busy after 120 s: measuring anyway' were accepted as
+    clean when their timed window was too short to judge (contended None)."""
+    from trainwise.measure import contention
+    from trainwise.study.run import run_study
+
+    monkeypatch.setattr(contention, "wait_quiet", lambda *_a, **_k: False)
+    prepared = tiny_study(tmp_path, cls_csv, "classification", ["baseline"], retries=1)
+    runs = [
+        TrialResult("baseline", "ok", step_time_s=1.6, samples_per_s=5.0, contended=True, other_cpu_share=0.5),
+        TrialResult("baseline", "ok", step_time_s=0.9, samples_per_s=9.0, contended=None),
+    ]
+    events: list = []
+    [(_, r)] = run_study(prepared, lambda *_: runs.pop(0), lambda spec, e: events.append(e), lambda *_: None)
+    assert r.samples_per_s == 9.0 and r.contended is True and r.discarded_runs == 1
+    assert any("known to be busy" in getattr(e, "text", "") for e in events)
 
 
 def test_wait_quiet_returns_once_a_busy_process_stops():

@@ -99,6 +99,21 @@ def test_a_prediction_is_anchored_on_the_largest_subset_measured_as_a_whole():
     assert predict(frozenset({"bf16", "smart_batch"}), seen, single) == pytest.approx(0.6 * 0.3)
 
 
+def test_a_fixed_cost_saving_is_credited_where_it_pays():
+    """The demo on an AVX2 EPYC (BENCHMARKS §S11): freeze_embeddings alone read 102% (its optimizer saving,
+    0.14 -> 0.05 s, hidden in a 2.1 s padded step), smart_batch 23%; together 16%. Phase by phase the pair is
+    predicted from the phases each changed: the data wait, forward/backward, optimizer and the rest."""
+    row = lambda text, rel, parts: Measured(text, frozenset(text.split("+")) - {"baseline"}, rel, 1.0, parts=parts)  # noqa: E731
+    base = row("baseline", 1.0, (0.0004, 0.907, 0.068, 0.025))
+    freeze = row("freeze_embeddings", 1.024, (0.0005, 0.966, 0.026, 0.033))
+    smart = row("smart_batch", 0.234, (0.0005, 0.126, 0.078, 0.030))
+    seen = {m.names: m for m in (base, freeze, smart)}
+    single = {"freeze_embeddings": 1.024, "smart_batch": 0.234}
+    got = predict(frozenset({"freeze_embeddings", "smart_batch"}), seen, single)
+    assert got == pytest.approx(0.126 * 0.966 / 0.907 + 0.078 * 0.026 / 0.068 + 0.030 * 0.033 / 0.025, rel=0.01)
+    assert got < 0.234 * 0.88 < 0.234 * 1.024  # a gain beyond a 12% noise floor; the ratios' product sees none
+
+
 def test_each_budget_stops_the_search():
     singles, measure, asked = world()
     found = search(singles, measure, valid, ORDER, noise=0.03, max_trials=1)
@@ -125,7 +140,7 @@ def test_a_candidate_the_estimate_says_cannot_fit_is_pruned_before_it_trains():
 def test_nothing_helping_beyond_the_noise_floor_means_no_search():
     singles = [Measured("baseline", frozenset(), 1.0, 1.0), Measured("adafactor", frozenset({"adafactor"}), 0.98, 1.0)]
     found = search(singles, lambda rows: pytest.fail(f"measured {rows}"), valid, ORDER, noise=0.05)
-    assert found.trials == 0 and found.incumbent == "adafactor" and "noise floor" in found.stopped
+    assert found.trials == 0 and found.incumbent == "adafactor" and "predicted to beat" in found.stopped
 
 
 # ---- one real search on the tiny preset ---------------------------------------------------------------------
@@ -139,8 +154,8 @@ def options(csv, out) -> dict:
         "train_file": str(csv),
         "strategies": ROWS,
         "batch_size": 8,
-        "max_length": 64,
-        "max_steps": 4,
+        "max_length": 256,  # rows of 3-40 words: padding to 256 is most of the baseline's work, so
+        "max_steps": 6,  # dynamic_pad and smart_batch help far beyond the noise floor and a combination is measured
         "warmup_steps": 1,
         "eval_samples": 8,
         "device": "cpu",
@@ -236,5 +251,5 @@ def test_the_estimate_prices_a_combination_before_it_trains(searched):
     need, why = memory_of(out, 10 * 2**30, 4, ORDER)(pair)
     assert why is None and 0 < need < 10 * 2**30
     need_small, why = memory_of(out, 2**20, 4, ORDER)(pair)
-    assert need_small == need and "more than --memory-budget 1.0 MiB" in why
+    assert need_small > 2**20 and "more than --memory-budget 1.00 MiB" in why
     assert memory_of(out, None, 4, ORDER)(pair) == (None, None)

@@ -386,7 +386,8 @@ class PlanOptions(CompareOptions):
         """The study the search runs in: --study's own options (its study.yaml), else this run's."""
         if self.study is None:
             shared = {f.name for f in fields(CompareOptions)}
-            return CompareOptions(**{k: getattr(self, k) for k in shared})
+            # --quality-steps / --seeds are the plan's quality check, not a quality phase of every Pareto row
+            return CompareOptions(**{k: getattr(self, k) for k in shared if k not in ("quality_steps", "seeds")})
         found = Path(self.study) / "study.yaml"
         if not found.is_file():
             raise ConfigError(

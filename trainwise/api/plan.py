@@ -106,7 +106,11 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
             return "this task, device or environment cannot run it"
         return None
 
-    singles = measured_rows(rows, constraints, accum)  # every row measured so far (a resumed search's too)
+    # what the search starts from: the single rows and `all`, and the combinations an earlier run of this search
+    # measured (a resumed search); other combinations in the study are measured again as the search reaches
+    # them (read back from the store), so a search's path does not depend on rows it did not choose
+    own = _searched_before(out)
+    singles = [m for m in measured_rows(rows, constraints, accum) if len(m.names) <= 1 or m.row in own | {"all"}]
     if not any(m.feasible for m in singles):
         why = next((f"{m.row}: {m.why_not}" for m in singles if m.ok and m.why_not), "no row finished ok")
         raise ConfigError(f"no row of {out} meets the constraints, so there is nothing to combine ({why})")
@@ -140,7 +144,7 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     result.singles_s = singles_s
     checked = time.monotonic()
     if options.quality_check and result.plan and result.plan != "baseline":
-        result.quality = _quality(cfg0, base, result.plan, render)
+        result.quality = _quality(options, base, result.plan, render)
         drop = options.max_quality_drop
         q = result.quality or {}
         if drop is not None and q.get("delta") is not None and -q["delta"] > drop and q.get("verdict") == "worse":
@@ -158,6 +162,15 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     write_atomic(out / PLAN_JSON, json.dumps(result.to_dict(), indent=1))
     write_atomic(out / PLAN_MD, markdown(result))
     return result
+
+
+def _searched_before(out: Path) -> set[str]:
+    """The rows an earlier `trainwise plan` in `out` measured (its plan.json), none when there is none."""
+    try:
+        earlier = json.loads((out / PLAN_JSON).read_text())
+        return {c["row"] for c in earlier["search"]["candidates"] if c["state"] in ("measured", "failed")}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
 
 
 def _names(text: str | None, flag: str) -> frozenset[str]:
@@ -221,16 +234,25 @@ def study_rows(out: Path) -> list[StudyRow]:
 def measured_rows(rows: list[StudyRow], constraints: Constraints, accum: int) -> list[Measured]:
     """The study's rows as the search reads them, with advise's feasibility under the constraints."""
     ranked = {v.strategy: v for v in advise(rows, constraints).verdicts}
+    base = next((r for r in rows if r.baseline and r.status == "ok" and r.step_time_s), None)
     found = []
     for r in rows:
         text = r.row_text
         names = frozenset() if r.baseline else frozenset(s.name for s, _ in strategies.parse_row(text, accum).parts)
         v = ranked.get(r.strategy)
         why = None if v is None or v.feasible or r.status != "ok" else v.reason
-        found.append(
-            Measured(text, names, r.rel_time if r.status == "ok" else None, r.rel_mem, r.peak_mem_bytes, r.status, why)
-        )
+        rel = r.rel_time if r.status == "ok" else None
+        found.append(Measured(text, names, rel, r.rel_mem, r.peak_mem_bytes, r.status, why, phases(r, base)))
     return found
+
+
+def phases(r: StudyRow, base: StudyRow | None) -> tuple[float, ...] | None:
+    """A row's step in phases (data wait, forward/backward, optimizer, the rest) over the baseline's step time."""
+    parts = (r.data_wait_s, r.compute_s, r.optimizer_s)
+    if base is None or not base.step_time_s or r.status != "ok" or not r.step_time_s or None in parts:
+        return None
+    known = [float(p or 0.0) for p in parts]
+    return tuple(p / base.step_time_s for p in [*known, max(0.0, r.step_time_s - sum(known))])
 
 
 def _line(label: str, r: StudyRow | None) -> Line | None:
@@ -308,8 +330,10 @@ def _result(
                     f"the plan with it measured {_pct(tried.rel_time)} time, no gain beyond the noise floor "
                     f"±{noise:.1%}"
                 )
+            elif (alone.rel_time or 1) > 1 + noise:
+                why = f"{_pct(alone.rel_time)} time alone: slower than the baseline, and {mem}"
             elif (alone.rel_time or 1) >= 1 - noise:
-                why = f"{_pct(alone.rel_time)} time alone (not a gain beyond the noise floor ±{noise:.1%}), and {mem}"
+                why = f"{_pct(alone.rel_time)} time alone: inside the noise floor ±{noise:.1%}, and {mem}"
             else:
                 why = f"{_pct(alone.rel_time)} time alone, but no measured combination with it beat the plan"
         reasons.append({"strategy": name, "in": False, "reason": f"out: {why}" if why else UNMEASURED})
@@ -336,15 +360,15 @@ def _pct(x: float | None) -> str:
     return "?" if x is None else f"{x:.0%}"
 
 
-def _quality(cfg0, base: CompareOptions, row: str, render: Render) -> dict | None:
+def _quality(options: PlanOptions, base: CompareOptions, row: str, render: Render) -> dict | None:
     """The plan against the baseline, trained longer over seeds (compare's quality phase on two rows)."""
     from trainwise import quality  # heavy: numpy (the statistics)
     from trainwise.launcher import launch
     from trainwise.study.prepare import prepare_study
     from trainwise.study.run import run_study
 
-    steps = base.quality_steps or 4 * (base.max_steps or 16)
-    seeds = max(2, base.seeds)
+    steps = options.quality_steps or 4 * (base.max_steps or 16)
+    seeds = max(2, options.seeds)
     cfg, _price, _q = base.resolve()
     prepared = prepare_study(quality.quality_config(cfg, ["baseline", row], steps, seeds))
     render.note(f"trainwise plan: quality check: {row} against the baseline, {steps} steps x {seeds} seeds")

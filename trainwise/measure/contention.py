@@ -92,6 +92,16 @@ def between(a: CpuSample | None, b: CpuSample | None, cpus: int | None = None) -
     }
 
 
+def loaded(load: dict) -> bool:
+    """Whether `between`'s reading says others took the CPUs: judged contended, or, over a window too short to
+    judge (contended None), a share above the flag's anyway (a bf16 probe read 1.0x fp32 with 69% of the CPUs
+    taken, was cached as clean, and the study trained an emulated bf16 row at 16x the baseline's time)."""
+    if load.get("contended"):
+        return True
+    share, stolen = load.get("other_cpu_share") or 0.0, load.get("steal_share") or 0.0
+    return load.get("contended") is None and (share > CONTENDED_SHARE or stolen > STOLEN_SHARE)
+
+
 QUIET_SHARE = CONTENDED_SHARE / 2  # a re-run waits for less than half the load that flags a trial
 
 

@@ -189,7 +189,7 @@ def cached(kind: str, device: str, what: str, measure: Callable[[], dict]) -> di
     result = measure()
     load = contention.between(before, contention.sample())
     result = {**result, "device": device, "what": what, **load}
-    if not load["contended"]:
+    if not contention.loaded(load):
         with contextlib.suppress(OSError, OutputFailed):  # a cache that cannot be written: measured next time
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path, json.dumps(result))

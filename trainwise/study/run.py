@@ -144,6 +144,11 @@ def _measured(spec: TrialSpec, trial_dir: Path, launch: Launch, cfg: StudyConfig
         if not quiet:
             emit(Note(f"still busy after {cfg.quiet_wait_s:.0f} s: measuring anyway"))
         again = launch(spec, trial_dir, cfg.trial_timeout, emit)
+        if not quiet and again.status == "ok" and not again.contended:
+            # the machine was busy when it started: a window too short to judge (contended None), or one the
+            # others' load happened to miss, does not make it clean (a search would chase its noise)
+            again.contended = True
+            emit(Note("measured while the machine was known to be busy: the row stays flagged (loaded)"))
         if again.status != "ok":  # the re-run failed (timeout, OOM): the loaded measurement stays, flagged
             emit(Note(f"the re-run ended {again.status}: keeping the run measured under load"))
             break
