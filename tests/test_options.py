@@ -26,16 +26,19 @@ VERBS = {
 
 
 def test_every_verb_has_options():
-    assert set(VERBS) == {"compare", "advise", "estimate", "export", "find-batch", "train", "tune", "doctor", "env"}
+    assert set(VERBS) == {
+        *("compare", "advise", "plan", "estimate", "export", "find-batch", "train", "tune", "doctor", "env"),
+    }
 
 
 def _declaration(f: dataclasses.Field) -> dataclasses.Field:
-    """The field that declares the option `f` is (itself, or the config field named in its `source`)."""
+    """The field that declares the option `f` is (itself, or the field named in its `source`: a library config's, or
+    a verb's own option another verb takes, as plan takes advise's constraints)."""
     source = f.metadata.get("source")
     if source is None:
         return f
     owner, name = source.split(".")
-    config = next(c for c in CONFIGS if c.__name__ == owner)
+    config = next(c for c in (*CONFIGS, *VERBS.values()) if c.__name__ == owner)
     found = declared(config, name)
     assert "source" not in found.metadata, f"{source} is itself taken from {found.metadata['source']}"
     return found

@@ -363,9 +363,9 @@ def _pct(x: float | None) -> str:
 def _quality(options: PlanOptions, base: CompareOptions, row: str, render: Render) -> dict | None:
     """The plan against the baseline, trained longer over seeds (compare's quality phase on two rows)."""
     from trainwise import quality  # heavy: numpy (the statistics)
-    from trainwise.launcher import launch
-    from trainwise.study.prepare import prepare_study
-    from trainwise.study.run import run_study
+    from trainwise.launcher import launch  # heavy: the trial machinery, only when a check runs
+    from trainwise.study.prepare import prepare_study  # heavy: trainwise.study.prepare loads numpy (and torch)
+    from trainwise.study.run import run_study  # heavy: trainwise.study.run loads numpy
 
     steps = options.quality_steps or 4 * (base.max_steps or 16)
     seeds = max(2, options.seeds)
