@@ -130,7 +130,6 @@ def search(
     noise = DEFAULT_NOISE if noise is None else max(noise, 0.01)
     measured: dict[frozenset[str], Measured] = {m.names: m for m in singles}
     single = {n: m.rel_time for m in singles if m.ok and len(m.names) == 1 and m.rel_time for n in m.names}
-    single_ok = set(single)
     result = Search(noise, None)
 
     def incumbent() -> Measured | None:
@@ -138,8 +137,8 @@ def search(
         return min(fits, key=lambda m: (m.rel_time, m.rel_mem or 1.0), default=None)
 
     base_fits = any(m.feasible and not m.names for m in measured.values())
-    helpers = sorted((n for n in single_ok if single[n] < 1 - noise), key=lambda n: single[n])
-    savers = [] if base_fits else [n for n in single_ok if (measured[frozenset({n})].rel_mem or 1) < 1 - noise]
+    helpers = sorted((n for n in single if single[n] < 1 - noise), key=lambda n: single[n])
+    savers = [] if base_fits else [n for n in single if (measured[frozenset({n})].rel_mem or 1) < 1 - noise]
     pool = list(dict.fromkeys([*helpers, *savers]))[:POOL]
     seen: dict[str, Candidate] = {}
 
@@ -168,7 +167,7 @@ def search(
         # bar at the noise floor would skip the gains it under-predicts (it did, on the demo: BENCHMARKS §S11)
         bar = (best.rel_time or 1.0) if best else math.inf
         if best is not None and round_ > 1:
-            for n in sorted(single_ok - best.names, key=order.index):
+            for n in sorted(set(single) - best.names, key=order.index):
                 consider(best.names | {n}, f"{best.row} + {n}", round_)
             for n in sorted(best.names, key=order.index):
                 consider(best.names - {n}, f"{best.row} - {n}", round_)

@@ -194,19 +194,13 @@ def memory_of(out: Path, budget: int | None, accum: int, order: list[str]):
     if budget is None:
         return nothing
     # heavy: the estimate builds the model on the meta device (torch, transformers)
-    from trainwise.estimate import calibrate, estimate_plan, runtime_overhead, shape_of
-    from trainwise.models import ModelSource, model_config
-    from trainwise.study.store import Store
+    from trainwise.api.studies import estimate_basis
+    from trainwise.estimate import calibrate, estimate_plan, shape_of
 
-    spec = Store.spec_of(out, "STUDY")
-    if spec is None:
+    found = estimate_basis(out)
+    if found is None:
         return nothing
-    s = spec.settings
-    try:
-        config = model_config(ModelSource(s.model_kind, s.model_ref), s.task, s.num_labels or 2)
-    except ConfigError:
-        return nothing
-    overhead = runtime_overhead(s.device)
+    s, config, overhead = found
 
     def of(names: frozenset[str]) -> tuple[float | None, str | None]:
         plan = strategies.parse_row("+".join(sorted(names, key=order.index)), accum).plan

@@ -93,19 +93,29 @@ def _study_line(label: str, rows: list[StudyRow]) -> str:
     return f"{label}: {env.get('device_name', '?')} ({device}), {price}"
 
 
-def batch_hints(study: Path, rows: list[StudyRow], budget: int) -> dict[str, str]:
-    """Per row that lets a larger batch fit than the baseline does: up to which batch each fits the budget
-    (so when the row is needed), from `trainwise estimate` on the study's model and lengths. Empty when the
-    study's model cannot be built here (a hub id offline), since the hints add to the measured advice."""
+def estimate_basis(study: Path):
+    """What `trainwise estimate` prices a study's plans on: its trials' settings (model, batch, lengths, device),
+    the model's config and the runtime's overhead; None when the study has no trial or its model cannot be
+    built here (a hub id offline)."""
     spec = _stored_spec(study)
     if spec is None:
-        return {}
+        return None
     s = spec.settings
     try:
         config = model_config(ModelSource(s.model_kind, s.model_ref), s.task, s.num_labels or 2)
     except ConfigError:
+        return None
+    return s, config, runtime_overhead(s.device)
+
+
+def batch_hints(study: Path, rows: list[StudyRow], budget: int) -> dict[str, str]:
+    """Per row that lets a larger batch fit than the baseline does: up to which batch each fits the budget
+    (so when the row is needed), from `trainwise estimate` on the study's model and lengths. Empty when the
+    study's model cannot be built here (a hub id offline), since the hints add to the measured advice."""
+    found = estimate_basis(study)
+    if found is None:
         return {}
-    overhead = runtime_overhead(s.device)
+    s, config, overhead = found
 
     def estimate_of(plan: TrialPlan):
         cal, shape = calibrate(config, s.task, plan, s.device), shape_of(config, s.task, plan)
