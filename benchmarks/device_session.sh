@@ -3,6 +3,14 @@
 # (doctor already ran, so gpu.sh skips its own), on a machine whose python3 already holds a CUDA build of
 # torch and transformers (the device tool's image) and that cannot reach a package registry.
 #   bash benchmarks/device_session.sh OUTDIR [SECONDS]
+#   STEPS="wheels doctor plan" bash benchmarks/device_session.sh OUTDIR [SECONDS]   # choose the steps
+# Steps (STEPS, default "wheels doctor pytest studies"), in this order:
+# - wheels: the wheels carried in .whl/ (bitsandbytes, liger-kernel, cut-cross-entropy: the device cannot reach
+#   a registry) unpacked into one directory put on PYTHONPATH, so python3 and every trial import them.
+# - doctor, pytest (the gpu-marked tests), studies (gpu.sh's seed 001 and HF docs' studies).
+# - plan: `trainwise plan` on the bert-base preset (PLAN_PRESET) over the GPU's single rows, with its
+#   quality check (issue 36 on a GPU); OUTDIR/plan.log, plan.md and plan.json.
+# DOCTOR_LIMIT (seconds, default SECONDS) stops a hung doctor early enough for the steps after it.
 # - .venv: when this checkout has none, .venv/bin/{python,trainwise} run python3 with this checkout on its
 #   path, no download. The versions that differ from requirements.lock are
 #   printed first (doctor.json records them too).
@@ -26,6 +34,13 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 # packages, not its torch. So .venv/bin holds wrappers that run python3 itself with this checkout on its path
 # (PYTHONPATH reaches every trial's child process too).
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
+STEPS=" ${STEPS:-wheels doctor pytest studies} "
+step() { [[ $STEPS == *" $1 "* ]]; }
+if step wheels && compgen -G ".whl/*.whl" >/dev/null; then
+  WHEELS=/tmp/trainwise-wheels
+  python3 -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' "$WHEELS" .whl/*.whl &&
+    export PYTHONPATH=$PYTHONPATH:$WHEELS && echo "=== device_session: wheels on the path: $(ls .whl | tr '\n' ' ')"
+fi
 if [ ! -x .venv/bin/trainwise ]; then
   PY3=$(command -v python3) || exit 1
   mkdir -p .venv/bin
@@ -60,17 +75,33 @@ collect() {
 }
 trap collect EXIT
 mkdir -p "$RESULTS"
+if step doctor; then
 echo "=== device_session: trainwise doctor --device $DEVICE"
 # a doctor that hangs is stopped with SIGABRT: with PYTHONFAULTHANDLER=1 it prints every thread's stack first
 # (one did hang, before its first trial, on 2026-11-26: BENCHMARKS.md §G1)
-PYTHONFAULTHANDLER=1 timeout -s ABRT -k 10 "$LIMIT" .venv/bin/trainwise doctor --device "$DEVICE" --out "$RESULTS/doctor" 2>&1 | tee "$RESULTS/doctor.log"
+PYTHONFAULTHANDLER=1 timeout -s ABRT -k 10 "${DOCTOR_LIMIT:-$LIMIT}" .venv/bin/trainwise doctor --device "$DEVICE" --out "$RESULTS/doctor" 2>&1 | tee "$RESULTS/doctor.log"
 echo "=== device_session: doctor exit ${PIPESTATUS[0]}"
-if [ "$DEVICE" = cuda ]; then # the tests marked gpu (skipped in CI): compare's and train's steps agree on CUDA
+fi
+if step pytest && [ "$DEVICE" = cuda ]; then # the tests marked gpu (skipped in CI): compare's and train's steps agree on CUDA
   echo "=== device_session: pytest -m gpu"
   timeout 150 .venv/bin/python -m pytest -q -m gpu -p no:cacheprovider tests/test_contract.py 2>&1 |
     tee "$RESULTS/pytest_gpu.log"
   echo "=== device_session: pytest exit ${PIPESTATUS[0]}"
 fi
-left=$((LIMIT - ($(date +%s) - START)))
-[ "$left" -gt 30 ] || exit 1
-DOCTOR=skip timeout "$left" bash benchmarks/gpu.sh --device "$DEVICE" --out "$RESULTS"
+if step plan; then
+  left=$((LIMIT - ($(date +%s) - START)))
+  [ "$left" -gt 60 ] || exit 1
+  echo "=== device_session: trainwise plan (${PLAN_PRESET:-bert-base}), ${left} s left"
+  # the GPU's single rows: the precisions, its kernels and optimizers, the data strategies; search 6 rows at most
+  timeout -s INT -k 20 "$left" .venv/bin/trainwise plan --device "$DEVICE" --model-preset "${PLAN_PRESET:-bert-base}" \
+    --out "$RESULTS/plan" --batch-size 32 --max-length 128 --max-steps "${PLAN_STEPS:-40}" --repeat 1 \
+    --strategies "${PLAN_ROWS:-fp16,bf16,tf32,adamw_fused,adafactor,grad_ckpt,dynamic_pad,smart_batch,freeze_embeddings}" \
+    --max-trials 6 --quality-steps "${PLAN_QUALITY_STEPS:-120}" --seeds 2 2>&1 | tee "$RESULTS/plan.log"
+  echo "=== device_session: plan exit ${PIPESTATUS[0]}"
+  cp "$RESULTS"/plan/plan.md "$RESULTS"/plan/plan.json "$OUTDIR"/ 2>/dev/null
+fi
+if step studies; then
+  left=$((LIMIT - ($(date +%s) - START)))
+  [ "$left" -gt 30 ] || exit 1
+  DOCTOR=skip timeout "$left" bash benchmarks/gpu.sh --device "$DEVICE" --out "$RESULTS"
+fi

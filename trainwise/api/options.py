@@ -387,7 +387,11 @@ class PlanOptions(CompareOptions):
         if self.study is None:
             shared = {f.name for f in fields(CompareOptions)}
             # --quality-steps / --seeds are the plan's quality check, not a quality phase of every Pareto row
-            return CompareOptions(**{k: getattr(self, k) for k in shared if k not in ("quality_steps", "seeds")})
+            values = {k: getattr(self, k) for k in shared if k not in ("quality_steps", "seeds")}
+            rows = [r.strip() for r in words(self.strategies)]
+            # every figure of the search is relative to the baseline: a --strategies list without it still runs it
+            values["strategies"] = rows if "baseline" in rows else ["baseline", *rows]
+            return CompareOptions(**values)
         found = Path(self.study) / "study.yaml"
         if not found.is_file():
             raise ConfigError(

@@ -111,6 +111,11 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     # them (read back from the store), so a search's path does not depend on rows it did not choose
     own = _searched_before(out)
     singles = [m for m in measured_rows(rows, constraints, accum) if len(m.names) <= 1 or m.row in own | {"all"}]
+    if not any(r.baseline and r.status == "ok" for r in rows):
+        raise ConfigError(
+            f"{out} has no baseline row that finished ok: the search measures every combination against it "
+            "(add baseline to the study's rows)"
+        )
     if not any(m.feasible for m in singles):
         why = next((f"{m.row}: {m.why_not}" for m in singles if m.ok and m.why_not), "no row finished ok")
         raise ConfigError(f"no row of {out} meets the constraints, so there is nothing to combine ({why})")
