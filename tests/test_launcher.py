@@ -5,7 +5,9 @@ line."""
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -102,6 +104,19 @@ def test_a_forked_child_has_the_callers_environment_and_directory_and_exec_is_th
 
     monkeypatch.setattr(zygote, "spawn", cannot)
     assert where() == {"event": "where", "forked": False, "cwd": str(tmp_path), "var": "second"}
+
+
+def test_a_zygote_that_ends_without_reading_a_request_is_unavailable_at_once(tmp_path):
+    """A zygote that refuses to serve (CUDA initialised by an import: it returns before its first read) resets
+    the connection under the caller's request; the caller must see it gone, not wait for a fork (on an H200
+    a doctor waited so until it was killed)."""
+    from trainwise import zygote
+
+    gone = zygote.Zygote([sys.executable, "-c", "import sys, time; time.sleep(1)"])  # never reads the socket
+    began = time.monotonic()
+    with open(tmp_path / "log", "w") as log, pytest.raises(zygote.Unavailable, match="gone"):
+        gone.spawn("tests.child", ["where"], dict(os.environ), log)
+    assert time.monotonic() - began < 60
 
 
 # ---- ranks on one machine: forked from the zygote as torchrun would start them -------------------------------

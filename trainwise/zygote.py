@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import json
 import os
 import resource
@@ -114,11 +115,11 @@ class Forked:
 class Zygote:
     """The caller's handle on the zygote process: started on first use, one per command."""
 
-    def __init__(self) -> None:
-
+    def __init__(self, command: list[str] | None = None) -> None:
+        """`command` (tests): what runs in place of the zygote, given the socket's descriptor as its last word."""
         ours, theirs = socket.socketpair()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "trainwise.zygote", str(theirs.fileno())],
+            [*(command or [sys.executable, "-m", "trainwise.zygote"]), str(theirs.fileno())],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             preexec_fn=bound_to_me(),
@@ -133,14 +134,17 @@ class Zygote:
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
-        while (got := _recv(self.sock)) is not None:
-            message, _ = got
-            with self.changed:
-                if "status" in message:
-                    self.exits[message["pid"]] = message["status"]
-                else:
-                    self.started.append(message["pid"])
-                self.changed.notify_all()
+        # a zygote that ends with a request unread (it refused to serve: CUDA initialised by an import) resets
+        # the connection: that is its end too, or a spawn would wait for a reply that never comes
+        with contextlib.suppress(OSError):
+            while (got := _recv(self.sock)) is not None:
+                message, _ = got
+                with self.changed:
+                    if "status" in message:
+                        self.exits[message["pid"]] = message["status"]
+                    else:
+                        self.started.append(message["pid"])
+                    self.changed.notify_all()
         with self.changed:
             self.alive = False
             self.changed.notify_all()
@@ -401,10 +405,14 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # a CUDA check by an import must not init CUDA
     for name in PRELOAD:
         importlib.import_module(name)
-    for name in OPTIONAL_PRELOAD:
-        with contextlib.suppress(ImportError):  # an optional extra (trainwise[lora]) not installed
-            importlib.import_module(name)
     import torch  # heavy: torch (imported by the preload already)
+
+    # peft imports bitsandbytes when it is installed, and bitsandbytes initialises CUDA when a GPU is visible
+    # (an H200, 2026-11-26): the zygote could then fork no child, so there the LoRA trials import peft themselves
+    if not (importlib.util.find_spec("bitsandbytes") and torch.cuda.is_available()):
+        for name in OPTIONAL_PRELOAD:
+            with contextlib.suppress(ImportError):  # an optional extra (trainwise[lora]) not installed
+                importlib.import_module(name)
 
     if torch.cuda.is_initialized():  # a forked child cannot use a CUDA context made before the fork
         return 3  # the socket closes: the caller execs its children instead
