@@ -63,6 +63,24 @@ def test_a_failed_or_missing_rank_fails_the_row():
     assert wrong.status == "error" and "asked for 2 processes, the process group had 1" in wrong.message
 
 
+def test_unwrap_takes_the_model_out_of_its_wrappers_and_keeps_compile_on_top():
+    """What accelerate's unwrap_model returns, without importing deepspeed to ask (3 s of every trial's start)."""
+    import subprocess
+    import sys
+
+    from trainwise.distributed import unwrap
+
+    inner = torch.nn.Linear(2, 2)
+    assert unwrap(inner) is inner
+    assert unwrap(torch.nn.DataParallel(torch.nn.DataParallel(inner))) is inner
+    compiled = torch.compile(torch.nn.DataParallel(inner))
+    assert unwrap(compiled) is compiled and compiled._orig_mod is inner
+    code = "import sys, torch; from trainwise.distributed import unwrap; unwrap(torch.nn.Linear(2, 2)); "
+    code += "print('deepspeed' in sys.modules)"
+    seen = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert seen.strip() == "False"
+
+
 def test_rank_shards_are_disjoint_and_together_are_the_single_process_batches():
     inner = RandomBatches(list(range(40)), 8, seed=3)
     shards = [list(RankShard(RandomBatches(list(range(40)), 8, seed=3), r, 2)) for r in range(2)]

@@ -106,6 +106,20 @@ def test_a_forked_child_has_the_callers_environment_and_directory_and_exec_is_th
     assert where() == {"event": "where", "forked": False, "cwd": str(tmp_path), "var": "second"}
 
 
+def test_a_warm_zygote_imports_before_the_first_trial_and_a_probe_waits_for_it(tmp_path):
+    """`launcher.warm()` starts the zygote at once (its imports overlap the command's preparation) and returns
+    without waiting; `settle()`, which every timed probe calls first, returns once it says it is ready."""
+    from trainwise import launcher, zygote
+
+    began = time.monotonic()
+    launcher.warm()
+    assert time.monotonic() - began < 2 and zygote._zygote is not None
+    zygote.settle()
+    assert zygote._zygote.ready.is_set() and zygote._zygote.alive
+    end = run_child("tests.child", ["where"], tmp_path / "log", lambda e: None, timeout_s=120)
+    assert end.code == 0
+
+
 def test_a_zygote_that_ends_without_reading_a_request_is_unavailable_at_once(tmp_path):
     """A zygote that refuses to serve (CUDA initialised by an import: it returns before its first read) resets
     the connection under the caller's request; the caller must see it gone, not wait for a fork (on an H200

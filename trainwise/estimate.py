@@ -48,6 +48,7 @@ from trainwise.config import (
 )
 from trainwise.data.chat import check_chat_template
 from trainwise.data.sources import read_task_data, tokenizer_corpus
+from trainwise.distributed import unwrap
 from trainwise.errors import ConfigError
 from trainwise.files import write_atomic
 from trainwise.measure.memory import CUDA_CONTEXT_BYTES, AllocatedPeak, rss_bytes
@@ -414,9 +415,7 @@ def probe_point(config: Any, task: str, plan: TrialPlan, micro: int, src_len: in
         items = micro
     batch = Batch(inputs, labels, micro, 0, 0, items)
     batch = batch.to(accelerator.device)
-    decoder_inputs = (
-        accelerator.unwrap_model(model).prepare_decoder_input_ids_from_labels if task == "seq2seq" else None
-    )
+    decoder_inputs = unwrap(model).prepare_decoder_input_ids_from_labels if task == "seq2seq" else None
     step = (model, [batch], accelerator.backward, task, decoder_inputs)
     accumulate_step(*step, lm_loss=rt.lm_loss)  # lazy inits happen here
     model.zero_grad(set_to_none=True)

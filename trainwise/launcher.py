@@ -402,6 +402,12 @@ class TrialJob:
         return TrialResult(status="crashed", message=message, wall_s=end.wall_s, **base)
 
 
+def warm() -> None:
+    """Trials will run in this command: start the process they fork from now (its imports overlap the
+    command's preparation; a no-op where children are exec'd)."""
+    zygote.warm()
+
+
 def launch(spec: TrialSpec, trial_dir: Path, timeout_s: float, on_event: Listener) -> TrialResult:
     """One compare trial in a fresh process (under torchrun for ranks and ZeRO); whatever happens to it
     becomes a TrialResult. `trial_dir` keeps its spec.json and its stderr.log."""

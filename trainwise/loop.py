@@ -38,7 +38,7 @@ from trainwise.config import TrialSpec
 from trainwise.data.prepared import TrialData
 from trainwise.data.samplers import RandomBatches, RankShard, make_batches
 from trainwise.data.tasks import Batch, shifted_loss_sum
-from trainwise.distributed import Ranks, all_sum, group_size
+from trainwise.distributed import Ranks, all_sum, group_size, unwrap
 from trainwise.models import ModelSource, build_model
 from trainwise.strategies.base import Runtime
 from trainwise.vision import IMAGE_TASK, build_image_model
@@ -78,7 +78,7 @@ class Parts:
     @property
     def raw_model(self) -> Any:
         """The model without accelerate's / DDP's / compile's wrapping (what is saved and evaluated)."""
-        return self.accelerator.unwrap_model(self.model)
+        return unwrap(self.model)
 
 
 def new_accelerator(rt: Runtime, micro_batch_per_rank: int, max_grad_norm: float, random_init: bool = False):

@@ -13,6 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from trainwise import launcher
 from trainwise.api.options import CompareOptions
 from trainwise.api.render import STDERR, Render
 from trainwise.api.study import Study
@@ -37,6 +38,7 @@ def run(
     from trainwise.study.run import run_study  # heavy: trainwise.study.run loads numpy
 
     render = Render.of(render)
+    launcher.warm()  # the trials' process starts its imports while the data is prepared
     with render.status(f"trainwise compare: validating input, preparing data and model ({cfg.task})..."):
         prepared = prepare_study(cfg, render.note)
     if options is not None:

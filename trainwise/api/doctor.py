@@ -12,7 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from trainwise import strategies
+from trainwise import launcher, strategies
 from trainwise.api.options import DoctorOptions
 from trainwise.api.render import STDERR, Render
 from trainwise.config import DEVICES, IMAGE_TASK
@@ -56,6 +56,7 @@ def _run(device: str, out: Path, on_event, on_done) -> DoctorReport:
     from trainwise.study.run import run_study  # heavy: trainwise.study.run loads numpy
 
     began = time.perf_counter()
+    launcher.warm()  # the trials' process imports while the device is measured (each probe waits for it)
     resolved, caps = resolve_device(device)
     facts = dev.facts(resolved)
     peaks, ratios = measure_device(resolved)

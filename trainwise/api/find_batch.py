@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trainwise import launcher
 from trainwise.api.options import FindBatchOptions
 from trainwise.api.render import STDERR, Render
 from trainwise.find_batch import FindBatchReport
@@ -15,6 +16,7 @@ from trainwise.launcher import launch
 def start(options: FindBatchOptions, render: Render | None = STDERR) -> FindBatchReport:
     render = Render.of(render)
     fb = options.resolve()
+    launcher.warm()  # the trials' process imports while the data is prepared
     with render.status("trainwise find-batch: ...") as status:
         return search(
             options.strategies, options.accum_steps, options.config_at, fb, launch, render.update(status), render.line

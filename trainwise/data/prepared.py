@@ -28,6 +28,7 @@ from trainwise.data.tasks import (
     lm_ids,
     shifted_loss_sum,
 )
+from trainwise.distributed import unwrap
 from trainwise.models import ModelSource, load_tokenizer
 from trainwise.vision import IMAGE_TASK, ImageDataset, Images, collate_images, read_images
 
@@ -182,7 +183,7 @@ def evaluate_text(model, accelerator, enc: Encoded, gold: list[str], spec: Trial
                 preds += logits.argmax(-1).tolist()
                 loss_sum += float(F.cross_entropy(logits.float(), batch.labels, reduction="sum"))
             else:
-                raw = accelerator.unwrap_model(model)
+                raw = unwrap(model)
                 decoder_ids = raw.prepare_decoder_input_ids_from_labels(labels=batch.labels)
                 logits = model(**batch.inputs, decoder_input_ids=decoder_ids).logits
                 loss_sum += float(
@@ -242,7 +243,7 @@ def _generate_responses(model, accelerator, enc: Encoded, gold: list[str], spec:
     chat template's end-of-turn token) when it is a special token."""
     s = spec.settings
     pad, eos = lm_ids(tokenizer)
-    raw = accelerator.unwrap_model(model)
+    raw = unwrap(model)
     labelled: list[tuple[list[int], list[int]]] = list(zip(enc.input_ids, enc.labels, strict=True))  # type: ignore[arg-type]
     turns = [last_turn(ids, labels) for ids, labels in labelled]
     prompts = [prompt for prompt, _ in turns]

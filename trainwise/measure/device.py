@@ -185,6 +185,9 @@ def cached(kind: str, device: str, what: str, measure: Callable[[], dict]) -> di
     path = Path(root) / kind / f"{key}.json"
     with contextlib.suppress(OSError, ValueError):
         return {**json.loads(path.read_text()), "cached": True}
+    from trainwise import zygote  # the command's zygote may be importing torch on the other CPU: not beside a probe
+
+    zygote.settle()
     before = contention.sample()
     result = measure()
     load = contention.between(before, contention.sample())
