@@ -31,6 +31,9 @@ class TrialResult:
     warmup_s: float | None = None  # total time of the untimed warm-up steps
     compile_s: float | None = None  # torch.compile rows: warm-up time beyond steady steps (the compiling)
     timed_steps: int = 0
+    # of those, steps added after the evaluation to make the timed window long enough to judge the load on
+    # the machine (trial._autorange): they count in the time, not in the loss or the quality
+    added_steps: int = 0
     samples_per_s: float | None = None  # samples / timed seconds (one statistic per row: totals)
     tokens_per_s: float | None = None  # non-pad tokens / timed seconds
     padding_waste: float | None = None  # fraction of computed positions that are padding
@@ -268,6 +271,7 @@ class StudyRow:
     step_time_p90_s: float | None = None
     step_time_iqr_s: float | None = None
     timed_steps: int | None = None
+    added_steps: int | None = None
     data_wait_s: float | None = None
     compute_s: float | None = None
     optimizer_s: float | None = None

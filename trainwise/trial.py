@@ -8,6 +8,7 @@ module only measures it.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,7 +88,7 @@ def run_trial(spec: TrialSpec, progress: Emit | None = None, trace_path: Path | 
 
     tracer.start()  # a no-op without --profile; with it, one trace of all training steps
     loop.run(parts, stream, steps, on_step, Measured(timer, tracer))
-    loaded = contention.between(load[0] if load else None, contention.sample())
+    timed_end = contention.sample()
     tracer.stop()
 
     # weights + gradients + optimizer state, counted exactly (what strategies like adafactor or freezing
@@ -106,6 +107,11 @@ def run_trial(spec: TrialSpec, progress: Emit | None = None, trace_path: Path | 
         t0 = time.perf_counter()
         metrics = data.evaluate(parts.model, parts.accelerator)
         eval_s = time.perf_counter() - t0
+
+    # after the evaluation (so the loss and the quality are those of the study's steps): more timed steps when
+    # the timed window was too short to judge what else ran during it
+    also = _autorange(parts, stream, timer, counts, s.warmup_steps)
+    loaded = contention.between(load[0] if load else None, timed_end, also=also)
 
     # after the timed steps and the evaluation (so neither is slowed nor changed): more steps on the
     # largest window, one profiled for the peak of live tensors (CPU), one counted for FLOPs
@@ -140,6 +146,7 @@ def run_trial(spec: TrialSpec, progress: Emit | None = None, trace_path: Path | 
             else None
         ),
         timed_steps=len(timed),
+        added_steps=len(timer.steps) - steps,
         samples_per_s=samples_per_s,
         tokens_per_s=summary["tokens_per_s"],
         padding_waste=1 - counts["real"] / counts["padded"],
@@ -171,6 +178,34 @@ def run_trial(spec: TrialSpec, progress: Emit | None = None, trace_path: Path | 
         rank_peak_mem_bytes=[int(peak)],
         **loaded,
     )
+
+
+AUTORANGE_MAX_STEPS = 2000  # at most this many steps added to reach a window that can be judged
+
+
+def _autorange(parts: loop.Parts, stream: loop.Stream, timer: StepTimer, counts: dict, warmup: int) -> tuple:
+    """Timed steps added until the timed window reaches what a contention reading can judge
+    (contention.MIN_WINDOW_S, with a margin), as timeit's autorange adds loops: the window of a tiny model's
+    few steps lasts a fraction of a second, too short to see another process take the CPUs. They run after the
+    evaluation, on the run's next batches, and count in the step time, not in the loss. One process only: the
+    ranks of a data-parallel trial would have to agree on the count. Returns the added window's samples."""
+    timed = timer.steps[warmup:]
+    window = sum(t.total_s for t in timed)
+    goal = 1.2 * contention.MIN_WINDOW_S
+    if parts.world > 1 or not timed or window >= goal:
+        return ()
+    more = min(AUTORANGE_MAX_STEPS, math.ceil((goal - window) / max(window / len(timed), 1e-6)))
+
+    def on_step(_loss: float, micro: list) -> None:
+        timer.end_step()
+        counts["samples"] += sum(b.n_samples for b in micro)
+        counts["real"] += sum(b.real_tokens for b in micro)
+        counts["padded"] += sum(b.padded_tokens for b in micro)
+
+    start = contention.sample()
+    loop.run(parts, stream, parts.step + more, on_step, Measured(timer, Tracer(None, False)))
+    end = contention.sample()
+    return ((start, end),) if start is not None and end is not None else ()
 
 
 @dataclass

@@ -76,14 +76,22 @@ def cpu_mhz() -> float | None:
     return round(sum(freqs) / len(freqs), 1) if freqs else None
 
 
-def between(a: CpuSample | None, b: CpuSample | None, cpus: int | None = None) -> dict:
-    """The load others put on the machine between two samples: the TrialResult fields."""
-    if a is None or b is None or b.at_s <= a.at_s:
+def between(
+    a: CpuSample | None,
+    b: CpuSample | None,
+    cpus: int | None = None,
+    also: tuple[tuple[CpuSample, CpuSample], ...] = (),
+) -> dict:
+    """The load others put on the machine between two samples (and over the windows `also`, timed steps
+    taken later: one reading over them all): the TrialResult fields."""
+    if a is None or b is None or b.at_s <= a.at_s or any(y.at_s <= x.at_s for x, y in also):
         return {"other_cpu_share": None, "steal_share": None, "contended": None, "cpu_mhz": None}
-    capacity = (b.at_s - a.at_s) * (cpus or os.cpu_count() or 1)
-    others = max(0.0, (b.busy_s - a.busy_s) - (b.own_s - a.own_s)) / capacity
-    stolen = max(0.0, b.steal_s - a.steal_s) / capacity
-    judged = b.at_s - a.at_s >= MIN_WINDOW_S
+    windows = [(a, b), *also]
+    span = sum(y.at_s - x.at_s for x, y in windows)
+    capacity = span * (cpus or os.cpu_count() or 1)
+    others = max(0.0, sum((y.busy_s - x.busy_s) - (y.own_s - x.own_s) for x, y in windows)) / capacity
+    stolen = max(0.0, sum(y.steal_s - x.steal_s for x, y in windows)) / capacity
+    judged = span >= MIN_WINDOW_S
     return {
         "other_cpu_share": round(min(1.0, others), 4),
         "steal_share": round(min(1.0, stolen), 4),

@@ -29,6 +29,7 @@ TIMING = (
     "step_time_p90_s",
     "step_time_iqr_s",
     "timed_steps",
+    "added_steps",
     "data_wait_s",
     "compute_s",
     "optimizer_s",
