@@ -34,6 +34,37 @@ def test_a_window_too_short_for_the_ticks_is_not_judged():
     assert r["other_cpu_share"] == 1.0 and r["contended"] is None
 
 
+def test_windows_taken_apart_are_judged_as_one():
+    """The timed steps and the steps added after the evaluation (autorange): two windows of 0.3 s, each too
+    short to judge, are judged together; others' share is over both."""
+    first = (_s(0, 0.0), _s(0.3, 0.6, own=0.3))  # others took half of the 2 CPUs
+    second = (_s(5, 10.0), _s(5.3, 10.6, own=0.6))  # none
+    assert between(*first, cpus=2)["contended"] is None
+    r = between(*first, cpus=2, also=(second,))
+    assert r["other_cpu_share"] == pytest.approx(0.25) and r["contended"] is not None
+
+
+def test_a_difference_the_others_load_could_explain_is_uncertain_not_a_verdict():
+    """11% of the CPUs taken (under the 25% flag) can slow a step by 12%: a row at 110% is uncertain, one at
+    150% is not; a row at 90% on a quiet machine is judged as measured."""
+    from trainwise.report.format import _time_cell, notes
+    from trainwise.results import StudyRow
+    from trainwise.study.aggregate import _relative
+
+    base = StudyRow("baseline", status="ok", baseline=True, samples_per_s=100.0, other_cpu_share=0.0)
+    rows = {
+        speed: _relative(StudyRow(f"r{speed}", status="ok", samples_per_s=speed, other_cpu_share=0.11), base, 0.03, "")
+        for speed in (91.0, 66.0)
+    }
+    assert rows[91.0].uncertain and not rows[66.0].uncertain
+    assert _time_cell(rows[91.0]) == "110% (uncertain)" and _time_cell(rows[66.0]) == "152%"
+    quiet = _relative(StudyRow("q", status="ok", samples_per_s=111.0, other_cpu_share=0.0), base, 0.03, "")
+    assert not quiet.uncertain and quiet.within_noise is False
+    said = notes([base, *rows.values()])
+    assert any(line.startswith("uncertain:") and "r91.0 11%" in line for line in said)
+    assert not any("r66.0" in line for line in said if line.startswith("uncertain:"))
+
+
 def test_no_proc_stat_no_figure():
     empty = {"other_cpu_share": None, "steal_share": None, "contended": None, "cpu_mhz": None}
     assert between(None, _s(1, 1.0)) == empty

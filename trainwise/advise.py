@@ -232,6 +232,8 @@ def advise(rows: list[StudyRow], constraints: Constraints) -> Advice:
             reason += "; quality unknown (not trained by the quality phase)"
         if r.contended:
             reason += "; timed under load (unreliable)"
+        elif r.uncertain:
+            reason += "; its time difference from the baseline is within what other processes' load could explain"
         if r.support_note:  # its precision is emulated or inert on this device: why its time is what it is
             reason += f"; {r.support_note}"
         measured = dq is not None and bool(r.quality_verdict)

@@ -297,6 +297,9 @@ class StudyRow:
     noise_floor: float | None = None
     noise_source: str = ""
     within_noise: bool | None = None
+    # not flagged `contended`, yet the others' share of the CPUs while it or the baseline was timed could
+    # slow a step by as much as it differs from the baseline (aggregate.load_bound): its time % is not judged
+    uncertain: bool = False
     # a priced study (report.format.add_cost): both keys are in results.json exactly when cost_note is not None
     cost_per_epoch: float | None = None  # USD for one projected epoch
     cost_note: str | None = None  # the price it was computed at

@@ -154,7 +154,7 @@ def _time_cell(e: StudyRow) -> str:
     if e.status != "ok":
         return "-"
     cell = "≈ baseline" if e.within_noise else _pct(e.rel_time)
-    return cell + (" (loaded)" if e.contended else "")
+    return cell + (" (loaded)" if e.contended else " (uncertain)" if e.uncertain else "")
 
 
 def _mfu(x: float | None) -> str:
@@ -220,6 +220,15 @@ def notes(table: list[StudyRow]) -> list[str]:
             "measured under load — timings unreliable, no verdict on their time % (other processes' share of "
             "the CPUs during the timed steps, after every re-run --retries allowed; run again on a quiet "
             "machine): " + ", ".join(f"{e.strategy} {_pct(e.other_cpu_share)}" for e in loaded)
+        )
+    uncertain = [e for e in table if e.uncertain]
+    if uncertain:
+        lines.append(
+            "uncertain: other processes used the CPUs while these rows or the baseline were timed (under the "
+            "share that flags a trial as loaded), enough to explain their difference from the baseline (a step "
+            "sharing the CPUs with others taking a share s of them runs up to s/(1-s) longer); no verdict on "
+            "their time %, run them again on a quiet machine: "
+            + ", ".join(f"{e.strategy} {_pct(e.other_cpu_share)} of the CPUs" for e in uncertain)
         )
     rerun = [e for e in table if e.discarded_runs]
     if rerun:
