@@ -87,12 +87,12 @@ def test_a_config_field_taken_by_another_config_is_the_same_option():
 
 def test_the_clis_flags_are_the_options():
     """Each verb's command has one parameter per option, with the option's help and default objects (and
-    --config, --json, --help besides)."""
+    --config, --recipe, --json, --help besides)."""
     commands = typer.main.get_command(app).commands  # type: ignore[attr-defined]
     for verb, cls in VERBS.items():
         params = {p.name: p for p in commands[verb].params}
         own = {f.name: f for f in dataclasses.fields(cls)}
-        assert set(params) - {"ctx", "config", "as_json", "help"} == set(own), verb
+        assert set(params) - {"ctx", "config", "recipe", "as_json", "help"} == set(own), verb
         for name, f in own.items():
             p = params[name]
             assert p.help is f.metadata["help"], f"{verb} --{name}"

@@ -152,8 +152,15 @@ def test_an_interrupted_optuna_study_continues_where_it_stopped(tmp_path, cls_cs
     argv += ["--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--max-length", "32", "--batch-size", "8"]
     argv += ["--max-steps", "4", "--eval-every", "2", "--eval-samples", "16", "--device", "cpu", "--out", str(out)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    # trial 2 hangs at its second step, so the kill lands while it is in flight (a 4-step trial of bert-tiny can
+    # end within a second of the previous one: a sleep could miss it)
     first = subprocess.Popen(
-        argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env, start_new_session=True
+        argv,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env={**env, "TRAINWISE_FAULT": "tune#2:hang@2"},
+        start_new_session=True,
     )
     assert first.stderr is not None
     for line in first.stderr:

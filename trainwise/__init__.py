@@ -3,8 +3,8 @@
 The Python API (docs/python-api.md): `trainwise.compare(...)` runs a study as `trainwise compare` does
 and returns it; `trainwise.open(path)` reads one; `advise`, `plan`, `estimate`, `find_batch`, `export`,
 `train`, `tune`, `doctor` and `env` are the other verbs, each with the CLI's options as keyword arguments (and
-`config=` a study file). They are looked up on first use, so that `import trainwise` (and the CLI's
-start) stays light.
+`config=` a study file; `trainwise.recipe(name)` is a shipped one's path). They are looked up on first use,
+so that `import trainwise` (and the CLI's start) stays light.
 """
 
 from __future__ import annotations
@@ -41,7 +41,20 @@ logging.getLogger("DeepSpeed").addFilter(_DropMessages("Setting accelerator to C
 warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 __version__ = "0.1.0"
-__all__ = ["advise", "compare", "doctor", "env", "estimate", "export", "find_batch", "open", "plan", "train", "tune"]
+__all__ = [
+    "advise",
+    "compare",
+    "doctor",
+    "env",
+    "estimate",
+    "export",
+    "find_batch",
+    "open",
+    "plan",
+    "recipe",
+    "train",
+    "tune",
+]
 # each trainwise.api.<verb>.<verb>
 _VERBS = {"advise", "compare", "doctor", "env", "estimate", "export", "find_batch", "plan", "train", "tune"}
 
@@ -69,4 +82,8 @@ def __getattr__(name: str) -> Any:
         from trainwise.api.study import open_study  # on first use: `import trainwise` stays light
 
         return open_study
+    if name == "recipe":  # a shipped study file by name: trainwise.compare(config=trainwise.recipe("seed-001"))
+        from trainwise.recipes import recipe
+
+        return lambda name, verb=None: recipe(name, verb).path
     raise AttributeError(f"module 'trainwise' has no attribute {name!r}")

@@ -48,8 +48,9 @@ MODEL = (
 )
 PRESET = (
     "Build an architecture from its config with random weights: t5-tiny, t5-small, t5-base, bart-tiny, bart-base, "
-    "bert-tiny, minilm-l6, bert-base; causal-lm: gpt2-tiny, llama-tiny, qwen2-tiny, smollm2-135m, gpt2-124m, "
-    "llama-1b; image-classification: resnext-tiny (default), resnext-small, resnext29-8x16d, resnext29-8x64d."
+    "bert-tiny, minilm-l6, bert-base, distilbert-base; causal-lm: gpt2-tiny, llama-tiny, qwen2-tiny, smollm2-135m, "
+    "gpt2-124m, llama-1b; image-classification: resnext-tiny (default), resnext-small, resnext29-8x16d, "
+    "resnext29-8x64d."
 )
 DATASET = (
     "Built-in offline dataset (stdlib-topic for classification, stdlib-summarize for seq2seq, stdlib-instruct for "

@@ -68,6 +68,7 @@ DECODER_KEYS: dict[str, str | tuple[str, ...]] = dict(
 FAMILY_KEYS: dict[str, dict[str, str | tuple[str, ...]]] = {
     "bert": dict(h="hidden_size", f="intermediate_size", H="num_attention_heads", n="num_hidden_layers"),
     "roberta": dict(h="hidden_size", f="intermediate_size", H="num_attention_heads", n="num_hidden_layers"),
+    "distilbert": dict(h="dim", f="hidden_dim", H="n_heads", n="n_layers"),
     "t5": dict(h="d_model", f="d_ff", H="num_heads", n=("num_layers", "num_decoder_layers")),
     "bart": dict(
         h="d_model",

@@ -2,7 +2,8 @@
 injects a fault at a chosen step.
 
 Test seam: TRAINWISE_FAULT="TARGET:KIND@STEP" injects a fault into the job whose target is TARGET (a compare
-trial's strategy, or "bs=N" for its batch size N; "train" for a training run, in every rank) at that
+trial's strategy, or "bs=N" for its batch size N; "train" for a training run, in every rank; "tune#N" for tune's
+trial number N) at that
 optimizer step; KIND is raise | oom | kill | hang.
 """
 

@@ -251,7 +251,7 @@ class Stream:
             batch_sampler=_From(shard, position),
             collate_fn=collate,
             num_workers=s.num_workers,
-            pin_memory=s.device == "cuda",
+            pin_memory=s.device == "cuda" and rt.pin_memory,  # the pin_memory strategy (PyTorch's default: off)
             # workers live across epochs: otherwise every epoch boundary restarts them (a stall that a small
             # dataset with big batches, 3 steps per epoch, hits every third step)
             persistent_workers=s.num_workers > 0,

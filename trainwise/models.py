@@ -64,6 +64,11 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
         "bert",
         dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
     ),
+    # DistilBERT's architecture (distilbert-base-uncased, 66M: seed 004's model)
+    "distilbert-base": (
+        "distilbert",
+        dict(vocab_size=30522, dim=768, n_layers=6, n_heads=12, hidden_dim=3072, max_position_embeddings=512),
+    ),
     # decoder-only (causal-lm): the real families' configs, random weights
     "gpt2-tiny": ("gpt2", dict(vocab_size=1024, n_embd=64, n_layer=2, n_head=2, n_positions=1024)),
     "llama-tiny": (
@@ -211,7 +216,7 @@ def resolve_model(
 
 
 # learned position embeddings of the presets' families (T5's are relative: no limit)
-FAMILY_POSITIONS: dict[str, int | None] = {"bert": 512, "bart": 1024, "t5": None}
+FAMILY_POSITIONS: dict[str, int | None] = {"bert": 512, "distilbert": 512, "bart": 1024, "t5": None}
 
 
 def check_decoder_only(model: str, config) -> None:

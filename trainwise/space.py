@@ -80,7 +80,8 @@ class Param:
 
 
 def load_space(path: str) -> list[Param]:
-    """Parse and validate a search space file (YAML or JSON):
+    """Parse and validate a search space file (YAML or JSON), or the same mapping written inline (`{lr: {low:
+    1e-5, high: 1e-3}}`: a study file, a shipped recipe, that carries its space):
 
     lr: {low: 1.0e-5, high: 1.0e-3, log: true}
     batch_size: {choices: [8, 16, 32]}
@@ -88,10 +89,11 @@ def load_space(path: str) -> list[Param]:
     """
 
     p = Path(path)
-    if not p.is_file():
+    inline = path.lstrip().startswith("{")
+    if not inline and not p.is_file():
         raise ConfigError(f"--space {path}: not found")
     try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+        raw = yaml.safe_load(path if inline else p.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ConfigError(f"--space {path}: not YAML ({' '.join(str(e).split())})") from None
     if not isinstance(raw, dict) or not raw:

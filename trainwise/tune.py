@@ -35,6 +35,7 @@ from trainwise.config import (
 from trainwise.errors import ConfigError, RunFailed, check_number
 from trainwise.events import Emit, Eval, Event, Warn
 from trainwise.export import RunSettings, epochs_for, named_model, train_command, train_out
+from trainwise.faults import seamed
 from trainwise.files import failed, refused_by, write_atomic
 from trainwise.launcher import Exit, Place, run
 from trainwise.option import option, take
@@ -188,7 +189,8 @@ class TuneTrial:
             elif isinstance(event, Warn):
                 print(event.text, file=sys.stderr)
 
-        r = run_train(TrainJob(self.spec, self.tc, self.trial_dir), evals)
+        number = int(self.trial_dir.name) if self.trial_dir.name.isdigit() else -1
+        r = run_train(TrainJob(self.spec, self.tc, self.trial_dir), seamed(evals, f"tune#{number}", 0))
         value = best_of([monitored(e, self.tc.monitor) for e in r.evals], self.tc.monitor)
         if value is None:
             return TuneTrialResult("fail", None, r.steps, "no evaluation gave a value")

@@ -24,7 +24,7 @@ import typer
 from typer._click.core import ParameterSource
 from typer._click.exceptions import ClickException, NoArgsIsHelpError
 
-from trainwise import lifeline
+from trainwise import lifeline, recipes
 from trainwise import strategies as catalogue
 from trainwise.api import compare as compare_api
 from trainwise.api import env as env_api
@@ -36,6 +36,7 @@ from trainwise.api import train as train_api
 from trainwise.api import tune as tune_api
 from trainwise.api.render import STDERR
 from trainwise.config import monitor_name
+from trainwise.errors import ConfigError
 from trainwise.files import exit_line
 from trainwise.tune import check_some_complete
 
@@ -44,6 +45,7 @@ app = typer.Typer(
     no_args_is_help=True,
     help="Measure which training strategies to turn on for this model, data and hardware, and what each costs.",
 )
+RECIPE = "A shipped study file by name, e.g. seed-001 (`trainwise recipes` lists them); flags given win."
 CONFIG = "A YAML file of this command's options (keys: the option names, e.g. max_steps: 8); flags given win."
 FROM_LINE = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
 
@@ -71,10 +73,10 @@ def _parameter(f: dataclasses.Field, hint: Any) -> inspect.Parameter:
     return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[hint, info])
 
 
-def verb(options: type[api.Options], name: str | None = None, json_help: str | None = None):
+def verb(options: type[api.Options], name: str | None = None, json_help: str | None = None, with_recipe: bool = False):
     """Register a handler `(options, as_json) -> None` as a command whose flags are the options' fields
     (the model and data first, then the verb's own, then the other groups it shares), with --config (and
-    --json when it prints JSON)."""
+    --json when it prints JSON, --recipe when a shipped study file can run it)."""
 
     def register(handler: Callable[[Any, bool], None]) -> Callable[[Any, bool], None]:
         hints = typing.get_type_hints(options)
@@ -83,12 +85,18 @@ def verb(options: type[api.Options], name: str | None = None, json_help: str | N
         params = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)]
         params += [_parameter(f, _cli_type(hints[f.name])) for f in ordered]
         extra: list[tuple[str, Any, Any]] = [("config", None, Annotated[str | None, typer.Option(help=CONFIG)])]
+        if with_recipe:
+            extra.append(("recipe", None, Annotated[str | None, typer.Option(help=RECIPE)]))
         if json_help:
             extra.append(("as_json", False, Annotated[bool, typer.Option("--json", help=json_help)]))
         params += [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=d, annotation=a) for k, d, a in extra]
 
         def command(ctx: typer.Context, **values: Any) -> None:
-            config, as_json = values.pop("config"), values.pop("as_json", False)
+            config, as_json, recipe = values.pop("config"), values.pop("as_json", False), values.pop("recipe", None)
+            if recipe is not None:
+                if config is not None:
+                    raise ConfigError("--recipe and --config: give one (a recipe is a study file trainwise ships)")
+                config = recipes.recipe(recipe, options.VERB).path
             given = {k: v for k, v in values.items() if ctx.get_parameter_source(k) in FROM_LINE}
             handler(options.of(given, config), as_json)
 
@@ -116,7 +124,7 @@ def _study_render(console=None):
     return terminal, dataclasses.replace(render, table=table, quality=terminal.quality_table)
 
 
-@verb(api.CompareOptions)
+@verb(api.CompareOptions, with_recipe=True)
 def compare(o: api.CompareOptions, _json: bool) -> None:
     """Run one trial per strategy row on the same model and data; print the comparison table."""
     compare_api.start(o, _study_render()[1])
@@ -137,7 +145,7 @@ def advise(o: api.AdviseOptions, as_json: bool) -> None:
     terminal.advise_table(result, ", ".join(o.study), o.objective)
 
 
-@verb(api.PlanOptions, json_help="Print the plan as JSON.")
+@verb(api.PlanOptions, json_help="Print the plan as JSON.", with_recipe=True)
 def plan(o: api.PlanOptions, as_json: bool) -> None:
     """Search combinations of the strategies that helped and recommend the measured best: the single rows
     first (compare's, or --study's), then rounds of combinations allowed by the registry, predicted from the
@@ -196,7 +204,7 @@ def train(o: api.TrainOptions, _json: bool) -> None:
         terminal.say(line)
 
 
-@verb(api.TuneOptions)
+@verb(api.TuneOptions, with_recipe=True)
 def tune(o: api.TuneOptions, _json: bool) -> None:
     """Search lr, batch size, weight decay, warm-up, label smoothing (seq2seq: decoding): Optuna random
     search or TPE (resumable, with pruning), or population-based training with Ray Tune."""
@@ -204,6 +212,15 @@ def tune(o: api.TuneOptions, _json: bool) -> None:
     result, report = tune_api.start(o, render)
     terminal.tune_table(result, report, o.search, monitor_name(o.monitor, o.task), o.out)
     check_some_complete(result)  # exit 1 when no trial produced a value
+
+
+@app.command("recipes")
+def list_recipes() -> None:
+    """List the shipped study files (the five case studies): the question each asked, its rows, and its model
+    and data here and in the published run. Run one with `trainwise compare --recipe NAME`."""
+    from trainwise.report import terminal  # start-up: rich
+
+    terminal.recipes_table(recipes.all_recipes())
 
 
 @app.command("strategies")

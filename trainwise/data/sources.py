@@ -246,7 +246,19 @@ def _available(records: list) -> list[str]:
     return sorted({k for r in records if isinstance(r, dict) for k in r})
 
 
-def _load_hub(name: str, columns: Columns) -> tuple[Rows, Rows, tuple[Skipped, ...], Columns]:
+def hub_name(dataset: str) -> tuple[str, str | None]:
+    """`--dataset NAME[:CONFIG]`: a hub dataset and its configuration (`wmt14:de-en`, `glue:sst2`); a local
+    directory (saved by `datasets`' save_to_disk) is a name of its own, colons and all."""
+    if Path(dataset).is_dir() or ":" not in dataset:
+        return dataset, None
+    name, _, config = dataset.rpartition(":")
+    if not name or not config:
+        raise ConfigError(f"--dataset {dataset!r}: expected NAME or NAME:CONFIG (e.g. glue:sst2)")
+    return name, config
+
+
+def _load_hub(dataset: str, columns: Columns) -> tuple[Rows, Rows, tuple[Skipped, ...], Columns]:
+    name, config = hub_name(dataset)
     try:
         import datasets  # optional extra: pip install 'trainwise[hub]'
     except ImportError:
@@ -254,16 +266,23 @@ def _load_hub(name: str, columns: Columns) -> tuple[Rows, Rows, tuple[Skipped, .
             f"dataset {name!r} is not built in ({', '.join(BUILTIN_DATASETS)}); loading hub datasets "
             "needs the 'datasets' package: pip install 'trainwise[hub]'"
         ) from None
-    if "1" not in (os.environ.get("HF_HUB_OFFLINE"), os.environ.get("HF_DATASETS_OFFLINE")):
+    local = Path(name).is_dir()
+    offline = "1" in (os.environ.get("HF_HUB_OFFLINE"), os.environ.get("HF_DATASETS_OFFLINE"))
+    if not local and not offline:
         check_hub_reachable(name, "dataset")  # one line now, not a minute of retries
     try:
-        ds = datasets.load_dataset(name)
-    except Exception as e:  # offline, unknown name, auth: all the same to the user
+        ds = datasets.load_from_disk(name) if local else datasets.load_dataset(name, config)
+    except Exception as e:  # offline, unknown name or configuration, auth: all the same to the user
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError(
-            f"cannot load dataset {name!r} ({first[:160]}); built-in offline datasets: "
-            f"{', '.join(BUILTIN_DATASETS)}, or use --train-file"
-        ) from None
+        instead = (
+            "offline, pass a local copy instead: a directory saved by datasets' save_to_disk (--dataset DIR) or "
+            "its rows as a CSV or JSON file (--train-file)"
+            if offline and not local
+            else f"built-in offline datasets: {', '.join(BUILTIN_DATASETS)}, or use --train-file"
+        )
+        raise ConfigError(f"cannot load dataset {dataset!r} ({first[:160]}); {instead}") from None
+    if isinstance(ds, datasets.Dataset):  # save_to_disk of one split: the training rows
+        ds = {"train": ds}
     split_train = list(ds["train"] if "train" in ds else ds[next(iter(ds))])
     columns = columns.resolved(_available(split_train))
     train, read = _split_rows(split_train, name, columns)
@@ -346,7 +365,9 @@ def data_source(dataset: str | None, train_file: str | None) -> str:
     """What a study's rows were read from, in one word: `builtin:stdlib-topic`, `hub:NAME`, `file:/abs/t.csv`."""
     if train_file:
         return f"file:{Path(train_file).resolve()}"
-    return f"builtin:{dataset}" if dataset in BUILTIN_DATASETS else f"hub:{dataset}"
+    if dataset in BUILTIN_DATASETS:
+        return f"builtin:{dataset}"
+    return f"disk:{Path(dataset).resolve()}" if dataset and Path(dataset).is_dir() else f"hub:{dataset}"
 
 
 @dataclass(frozen=True)

@@ -306,6 +306,21 @@ def strategies_table() -> None:
     out.print(grid)
 
 
+def recipes_table(found: list) -> None:
+    """`trainwise recipes`: one block per shipped study file."""
+    for r in found:
+        out.print(f"[bold]{r.name}[/bold]  (trainwise {r.verb} --recipe {r.name})")
+        for label, text in (
+            ("question", r.question),
+            ("rows", r.rows),
+            ("here", r.offline),
+            ("published", r.published),
+            ("to publish", r.to_publish),
+        ):
+            out.print(f"  {label + ':':11s} {text}", highlight=False)
+        out.print("")
+
+
 def doctor_table(report: Any) -> None:
     d, e = report.device, report.environment
     cap = f"  compute capability {d['capability']}" if d.get("capability") else ""

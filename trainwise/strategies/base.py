@@ -60,6 +60,7 @@ class Runtime:
     accum_steps: int = 1  # micro-batches per optimizer step
     padding: str = "max_length"  # the collator's: max_length | longest
     sampler: str = "random"  # trainwise.data.samplers: random | length_grouped | sortish
+    pin_memory: bool = False  # DataLoader(pin_memory=) on CUDA: batches in page-locked host memory
     model_kwargs: dict[str, Any] = field(default_factory=dict)  # for from_pretrained / from_config
     model_edits: list[Callable[[Model], Model]] = field(default_factory=list)  # in order, before accelerate
     weights_dtype: str | None = None  # cast the weights after the edits (torch dtype name); None: keep fp32

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from trainwise.strategies.base import NA, TEXT_TASKS, ExportDoc, Knob, MemoryTerms, Runtime, Strategy
+from typing import TYPE_CHECKING
+
+from trainwise.strategies.base import NA, TEXT_TASKS, ExportDoc, Knob, MemoryTerms, Runtime, Strategy, Support
+
+if TYPE_CHECKING:
+    from trainwise.measure.device import DeviceFacts
 
 
 def _padding_runtime(value: str, rt: Runtime) -> None:
@@ -70,7 +75,33 @@ SAMPLER = Knob(
     choices=("random", "length_grouped", "sortish"),
 )
 
-KNOBS: list[Knob] = [PADDING, SAMPLER]
+
+def _pin_runtime(value: bool, rt: Runtime) -> None:
+    rt.pin_memory = value
+
+
+def _pin_export(value: bool, doc: ExportDoc) -> None:
+    if doc.device == "cuda":  # the Trainer pins by default (True); on CPU export turns it off either way
+        doc.args["dataloader_pin_memory"] = value
+
+
+def _pin_support(value: bool, device: DeviceFacts) -> Support | None:
+    if value and device.kind != "cuda":
+        return Support("inert", "on CPU: batches stay in host memory, so there is no copy to a GPU to speed up")
+    return None
+
+
+PIN_MEMORY = Knob(
+    "pin_memory",
+    False,
+    "CUDA: the DataLoader puts each batch in page-locked host memory (DataLoader(pin_memory=True))",
+    _pin_runtime,
+    _pin_export,
+    NA("pinned batches are host memory, not the device memory this estimate predicts"),
+    support=_pin_support,
+)
+
+KNOBS: list[Knob] = [PADDING, SAMPLER, PIN_MEMORY]
 
 STRATEGIES = [
     Strategy(
@@ -86,6 +117,12 @@ STRATEGIES = [
         {"padding": "longest", "sampler": "length_grouped"},
         tasks=TEXT_TASKS,
         conflicts=frozenset({"sortish"}),
+    ),
+    Strategy(
+        "pin_memory",
+        "CUDA: batches in page-locked host memory, so host-to-GPU copies are faster and overlap the step "
+        "(DataLoader pin_memory=True; the Trainer's default); page-locked RAM per batch in flight; inert on CPU",
+        {"pin_memory": True},
     ),
     Strategy(
         "sortish",

@@ -1,0 +1,146 @@
+"""The five case studies as shipped study files (issue 37): each recipe says what it is, validates as its verb's
+options, is listed by `trainwise recipes`, runs by name with flags over its keys, and a wrong name or verb is one
+line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from trainwise import recipes
+from trainwise.api.options import CompareOptions, TuneOptions
+from trainwise.errors import ConfigError
+
+OPTIONS = {"compare": CompareOptions, "tune": TuneOptions}
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+
+def cli(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainwise.cli", *argv], env=ENV, capture_output=True, text=True)
+
+
+def test_every_case_study_has_a_recipe_that_says_what_it_is_and_validates_as_its_verbs_options():
+    found = {r.name: r for r in recipes.all_recipes()}
+    assert {"seed-000", "seed-000-tune", "seed-001", "seed-002", "seed-003", "seed-004"} <= set(found)
+    for r in found.values():
+        assert r.verb in OPTIONS and all((r.question, r.rows, r.offline, r.published, r.to_publish)), r.name
+        options = OPTIONS[r.verb].of({}, r.path)  # every key known, every value of its type
+        if r.verb == "compare":
+            cfg = options.resolve()[0]  # rows parsed by the registry, lengths and batches checked
+            assert cfg.rows[0].is_baseline and len(cfg.rows) >= 4, r.name
+        else:
+            options.resolve()
+    assert "fp16+grad_accum+grad_ckpt+adafactor" in CompareOptions.of({}, found["seed-001"].path).strategies
+    assert CompareOptions.of({}, found["seed-003"].path).num_workers == "0,1,2,4"
+
+
+def test_recipes_lists_each_with_its_question_and_both_scales():
+    done = cli("recipes")
+    assert done.returncode == 0, done.stderr
+    for r in recipes.all_recipes():
+        assert f"trainwise {r.verb} --recipe {r.name}" in done.stdout
+    assert "published:" in done.stdout and "to publish:" in done.stdout and "bert-base-uncased" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["compare", "--recipe", "seed-999"], "no such recipe; the recipes: seed-000"),
+        (["compare", "--recipe", "seed-000-tune"], "is a recipe for `trainwise tune`"),
+        (["tune", "--recipe", "seed-001"], "is a recipe for `trainwise compare`"),
+        (["compare", "--recipe", "seed-001", "--config", "x.yaml"], "--recipe and --config: give one"),
+    ],
+)
+def test_a_wrong_recipe_is_one_line_and_exit_2(argv, says):
+    done = cli(*argv)
+    assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_recipe_for_compare_also_starts_a_plan():
+    assert recipes.recipe("seed-004", "plan").verb == "compare"
+    with pytest.raises(ConfigError, match="trainwise compare --recipe seed-001"):
+        recipes.recipe("seed-001", "tune")
+
+
+@pytest.mark.slow
+def test_seed_004_runs_by_name_on_its_distilbert_preset_with_flags_over_its_keys(tmp_path):
+    """The recipe's own model (the distilbert-base preset, new for it) trains; the flags shrink the study."""
+    out = tmp_path / "s004"
+    done = cli(
+        "compare", "--recipe", "seed-004", "--out", str(out), "--strategies", "baseline,dynamic_pad+smart_batch",
+        "--num-workers", "0", "--max-steps", "2", "--warmup-steps", "1", "--batch-size", "8", "--max-length", "32",
+        "--max-train-samples", "64", "--eval-samples", "0", "--device", "cpu",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {r["strategy"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    assert set(rows) == {"baseline", "dynamic_pad+smart_batch"} and all(r["status"] == "ok" for r in rows.values())
+    # DistilBERT's 66M parameters: fp32 weights, gradients and AdamW's two moments, 16 bytes each
+    assert 60e6 < rows["baseline"]["state_bytes"] / 16 < 70e6
+    study = (out / "study.yaml").read_text()
+    assert "model_preset: distilbert-base" in study and "max_steps: 2" in study  # the recipe, the flags over it
+    est = cli("estimate", "--model-preset", "distilbert-base", "--strategies", "baseline,grad_ckpt", "--json")
+    assert est.returncode == 0, est.stderr[-2000:]
+    parts = {e["strategy"]: e["parts"] for e in json.loads(est.stdout)["estimates"]}
+    assert parts["grad_ckpt"]["activations"] < parts["baseline"]["activations"]
+
+
+def test_a_dataset_saved_by_datasets_and_a_hub_name_with_its_configuration(tmp_path, monkeypatch):
+    """`--dataset DIR` reads a directory saved by `datasets`' save_to_disk (its train and validation splits);
+    `NAME:CONFIG` names a hub dataset's configuration; offline, a hub name says what to pass instead."""
+    import datasets
+
+    from trainwise.data.sources import data_source, hub_name, load_rows
+
+    def split(n: int, start: int) -> datasets.Dataset:
+        return datasets.Dataset.from_dict(
+            {"text": [f"news item {i} about {'sport' if i % 2 else 'trade'}" for i in range(start, start + n)],
+             "label": [i % 2 for i in range(start, start + n)]}
+        )  # fmt: skip
+
+    saved = tmp_path / "ag_news_like"
+    datasets.DatasetDict({"train": split(40, 0), "validation": split(10, 100)}).save_to_disk(str(saved))
+    train, evals, _reads = load_rows(str(saved), None, None, None, "label")
+    assert (len(train), len(evals)) == (40, 10) and {r["target"] for r in train} == {"0", "1"}
+    assert data_source(str(saved), None) == f"disk:{saved.resolve()}"
+    assert hub_name("wmt14:de-en") == ("wmt14", "de-en") and hub_name("samsum") == ("samsum", None)
+    assert hub_name(str(saved)) == (str(saved), None)
+    with pytest.raises(ConfigError, match="NAME:CONFIG"):
+        hub_name("glue:")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(ConfigError, match=r"cannot load dataset 'samsum:plain'.*save_to_disk \(--dataset DIR\)"):
+        load_rows("samsum:plain", None, None, None, None)
+
+
+def test_pin_memory_is_a_choice_inert_on_a_cpu_and_exported_as_measured():
+    """Seed 004 measured pin_memory: a strategy (the baseline leaves batches unpinned, as PyTorch's DataLoader
+    does), recorded inert on a machine without a GPU, exported as the Trainer's dataloader_pin_memory."""
+    from trainwise import strategies
+    from trainwise.measure.device import facts
+    from trainwise.strategies.base import ExportDoc, Runtime
+
+    pinned = strategies.parse_row("pin_memory", 1).plan
+    verdict = strategies.support(pinned, facts("cpu"))["pin_memory"]
+    assert verdict.status == "inert" and "no copy to a GPU" in verdict.reason
+    assert "pin_memory" not in strategies.support(strategies.parse_row("baseline", 1).plan, facts("cpu"))
+    knob = strategies.KNOBS["pin_memory"]
+    rt = Runtime("classification", "cuda")
+    knob.runtime(True, rt)
+    assert rt.pin_memory is True
+    for value in (True, False):
+        doc = ExportDoc("classification", "cuda", 1, 8, 32, {})
+        knob.export(value, doc)
+        assert doc.args["dataloader_pin_memory"] is value
+
+
+def test_the_api_names_a_recipe_by_its_file():
+    import trainwise
+
+    assert trainwise.recipe("seed-001") == recipes.DIR / "seed-001.yaml"
+    with pytest.raises(ConfigError, match="no such recipe"):
+        trainwise.recipe("nope")
