@@ -124,6 +124,22 @@ def test_each_budget_stops_the_search():
     assert "--max-search-time" in found.stopped and found.trials == len(asked) == 2  # one round of BEAM
 
 
+def test_a_resumed_search_keeps_its_record_and_its_budget():
+    """A second run of a search that spent its --max-trials (plan.json's candidates, their rows in the study)
+    measures nothing more: the budget is the search's, not one run's; its candidates stay in the record."""
+    singles, measure, asked = world()
+    first = search(singles, measure, valid, ORDER, noise=0.03, max_trials=2)
+    done = [c for c in first.candidates if c.state == "measured"]
+    assert len(done) == 2 == len(asked)
+    again_singles, again_measure, again = world()
+    again_singles += [Measured(c.row, frozenset(c.row.split("+")), c.measured_time, 1.0) for c in done]
+    second = search(again_singles, again_measure, valid, ORDER, noise=0.03, max_trials=2, earlier=done)
+    assert again == [] and second.trials == 2 and "--max-trials 2" in second.stopped
+    assert [c.row for c in second.candidates if c.state == "measured"] == [c.row for c in done]
+    third = search(again_singles, again_measure, valid, ORDER, noise=0.03, max_trials=3, earlier=done)
+    assert len(again) == 1 and third.trials == 3  # one more trial when the budget allows one
+
+
 def test_a_candidate_the_estimate_says_cannot_fit_is_pruned_before_it_trains():
     singles, measure, asked = world()
 

@@ -117,6 +117,7 @@ def search(
     max_seconds: float | None = None,
     on_round: Callable[[Search], None] = lambda _s: None,
     clock: Callable[[], float] = time.monotonic,
+    earlier: list[Candidate] | tuple[Candidate, ...] = (),
 ) -> Search:
     """Search combinations of the strategies in `singles` (one-strategy rows already measured; the baseline's
     rel_time is 1). Round 1 predicts every valid combination of the rows that helped beyond the noise floor
@@ -125,7 +126,8 @@ def search(
     fastest measured row that meets the budgets). Each later round proposes the incumbent plus or minus one
     strategy and the unmeasured combinations again, with predictions anchored on what was measured. It stops
     when nothing left is predicted to beat the incumbent, or when `max_trials` rows or `max_seconds` are
-    spent."""
+    spent. `earlier`: the candidates an earlier run of this search measured (a resumed search): they stay in its
+    record, are not proposed again, and count against `max_trials` (the budget is the search's, not a run's)."""
     began = clock()
     noise = DEFAULT_NOISE if noise is None else max(noise, 0.01)
     measured: dict[frozenset[str], Measured] = {m.names: m for m in singles}
@@ -140,7 +142,9 @@ def search(
     helpers = sorted((n for n in single if single[n] < 1 - noise), key=lambda n: single[n])
     savers = [] if base_fits else [n for n in single if (measured[frozenset({n})].rel_mem or 1) < 1 - noise]
     pool = list(dict.fromkeys([*helpers, *savers]))[:POOL]
-    seen: dict[str, Candidate] = {}
+    seen: dict[str, Candidate] = {c.row: c for c in earlier}
+    result.candidates += list(earlier)
+    result.trials = len(earlier)
 
     def consider(names: frozenset[str], reason: str, round_: int) -> Candidate | None:
         text = row_text(names, order)

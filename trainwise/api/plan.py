@@ -22,7 +22,7 @@ from trainwise.api.options import CompareOptions, PlanOptions, words
 from trainwise.api.render import STDERR, Render
 from trainwise.errors import ConfigError
 from trainwise.files import human_bytes, write_atomic
-from trainwise.plan import Measured, Search, search
+from trainwise.plan import Candidate, Measured, Search, search
 from trainwise.results import StudyRow
 from trainwise.units import parse_seconds
 
@@ -109,7 +109,9 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     # what the search starts from: the single rows and `all`, and the combinations an earlier run of this search
     # measured (a resumed search); other combinations in the study are measured again as the search reaches
     # them (read back from the store), so a search's path does not depend on rows it did not choose
-    own = _searched_before(out)
+    present = {r.row_text for r in rows}
+    earlier = [c for c in _searched_before(out) if c.row in present]
+    own = {c.row for c in earlier}
     singles = [m for m in measured_rows(rows, constraints, accum) if len(m.names) <= 1 or m.row in own | {"all"}]
     if not any(r.baseline and r.status == "ok" for r in rows):
         raise ConfigError(
@@ -143,6 +145,7 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
         max_trials=options.max_trials,
         max_seconds=None if budget_s is None else max(0.0, budget_s - (time.monotonic() - began)),
         on_round=on_round,
+        earlier=earlier,
     )
     rows = study_rows(out)
     result = _result(options, base, rows, found, constraints, valid, only, never)
@@ -169,13 +172,13 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     return result
 
 
-def _searched_before(out: Path) -> set[str]:
-    """The rows an earlier `trainwise plan` in `out` measured (its plan.json), none when there is none."""
+def _searched_before(out: Path) -> list[Candidate]:
+    """The candidates an earlier `trainwise plan` in `out` measured (its plan.json), none when there is none."""
     try:
         earlier = json.loads((out / PLAN_JSON).read_text())
-        return {c["row"] for c in earlier["search"]["candidates"] if c["state"] in ("measured", "failed")}
+        return [Candidate(**c) for c in earlier["search"]["candidates"] if c["state"] in ("measured", "failed")]
     except (OSError, ValueError, KeyError, TypeError):
-        return set()
+        return []
 
 
 def _names(text: str | None, flag: str) -> frozenset[str]:
