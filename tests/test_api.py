@@ -108,6 +108,7 @@ def test_the_cli_and_the_api_share_their_compare_defaults():
 
     cli = {p.name: p.default for p in get_command(app).commands["compare"].params}  # type: ignore[attr-defined]
     assert cli.pop("config") is None  # --config: the file the options come from, not an option of the study
+    assert cli.pop("recipe") is None  # --recipe: a shipped such file
     api = {f.name: f.default for f in fields(CompareOptions)}
     assert cli == api
 

@@ -120,6 +120,23 @@ def test_a_warm_zygote_imports_before_the_first_trial_and_a_probe_waits_for_it(t
     assert end.code == 0
 
 
+def test_a_zygote_started_in_another_directory_imports_from_the_callers(tmp_path, monkeypatch):
+    """A zygote warmed early may start in another directory (a notebook's, a test's); its child runs
+    `python -m module` as if exec'd from the caller's directory: that directory first on its path."""
+    from trainwise import zygote
+
+    started, caller = tmp_path / "started", tmp_path / "caller"
+    started.mkdir(), caller.mkdir()
+    (caller / "only_here.py").write_text("print('imported from', __file__)\n")
+    monkeypatch.chdir(started)
+    elsewhere = zygote.Zygote()
+    monkeypatch.chdir(caller)
+    with open(tmp_path / "log", "w") as log:
+        child = elsewhere.spawn("only_here", [], dict(os.environ), log)
+        assert child.wait(timeout=120) == 0, (tmp_path / "log").read_text()
+    assert str(caller / "only_here.py") in child.stdout.read()
+
+
 def test_a_zygote_that_ends_without_reading_a_request_is_unavailable_at_once(tmp_path):
     """A zygote that refuses to serve (CUDA initialised by an import: it returns before its first read) resets
     the connection under the caller's request; the caller must see it gone, not wait for a fork (on an H200

@@ -214,7 +214,7 @@ def test_a_study_config_writes_the_command_that_builds_it_again(given):
     assert words[:2] == ["trainwise", "compare"]
     compare = get_command(app).commands["compare"]  # type: ignore[attr-defined]
     params = compare.make_context("compare", words[2:]).params
-    again = CompareOptions.of({k: v for k, v in params.items() if k != "config"}).resolve()[0]
+    again = CompareOptions.of({k: v for k, v in params.items() if k not in ("config", "recipe")}).resolve()[0]
     from dataclasses import fields
 
     from trainwise.config import _NOT_OPTIONS

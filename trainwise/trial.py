@@ -110,6 +110,9 @@ def run_trial(spec: TrialSpec, progress: Emit | None = None, trace_path: Path | 
 
     # after the evaluation (so the loss and the quality are those of the study's steps): more timed steps when
     # the timed window was too short to judge what else ran during it
+    # the study's own timed steps: what the padding and the FLOPs per step are reported over (the same batches on
+    # every run; the steps added below depend on how fast this run was)
+    ours, our_steps = dict(counts), len(timer.steps) - s.warmup_steps
     also = _autorange(parts, stream, timer, counts, s.warmup_steps)
     loaded = contention.between(load[0] if load else None, timed_end, also=also)
 
@@ -124,8 +127,10 @@ def run_trial(spec: TrialSpec, progress: Emit | None = None, trace_path: Path | 
     timed = timer.steps[s.warmup_steps :]
     summary = summarize_steps(timed, counts["samples"], counts["real"])
     samples_per_s = summary["samples_per_s"]
-    flops_per_step = measured.per_step(counts["padded"], len(timed))
-    mfu, mfu_note = flops.utilisation(flops_per_step, summary["step_time_s"], measured.peak_flops_per_s)
+    flops_per_step = measured.per_step(ours["padded"], our_steps)
+    # MFU: the FLOPs of the steps the time is over (with any added ones), not only the study's
+    timed_flops = measured.per_step(counts["padded"], len(timed))
+    mfu, mfu_note = flops.utilisation(timed_flops, summary["step_time_s"], measured.peak_flops_per_s)
     return TrialResult(
         strategy=spec.row,
         status="ok",
@@ -149,7 +154,7 @@ def run_trial(spec: TrialSpec, progress: Emit | None = None, trace_path: Path | 
         added_steps=len(timer.steps) - steps,
         samples_per_s=samples_per_s,
         tokens_per_s=summary["tokens_per_s"],
-        padding_waste=1 - counts["real"] / counts["padded"],
+        padding_waste=1 - ours["real"] / ours["padded"],
         loss_token_share=data.loss_token_share,  # the training set's, not the sample's: the same for every row
         epoch_time_s=s.n_train / samples_per_s,
         peak_mem_bytes=int(peak),
@@ -189,12 +194,9 @@ def _autorange(parts: loop.Parts, stream: loop.Stream, timer: StepTimer, counts:
     few steps lasts a fraction of a second, too short to see another process take the CPUs. They run after the
     evaluation, on the run's next batches, and count in the step time, not in the loss. One process only: the
     ranks of a data-parallel trial would have to agree on the count. Returns the added window's samples."""
-    timed = timer.steps[warmup:]
-    window = sum(t.total_s for t in timed)
     goal = 1.2 * contention.MIN_WINDOW_S
-    if parts.world > 1 or not timed or window >= goal:
+    if parts.world > 1 or len(timer.steps) <= warmup:
         return ()
-    more = min(AUTORANGE_MAX_STEPS, math.ceil((goal - window) / max(window / len(timed), 1e-6)))
 
     def on_step(_loss: float, micro: list) -> None:
         timer.end_step()
@@ -202,10 +204,19 @@ def _autorange(parts: loop.Parts, stream: loop.Stream, timer: StepTimer, counts:
         counts["real"] += sum(b.real_tokens for b in micro)
         counts["padded"] += sum(b.padded_tokens for b in micro)
 
-    start = contention.sample()
-    loop.run(parts, stream, parts.step + more, on_step, Measured(timer, Tracer(None, False)))
-    end = contention.sample()
-    return ((start, end),) if start is not None and end is not None else ()
+    windows = []
+    added = 0
+    # sized on the steps so far, then again: warm steps run faster than the first ones, and may fall short
+    while (window := sum(t.total_s for t in timer.steps[warmup:])) < goal and added < AUTORANGE_MAX_STEPS:
+        per_step = max(window / (len(timer.steps) - warmup), 1e-6)
+        more = min(AUTORANGE_MAX_STEPS - added, max(1, math.ceil((goal - window) / per_step)))
+        start = contention.sample()
+        loop.run(parts, stream, parts.step + more, on_step, Measured(timer, Tracer(None, False)))
+        end = contention.sample()
+        added += more
+        if start is not None and end is not None:
+            windows.append((start, end))
+    return tuple(windows)
 
 
 @dataclass
