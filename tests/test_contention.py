@@ -105,3 +105,24 @@ def test_a_busy_process_beside_the_measured_one_is_seen():
 
 # a trial timed under real load, flagged in results, the table and its notes: tests/test_device.py
 # (test_a_trial_contended_by_a_busy_process_is_measured_again, whose first run is loaded)
+
+
+def test_steps_added_to_judge_the_load_that_fail_leave_the_studys_steps_standing(monkeypatch):
+    """An added step that fails (an OOM on a longer batch) must not fail a trial whose own steps all ran: the
+    added ones are dropped, the counts restored, the load judged on the study's window alone."""
+    from types import SimpleNamespace
+
+    from trainwise import trial
+    from trainwise.measure.timing import StepTimer, StepTimes
+
+    timer = StepTimer(lambda: None)
+    timer.steps += [StepTimes(compute_s=0.05) for _ in range(4)]  # 1 warm-up and 3 timed steps of 50 ms
+    counts = {"samples": 24, "real": 100, "padded": 200}
+
+    def oom(parts, _stream, _until, on_step, _phases):
+        on_step(1.0, [SimpleNamespace(n_samples=8, real_tokens=30, padded_tokens=64)])  # one added step ran
+        raise RuntimeError("CUDA out of memory (injected)")
+
+    monkeypatch.setattr(trial.loop, "run", oom)
+    assert trial._autorange(SimpleNamespace(world=1, step=4), None, timer, counts, 1) == ()
+    assert len(timer.steps) == 4 and counts == {"samples": 24, "real": 100, "padded": 200}

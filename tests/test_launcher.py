@@ -106,14 +106,16 @@ def test_a_forked_child_has_the_callers_environment_and_directory_and_exec_is_th
     assert where() == {"event": "where", "forked": False, "cwd": str(tmp_path), "var": "second"}
 
 
-def test_a_warm_zygote_imports_before_the_first_trial_and_a_probe_waits_for_it(tmp_path):
+def test_a_warm_zygote_imports_before_the_first_trial_and_a_probe_waits_for_it(tmp_path, monkeypatch):
     """`launcher.warm()` starts the zygote at once (its imports overlap the command's preparation) and returns
     without waiting; `settle()`, which every timed probe calls first, returns once it says it is ready."""
     from trainwise import launcher, zygote
 
+    monkeypatch.setattr(zygote, "_zygote", None)  # this test's own, not one an earlier test started
     began = time.monotonic()
     launcher.warm()
     assert time.monotonic() - began < 2 and zygote._zygote is not None
+    assert not zygote._zygote.ready.is_set()  # its imports take seconds: warm() did not wait for them
     zygote.settle()
     assert zygote._zygote.ready.is_set() and zygote._zygote.alive
     end = run_child("tests.child", ["where"], tmp_path / "log", lambda e: None, timeout_s=120)

@@ -107,6 +107,11 @@ def test_a_dataset_saved_by_datasets_and_a_hub_name_with_its_configuration(tmp_p
     train, evals, _reads = load_rows(str(saved), None, None, None, "label")
     assert (len(train), len(evals)) == (40, 10) and {r["target"] for r in train} == {"0", "1"}
     assert data_source(str(saved), None) == f"disk:{saved.resolve()}"
+    plain = tmp_path / "plain"  # a directory of data files (not save_to_disk's): datasets' load_dataset reads it
+    plain.mkdir()
+    (plain / "train.csv").write_text("text,label\n" + "".join(f"row {i} text,{i % 2}\n" for i in range(30)))
+    train, _evals, _reads = load_rows(str(plain), None, None, None, "label")
+    assert 20 <= len(train) <= 30 and {r["target"] for r in train} == {"0", "1"}
     assert hub_name("wmt14:de-en") == ("wmt14", "de-en") and hub_name("samsum") == ("samsum", None)
     assert hub_name(str(saved)) == (str(saved), None)
     with pytest.raises(ConfigError, match="NAME:CONFIG"):

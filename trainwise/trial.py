@@ -206,16 +206,22 @@ def _autorange(parts: loop.Parts, stream: loop.Stream, timer: StepTimer, counts:
 
     windows = []
     added = 0
-    # sized on the steps so far, then again: warm steps run faster than the first ones, and may fall short
-    while (window := sum(t.total_s for t in timer.steps[warmup:])) < goal and added < AUTORANGE_MAX_STEPS:
-        per_step = max(window / (len(timer.steps) - warmup), 1e-6)
-        more = min(AUTORANGE_MAX_STEPS - added, max(1, math.ceil((goal - window) / per_step)))
-        start = contention.sample()
-        loop.run(parts, stream, parts.step + more, on_step, Measured(timer, Tracer(None, False)))
-        end = contention.sample()
-        added += more
-        if start is not None and end is not None:
-            windows.append((start, end))
+    kept, before = len(timer.steps), dict(counts)
+    try:
+        # sized on the steps so far, then again: warm steps run faster than the first ones, and may fall short
+        while (window := sum(t.total_s for t in timer.steps[warmup:])) < goal and added < AUTORANGE_MAX_STEPS:
+            per_step = max(window / (len(timer.steps) - warmup), 1e-6)
+            more = min(AUTORANGE_MAX_STEPS - added, max(1, math.ceil((goal - window) / per_step)))
+            start = contention.sample()
+            loop.run(parts, stream, parts.step + more, on_step, Measured(timer, Tracer(None, False)))
+            end = contention.sample()
+            added += more
+            if start is not None and end is not None:
+                windows.append((start, end))
+    except Exception:  # noqa: BLE001  (an added step failed: an OOM on a longer batch; the study's steps stand)
+        del timer.steps[kept:]
+        counts.update(before)
+        return ()
     return tuple(windows)
 
 

@@ -438,7 +438,8 @@ def main(argv: list[str]) -> int:
 
     # peft imports bitsandbytes when it is installed, and bitsandbytes initialises CUDA when a GPU is visible
     # (an H200, 2026-11-26): the zygote could then fork no child, so there the LoRA trials import peft themselves
-    if not (importlib.util.find_spec("bitsandbytes") and torch.cuda.is_available()):
+    # (a CUDA build only: asking is_available where NVML cannot answer initialises the driver itself)
+    if not (importlib.util.find_spec("bitsandbytes") and torch.version.cuda is not None):
         for name in OPTIONAL_PRELOAD:
             with contextlib.suppress(ImportError):  # an optional extra (trainwise[lora]) not installed
                 importlib.import_module(name)

@@ -82,10 +82,11 @@ class Options:
         own, first = set(type(self).__annotations__), set(ModelData.__annotations__)
         values = {k: values[k] for k in sorted(values, key=lambda k: (k not in first, k not in own))}  # as --help
         for name in PATHS:
-            if isinstance(values.get(name), str):
+            if isinstance(values.get(name), str) and not values[name].lstrip().startswith("{"):  # an inline space
                 values[name] = str(Path(values[name]).resolve())
-        if isinstance(values.get("model"), str) and Path(values["model"]).is_dir():
-            values["model"] = str(Path(values["model"]).resolve())
+        for name in ("model", "dataset"):  # a local directory (a hub id stays as given)
+            if isinstance(values.get(name), str) and Path(values[name]).is_dir():
+                values[name] = str(Path(values[name]).resolve())
         return values
 
     def save(self, path: Path) -> None:

@@ -176,7 +176,12 @@ def _searched_before(out: Path) -> list[Candidate]:
     """The candidates an earlier `trainwise plan` in `out` measured (its plan.json), none when there is none."""
     try:
         earlier = json.loads((out / PLAN_JSON).read_text())
-        return [Candidate(**c) for c in earlier["search"]["candidates"] if c["state"] in ("measured", "failed")]
+        known = {f.name for f in dataclasses.fields(Candidate)}
+        return [
+            Candidate(**{k: v for k, v in c.items() if k in known})
+            for c in earlier["search"]["candidates"]
+            if c["state"] in ("measured", "failed")
+        ]
     except (OSError, ValueError, KeyError, TypeError):
         return []
 

@@ -19,9 +19,6 @@ def start(options: TrainOptions, render: Render | None = STDERR):
     render = Render.of(render)
     tc, backends = options.train_config(), parse_report_to(options.report_to)  # checked before torch loads
     options.price()  # a bad price is said now, not after the run (the summary prices it)
-    from trainwise import launcher  # heavy: the child machinery
-
-    launcher.warm()  # the run's process imports while the data is prepared
     if options.plan_study is not None:
         from trainwise.api.studies import study_spec  # heavy: trainwise.api.studies loads numpy
 

@@ -266,9 +266,11 @@ def _load_hub(dataset: str, columns: Columns) -> tuple[Rows, Rows, tuple[Skipped
             f"dataset {name!r} is not built in ({', '.join(BUILTIN_DATASETS)}); loading hub datasets "
             "needs the 'datasets' package: pip install 'trainwise[hub]'"
         ) from None
-    local = Path(name).is_dir()
+    # a directory `save_to_disk` wrote (its own files say so); any other directory (CSV / JSON / parquet files, a
+    # cloned dataset repository) is read by load_dataset as before
+    local = Path(name).is_dir() and any((Path(name) / f).is_file() for f in ("dataset_dict.json", "state.json"))
     offline = "1" in (os.environ.get("HF_HUB_OFFLINE"), os.environ.get("HF_DATASETS_OFFLINE"))
-    if not local and not offline:
+    if not Path(name).is_dir() and not offline:
         check_hub_reachable(name, "dataset")  # one line now, not a minute of retries
     try:
         ds = datasets.load_from_disk(name) if local else datasets.load_dataset(name, config)

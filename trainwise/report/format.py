@@ -228,7 +228,11 @@ def notes(table: list[StudyRow]) -> list[str]:
             "share that flags a trial as loaded), enough to explain their difference from the baseline (a step "
             "sharing the CPUs with others taking a share s of them runs up to s/(1-s) longer); no verdict on "
             "their time %, run them again on a quiet machine: "
-            + ", ".join(f"{e.strategy} {_pct(e.other_cpu_share)} of the CPUs" for e in uncertain)
+            + ", ".join(
+                f"{e.strategy} {_pct(max(e.other_cpu_share or 0.0, (base.other_cpu_share or 0.0) if base else 0.0))}"
+                " of the CPUs"
+                for e in uncertain
+            )
         )
     rerun = [e for e in table if e.discarded_runs]
     if rerun:
