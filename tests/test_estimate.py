@@ -190,24 +190,27 @@ def test_estimate_predicts_the_memory_compare_shows(tmp_path, cls_csv):
 
 @pytest.mark.probe
 def test_unknown_family_falls_back_to_probing_its_own_config(tmp_path, capsys, monkeypatch):
-    """A family with no tiny-config recipe (DistilBERT) is probed on its own config, cached, and the CLI says so."""
-    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+    """A family with no tiny-config recipe (ELECTRA) is probed on its own config, cached, and the CLI says so."""
+    from transformers import ElectraConfig, ElectraForSequenceClassification
 
     est = importlib.import_module("trainwise.estimate")  # trainwise.estimate: the API's call
     from trainwise.cli import main
     from trainwise.models import train_tokenizer
 
-    config = DistilBertConfig(vocab_size=256, dim=32, n_layers=4, n_heads=2, hidden_dim=64, num_labels=2)
+    config = ElectraConfig(
+        vocab_size=256, embedding_size=32, hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
+        intermediate_size=64, num_labels=2,
+    )  # fmt: skip
     cal = calibrate(config, "classification", TrialPlan(), "cpu")
-    assert cal.how == "own-config probe" and cal.family == "distilbert"
+    assert cal.how == "own-config probe" and cal.family == "electra"
     assert cal.coefficients["tok_hidden"] + cal.coefficients["tok_ffn"] > 0
-    model_dir = tmp_path / "distil"
+    model_dir = tmp_path / "electra"
     train_tokenizer(["some words to learn a vocabulary from"] * 20, "bert-tiny", model_dir)
-    DistilBertForSequenceClassification(config).save_pretrained(model_dir)
+    ElectraForSequenceClassification(config).save_pretrained(model_dir)
     monkeypatch.setattr(est, "probe_point", lambda *a, **k: pytest.fail("the fit was not cached"))
     assert main(["estimate", "--model", str(model_dir), "--strategies", "baseline", "--max-length", "64"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "family 'distilbert' has no tiny-config recipe: fell back to probing its own config" in out
+    assert "family 'electra' has no tiny-config recipe: fell back to probing its own config" in out
 
 
 @pytest.mark.probe

@@ -83,7 +83,7 @@ def __getattr__(name: str) -> Any:
 
         return open_study
     if name == "recipe":  # a shipped study file by name: trainwise.compare(config=trainwise.recipe("seed-001"))
-        from trainwise.recipes import recipe
+        from trainwise.recipes import recipe  # on first use: `import trainwise` stays light
 
         return lambda name, verb=None: recipe(name, verb).path
     raise AttributeError(f"module 'trainwise' has no attribute {name!r}")

@@ -327,6 +327,8 @@ class StudyRow:
             value = getattr(self, f.name)
             if f.name == "extra" or (f.name in _ABSENT_WHEN_NONE and value is None):
                 continue
+            if f.name in _ABSENT_WHEN_UNSET and not value:  # added since: a study's rows without them stay as written
+                continue
             if f.name in ("cost_per_epoch", "cost_note") and not self.priced:
                 continue
             out[f.name] = value
@@ -347,4 +349,5 @@ class StudyRow:
 _ABSENT_WHEN_NONE = frozenset(
     {"metrics", "step_time_s_all", "quality_verdict", "trial_steps", "eval_samples", "loss_token_share"}
 )
+_ABSENT_WHEN_UNSET = frozenset({"added_steps", "uncertain"})  # 0 / False: the key is left out
 _ROW_FIELDS = frozenset(f.name for f in fields(StudyRow)) - {"extra"}

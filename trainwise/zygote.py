@@ -58,7 +58,6 @@ class Unavailable(RuntimeError):
 
 
 _broken = False  # the zygote could not serve once in this command: exec from then on
-_started_in = os.getcwd()  # the zygote's own directory: `python -m` put it first on its sys.path
 
 
 def enabled() -> bool:
@@ -239,10 +238,10 @@ def _child(request: dict, out_fd: int, err_fd: int, sock: socket.socket | None) 
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115  (line-buffered: events go out at once)
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
         os.chdir(request["cwd"])
-        if sys.path and sys.path[0] == _started_in:
-            # `python -m` puts its directory first on the path: the caller's now, not the zygote's (started early,
+        if request["cwd"] not in sys.path:
+            # `python -m` puts its directory first on the path: the caller's too, beside the zygote's (started early,
             # it may have started in another directory: a test's, a notebook's)
-            sys.path[0] = request["cwd"]
+            sys.path.insert(0, request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
         os.environ["TRAINWISE_FORKED"] = "1"  # the trial's env record says how its process started

@@ -278,7 +278,7 @@ def _load_hub(dataset: str, columns: Columns) -> tuple[Rows, Rows, tuple[Skipped
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         instead = (
             "offline, pass a local copy instead: a directory saved by datasets' save_to_disk (--dataset DIR) or "
-            "its rows as a CSV or JSON file (--train-file)"
+            f"its rows as a CSV or JSON file (--train-file); built-in: {', '.join(BUILTIN_DATASETS)}"
             if offline and not local
             else f"built-in offline datasets: {', '.join(BUILTIN_DATASETS)}, or use --train-file"
         )
