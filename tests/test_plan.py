@@ -197,7 +197,10 @@ def searched(tmp_path_factory, cls_csv):
     out = tmp_path_factory.mktemp("plan") / "study"
     opts = options(cls_csv, out)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    cli = subprocess.Popen(argv(opts), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # the first combination hangs, so the kill lands while its trial is in flight (a tiny trial can end within
+    # the 2 s below: the resume would then have nothing to run)
+    hang = {**env, "TRAINWISE_FAULT": "dynamic_pad+smart_batch:hang@2"}
+    cli = subprocess.Popen(argv(opts), env=hang, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     said = []
     for line in cli.stderr:  # the singles first; the kill lands while a combination's trial is in flight
         said.append(line)
