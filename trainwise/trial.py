@@ -81,9 +81,7 @@ def run_trial(spec: TrialSpec, progress: Emit | None = None, trace_path: Path | 
             load.append(contention.sample())
         losses.append(loss)
         if parts.step > s.warmup_steps:
-            counts["samples"] += sum(b.n_samples for b in micro)
-            counts["real"] += sum(b.real_tokens for b in micro)
-            counts["padded"] += sum(b.padded_tokens for b in micro)
+            _count(counts, micro)
         emit(Step(parts.step, steps, loss, step_s=times.total_s))
 
     tracer.start()  # a no-op without --profile; with it, one trace of all training steps
@@ -185,6 +183,13 @@ def run_trial(spec: TrialSpec, progress: Emit | None = None, trace_path: Path | 
     )
 
 
+def _count(counts: dict, micro: list) -> None:
+    """A timed step's samples and its real and padded tokens, added to the trial's totals."""
+    counts["samples"] += sum(b.n_samples for b in micro)
+    counts["real"] += sum(b.real_tokens for b in micro)
+    counts["padded"] += sum(b.padded_tokens for b in micro)
+
+
 AUTORANGE_MAX_STEPS = 2000  # at most this many steps added to reach a window that can be judged
 
 
@@ -200,9 +205,7 @@ def _autorange(parts: loop.Parts, stream: loop.Stream, timer: StepTimer, counts:
 
     def on_step(_loss: float, micro: list) -> None:
         timer.end_step()
-        counts["samples"] += sum(b.n_samples for b in micro)
-        counts["real"] += sum(b.real_tokens for b in micro)
-        counts["padded"] += sum(b.padded_tokens for b in micro)
+        _count(counts, micro)
 
     windows = []
     added = 0
