@@ -18,7 +18,7 @@ import pytest
 import trainwise
 from trainwise import strategies
 from trainwise.errors import ConfigError
-from trainwise.plan import Measured, predict, search
+from trainwise.plan import Measured, predict, search, split_row
 from trainwise.study.store import read_results, read_trial_keys
 
 ORDER = list(strategies.REGISTRY)
@@ -143,7 +143,7 @@ def test_a_resumed_search_keeps_its_record_and_its_budget():
 def test_a_candidate_the_estimate_says_cannot_fit_is_pruned_before_it_trains():
     singles, measure, asked = world()
 
-    def mem_of(names):
+    def mem_of(names, batch=None):
         return (2e9, "needs 2 GiB, more than the budget 1 GiB") if "fp16" in names else (1e8, None)
 
     found = search(singles, measure, valid, ORDER, noise=0.03, mem_of=mem_of, max_trials=50)
@@ -151,6 +151,40 @@ def test_a_candidate_the_estimate_says_cannot_fit_is_pruned_before_it_trains():
     pruned = [c for c in found.candidates if c.state == "pruned"]
     assert pruned and all("fp16" in c.row and "more than the budget" in c.note for c in pruned)
     assert "fp16" not in found.incumbent
+
+
+def test_the_leader_is_tried_at_larger_batches_while_they_pay_and_fit():
+    """Per sample, a doubled batch takes 80% of the time, and doubled again 70%; at 64 the estimate says it does
+    not fit the budget. The plan ends at @bs32 with the exhaustive best's strategies, 64 is pruned, never run."""
+    gain = {None: 1.0, 16: 0.8, 32: 0.7, 64: 0.5}
+    asked: list[str] = []
+
+    def measure(rows: list[str]) -> list[Measured]:
+        asked.extend(rows)
+        found = []
+        for r in rows:
+            names, batch = split_row(r)
+            found.append(Measured(r, names, true_time(names) * gain[batch], 1.0, batch=batch))
+        return found
+
+    def mem_of(names, batch=None):
+        return (9e9, "more than --memory-budget") if batch == 64 else (1e8, None)
+
+    singles, _measure, _asked = world()
+    found = search(
+        singles,
+        measure,
+        valid,
+        ORDER,
+        noise=0.03,
+        mem_of=mem_of,
+        max_trials=50,
+        next_batch=lambda b: 2 * (b or 8),
+    )
+    names, batch = split_row(found.incumbent)
+    assert batch == 32 and true_time(names) <= exhaustive()[1] * 1.03, found.incumbent
+    assert any(r.endswith("@bs16") for r in asked) and not any(r.endswith("@bs64") for r in asked)
+    assert any(c.row.endswith("@bs64") and c.state == "pruned" for c in found.candidates)
 
 
 def test_nothing_helping_beyond_the_noise_floor_means_no_search():
@@ -227,7 +261,7 @@ def test_a_killed_search_resumes_without_rerunning_a_stored_trial(searched):
     plan = json.loads((out / "plan.json").read_text())
     assert plan["plan"] == result.plan and (out / "plan.md").is_file()
     reasons = {s["strategy"]: s for s in result.strategies}
-    assert all(reasons[n]["in"] for n in result.plan.split("+") if n != "baseline")
+    assert all(reasons[n]["in"] for n in split_row(result.plan)[0])
     assert reasons["freeze_embeddings"]["reason"].startswith(("in", "out: "))
     assert rows["baseline"].status == "ok"  # run although --strategies did not name it
 
@@ -241,6 +275,24 @@ def test_the_cli_gives_the_api_plan_and_runs_no_trial_again(searched):
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["plan"] == result.plan
     assert read_trial_keys(out) == keys
+
+
+def test_the_leader_at_twice_its_batch_is_a_row_of_the_same_study_and_exports_at_that_size(tmp_path, cls_csv):
+    """One helping row: the search's first round tries it at batch 16 (the study's 8) as a row of the same study,
+    relative to the same baseline per sample; export then writes the plan at 16."""
+    from trainwise.export import ExportConfig, export_plan
+
+    out = tmp_path / "study"
+    result = trainwise.plan(render=None, **{**options(cls_csv, out), "strategies": "smart_batch", "max_trials": 1})
+    rows = {r.row_text: r for r in read_results(out)}
+    bigger = rows["smart_batch@bs16"]
+    assert bigger.status == "ok" and bigger.batch_size == 16 and rows["smart_batch"].batch_size == 8
+    tried = next(c for c in result.search["candidates"] if c["row"] == "smart_batch@bs16")
+    assert tried["state"] == "measured" and tried["batch"] == 16
+    assert tried["measured_time"] == pytest.approx(bigger.rel_time)
+    assert result.plan in ("smart_batch", "smart_batch@bs16")  # the faster per sample
+    export_plan(ExportConfig(study=str(out), strategies="smart_batch@bs16", device="cpu"), tmp_path / "export")
+    assert "--batch-size 16" in (tmp_path / "export" / "train_command.txt").read_text()
 
 
 @pytest.mark.parametrize(

@@ -100,6 +100,9 @@ def test_a_plan_round_trips_through_json_and_keeps_only_what_differs():
         ("bf16=2", "takes no value"),
         ("freeze_layers=x", "whole number >= 1"),
         ("grad_accum=1", "whole number >= 2"),
+        ("bf16@32", "own batch size, e.g. bf16@bs32"),
+        ("bf16@bs0", "own batch size"),
+        ("baseline@bs16", "the study's batch size"),
     ],
 )
 def test_bad_rows_are_rejected_with_the_valid_names(spec, message):
@@ -113,6 +116,24 @@ def test_grad_accum_needs_two_or_more_micro_batches():
     with pytest.raises(ConfigError, match="grad_accum needs --accum-steps >= 2"):
         strategies.parse_row("grad_accum", 1)
     assert plan("bf16", 1) == {"precision": "bf16"}, "--accum-steps 1 is fine for rows without grad_accum"
+
+
+def test_a_row_at_its_own_batch_size_is_one_cell_at_that_size(tmp_path):
+    """`trainwise plan` tries the leader at a larger batch as a row of the same study: `bf16+smart_batch@bs32`
+    has the plan of `bf16+smart_batch`, runs once at 32 whatever the study's size or sweep, and is named as
+    written (no sweep label added)."""
+    from trainwise.config import StudyConfig
+
+    row = strategies.parse_row("bf16+smart_batch@bs32", 4)
+    assert row.batch_size == 32 and row.plan == strategies.parse_row("bf16+smart_batch", 4).plan
+    cfg = StudyConfig(out=str(tmp_path), strategies=["baseline", "bf16@bs32"], batch_size=8, batch_sizes=(8, 16))
+    assert [(c.label(), c.batch_size) for c in cfg.cells()] == [
+        ("baseline @bs8", 8),
+        ("baseline @bs16", 16),
+        ("bf16@bs32", 32),
+    ]
+    with pytest.raises(ConfigError, match="multiple of the accumulation steps"):
+        StudyConfig(out=str(tmp_path), strategies=["baseline", "grad_accum=3@bs32"], batch_size=6)
 
 
 def test_parse_rows_keeps_order_and_drops_duplicates():

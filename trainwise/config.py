@@ -164,10 +164,15 @@ class StudyConfig:
     rows: list[Row] = field(init=False)  # `strategies`, parsed once
 
     def cells(self) -> list[Cell]:
-        """Every row at every swept batch size and worker count, in order."""
+        """Every row at every swept batch size (a row's own, `bf16@bs32`, instead) and worker count, in order."""
         sweep = Sweep(len(self.batch_sizes) > 1, len(self.num_workers) > 1)
         sizes = self.batch_sizes or (self.batch_size,)
-        return [Cell(row, b, w, sweep) for row in self.rows for b in sizes for w in self.num_workers]
+        return [
+            Cell(row, b, w, sweep)
+            for row in self.rows
+            for b in ((row.batch_size,) if row.batch_size else sizes)
+            for w in self.num_workers
+        ]
 
     def command(self, verb: str = "compare", extra: tuple[str, ...] = ()) -> str:
         """The command line that runs this config again: every option that differs from the CLI's default
@@ -244,7 +249,7 @@ class StudyConfig:
             self.fit_to_device = set(strategies.DEFAULT_ROWS) <= {s.strip() for s in self.strategies}
         for size in self.batch_sizes or (self.batch_size,):
             for row in self.rows:
-                check_accum(row, size)
+                check_accum(row, row.batch_size or size)
 
 
 def check_lm_columns(
@@ -475,7 +480,7 @@ class Cell:
         """The cell's name in tables: the row, plus the swept values when there is a sweep."""
         return (
             self.row.text
-            + (f" @bs{self.batch_size}" if self.sweep.batch_sizes else "")
+            + (f" @bs{self.batch_size}" if self.sweep.batch_sizes and not self.row.batch_size else "")
             + (f" @w{self.workers}" if self.sweep.workers else "")
         )
 

@@ -721,6 +721,11 @@ class EstimateConfig:
         parsed = []
         for text in self.rows:
             row = strategies.parse_row(text, self.accum_steps)
+            if row.batch_size:
+                raise ConfigError(
+                    f"{text!r}: estimate prices every row at --batch-size; give --batch-size {row.batch_size} "
+                    f"instead of @bs{row.batch_size}"
+                )
             own = next((s.name for s, _ in row.parts if s.name in ZERO), None)
             if zero is not None and own is not None and own != zero:
                 raise ConfigError(f"{text!r} is {own}, but --zero/--offload ask for {zero}")

@@ -736,6 +736,9 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         source = resolve_model(cfg.model, cfg.model_preset, cfg.task, (cfg.max_length, cfg.max_target_length))
         preset = source.kind == "preset"
         model = BUNDLED_HUB_ID if source.label == "all-MiniLM-L6-v2" else source.ref
+    own = strategies.parse_row(text, accum).batch_size  # a row at its own batch size (`bf16@bs32`)
+    if own:
+        text, batch = text.partition("@")[0].strip(), own
     parsed = EstimateConfig(
         rows=(text,),
         task=task,

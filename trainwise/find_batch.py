@@ -270,6 +270,10 @@ def find_batch(
     if len(rows) != 1:
         raise ConfigError(f"--strategies {row_text!r}: find-batch sizes one plan (a '+' combination)")
     row = rows[0]
+    if row.batch_size:
+        raise ConfigError(
+            f"--strategies {row_text!r}: find-batch searches the batch size; leave out @bs{row.batch_size}"
+        )
     accum = strategies.runtime(row.plan, "classification", "cpu").accum_steps
     usable = [b for b in fb.sizes if b % accum == 0]
     if not usable:

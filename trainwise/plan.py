@@ -10,8 +10,13 @@ but a quarter of a smart-batched one) is credited where it pays, and what the se
 strategies' overlap carries into every superset. Rows without phases fall back to the product of the ratios.
 
 Memory comes from `mem_of` (the driver's: `trainwise estimate` where it can build the model), so a candidate
-that cannot fit is pruned before it trains. A combination is only built if the registry allows it (`valid`):
-conflicts, requirements, tasks, packages.
+that cannot fit is pruned before it trains.
+
+Batch size: every row runs at the study's batch size, and from the first round the search also tries the
+incumbent at the next batch (`next_batch`: twice the size) as a row of its own (`bf16+smart_batch@bs16`), while
+that is faster per sample and fits. A batch's effect is learned from what was measured at it (the median over
+the combinations measured at both sizes); before anything was, it is predicted just under the incumbent, so the
+leader is tried once, and a doubling that gained is predicted to gain as much again.
 """
 
 from __future__ import annotations
@@ -42,6 +47,11 @@ class Measured:
     # a step's phases (data wait, forward/backward, optimizer, the rest) over the baseline's step time; None:
     # not measured
     parts: tuple[float, ...] | None = None
+    batch: int | None = None  # the row's own batch size (`row@bsN`); None: the study's
+
+    @property
+    def key(self) -> tuple[frozenset[str], int | None]:
+        return self.names, self.batch
 
     @property
     def ok(self) -> bool:
@@ -65,6 +75,7 @@ class Candidate:
     measured_time: float | None = None
     measured_mem: float | None = None
     note: str = ""
+    batch: int | None = None  # its own batch size (None: the study's)
 
 
 @dataclass
@@ -83,9 +94,36 @@ class Search:
         return asdict(self)
 
 
-def row_text(names: Iterable[str], order: list[str]) -> str:
-    """A combination's row text, its strategies in the registry's order (one spelling per combination)."""
-    return "+".join(sorted(names, key=order.index))
+def row_text(names: Iterable[str], order: list[str], batch: int | None = None) -> str:
+    """A combination's row text, its strategies in the registry's order (one spelling per combination), and its
+    own batch size when it has one (`bf16+smart_batch@bs16`)."""
+    text = "+".join(sorted(names, key=order.index))
+    return f"{text}@bs{batch}" if batch else text
+
+
+def split_row(text: str) -> tuple[frozenset[str], int | None]:
+    """The strategies and own batch size of a row text written by `row_text`."""
+    body, at, size = text.partition("@bs")
+    names = frozenset(body.split("+")) - {"baseline"}
+    return names, int(size) if at else None
+
+
+def batch_scale(measured: dict[frozenset[str], Measured], sized: dict, batch: int, noise: float) -> float:
+    """What running at `batch` does to a combination's time: the median ratio over the combinations measured both
+    at the study's batch and at `batch`; else, from the last doubling below it that was measured, as much gain
+    again (none when it gained none); else just under 1, so that the leader is tried there once."""
+    ratios = sorted(
+        m.rel_time / measured[names].rel_time
+        for (names, b), m in sized.items()
+        if b == batch and m.ok and names in measured and measured[names].ok and measured[names].rel_time
+    )
+    if ratios:
+        return ratios[len(ratios) // 2]
+    below = batch // 2
+    if below and any(b == below for _n, b in sized):
+        step = batch_scale(measured, sized, below, noise)
+        return step * step if step < 1 - noise else step
+    return 1 - noise / 2
 
 
 def predict(names: frozenset[str], measured: dict[frozenset[str], Measured], single: dict[str, float]) -> float:
@@ -112,30 +150,36 @@ def search(
     valid: Callable[[frozenset[str]], str | None],
     order: list[str],
     noise: float | None = None,
-    mem_of: Callable[[frozenset[str]], tuple[float | None, str | None]] = lambda _names: (None, None),
+    mem_of: Callable[[frozenset[str], int | None], tuple[float | None, str | None]] = lambda _n, _b: (None, None),
     max_trials: int = 12,
     max_seconds: float | None = None,
     on_round: Callable[[Search], None] = lambda _s: None,
     clock: Callable[[], float] = time.monotonic,
     earlier: list[Candidate] | tuple[Candidate, ...] = (),
+    next_batch: Callable[[int | None], int | None] = lambda _batch: None,
 ) -> Search:
     """Search combinations of the strategies in `singles` (one-strategy rows already measured; the baseline's
     rel_time is 1). Round 1 predicts every valid combination of the rows that helped beyond the noise floor
     (and, when the baseline breaks a budget, the rows that save memory), prunes those the estimate says do not
-    fit (`mem_of(names) -> (bytes, why_not)`), and measures the BEAM best predicted to beat the incumbent (the
+    fit (`mem_of(names, batch) -> (bytes, why_not)`), and measures the BEAM best predicted to beat the incumbent (the
     fastest measured row that meets the budgets). Each later round proposes the incumbent plus or minus one
     strategy and the unmeasured combinations again, with predictions anchored on what was measured. It stops
     when nothing left is predicted to beat the incumbent, or when `max_trials` rows or `max_seconds` are
     spent. `earlier`: the candidates an earlier run of this search measured (a resumed search): they stay in its
-    record, are not proposed again, and count against `max_trials` (the budget is the search's, not a run's)."""
+    record, are not proposed again, and count against `max_trials` (the budget is the search's, not a run's).
+    `next_batch(batch)`: the batch size to try the incumbent at after `batch` (None: the study's), None for none;
+    `mem_of(names, batch)` then prices it at that size."""
     began = clock()
     noise = DEFAULT_NOISE if noise is None else max(noise, 0.01)
-    measured: dict[frozenset[str], Measured] = {m.names: m for m in singles}
-    single = {n: m.rel_time for m in singles if m.ok and len(m.names) == 1 and m.rel_time for n in m.names}
+    measured: dict[frozenset[str], Measured] = {m.names: m for m in singles if m.batch is None}
+    sized: dict[tuple[frozenset[str], int], Measured] = {(m.names, m.batch): m for m in singles if m.batch}
+    single = {
+        n: m.rel_time for m in singles if m.ok and len(m.names) == 1 and m.rel_time and m.batch is None for n in m.names
+    }
     result = Search(noise, None)
 
     def incumbent() -> Measured | None:
-        fits = [m for m in measured.values() if m.feasible]
+        fits = [m for m in [*measured.values(), *sized.values()] if m.feasible]
         return min(fits, key=lambda m: (m.rel_time, m.rel_mem or 1.0), default=None)
 
     base_fits = any(m.feasible and not m.names for m in measured.values())
@@ -146,14 +190,19 @@ def search(
     result.candidates += list(earlier)
     result.trials = len(earlier)
 
-    def consider(names: frozenset[str], reason: str, round_: int) -> Candidate | None:
-        text = row_text(names, order)
-        if text in seen or names in measured or len(names) < 2 or not names <= set(single):
+    def predicted(names: frozenset[str], batch: int | None) -> float:
+        alone = predict(names, measured, single) if names not in measured else measured[names].rel_time or 1.0
+        return alone * (batch_scale(measured, sized, batch, noise) if batch else 1.0)
+
+    def consider(names: frozenset[str], reason: str, round_: int, batch: int | None = None) -> Candidate | None:
+        text = row_text(names, order, batch)
+        known = (names, batch) in sized if batch else names in measured or len(names) < 2
+        if text in seen or known or not names or not names <= set(single):
             return seen.get(text)
         if valid(names) is not None:
             return None  # the registry forbids it: never built, never shown as a candidate
-        c = Candidate(text, round_, reason, predict(names, measured, single))
-        c.predicted_bytes, over = mem_of(names)
+        c = Candidate(text, round_, reason, predicted(names, batch), batch=batch)
+        c.predicted_bytes, over = mem_of(names, batch)
         if over is not None:
             c.state, c.note = "pruned", over
         seen[text] = c
@@ -172,12 +221,14 @@ def search(
         bar = (best.rel_time or 1.0) if best else math.inf
         if best is not None and round_ > 1:
             for n in sorted(set(single) - best.names, key=order.index):
-                consider(best.names | {n}, f"{best.row} + {n}", round_)
+                consider(best.names | {n}, f"{best.row} + {n}", round_, best.batch)
             for n in sorted(best.names, key=order.index):
-                consider(best.names - {n}, f"{best.row} - {n}", round_)
+                consider(best.names - {n}, f"{best.row} - {n}", round_, best.batch)
+        if best is not None and (bigger := next_batch(best.batch)) is not None:
+            consider(best.names, f"{best.row} at batch size {bigger}", round_, bigger)
         waiting = [c for c in result.candidates if c.state == "proposed"]
         for c in waiting:
-            c.predicted_time = predict(frozenset(c.row.split("+")), measured, single)
+            c.predicted_time = predicted(*split_row(c.row))
         ahead = sorted((c for c in waiting if c.predicted_time < bar), key=lambda c: c.predicted_time)
         if not ahead:
             result.stopped = "no candidate left is predicted to beat the incumbent"
@@ -190,7 +241,10 @@ def search(
             break
         chosen = ahead[: min(BEAM, max_trials - result.trials)]
         for m in measure([c.row for c in chosen]):
-            measured[m.names] = m
+            if m.batch:
+                sized[m.key] = m
+            else:
+                measured[m.names] = m
             c = seen[m.row]
             c.state = "measured" if m.ok else "failed"
             c.measured_time, c.measured_mem, c.note = m.rel_time, m.rel_mem, m.why_not or ("" if m.ok else m.status)

@@ -377,6 +377,9 @@ class PlanOptions(CompareOptions):
     only: str | None = option(None, "Combine only these strategies (comma list).")
     never: str | None = option(None, "Never combine these strategies (comma list).")
     quality_check: bool = option(True, "Train the plan and the baseline longer over seeds (Welch) before recommending.")
+    batch_search: bool = option(
+        True, "Also try the leader at twice its batch size while that is faster per sample and fits (`row@bsN`)."
+    )
 
     def constraints(self) -> Constraints:
         if self.objective == "quality":

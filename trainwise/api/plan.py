@@ -22,7 +22,7 @@ from trainwise.api.options import CompareOptions, PlanOptions, words
 from trainwise.api.render import STDERR, Render
 from trainwise.errors import ConfigError
 from trainwise.files import human_bytes, write_atomic
-from trainwise.plan import Candidate, Measured, Search, search
+from trainwise.plan import Candidate, Measured, Search, row_text, search
 from trainwise.results import StudyRow
 from trainwise.units import parse_seconds
 
@@ -94,6 +94,12 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
 
     caps = resolve_device(cfg0.device)[1]
     order = list(strategies.REGISTRY)
+    n_train = _train_rows(out)
+
+    def next_batch(batch: int | None) -> int | None:
+        """Twice the batch, while the data holds a full batch of it (off with --no-batch-search)."""
+        bigger = 2 * (batch or cfg0.batch_size)
+        return bigger if options.batch_search and (n_train is None or bigger <= n_train) else None
 
     def valid(names: frozenset[str]) -> str | None:
         if only and not names <= only or names & never:
@@ -142,6 +148,7 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
         order,
         noise=noise,
         mem_of=memory_of(out, constraints.memory_budget_bytes, accum, order),
+        next_batch=next_batch,
         max_trials=options.max_trials,
         max_seconds=None if budget_s is None else max(0.0, budget_s - (time.monotonic() - began)),
         on_round=on_round,
@@ -170,6 +177,14 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     write_atomic(out / PLAN_JSON, json.dumps(result.to_dict(), indent=1))
     write_atomic(out / PLAN_MD, markdown(result))
     return result
+
+
+def _train_rows(out: Path) -> int | None:
+    """The study's training rows (None: not recorded), which bound the batch sizes the search tries."""
+    from trainwise.study.store import Store  # heavy: trainwise.study.store
+
+    spec = Store.spec_of(out)
+    return spec.settings.n_train if spec is not None else None
 
 
 def _searched_before(out: Path) -> list[Candidate]:
@@ -201,7 +216,7 @@ def memory_of(out: Path, budget: int | None, accum: int, order: list[str]):
     model, batch and lengths, and why it does not fit (None: it fits, or nothing can be said: no budget, or a
     model the estimate cannot build here). Pruning happens before a candidate trains."""
 
-    def nothing(_names: frozenset[str]) -> tuple[float | None, str | None]:
+    def nothing(_names: frozenset[str], _batch: int | None = None) -> tuple[float | None, str | None]:
         return None, None
 
     if budget is None:
@@ -215,12 +230,12 @@ def memory_of(out: Path, budget: int | None, accum: int, order: list[str]):
         return nothing
     s, config, overhead = found
 
-    def of(names: frozenset[str]) -> tuple[float | None, str | None]:
+    def of(names: frozenset[str], batch: int | None = None) -> tuple[float | None, str | None]:
         plan = strategies.parse_row("+".join(sorted(names, key=order.index)), accum).plan
         try:
             cal, shape = calibrate(config, s.task, plan, s.device), shape_of(config, s.task, plan)
             est = estimate_plan(
-                shape, cal, plan, s.batch_size, s.max_length, s.max_target_length, s.device, 1, overhead
+                shape, cal, plan, batch or s.batch_size, s.max_length, s.max_target_length, s.device, 1, overhead
             )
         except ConfigError:  # a plan the estimate does not model: measured, not pruned
             return None, None
@@ -245,21 +260,26 @@ def measured_rows(rows: list[StudyRow], constraints: Constraints, accum: int) ->
     found = []
     for r in rows:
         text = r.row_text
-        names = frozenset() if r.baseline else frozenset(s.name for s, _ in strategies.parse_row(text, accum).parts)
+        row = strategies.parse_row(text, accum)
+        names = frozenset() if r.baseline else frozenset(s.name for s, _ in row.parts)
         v = ranked.get(r.strategy)
         why = None if v is None or v.feasible or r.status != "ok" else v.reason
         rel = r.rel_time if r.status == "ok" else None
-        found.append(Measured(text, names, rel, r.rel_mem, r.peak_mem_bytes, r.status, why, phases(r, base)))
+        found.append(
+            Measured(text, names, rel, r.rel_mem, r.peak_mem_bytes, r.status, why, phases(r, base), row.batch_size)
+        )
     return found
 
 
 def phases(r: StudyRow, base: StudyRow | None) -> tuple[float, ...] | None:
-    """A row's step in phases (data wait, forward/backward, optimizer, the rest) over the baseline's step time."""
+    """A row's step in phases (data wait, forward/backward, optimizer, the rest) over the baseline's step time,
+    per sample (a row at twice the baseline's batch size that takes as long per step has half its phases)."""
     parts = (r.data_wait_s, r.compute_s, r.optimizer_s)
     if base is None or not base.step_time_s or r.status != "ok" or not r.step_time_s or None in parts:
         return None
     known = [float(p or 0.0) for p in parts]
-    return tuple(p / base.step_time_s for p in [*known, max(0.0, r.step_time_s - sum(known))])
+    per_sample = (base.batch_size or 1) / (r.batch_size or base.batch_size or 1)
+    return tuple(per_sample * p / base.step_time_s for p in [*known, max(0.0, r.step_time_s - sum(known))])
 
 
 def _line(label: str, r: StudyRow | None) -> Line | None:
@@ -281,7 +301,7 @@ def _result(
     by_row = {r.row_text: r for r in rows}
     measured = {m.row: m for m in measured_rows(rows, constraints, base.accum_steps)}
     chosen = found.incumbent
-    singles = [m for m in measured.values() if len(m.names) == 1 and m.feasible]
+    singles = [m for m in measured.values() if len(m.names) == 1 and m.feasible and m.batch is None]
     best_single = min(singles, key=lambda m: m.rel_time or 1.0, default=None)
     lines = [
         _line("plan", by_row.get(chosen or "")),
@@ -290,6 +310,7 @@ def _result(
         _line("baseline", next((r for r in rows if r.baseline), None)),
     ]
     plan_names = measured[chosen].names if chosen in measured else frozenset()
+    plan_batch = measured[chosen].batch if chosen in measured else None
     noise = found.noise
     reasons = []
     for name in strategies.REGISTRY:
@@ -326,7 +347,7 @@ def _result(
         elif plan_names and valid(plan_names | {name}) is not None:
             why = f"{_pct(alone.rel_time)} time alone, but the registry forbids it with the plan"
         else:
-            tried = measured.get("+".join(sorted(plan_names | {name}, key=list(strategies.REGISTRY).index)))
+            tried = measured.get(row_text(plan_names | {name}, list(strategies.REGISTRY), plan_batch))
             mem = (
                 "memory does not bind"
                 if constraints.memory_budget_bytes is None
@@ -352,6 +373,13 @@ def _result(
             f"trainwise train --plan {q(str(Path(base.out).resolve()))} --strategies {q(chosen)} --out runs/train",
         ]
     notes = [f"search stopped: {found.stopped}"]
+    if plan_batch:
+        at_study = measured.get(row_text(plan_names, list(strategies.REGISTRY)))
+        was = f"{_pct(at_study.rel_time)} at {base.batch_size}, " if at_study and at_study.ok else ""
+        notes.append(
+            f"batch size {plan_batch}, not the study's {base.batch_size}: {was}{_pct(measured[chosen].rel_time)} of "
+            "the baseline's time per sample at it; its quality check trains on as many samples as the baseline's"
+        )
     if chosen == "baseline" or chosen is None:
         notes.append("no strategy or combination beat the baseline beyond the noise floor within the constraints")
     return PlanResult(
@@ -378,6 +406,15 @@ def _quality(options: PlanOptions, base: CompareOptions, row: str, render: Rende
     seeds = max(2, options.seeds)
     cfg, _price, _q = base.resolve()
     prepared = prepare_study(quality.quality_config(cfg, ["baseline", row], steps, seeds))
+    # a plan at its own batch size trains on as many samples as the baseline, not as many steps: fewer, larger
+    # steps are what it would train with (and more samples would flatter it)
+    own = strategies.parse_row(row, cfg.accum_steps).batch_size
+    if own and own != cfg.batch_size:
+        fewer = max(prepared.config.warmup_steps + 1, round(steps * cfg.batch_size / own))
+        prepared.specs[:] = [dataclasses.replace(t, steps=fewer) if t.row == row else t for t in prepared.specs]
+        render.note(
+            f"trainwise plan: {row} trains {fewer} steps of {own}: the baseline's {steps} x {cfg.batch_size} samples"
+        )
     render.note(f"trainwise plan: quality check: {row} against the baseline, {steps} steps x {seeds} seeds")
     with render.progress(prepared) as (on_event, on_done):
         trials = run_study(prepared, launch, on_event, on_done)

@@ -84,6 +84,7 @@ class Row:
     text: str
     parts: tuple[tuple[Strategy, int | None], ...]
     plan: TrialPlan
+    batch_size: int | None = None  # its own batch size (`bf16@bs32`, what `trainwise plan` tries); None: the study's
 
     @property
     def is_baseline(self) -> bool:
@@ -116,14 +117,26 @@ class Row:
 
 
 def parse_row(text: str, accum_steps: int) -> Row:
-    """Parse one row ("bf16+grad_ckpt", "freeze_layers=4", "all"); raise ConfigError if it is invalid.
+    """Parse one row ("bf16+grad_ckpt", "freeze_layers=4", "all", "bf16@bs32"); raise ConfigError if it is invalid.
 
-    `accum_steps` is the study's --accum-steps: the N of a `grad_accum` written without one."""
+    `accum_steps` is the study's --accum-steps: the N of a `grad_accum` written without one. `@bsN` runs the row at
+    its own batch size N instead of the study's."""
     text = text.strip()
     if not text:
         raise ConfigError(f"empty strategy name; valid names: {valid_names()}")
+    body, at, size = text.partition("@")
+    batch = None
+    if at:
+        if not (size.startswith("bs") and size[2:].isdigit() and int(size[2:]) > 0):
+            raise ConfigError(f"{text!r}: after '@' a row takes its own batch size, e.g. {body.strip()}@bs32")
+        batch = int(size[2:])
+        if body.strip() == "baseline":
+            raise ConfigError(
+                f"{text!r}: the baseline is measured at the study's batch size (sweep it with --batch-sizes)"
+            )
+    body = body.strip()
     parts: list[tuple[Strategy, int | None]] = []
-    for part in ALIASES.get(text, text).split("+"):
+    for part in ALIASES.get(body, body).split("+"):
         name, eq, raw = part.strip().partition("=")
         if name not in REGISTRY:
             raise ConfigError(f"unknown strategy {name!r} in {text!r}; valid names: {valid_names()}")
@@ -139,7 +152,7 @@ def parse_row(text: str, accum_steps: int) -> Row:
         clash = s.conflicts & set(names)
         if clash:
             raise ConfigError(f"strategies {s.name!r} and {sorted(clash)[0]!r} conflict in {text!r}")
-    return Row(text, tuple(parts), _plan(parts, text))
+    return Row(text, tuple(parts), _plan(parts, text), batch)
 
 
 def _value(strategy: Strategy, part: str, raw: str | None, text: str, accum_steps: int) -> int | None:
