@@ -242,7 +242,7 @@ def search(
         chosen = ahead[: min(BEAM, max_trials - result.trials)]
         for m in measure([c.row for c in chosen]):
             if m.batch:
-                sized[m.key] = m
+                sized[(m.names, m.batch)] = m
             else:
                 measured[m.names] = m
             c = seen[m.row]

@@ -310,7 +310,8 @@ def _result(
         _line("baseline", next((r for r in rows if r.baseline), None)),
     ]
     plan_names = measured[chosen].names if chosen in measured else frozenset()
-    plan_batch = measured[chosen].batch if chosen in measured else None
+    plan_row = measured.get(chosen or "")
+    plan_batch = plan_row.batch if plan_row else None
     noise = found.noise
     reasons = []
     for name in strategies.REGISTRY:
@@ -373,11 +374,11 @@ def _result(
             f"trainwise train --plan {q(str(Path(base.out).resolve()))} --strategies {q(chosen)} --out runs/train",
         ]
     notes = [f"search stopped: {found.stopped}"]
-    if plan_batch:
+    if plan_row and plan_batch:
         at_study = measured.get(row_text(plan_names, list(strategies.REGISTRY)))
         was = f"{_pct(at_study.rel_time)} at {base.batch_size}, " if at_study and at_study.ok else ""
         notes.append(
-            f"batch size {plan_batch}, not the study's {base.batch_size}: {was}{_pct(measured[chosen].rel_time)} of "
+            f"batch size {plan_batch}, not the study's {base.batch_size}: {was}{_pct(plan_row.rel_time)} of "
             "the baseline's time per sample at it; its quality check trains on as many samples as the baseline's"
         )
     if chosen == "baseline" or chosen is None:
