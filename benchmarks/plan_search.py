@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/plan_search.py OUT [trainwise plan options...]
     SPACE=a,b,c .venv/bin/python benchmarks/plan_search.py OUT ...   # the exhaustive space: these strategies
+    BATCHES=32,64 ...   # and every single row and combination at these batch sizes too (`row@bsN`)
 
 1. `trainwise plan --out OUT ...` (the single rows, the search, the quality check), timed.
 2. The space: every valid combination (two or more) of the rows that helped beyond the noise floor (round 1's
@@ -47,6 +48,9 @@ def main() -> None:
                 combos.append(strategies.parse_row("+".join(c), 4).text)
             except ConfigError:
                 continue
+    sizes = [int(b) for b in os.environ.get("BATCHES", "").split(",") if b.strip()]
+    if sizes:  # the batch sizes the search could reach: each single row and combination at each of them
+        combos += [f"{text}@bs{b}" for b in sizes for text in [*pool, *combos] if "@" not in text]
     rows = [r.row_text for r in read_results(out)]
     began = time.monotonic()
     new = [c for c in combos if c not in rows]
@@ -58,7 +62,8 @@ def main() -> None:
     best = min((table[c] for c in combos if table[c].status == "ok"), key=lambda r: r.rel_time, default=None)
     lines = {ln["label"]: ln for ln in plan["lines"]}
     noise = search["noise"]
-    print(f"space ({'$SPACE' if drawn else 'round 1'}): {', '.join(pool)}; exhaustive: {len(combos)} combinations")
+    at = f" at the study's batch and {','.join(map(str, sizes))}" if sizes else ""
+    print(f"space ({'$SPACE' if drawn else 'round 1'}): {', '.join(pool)}{at}; exhaustive: {len(combos)} rows")
     for label in ("baseline", "best single row", "all", "plan"):
         ln = lines.get(label)
         if ln:
