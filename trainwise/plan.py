@@ -110,8 +110,9 @@ def split_row(text: str) -> tuple[frozenset[str], int | None]:
 
 def batch_scale(measured: dict[frozenset[str], Measured], sized: dict, batch: int, noise: float) -> float:
     """What running at `batch` does to a combination's time: the median ratio over the combinations measured both
-    at the study's batch and at `batch`; else, from the last doubling below it that was measured, as much gain
-    again (none when it gained none); else just under 1, so that the leader is tried there once."""
+    at the study's batch and at `batch`; else, when the batch below it was measured, that batch's ratio times the
+    gain of its own doubling again (none when it gained none); else just under 1, so that the leader is tried
+    there once."""
     ratios = sorted(
         m.rel_time / measured[names].rel_time
         for (names, b), m in sized.items()
@@ -121,8 +122,11 @@ def batch_scale(measured: dict[frozenset[str], Measured], sized: dict, batch: in
         return ratios[len(ratios) // 2]
     below = batch // 2
     if below and any(b == below for _n, b in sized):
-        step = batch_scale(measured, sized, below, noise)
-        return step * step if step < 1 - noise else step
+        last = batch_scale(measured, sized, below, noise)
+        # the gain of the last doubling (from the study's batch, or from the one below it that was measured)
+        before = batch_scale(measured, sized, below // 2, noise) if any(b == below // 2 for _n, b in sized) else 1.0
+        step = last / before
+        return last * step if step < 1 - noise else last
     return 1 - noise / 2
 
 
