@@ -744,6 +744,10 @@ class EstimateConfig:
         object.__setattr__(self, "parsed", tuple(parsed))
 
 
+# a lower bound of any row's estimate (activations are a non-negative fit): what_fits skips the probes of rows whose
+# model states alone break the budget (an impossible --device-memory calibrated five rows for a minute on 2 cores)
+NO_ACTIVATIONS = Calibration("", "", {}, dict.fromkeys(FEATURES, 0.0), 0, 0.0, "", 0.0)
+
 # rows tried, in order of how little they change training, when a budget is too small
 RESCUE_ROWS = [
     "bf16+grad_ckpt",
@@ -777,6 +781,9 @@ def what_fits(
             shape = shape_for(row.plan)
         except ValueError:  # the plan does not apply to this model (no encoder to freeze)
             continue
+        size = (micro_batch * accum, cfg.max_length, cfg.max_target_length, device, cfg.nproc, overhead)
+        if estimate_plan(shape, NO_ACTIVATIONS, row.plan, *size).total_bytes > budget:
+            continue  # its weights, gradients and optimizer state alone do not fit: no probe can change that
         est = estimate_plan(
             shape,
             cal_for(row.plan),
