@@ -21,6 +21,8 @@ from trainwise.errors import ConfigError
 from trainwise.plan import Measured, batch_scale, predict, search, split_row
 from trainwise.study.store import read_results, read_trial_keys
 
+from .conftest import tiny_study
+
 ORDER = list(strategies.REGISTRY)
 # a made-up device: each strategy's time alone, and how pairs interact (dynamic_pad and smart_batch both cut
 # padding, so together they save less than the product says; bf16 and fp16 conflict in the registry)
@@ -308,6 +310,23 @@ def test_the_leader_at_twice_its_batch_is_a_row_of_the_same_study_and_exports_at
     assert result.plan in ("smart_batch", "smart_batch@bs16")  # the faster per sample
     export_plan(ExportConfig(study=str(out), strategies="smart_batch@bs16", device="cpu"), tmp_path / "export")
     assert "--batch-size 16" in (tmp_path / "export" / "train_command.txt").read_text()
+    # --no-batch-search: the sized row stays in the study, out of the search (nothing new is measured)
+    keys = read_trial_keys(out)
+    again = trainwise.plan(render=None, **{**options(cls_csv, out), "strategies": "smart_batch", "batch_search": False})
+    assert again.plan == "smart_batch" and read_trial_keys(out) == keys
+    assert not any(c["batch"] for c in again.search["candidates"] if c["state"] == "proposed")
+
+
+def test_a_quality_study_trains_a_sized_row_on_as_many_samples(tmp_path, cls_csv):
+    """Compare's quality phase and the plan's check: 8 steps of 8 for the baseline, 4 of 16 for `smart_batch@bs16`."""
+    from trainwise import quality
+
+    prepared = tiny_study(tmp_path, cls_csv, "classification", ["baseline", "smart_batch@bs16"], max_steps=8)
+    quality.equal_samples(prepared)
+    assert {t.row: (t.settings.batch_size, t.steps) for t in prepared.specs} == {
+        "baseline": (8, 8),
+        "smart_batch@bs16": (16, 4),
+    }
 
 
 @pytest.mark.parametrize(

@@ -103,6 +103,7 @@ def test_a_plan_round_trips_through_json_and_keeps_only_what_differs():
         ("bf16@32", "own batch size, e.g. bf16@bs32"),
         ("bf16@bs0", "own batch size"),
         ("baseline@bs16", "the study's batch size"),
+        ("bf16@bs\u00b2", "own batch size"),
     ],
 )
 def test_bad_rows_are_rejected_with_the_valid_names(spec, message):
@@ -134,6 +135,10 @@ def test_a_row_at_its_own_batch_size_is_one_cell_at_that_size(tmp_path):
     ]
     with pytest.raises(ConfigError, match="multiple of the accumulation steps"):
         StudyConfig(out=str(tmp_path), strategies=["baseline", "grad_accum=3@bs32"], batch_size=6)
+    from trainwise.train import check_one_process
+
+    with pytest.raises(ConfigError, match="leave out @bs32"):  # tune samples its batch size itself
+        check_one_process(StudyConfig(out=str(tmp_path), strategies=["bf16@bs32"]), "tune")
 
 
 def test_parse_rows_keeps_order_and_drops_duplicates():

@@ -138,6 +138,18 @@ def quality_config(cfg: StudyConfig, rows: list[str], steps: int, seeds: int) ->
     )
 
 
+def equal_samples(prepared) -> None:
+    """A row at its own batch size (`row@bsN`) trains on as many samples as the baseline, not for as many steps:
+    fewer, larger steps are what it would train with, and more samples would flatter its quality."""
+    cfg = prepared.config
+    prepared.specs[:] = [
+        dataclasses.replace(t, steps=max(cfg.warmup_steps + 1, round(t.steps * cfg.batch_size / t.settings.batch_size)))
+        if t.steps and t.settings.batch_size != cfg.batch_size and "@bs" in t.row
+        else t
+        for t in prepared.specs
+    ]
+
+
 def verdicts(trials: list, random_init: bool) -> list[QualityRow]:
     """Per row (in first-seen order) its seeds' metric and evaluation loss, and the verdict vs the baseline."""
     rows: dict[str, QualityRow] = {}

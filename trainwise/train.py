@@ -531,6 +531,11 @@ def _write_model_dir(tmp: Path, model, data: TrialData, state_dict: dict | None,
 def check_one_process(cfg: StudyConfig, verb: str) -> None:
     """tune runs each trial as one process: data parallelism and ZeRO are compare's and train's (`--nproc`)."""
     row = cfg.rows[0]
+    if row.batch_size:
+        raise ConfigError(
+            f"{row.text!r}: {verb} trains at --batch-size (or its search space's batch_size); leave out "
+            f"@bs{row.batch_size}"
+        )
     if cfg.nproc > 1 or strategies.runtime(row.plan, cfg.task, "cpu").needs_ranks:
         raise ConfigError(
             f"{row.text!r} needs {max(2, cfg.nproc)} ranks (data parallel / ZeRO); {verb} runs one process: "

@@ -118,7 +118,11 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     present = {r.row_text for r in rows}
     earlier = [c for c in _searched_before(out) if c.row in present]
     own = {c.row for c in earlier}
-    singles = [m for m in measured_rows(rows, constraints, accum) if len(m.names) <= 1 or m.row in own | {"all"}]
+    singles = [
+        m
+        for m in measured_rows(rows, constraints, accum)
+        if (len(m.names) <= 1 or m.row in own | {"all"}) and (options.batch_search or m.batch is None)
+    ]
     if not any(r.baseline and r.status == "ok" for r in rows):
         raise ConfigError(
             f"{out} has no baseline row that finished ok: the search measures every combination against it "
@@ -407,14 +411,11 @@ def _quality(options: PlanOptions, base: CompareOptions, row: str, render: Rende
     seeds = max(2, options.seeds)
     cfg, _price, _q = base.resolve()
     prepared = prepare_study(quality.quality_config(cfg, ["baseline", row], steps, seeds))
-    # a plan at its own batch size trains on as many samples as the baseline, not as many steps: fewer, larger
-    # steps are what it would train with (and more samples would flatter it)
-    own = strategies.parse_row(row, cfg.accum_steps).batch_size
-    if own and own != cfg.batch_size:
-        fewer = max(prepared.config.warmup_steps + 1, round(steps * cfg.batch_size / own))
-        prepared.specs[:] = [dataclasses.replace(t, steps=fewer) if t.row == row else t for t in prepared.specs]
+    quality.equal_samples(prepared)  # a plan at its own batch size: as many samples as the baseline
+    own = next((t for t in prepared.specs if t.row == row), None)
+    if own and own.settings.batch_size != cfg.batch_size:
         render.note(
-            f"trainwise plan: {row} trains {fewer} steps of {own}: the baseline's {steps} x {cfg.batch_size} samples"
+            f"trainwise plan: {row} trains {own.steps} steps: the baseline's {steps} x {cfg.batch_size} samples"
         )
     render.note(f"trainwise plan: quality check: {row} against the baseline, {steps} steps x {seeds} seeds")
     with render.progress(prepared) as (on_event, on_done):

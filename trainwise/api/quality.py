@@ -29,6 +29,7 @@ def run_quality(cfg: StudyConfig, table: list[StudyRow], steps: int, seeds: int,
     if not rows:
         return []
     prepared = prepare_study(quality.quality_config(cfg, rows, steps, seeds))
+    quality.equal_samples(prepared)
     with progress(prepared) as (on_event, on_done):
         trials = run_study(prepared, launch, on_event, on_done)
     s = prepared.specs[0].settings

@@ -61,8 +61,9 @@ def advise_study(studies: Path | list[Path], constraints: Constraints) -> Advice
 
 
 def _stored_spec(study: Path):
-    """A trial spec from the study's store (None when it has no store or no trial)."""
-    return Store.spec_of(study, "STUDY")
+    """A trial spec from the study's store, the baseline's where it has one (its batch is the study's; a plan's
+    `row@bsN` runs at its own); None when it has no store or no trial."""
+    return Store.spec_of(study, "STUDY", "baseline")
 
 
 def _unset(row: StudyRow, values: dict) -> dict:

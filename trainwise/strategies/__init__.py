@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -127,9 +128,10 @@ def parse_row(text: str, accum_steps: int) -> Row:
     body, at, size = text.partition("@")
     batch = None
     if at:
-        if not (size.startswith("bs") and size[2:].isdigit() and int(size[2:]) > 0):
+        found = re.fullmatch(r"bs([1-9][0-9]*)", size)
+        if found is None:
             raise ConfigError(f"{text!r}: after '@' a row takes its own batch size, e.g. {body.strip()}@bs32")
-        batch = int(size[2:])
+        batch = int(found.group(1))
         if body.strip() == "baseline":
             raise ConfigError(
                 f"{text!r}: the baseline is measured at the study's batch size (sweep it with --batch-sizes)"

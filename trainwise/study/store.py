@@ -191,14 +191,14 @@ class Store:
         return cls(study / STORE, flag, write=False, keys=read_trial_keys(study))
 
     @classmethod
-    def spec_of(cls, study: Path, flag: str = "--out") -> TrialSpec | None:
-        """A trial spec of the study its reports show (the settings every trial shares), read-only; None when
-        `study` has no store or no trial yet."""
+    def spec_of(cls, study: Path, flag: str = "--out", row: str | None = None) -> TrialSpec | None:
+        """A trial spec of the study its reports show (the settings every trial shares; `row`'s when it has one:
+        a `row@bsN` trial runs at its own batch), read-only; None when `study` has no store or no trial yet."""
         if not (study / STORE).is_file():
             return None
         store = cls(study / STORE, flag, write=False, keys=read_trial_keys(study))
         try:
-            return store.spec()
+            return (store.spec(row) if row is not None else None) or store.spec()
         finally:
             store.close()
 
