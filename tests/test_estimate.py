@@ -248,7 +248,7 @@ def test_calibration_is_cached_and_says_which_it_was(tmp_path, monkeypatch, caps
 def test_cli_table_json_and_fit(capsys):
     from trainwise.cli import main
 
-    argv = ["estimate", "--model-preset", "bert-tiny", "--strategies", "baseline,grad_ckpt", "--json"]
+    argv = ["estimate", "--model-preset", "bert-tiny", "--strategies", "baseline,grad_ckpt,grad_ckpt@bs32", "--json"]
     # on CPU the total includes this process's RSS, which a long pytest session inflates: a large budget
     # for "fits", and a budget below any runtime for "does not fit"
     assert main([*argv, "--device-memory", "1KB"]) == 0
@@ -258,8 +258,10 @@ def test_cli_table_json_and_fit(capsys):
     assert main([*argv, "--device-memory", "64GiB"]) == 0
     payload = json.loads(capsys.readouterr().out)
     rows = {e["strategy"]: e for e in payload["estimates"]}
-    assert set(rows) == {"baseline", "grad_ckpt"} and all(e["fits"] for e in rows.values())
+    assert set(rows) == {"baseline", "grad_ckpt", "grad_ckpt@bs32"} and all(e["fits"] for e in rows.values())
     assert rows["grad_ckpt"]["parts"]["activations"] < rows["baseline"]["parts"]["activations"]
+    sized = rows["grad_ckpt@bs32"]  # a plan's row at its own batch size (the default is 16): priced at 32
+    assert sized["batch_size"] == 32 and sized["parts"]["activations"] > 1.5 * rows["grad_ckpt"]["parts"]["activations"]
     buffers = rows["baseline"]["parts"]["weights"] - 4 * payload["n_params"]  # position ids etc.
     assert 0 <= buffers < 0.05 * 4 * payload["n_params"]
     assert payload["calibration"] and payload["calibration"][0]["how"] == "tiny-config probe"

@@ -721,11 +721,6 @@ class EstimateConfig:
         parsed = []
         for text in self.rows:
             row = strategies.parse_row(text, self.accum_steps)
-            if row.batch_size:
-                raise ConfigError(
-                    f"{text!r}: estimate prices every row at --batch-size; give --batch-size {row.batch_size} "
-                    f"instead of @bs{row.batch_size}"
-                )
             own = next((s.name for s, _ in row.parts if s.name in ZERO), None)
             if zero is not None and own is not None and own != zero:
                 raise ConfigError(f"{text!r} is {own}, but --zero/--offload ask for {zero}")
@@ -739,7 +734,7 @@ class EstimateConfig:
             missing = [m for m in row.missing_packages() if m.startswith("peft")]  # LoRA is built (on meta)
             if missing:
                 raise ConfigError(f"strategy {text!r} needs {missing[0]}")
-            check_accum(row, self.batch_size)
+            check_accum(row, row.batch_size or self.batch_size)  # a `row@bsN` is priced at its own batch
             parsed.append(row)
         object.__setattr__(self, "parsed", tuple(parsed))
 

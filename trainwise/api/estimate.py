@@ -115,7 +115,8 @@ def run_estimate(
         except ValueError as err:
             raise ConfigError(f"{row.text}: {err}") from None
         lengths = facts.lengths(row.plan, cfg) if facts else (cfg.max_length, cfg.max_target_length)
-        est = estimate_plan(shape, cal_for(row.plan), row.plan, cfg.batch_size, *lengths, target, cfg.nproc, overhead)
+        batch = row.batch_size or cfg.batch_size  # a `row@bsN` (a plan's) at its own batch
+        est = estimate_plan(shape, cal_for(row.plan), row.plan, batch, *lengths, target, cfg.nproc, overhead)
         estimates.append((row.text, est))
     base_shape = shape_for(TrialPlan())
     budget = cfg.device_memory
