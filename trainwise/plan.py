@@ -10,7 +10,8 @@ but a quarter of a smart-batched one) is credited where it pays, and what the se
 strategies' overlap carries into every superset. Rows without phases fall back to the product of the ratios.
 
 Memory comes from `mem_of` (the driver's: `trainwise estimate` where it can build the model), so a candidate
-that cannot fit is pruned before it trains.
+that cannot fit is pruned before it trains. A combination is only built if the registry allows it (`valid`):
+conflicts, requirements, tasks, packages.
 
 Batch size: every row runs at the study's batch size, and from the first round the search also tries the
 incumbent at the next batch (`next_batch`: twice the size) as a row of its own (`bf16+smart_batch@bs16`), while
@@ -48,10 +49,6 @@ class Measured:
     # not measured
     parts: tuple[float, ...] | None = None
     batch: int | None = None  # the row's own batch size (`row@bsN`); None: the study's
-
-    @property
-    def key(self) -> tuple[frozenset[str], int | None]:
-        return self.names, self.batch
 
     @property
     def ok(self) -> bool:

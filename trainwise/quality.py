@@ -144,7 +144,7 @@ def equal_samples(prepared) -> None:
     cfg = prepared.config
     prepared.specs[:] = [
         dataclasses.replace(t, steps=max(cfg.warmup_steps + 1, round(t.steps * cfg.batch_size / t.settings.batch_size)))
-        if t.steps and t.settings.batch_size != cfg.batch_size and "@bs" in t.row
+        if t.steps and t.settings.batch_size != cfg.batch_size  # a quality study sweeps no batch: a sized row
         else t
         for t in prepared.specs
     ]

@@ -313,9 +313,8 @@ def _result(
         _line("all", by_row.get("all")),
         _line("baseline", next((r for r in rows if r.baseline), None)),
     ]
-    plan_names = measured[chosen].names if chosen in measured else frozenset()
     plan_row = measured.get(chosen or "")
-    plan_batch = plan_row.batch if plan_row else None
+    plan_names, plan_batch = (plan_row.names, plan_row.batch) if plan_row else (frozenset(), None)
     noise = found.noise
     reasons = []
     for name in strategies.REGISTRY:
