@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import here
 from trainwise.errors import OutputFailed
 from trainwise.files import OUTPUT_EXIT, exit_line, refusal, write_atomic, writing
 from trainwise.results import StudyRow, TrialResult
@@ -49,7 +50,10 @@ def fill(fs: Path) -> Path:
     return path
 
 
-def trainwise(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def trainwise(*argv: str, env: dict | None = None, fresh: bool = False) -> subprocess.CompletedProcess:
+    """The command in this process; with `fresh`, in a new one (a run that its fault kills)."""
+    if not fresh:
+        return here.trainwise(*argv, env=env)
     return subprocess.run(
         [sys.executable, "-m", "trainwise.cli", *argv],
         capture_output=True,
@@ -76,7 +80,7 @@ def test_compare_on_a_full_disk_is_one_line_and_resumes_when_there_is_room(tmp_p
     with small_fs(tmp_path / "fs", "4m") as fs:
         out = fs / "study"
         argv = ["compare", *BERT, "--train-file", str(cls_csv), "--max-steps", "3", "--warmup-steps", "1"]
-        argv += ["--no-remeasure", "--out", str(out)]
+        argv += ["--no-remeasure", "--retries", "0", "--out", str(out)]
         assert trainwise(*argv, "--strategies", "baseline").returncode == 0
         reports = {p: (out / p).read_bytes() for p in ("results.json", "report.md", "progress.json")}
 
@@ -104,7 +108,7 @@ def test_train_on_a_full_disk_is_one_line_and_resume_continues_from_the_last_who
         out = fs / "run"
         argv = ["train", *BERT, "--train-file", str(cls_csv), "--max-steps", "6", "--save-every", "2"]
         argv += ["--eval-every", "2", "--out", str(out)]
-        killed = trainwise(*argv, env={"TRAINWISE_FAULT": "train:kill@5"})  # after the step-4 checkpoint
+        killed = trainwise(*argv, env={"TRAINWISE_FAULT": "train:kill@5"}, fresh=True)  # after the step-4 checkpoint
         assert killed.returncode != 0 and (out / "checkpoints" / "ckpt-00000004").is_dir()
         assert "writing to " + str(out) in killed.stderr and "the last 2 kept (--keep-checkpoints)" in killed.stderr
 

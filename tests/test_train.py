@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from tests import here
 from trainwise.cli import main
 from trainwise.errors import ConfigError
 from trainwise.train import EarlyStopping, TrainConfig, find_resumable, verify
@@ -43,11 +44,15 @@ def test_bad_train_settings(kw, message):
         TrainConfig(**kw)
 
 
-def _train(out, csv, *extra, env=None):
-    argv = [sys.executable, "-m", "trainwise.cli", "train", "--model-preset", "bert-tiny", "--train-file", str(csv)]
-    argv += ["--batch-size", "8", "--max-length", "32", "--epochs", "2", "--max-steps", "12", "--eval-every", "4"]
+def _train(out, csv, *extra, env=None, fresh=False):
+    """`trainwise train` on bert-tiny in this process, or with `fresh` in a new one (a run its fault kills)."""
+    argv = ["train", "--model-preset", "bert-tiny", "--train-file", str(csv), "--batch-size", "8"]
+    argv += ["--max-length", "32", "--epochs", "2", "--max-steps", "12", "--eval-every", "4"]
     argv += ["--save-every", "3", "--eval-samples", "16", "--device", "cpu", "--out", str(out), *extra]
+    if not fresh:
+        return here.trainwise(*argv, env=env)
     full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+    argv = [sys.executable, "-m", "trainwise.cli", *argv]
     return subprocess.run(argv, capture_output=True, text=True, env=full_env, timeout=300)
 
 
@@ -61,7 +66,7 @@ def test_a_run_killed_at_a_random_step_resumes_to_the_same_final_loss(tmp_path, 
     assert whole.returncode == 0, whole.stderr
     kill_at = random.Random(7).randint(4, 11)
     tb = ("--report-to", "tensorboard")
-    killed = _train(tmp_path / "cut", cls_csv, *tb, env={"TRAINWISE_FAULT": f"train:kill@{kill_at}"})
+    killed = _train(tmp_path / "cut", cls_csv, *tb, env={"TRAINWISE_FAULT": f"train:kill@{kill_at}"}, fresh=True)
     assert killed.returncode == -9, killed.stderr
     root = tmp_path / "cut" / "checkpoints"
     assert verify(find_resumable(root, print)) is None, "latest is always a whole checkpoint"

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from tests import here
 from trainwise.cli import main
 from trainwise.errors import ConfigError
 from trainwise.pbt import summarise as summarise_pbt
@@ -170,7 +171,7 @@ def test_an_interrupted_optuna_study_continues_where_it_stopped(tmp_path, cls_cs
             break
     first.wait()
     assert first.returncode == -9
-    second = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+    second = here.trainwise(*argv[3:])  # resumed in this process: its trials fork from the session's zygote
     assert second.returncode == 0, second.stderr
     result = json.loads((out / "tune_result.json").read_text())
     finished = [t["number"] for t in result["trials"]]
@@ -224,10 +225,10 @@ def test_a_tune_trial_past_its_timeout_is_killed_and_recorded(tmp_path, cls_csv)
     """Like compare's: the trial (and all it started) is killed; a search whose every trial failed exits 1."""
     space = _space(tmp_path, "lr: {low: 1.0e-4, high: 3.0e-3, log: true}\n")
     out = tmp_path / "study"
-    argv = [sys.executable, "-m", "trainwise.cli", "tune", "--space", space, "--search", "random", "--trials", "1"]
-    argv += ["--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--max-length", "32", "--batch-size", "8"]
-    argv += ["--max-steps", "4", "--eval-every", "2", "--device", "cpu", "--out", str(out), "--trial-timeout", "0.5"]
-    run = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    argv = ["tune", "--space", space, "--search", "random", "--trials", "1", "--model-preset", "bert-tiny"]
+    argv += ["--train-file", str(cls_csv), "--max-length", "32", "--batch-size", "8", "--max-steps", "4"]
+    argv += ["--eval-every", "2", "--device", "cpu", "--out", str(out), "--trial-timeout", "0.5"]
+    run = here.trainwise(*argv, env={"TRAINWISE_FAULT": "tune#0:hang@2"})  # a forked trial ends 4 steps in 0.5 s
     assert run.returncode == 1, run.stderr[-2000:]
     assert run.stderr.strip().splitlines()[-1] == (
         "trainwise: error: no trial of 1 produced a value; the first: no result within --trial-timeout 0.5s; killed"
@@ -329,7 +330,7 @@ def test_pbt_runs_its_members_on_a_ray_cluster_given_by_address(tmp_path, cls_cs
             assert min(r["step"] for r in after) == m["step"] + 2
         assert "continues from member" in run.stdout and "cost $" in run.stdout
         assert result["cost"]["usd"] == pytest.approx(result["machine_s"] / 3600 * 3.6)
-        again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+        again = here.trainwise(*argv[3:])  # refused before Ray is reached: no process of its own needed
         assert again.returncode == 2 and "already holds a PBT study; PBT studies do not resume" in again.stderr
         # without the token the cluster refuses the driver: one line that says where the token is looked for
         alone = {k: v for k, v in env.items() if k != "RAY_AUTH_TOKEN_PATH"}

@@ -324,6 +324,10 @@ def tune(
             # Ray can restore the experiment, but its synchronous PBT then waits forever for members
             # it does not restart (seen with Ray 2.60); a half-done population is not resumed
             raise ConfigError(f"{out} already holds a PBT study; PBT studies do not resume: use another --out")
+    if cfg.search != "pbt":  # PBT's members start in Ray's workers, not from this command's zygote
+        from trainwise import launcher
+
+        launcher.warm()  # the trials' process imports while the data is prepared
     on_status("trainwise tune: validating input, preparing data and model...")
     spec = prepare_study(study, on_line).specs[0]
     with hold(out):  # one command at a time in --out

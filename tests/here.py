@@ -1,0 +1,30 @@
+"""`trainwise ARGV` run in the test's own process, answered as `subprocess.run` answers: a command that is not
+killed needs no interpreter of its own, and its trials and ranks fork from the session's warm zygote instead of
+a new one (a fresh `python -m trainwise.cli` spends ~6 s importing torch, then ~6 s more starting a zygote)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+
+
+def trainwise(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Exit code, stdout and stderr of `trainwise.cli.main(argv)`; `env` is set around the call, then restored
+    (never a fault that kills this process: a `train:kill@N` of a one-process run needs a subprocess)."""
+    from trainwise.cli import main
+
+    before = {k: os.environ.get(k) for k in env or {}}
+    out, err = io.StringIO(), io.StringIO()
+    os.environ.update(env or {})
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(argv))
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return subprocess.CompletedProcess(["trainwise", *argv], code, out.getvalue(), err.getvalue())
