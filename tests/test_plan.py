@@ -16,6 +16,7 @@ import time
 import pytest
 
 import trainwise
+from tests import here
 from trainwise import strategies
 from trainwise.errors import ConfigError
 from trainwise.plan import Measured, batch_scale, predict, search, split_row
@@ -286,9 +287,7 @@ def test_a_killed_search_resumes_without_rerunning_a_stored_trial(searched):
 def test_the_cli_gives_the_api_plan_and_runs_no_trial_again(searched):
     out, opts, _before, result = searched
     keys = read_trial_keys(out)
-    done = subprocess.run(
-        argv(opts, "--json"), env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True
-    )
+    done = here.trainwise(*argv(opts, "--json")[3:])
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["plan"] == result.plan
     assert read_trial_keys(out) == keys
@@ -341,8 +340,7 @@ def test_a_quality_study_trains_a_sized_row_on_as_many_samples(tmp_path, cls_csv
 )
 def test_bad_input_is_one_line_and_exit_2(searched, extra, says):
     out, _opts, _before, _result = searched
-    cmd = [sys.executable, "-m", "trainwise.cli", "plan", "--study", str(out), "--no-quality-check", *extra]
-    done = subprocess.run(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
+    done = here.trainwise("plan", "--study", str(out), "--no-quality-check", *extra)
     assert done.returncode == 2, done.stderr[-2000:]
     lines = [ln for ln in done.stderr.splitlines() if ln.strip() and not ln.startswith(("trainwise: note", "model "))]
     assert says in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
