@@ -95,6 +95,13 @@ def _cache(tmp_path_factory):
         os.environ["TRAINWISE_CACHE"] = str(tmp_path_factory.mktemp("cache"))
 
 
+@pytest.fixture
+def no_autorange(monkeypatch):
+    """In-process trials whose timing no test reads: no steps added to reach a window contention can judge
+    (~0.5 s a trial; test_protocol and test_contention test the autorange itself)."""
+    monkeypatch.setattr("trainwise.trial._autorange", lambda *a, **k: ())
+
+
 @pytest.fixture(scope="session")
 def cls_csv(tmp_path_factory) -> Path:
     return write_csv(tmp_path_factory.mktemp("data") / "cls.csv", make_rows(96, "classification"))

@@ -27,6 +27,7 @@ SETTINGS = RunSettings(
     max_steps=100,
     row="all",
 )
+pytestmark = pytest.mark.usefixtures("no_autorange")  # the trials' timing is not what is tested
 
 
 @pytest.mark.parametrize("row", ["baseline", "bf16", "grad_ckpt", "adafactor", "grad_accum", "smart_batch", "all"])
@@ -316,7 +317,9 @@ def test_export_bad_input_is_one_line_exit_2(tmp_path, capsys, args, expected):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nproc", [1, 2])
+# one process: its losses are test_the_exported_trainer_snippet_as_written_reproduces_the_losses[grad_accum]'s, and
+# `accelerate launch` of an exported config is [2]'s (18 s each on 2 cores): `make bench` runs both
+@pytest.mark.parametrize("nproc", [pytest.param(1, marks=pytest.mark.bench), 2])
 def test_accelerate_launch_runs_the_exported_config_and_snippet(tmp_path, csv_study, nproc):
     """`accelerate launch --config_file accelerate_config.yaml train_snippet.py`, as export writes them: one
     process trains trainwise's losses; two gloo ranks (the MULTI_GPU config on CPU) train too."""
@@ -406,7 +409,7 @@ def test_a_preset_snippet_runs_offline_as_written(tmp_path, monkeypatch, request
     # without a study there is no tokenizer to point to: the model part still builds as written
     bare = dataclasses.replace(run, train_rows=None, tokenizer_dir=None, labels=())
     model_part = snippet(export_doc(plan_of("baseline"), bare), bare).split("tokenizer = ...")[1].split("# tokenize")[0]
-    exec(compile("import torch\nfrom transformers import *\n" + model_part, "model_part", "exec"), namespace)
+    exec(compile("import torch\n" + model_part, "model_part", "exec"), namespace)  # the snippet's imports
     assert namespace["model"].config.vocab_size == PRESETS[s.model_label][1]["vocab_size"]
 
 

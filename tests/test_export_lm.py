@@ -26,6 +26,7 @@ from .conftest import write_csv
 from .test_causal_lm import pairs
 from .test_chat import IM_END, conversations
 
+pytestmark = pytest.mark.usefixtures("no_autorange")  # the trials' timing is not what is tested
 STEPS = 4
 # what third-party libraries print into a script's output unless it silences them first (DeepSpeed on a CPU, peft
 # on transformers 5, bitsandbytes on a CPU): none may show
@@ -113,10 +114,13 @@ def _export(study, row: str, out: Path) -> None:
     export_plan(ExportConfig(study=str(study.out), strategies=row, device="cpu"), out)
 
 
-def _run_sft(out: Path) -> tuple[list[float], dict]:
+def _run_sft(out: Path, here: pytest.MonkeyPatch | None = None) -> tuple[list[float], dict]:
     """sft_train.py as written, in its own process, with an observer appended: the logged losses, and the
     first batch the trainer built (what carries loss, how positions run). Its output carries no third-party noise,
-    and the trained model is saved into output_dir (the Trainer creates it: it is not left empty)."""
+    and the trained model is saved into output_dir (the Trainer creates it: it is not left empty).
+    With `here` (the test's monkeypatch), it runs in this process instead: TRL imported once, not once a test
+    (~8 s on 2 cores); the noise is then checked by the tests that run it fresh (every script's quiet lines are
+    the same, `_quiet_lines`)."""
     observer = (
         "\nbatch = next(iter(trainer.get_train_dataloader()))\n"
         "json.dump({'losses': [h['loss'] for h in trainer.state.log_history if 'loss' in h],\n"
@@ -124,14 +128,19 @@ def _run_sft(out: Path) -> tuple[list[float], dict]:
         "           'attention_mask': 'attention_mask' in batch}, open('observed.json', 'w'))\n"
     )
     (out / "observed_sft.py").write_text((out / "sft_train.py").read_text() + observer)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env.pop("DS_ACCELERATOR", None)  # set in this process by the trials it ran: the script must quiet DeepSpeed itself
-    done = subprocess.run(
-        [sys.executable, "observed_sft.py"], cwd=out, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    noise = [line for line in (done.stdout + done.stderr).splitlines() if any(n in line for n in NOISE)]
-    assert not noise, noise
+    if here is not None:
+        here.chdir(out)
+        script = (out / "observed_sft.py").read_text()
+        exec(compile(script, str(out / "observed_sft.py"), "exec"), {"__name__": "__main__"})
+    else:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        env.pop("DS_ACCELERATOR", None)  # set here by the trials it ran: the script must quiet DeepSpeed itself
+        done = subprocess.run(
+            [sys.executable, "observed_sft.py"], cwd=out, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        noise = [line for line in (done.stdout + done.stderr).splitlines() if any(n in line for n in NOISE)]
+        assert not noise, noise
     saved = {p.name for p in (out / "out").iterdir()}
     assert {"config.json", "model.safetensors"} <= saved or "adapter_model.safetensors" in saved, saved
     assert "tokenizer_config.json" in saved
@@ -141,7 +150,7 @@ def _run_sft(out: Path) -> tuple[list[float], dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("row", ["baseline", "lora", "grad_accum"])
-def test_sft_train_py_as_written_reproduces_the_trial_losses(tmp_path, lm_export_study, row):
+def test_sft_train_py_as_written_reproduces_the_trial_losses(tmp_path, lm_export_study, row, monkeypatch):
     """TRL's SFTTrainer on the exported files, step by step against compare's trial: the same prompt/response
     tokens with no loss on the prompt (completion_only_loss over a completion_mask), the same LoRA targets, the
     same mean over the loss tokens of an optimizer step."""
@@ -152,7 +161,7 @@ def test_sft_train_py_as_written_reproduces_the_trial_losses(tmp_path, lm_export
     config = json.loads((out / "sft_config.json").read_text())
     assert config["completion_only_loss"] is True and config["max_length"] == 64
     assert config["activation_checkpointing"] is False and config["bf16"] is False  # SFTConfig's defaults are on
-    logged, observed = _run_sft(out)
+    logged, observed = _run_sft(out, None if row == "lora" else monkeypatch)  # lora: fresh, the noisiest imports
     assert len(logged) == len(ours) == STEPS
     # the true mean: SFTTrainer's loss is normalised by num_items_in_batch, and it logs it so under accumulation too
     assert spec.plan.value("accum_steps") == (2 if row == "grad_accum" else 1)
@@ -174,7 +183,7 @@ def text_study(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_raw_text_sft_train_py_reproduces_the_trial_losses(tmp_path, text_study):
+def test_raw_text_sft_train_py_reproduces_the_trial_losses(tmp_path, text_study, monkeypatch):
     """Continued pre-training: the blocks as trainwise cuts them, every token a label (completion_only_loss off),
     through TRL's SFTTrainer."""
     spec, ours = _trial_of(text_study, "baseline")
@@ -182,7 +191,7 @@ def test_raw_text_sft_train_py_reproduces_the_trial_losses(tmp_path, text_study)
     out = tmp_path / "export"
     _export(text_study, "baseline", out)
     assert json.loads((out / "sft_config.json").read_text())["completion_only_loss"] is False
-    logged, observed = _run_sft(out)
+    logged, observed = _run_sft(out, monkeypatch)
     assert logged == pytest.approx(ours, rel=1e-4)
     assert ours[-1] < ours[0], "it trained"
     # every block's tokens carry loss (the first position of a block is never scored: nothing precedes it)
@@ -202,7 +211,7 @@ def chat_study(tmp_path_factory, tiny_chat_model):
 
 
 @pytest.mark.slow
-def test_chat_sft_train_py_reproduces_the_trial_on_the_assistant_turns(tmp_path, chat_study):
+def test_chat_sft_train_py_reproduces_the_trial_on_the_assistant_turns(tmp_path, chat_study, monkeypatch):
     """Issue 34: a chat study's sft_train.py trained each conversation's JSON text as a prompt whose only loss token
     was EOS. Now the conversations are rendered with the chat template and the loss is on the assistant turns
     only, labelled in the script as trainwise labels them (SmolLM2's template has no {% generation %} markers, so
@@ -217,7 +226,7 @@ def test_chat_sft_train_py_reproduces_the_trial_on_the_assistant_turns(tmp_path,
     _export(chat_study, "baseline", out)
     config = json.loads((out / "sft_config.json").read_text())
     assert config["completion_only_loss"] is True and "assistant_only_loss" not in config
-    logged, observed = _run_sft(out)
+    logged, observed = _run_sft(out, monkeypatch)
     assert len(logged) == len(ours) == STEPS
     assert logged == pytest.approx(ours, rel=1e-4)
     assert ours[-1] < ours[0], "it trained"
@@ -313,7 +322,9 @@ def test_a_chat_template_with_generation_markers_hands_trl_the_conversations(
 
 
 @pytest.mark.slow
-def test_packed_sft_train_py_reproduces_the_packed_trial_and_keeps_examples_apart(tmp_path, lm_export_study):
+def test_packed_sft_train_py_reproduces_the_packed_trial_and_keeps_examples_apart(
+    tmp_path, lm_export_study, monkeypatch
+):
     """packing -> SFTConfig(packing=True, packing_strategy='bfd', padding_free=True): TRL flattens a batch's packed
     rows into one row, position ids restarting per example and no attention mask, the label at every example's
     start -100. Were the examples to attend to each other, the losses would differ from trainwise's packed trial,
@@ -325,7 +336,7 @@ def test_packed_sft_train_py_reproduces_the_packed_trial_and_keeps_examples_apar
     config = json.loads((out / "sft_config.json").read_text())
     assert (config["packing"], config["packing_strategy"], config["padding_free"]) == (True, "bfd", True)
     assert config["per_device_train_batch_size"] == spec.settings.batch_size
-    logged, observed = _run_sft(out)
+    logged, observed = _run_sft(out, monkeypatch)
     batch = observed["batch"]
     assert not observed["attention_mask"] and len(batch["input_ids"]) == 1  # one flattened row
     positions = batch["position_ids"][0]
