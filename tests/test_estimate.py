@@ -197,6 +197,10 @@ def test_unknown_family_falls_back_to_probing_its_own_config(tmp_path, capsys, m
     from trainwise.cli import main
     from trainwise.models import train_tokenizer
 
+    # a quarter of the design (its own cache: the shorter fit stays out of the session's): the fallback, not the fit
+    monkeypatch.setenv("TRAINWISE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(est, "PROBE_DESIGN", est.PROBE_DESIGN[::4])
+
     config = ElectraConfig(
         vocab_size=256, embedding_size=32, hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
         intermediate_size=64, num_labels=2,
@@ -221,6 +225,7 @@ def test_calibration_is_cached_and_says_which_it_was(tmp_path, monkeypatch, caps
     from trainwise.cli import main
 
     monkeypatch.setenv("TRAINWISE_CACHE", str(tmp_path))
+    monkeypatch.setattr(est, "PROBE_DESIGN", est.PROBE_DESIGN[:4])  # what is said and cached, not the fit
     argv = ["estimate", "--model-preset", "bert-tiny", "--strategies", "baseline", "--device", "cpu"]
     config = model_config(ModelSource("preset", "bert-tiny"), "classification", 2)
     first = calibrate(config, "classification", TrialPlan(), "cpu")

@@ -86,13 +86,19 @@ def test_seed_004_runs_by_name_on_its_distilbert_preset_with_flags_over_its_keys
 
 
 @pytest.mark.probe
-def test_the_estimate_knows_distilberts_shapes():
+def test_the_estimate_knows_distilberts_shapes(tmp_path, monkeypatch):
     """The distilbert family is probed on a tiny config of its own shapes (estimate's FAMILY_KEYS), not on the
     whole model: seed 004's preset is estimated as fast as BERT's."""
+    import importlib
+
     from transformers import DistilBertConfig
 
     from trainwise.estimate import calibrate
     from trainwise.strategies.plan import TrialPlan
+
+    est = importlib.import_module("trainwise.estimate")
+    monkeypatch.setenv("TRAINWISE_CACHE", str(tmp_path))  # a quarter of the design, in a cache of its own: the
+    monkeypatch.setattr(est, "PROBE_DESIGN", est.PROBE_DESIGN[::4])  # shapes the probe builds, not the fit
 
     config = DistilBertConfig(vocab_size=30522, dim=768, n_layers=6, n_heads=12, hidden_dim=3072, num_labels=4)
     cal = calibrate(config, "classification", TrialPlan(), "cpu")
