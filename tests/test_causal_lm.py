@@ -2,7 +2,8 @@
 
 What is checked: the prompt carries no loss and the loop's loss is transformers' own `.loss`; raw text cut into
 blocks loses no token; the built-in stdlib-instruct corpus; a compare of baseline, lora, packing, chunked_ce and all
-of them with bf16 and grad_ckpt writes rows with the loss-token share and perplexity; a trained model directory generates through `pipeline`.
+of them with bf16 and grad_ckpt writes rows with the loss-token share and perplexity; a trained model directory
+generates through `pipeline`.
 """
 
 from __future__ import annotations
