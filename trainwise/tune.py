@@ -37,7 +37,7 @@ from trainwise.events import Emit, Eval, Event, Warn
 from trainwise.export import RunSettings, epochs_for, named_model, train_command, train_out
 from trainwise.faults import seamed
 from trainwise.files import failed, refused_by, write_atomic
-from trainwise.launcher import Exit, Place, run
+from trainwise.launcher import Exit, Place, run, warm
 from trainwise.option import option, take
 from trainwise.pbt import EXPERIMENT, check_pbt, run_pbt
 from trainwise.results import TuneTrialResult
@@ -325,9 +325,7 @@ def tune(
             # it does not restart (seen with Ray 2.60); a half-done population is not resumed
             raise ConfigError(f"{out} already holds a PBT study; PBT studies do not resume: use another --out")
     if cfg.search != "pbt":  # PBT's members start in Ray's workers, not from this command's zygote
-        from trainwise import launcher
-
-        launcher.warm()  # the trials' process imports while the data is prepared
+        warm()  # the trials' process imports while the data is prepared
     on_status("trainwise tune: validating input, preparing data and model...")
     spec = prepare_study(study, on_line).specs[0]
     with hold(out):  # one command at a time in --out

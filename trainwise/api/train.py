@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from trainwise import launcher
 from trainwise.api.options import TrainOptions
 from trainwise.api.render import STDERR, Render
 from trainwise.errors import ConfigError
@@ -20,8 +21,6 @@ def start(options: TrainOptions, render: Render | None = STDERR):
     tc, backends = options.train_config(), parse_report_to(options.report_to)  # checked before torch loads
     options.price()  # a bad price is said now, not after the run (the summary prices it)
     if options.nproc > 1:  # ranks fork from the zygote: its imports overlap the preparation (one rank trains here)
-        from trainwise import launcher
-
         launcher.warm()
     if options.plan_study is not None:
         from trainwise.api.studies import study_spec  # heavy: trainwise.api.studies loads numpy
