@@ -21,7 +21,7 @@ def start(options: TrainOptions, render: Render | None = STDERR):
     tc, backends = options.train_config(), parse_report_to(options.report_to)  # checked before torch loads
     options.price()  # a bad price is said now, not after the run (the summary prices it)
     if options.nproc > 1:  # ranks fork from the zygote: its imports overlap the preparation (one rank trains here)
-        launcher.warm()
+        launcher.warm(options.task)
     if options.plan_study is not None:
         from trainwise.api.studies import study_spec  # heavy: trainwise.api.studies loads numpy
 
