@@ -392,7 +392,7 @@ def test_a_trial_contended_by_a_busy_process_is_measured_again(tmp_path, cls_csv
     from trainwise.study.run import run_study
 
     study = tiny_study(tmp_path, cls_csv, "classification", ["baseline"], eval_samples=0, max_steps=40, retries=2)
-    study.config.quiet_wait_s = 30.0
+    study.config.quiet_wait_s = 10.0  # a machine busy for reasons of its own: the 3-run branch below, sooner
     runs, events = [], []
 
     def first_run_loaded(spec, trial_dir, timeout, emit):

@@ -81,10 +81,8 @@ def test_tiny_probe_configs_keep_the_family_and_build(preset):
         assert tuple(logits.shape) == (2, 8, vocab)
 
 
-@pytest.mark.probe
-def test_estimate_predicts_the_memory_compare_shows_for_a_causal_lm(tmp_path):
-    """What compare measures (peak of live tensors) and what estimate predicts from compare's data agree per
-    row within -3%..+15%; chunked_ce's saving (the [tokens, vocab] logits) is predicted within 10 points."""
+def _predicted_and_measured(tmp_path, rows: list[str]) -> tuple[dict[str, int], dict[str, int]]:
+    """Per row: the peak estimate predicts from compare's data, and the peak of live tensors compare measures."""
     from trainwise.api.estimate import run_estimate
     from trainwise.estimate import EstimateConfig
     from trainwise.trial import run_trial
@@ -92,7 +90,6 @@ def test_estimate_predicts_the_memory_compare_shows_for_a_causal_lm(tmp_path):
     from .conftest import tiny_study
 
     pr_csv = write_csv(tmp_path / "pr.csv", pairs(400))  # enough for 16 packed rows of 128 tokens
-    rows = ["baseline", "chunked_ce", "packing"]
     kw = dict(batch_size=16, max_length=128, max_steps=2, warmup_steps=1, eval_samples=0, accum_steps=1)
     lm = dict(model_preset="llama-tiny", prompt_column="question", response_column="answer")
     study = tiny_study(tmp_path / "study", pr_csv, LM, rows, **kw, **lm)
@@ -116,9 +113,24 @@ def test_estimate_predicts_the_memory_compare_shows_for_a_causal_lm(tmp_path):
         m[row] = r.peak_mem_bytes
         # the estimate keeps a run from OOM: it may err high (by the fit's error, added as a margin), barely low
         assert -0.03 <= predicted[row] / m[row] - 1 <= 0.15, (row, predicted[row], m[row])
+    return predicted, m
+
+
+@pytest.mark.probe
+def test_estimate_predicts_the_memory_compare_shows_for_a_causal_lm(tmp_path):
+    """What compare measures (peak of live tensors) and what estimate predicts from compare's data agree per
+    row within -3%..+15%; chunked_ce's saving (the [tokens, vocab] logits) is predicted within 10 points."""
+    predicted, m = _predicted_and_measured(tmp_path, ["baseline", "chunked_ce"])
     saving_measured = 1 - m["chunked_ce"] / m["baseline"]
     saving_predicted = 1 - predicted["chunked_ce"] / predicted["baseline"]
     assert saving_measured > 0.2 and abs(saving_measured - saving_predicted) <= 0.10
+
+
+@pytest.mark.bench
+def test_estimate_predicts_the_memory_of_a_packed_causal_lm(tmp_path):
+    """The same for packing (a probe of its own, ~15 s on 2 cores: `make bench`; benchmarks/estimate_accuracy.py
+    --task causal-lm measures it on SmolLM2)."""
+    _predicted_and_measured(tmp_path, ["packing"])
 
 
 def test_qlora_base_weights_are_counted_in_four_bits():
