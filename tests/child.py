@@ -58,14 +58,6 @@ def main(what: str) -> int:
         forked = os.environ.get("TRAINWISE_FORKED") == "1"
         say({"event": "where", "forked": forked, "cwd": os.getcwd(), "var": os.environ.get("TW_TEST_VAR")})
         return 0
-    if what == "metrics":  # what the process it forked from imported for it
-        say(
-            {
-                "event": "metrics",
-                "imported": sorted(m for m in ("rouge_score.rouge_scorer", "nltk") if m in sys.modules),
-            }
-        )
-        return 0
     if what == "killed":
         os.kill(os.getpid(), signal.SIGKILL)
     if what.startswith("rank"):

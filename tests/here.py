@@ -11,20 +11,20 @@ import subprocess
 
 
 def trainwise(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Exit code, stdout and stderr of `trainwise.cli.main(argv)`; `env` is set around the call, then restored
-    (never a fault that kills this process: a `train:kill@N` of a one-process run needs a subprocess)."""
+    """Exit code, stdout and stderr of `trainwise.cli.main(argv)`; `env` is set around the call, and the whole
+    environment is put back after it (what the command set for itself, such as DS_ACCELERATOR, too). Never a
+    fault that kills this process: a `train:kill@N` of a one-process run needs a subprocess. Python warnings and
+    the log lines of libraries whose handlers were made before the call do not reach the returned stderr: a check
+    that a command prints no third-party line needs a subprocess."""
     from trainwise.cli import main
 
-    before = {k: os.environ.get(k) for k in env or {}}
+    before = dict(os.environ)
     out, err = io.StringIO(), io.StringIO()
     os.environ.update(env or {})
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = main(list(argv))
     finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        os.environ.clear()
+        os.environ.update(before)
     return subprocess.CompletedProcess(["trainwise", *argv], code, out.getvalue(), err.getvalue())

@@ -26,7 +26,7 @@ from trainwise.models import ModelSource, build_model, load_tokenizer, resolve_m
 from .conftest import WORDS, write_csv
 
 ALL = "bf16+grad_ckpt+lora+packing+chunked_ce"  # the all-combined row
-# bf16 and grad_ckpt run in ALL (each alone is a text row of test_contract): every row here is checked the same way
+# bf16 and grad_ckpt run in ALL here (each alone: test_contract's causal-LM rows): every row is checked the same way
 ROWS = ["baseline", "lora", "packing", "chunked_ce", ALL]
 
 

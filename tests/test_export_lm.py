@@ -115,7 +115,7 @@ def _export(study, row: str, out: Path) -> None:
 
 
 def _run_sft(out: Path, here: pytest.MonkeyPatch | None = None) -> tuple[list[float], dict]:
-    """sft_train.py as written, in its own process, with an observer appended: the logged losses, and the
+    """sft_train.py as written (in its own process unless `here`), with an observer appended: the logged losses, and the
     first batch the trainer built (what carries loss, how positions run). Its output carries no third-party noise,
     and the trained model is saved into output_dir (the Trainer creates it: it is not left empty).
     With `here` (the test's monkeypatch), it runs in this process instead: TRL imported once, not once a test

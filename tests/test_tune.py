@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from tests import here
@@ -235,8 +236,12 @@ def test_a_tune_trial_past_its_timeout_is_killed_and_recorded(tmp_path, cls_csv)
     )
     [trial] = json.loads((out / "tune_result.json").read_text())["trials"]
     assert trial["state"] == "fail"
-    alive = subprocess.run(["pgrep", "-f", f"trainwise.tune {out}"], capture_output=True, text=True).stdout
-    assert alive == "", "the timed-out trial was killed"
+    # the trial was forked by this session's zygote (or exec'd as trainwise.worker where it cannot fork): gone
+    from trainwise import zygote
+
+    forked = psutil.Process(zygote._zygote.proc.pid).children() if zygote._zygote is not None else []
+    execd = [p for p in psutil.Process().children(recursive=True) if "trainwise.worker" in " ".join(p.cmdline())]
+    assert forked == [] and execd == [], "the timed-out trial was killed"
 
 
 def test_pbt_members_train_under_out_here_and_in_the_nodes_temp_on_a_cluster(tmp_path):

@@ -41,7 +41,6 @@ from typing import Any, Protocol, TypeVar
 
 from trainwise import zygote
 from trainwise.config import TrialSpec
-from trainwise.data.metrics import imports_for
 from trainwise.distributed import Ranks, is_multiprocess
 from trainwise.events import Emit, Event, Reader, Result, ignore
 from trainwise.faults import is_oom, seamed
@@ -403,11 +402,10 @@ class TrialJob:
         return TrialResult(status="crashed", message=message, wall_s=end.wall_s, **base)
 
 
-def warm(task: str | None = None) -> None:
+def warm() -> None:
     """Trials will run in this command: start the process they fork from now (its imports overlap the
-    command's preparation; a no-op where children are exec'd). `task`: what they train, when it is known (a
-    task that generates text has its metrics imported there once, not once a trial)."""
-    zygote.warm(imports_for(task))
+    command's preparation; a no-op where children are exec'd)."""
+    zygote.warm()
 
 
 def launch(spec: TrialSpec, trial_dir: Path, timeout_s: float, on_event: Listener) -> TrialResult:

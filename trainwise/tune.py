@@ -325,7 +325,7 @@ def tune(
             # it does not restart (seen with Ray 2.60); a half-done population is not resumed
             raise ConfigError(f"{out} already holds a PBT study; PBT studies do not resume: use another --out")
     if cfg.search != "pbt":  # PBT's members start in Ray's workers, not from this command's zygote
-        warm(study.task)  # the trials' process imports while the data is prepared
+        warm()  # the trials' process imports while the data is prepared
     on_status("trainwise tune: validating input, preparing data and model...")
     spec = prepare_study(study, on_line).specs[0]
     with hold(out):  # one command at a time in --out

@@ -115,12 +115,11 @@ class Forked:
 class Zygote:
     """The caller's handle on the zygote process: started on first use, one per command."""
 
-    def __init__(self, command: list[str] | None = None, preload: tuple[str, ...] = ()) -> None:
-        """`command` (tests): what runs in place of the zygote, given the socket's descriptor as its last word;
-        `preload`: modules this command's trials will import beyond PRELOAD, imported once there."""
+    def __init__(self, command: list[str] | None = None) -> None:
+        """`command` (tests): what runs in place of the zygote, given the socket's descriptor as its last word."""
         ours, theirs = socket.socketpair()
         self.proc = subprocess.Popen(
-            [*(command or [sys.executable, "-m", "trainwise.zygote", *preload]), str(theirs.fileno())],
+            [*(command or [sys.executable, "-m", "trainwise.zygote"]), str(theirs.fileno())],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             preexec_fn=bound_to_me(),
@@ -184,12 +183,11 @@ _zygote: Zygote | None = None
 _start_lock = threading.Lock()
 
 
-def warm(preload: tuple[str, ...] = ()) -> None:
+def warm() -> None:
     """Start this command's zygote now, without waiting for it: its imports (~8 s on 2 CPU cores) overlap the
-    command's own preparation instead of delaying its first trial. `preload`: what this command's trials import
-    beyond PRELOAD (the text metrics of a generating task: ~3.5 s a trial on 2 cores), imported there once."""
+    command's own preparation instead of delaying its first trial."""
     if enabled():
-        _started(preload)
+        _started()
 
 
 def settle(timeout: float = 120.0) -> None:
@@ -199,11 +197,11 @@ def settle(timeout: float = 120.0) -> None:
         _zygote.ready.wait(timeout)
 
 
-def _started(preload: tuple[str, ...] = ()) -> Zygote:
+def _started() -> Zygote:
     global _zygote
     with _start_lock:
         if _zygote is None or _zygote.proc.poll() is not None:
-            _zygote = Zygote(preload=preload)
+            _zygote = Zygote()
         return _zygote
 
 
@@ -431,14 +429,10 @@ def _serve(sock: socket.socket) -> None:
 def main(argv: list[str]) -> int:
 
     die_with_parent()
-    *preload, fd = argv  # the caller's extra modules, then the socket's descriptor
-    sock = socket.socket(fileno=int(fd))
+    sock = socket.socket(fileno=int(argv[0]))
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # a CUDA check by an import must not init CUDA
     for name in PRELOAD:
         importlib.import_module(name)
-    for name in preload:
-        with contextlib.suppress(ImportError):  # the trial that needs it says so itself
-            importlib.import_module(name)
     import torch  # heavy: torch (imported by the preload already)
 
     # peft imports bitsandbytes when it is installed, and bitsandbytes initialises CUDA when a GPU is visible

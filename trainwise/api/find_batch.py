@@ -16,7 +16,7 @@ from trainwise.launcher import launch
 def start(options: FindBatchOptions, render: Render | None = STDERR) -> FindBatchReport:
     render = Render.of(render)
     fb = options.resolve()
-    launcher.warm(options.task)  # the trials' process imports while the data is prepared
+    launcher.warm()  # the trials' process imports while the data is prepared
     with render.status("trainwise find-batch: ...") as status:
         return search(
             options.strategies, options.accum_steps, options.config_at, fb, launch, render.update(status), render.line

@@ -20,8 +20,6 @@ def start(options: TrainOptions, render: Render | None = STDERR):
     render = Render.of(render)
     tc, backends = options.train_config(), parse_report_to(options.report_to)  # checked before torch loads
     options.price()  # a bad price is said now, not after the run (the summary prices it)
-    if options.nproc > 1:  # ranks fork from the zygote: its imports overlap the preparation (one rank trains here)
-        launcher.warm(options.task)
     if options.plan_study is not None:
         from trainwise.api.studies import study_spec  # heavy: trainwise.api.studies loads numpy
 
@@ -34,6 +32,8 @@ def start(options: TrainOptions, render: Render | None = STDERR):
         from trainwise.study.prepare import prepare_study  # heavy: trainwise.study.prepare loads numpy
 
         cfg = options.plan_config()
+        if cfg.nproc > 1:  # ranks fork from the zygote: its imports overlap the preparation (one rank trains here)
+            launcher.warm()
         with render.status("trainwise train: validating input, preparing data and model..."):
             prepared = prepare_study(cfg, render.note)
         if prepared.unsupported:

@@ -15,13 +15,6 @@ import sys
 from typing import Any
 
 _meteor: list[Any] = []  # the process's METEOR scorer (a JVM), started on first use
-GENERATING = ("seq2seq", "causal-lm")  # the tasks whose evaluation scores generated text (text_metrics)
-
-
-def imports_for(task: str | None) -> tuple[str, ...]:
-    """The modules a trial of `task` imports to score its evaluation (rouge-score's nltk: ~3.5 s on 2 cores),
-    for a process its trials fork from to import once."""
-    return ("rouge_score.rouge_scorer", "sacrebleu.metrics") if task in GENERATING else ()
 
 
 def accuracy(pred: list[int], gold: list[int]) -> float:
