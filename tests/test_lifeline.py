@@ -11,6 +11,7 @@ import time
 import psutil
 import pytest
 
+from tests import here
 from trainwise.study.store import read_rows
 
 from .killing import alive_after
@@ -122,13 +123,7 @@ def test_a_killed_study_keeps_readable_reports_says_it_is_partial_and_resumes(tm
     from trainwise.study.store import partial_note
 
     assert "1 of 4 trials finished" in (partial_note(out) or "")
-    finished = subprocess.run(
-        [*argv, "--out", str(out)],
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    finished = here.trainwise(*argv[3:], "--out", str(out))  # resumed in this process: no start-up of its own
     assert finished.returncode == 0, finished.stderr
     assert "(stored) baseline #1: ok" in finished.stderr  # not re-run
     assert [r["strategy"] for r in read_rows(out / "results.json")] == [
