@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -204,3 +205,21 @@ def test_ranks_run_under_torchrun_with_trainwise_fork_0(tmp_path, monkeypatch):
     assert end.code == 0, (tmp_path / "log").read_text()
     assert sorted(e["RANK"] for e in seen) == ["0", "1"] and not any(e["forked"] for e in seen)
     assert all(e["agent_store"] is not None for e in seen)  # torchrun's agent says whether ranks use its store
+
+
+def test_a_child_killed_before_it_leads_its_own_group_is_still_killed():
+    """A deadline that passed while a cold zygote imported kills a trial forked a moment before, which may not
+    have made its session yet: the group kill finds no group, and the child itself must die (a hanging trial
+    was once waited for, for ever: `tune --trial-timeout 0.5` with a cold zygote)."""
+    import threading
+
+    from trainwise.launcher import _kill_group
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # in this test's group
+    killer = threading.Thread(target=_kill_group, args=(child,), daemon=True)
+    killer.start()
+    killer.join(timeout=30)
+    alive = killer.is_alive()
+    if alive:
+        child.kill()
+    assert not alive and child.returncode == -signal.SIGKILL

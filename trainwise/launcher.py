@@ -182,8 +182,15 @@ def events(proc: subprocess.Popen) -> Iterator[dict]:
 
 def _kill_group(proc: subprocess.Popen) -> None:
     """Kill the child and anything it started (dataloader workers, ranks); it runs in its own session."""
-    with contextlib.suppress(ProcessLookupError):
+    try:
         os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        # no such group: the child is gone, or was forked a moment ago and has not made its session yet (its first
+        # act; a deadline that passed while a cold zygote imported kills that soon). Then it has started nothing:
+        # killing it is killing all of it (else the wait below would wait for a trial that hangs, for ever)
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
 
 
