@@ -14,7 +14,6 @@ import json
 import os
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -50,19 +49,6 @@ def fill(fs: Path) -> Path:
     return path
 
 
-def trainwise(*argv: str, env: dict | None = None, fresh: bool = False) -> subprocess.CompletedProcess:
-    """The command in this process; with `fresh`, in a new one (a run that its fault kills)."""
-    if not fresh:
-        return here.trainwise(*argv, env=env)
-    return subprocess.run(
-        [sys.executable, "-m", "trainwise.cli", *argv],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=600,
-    )
-
-
 def one_line(proc: subprocess.CompletedProcess, out: Path) -> str:
     assert proc.returncode == OUTPUT_EXIT, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("trainwise: error:")]
@@ -81,11 +67,11 @@ def test_compare_on_a_full_disk_is_one_line_and_resumes_when_there_is_room(tmp_p
         out = fs / "study"
         argv = ["compare", *BERT, "--train-file", str(cls_csv), "--max-steps", "3", "--warmup-steps", "1"]
         argv += ["--no-remeasure", "--retries", "0", "--out", str(out)]
-        assert trainwise(*argv, "--strategies", "baseline").returncode == 0
+        assert here.trainwise(*argv, "--strategies", "baseline").returncode == 0
         reports = {p: (out / p).read_bytes() for p in ("results.json", "report.md", "progress.json")}
 
         filler = fill(fs)
-        line = one_line(trainwise(*argv, "--strategies", "baseline,grad_ckpt"), out)
+        line = one_line(here.trainwise(*argv, "--strategies", "baseline,grad_ckpt"), out)
         assert leftovers(out) == [], "no temporary file is left behind"
         with sqlite3.connect(out / "study.sqlite") as db:
             stored = db.execute("SELECT strategy, status FROM trials").fetchall()
@@ -93,7 +79,7 @@ def test_compare_on_a_full_disk_is_one_line_and_resumes_when_there_is_room(tmp_p
         assert {p: (out / p).read_bytes() for p in reports} == reports, "the reports are the last whole set"
 
         filler.unlink()  # room again: the same command finishes the study from the store
-        again = trainwise(*argv, "--strategies", "baseline,grad_ckpt")
+        again = here.trainwise(*argv, "--strategies", "baseline,grad_ckpt")
         assert again.returncode == 0, again.stderr[-2000:]
         assert again.stderr.count("(stored)") == 1
         rows = json.loads((out / "results.json").read_text())["rows"]
@@ -108,18 +94,20 @@ def test_train_on_a_full_disk_is_one_line_and_resume_continues_from_the_last_who
         out = fs / "run"
         argv = ["train", *BERT, "--train-file", str(cls_csv), "--max-steps", "6", "--save-every", "2"]
         argv += ["--eval-every", "2", "--out", str(out)]
-        killed = trainwise(*argv, env={"TRAINWISE_FAULT": "train:kill@5"}, fresh=True)  # after the step-4 checkpoint
+        killed = here.trainwise(
+            *argv, env={"TRAINWISE_FAULT": "train:kill@5"}, fresh=True
+        )  # after the step-4 checkpoint
         assert killed.returncode != 0 and (out / "checkpoints" / "ckpt-00000004").is_dir()
         assert "writing to " + str(out) in killed.stderr and "the last 2 kept (--keep-checkpoints)" in killed.stderr
 
         filler = fill(fs)
-        line = one_line(trainwise(*argv, "--resume"), out)
+        line = one_line(here.trainwise(*argv, "--resume"), out)
         assert "--resume" in line, "the line says how to continue"
         assert leftovers(out) == [] and not list((out / "checkpoints").glob(".tmp-*"))
         assert (out / "checkpoints" / "latest").read_text() == "ckpt-00000004", "the last whole checkpoint stays"
 
         filler.unlink()
-        done = trainwise(*argv, "--resume")
+        done = here.trainwise(*argv, "--resume")
         assert done.returncode == 0, done.stderr[-2000:]
         assert "trained 6/6 steps" in done.stdout and "(resumed from ckpt-00000004)" in done.stdout
         assert "disk: " in done.stdout and "checkpoints/" in done.stdout

@@ -340,13 +340,10 @@ def test_a_quality_study_trains_a_sized_row_on_as_many_samples(tmp_path, cls_csv
 )
 def test_bad_input_is_one_line_and_exit_2(searched, extra, says):
     out, _opts, _before, _result = searched
-    argv = ["plan", "--study", str(out), "--no-quality-check", *extra]
-    if "--memory-budget" in extra:  # the case that goes deepest (the study read, the estimate run): a command of its
-        # own, so a library's warning or log line would show in its stderr (in this process pytest takes them)
-        argv = [sys.executable, "-m", "trainwise.cli", *argv]
-        done = subprocess.run(argv, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True)
-    else:
-        done = here.trainwise(*argv)
+    # the case that goes deepest (the study read, the estimate run) in a command of its own, so a library's warning
+    # or log line would show in its stderr (in this process pytest takes them)
+    fresh = "--memory-budget" in extra
+    done = here.trainwise("plan", "--study", str(out), "--no-quality-check", *extra, fresh=fresh)
     assert done.returncode == 2, done.stderr[-2000:]
     lines = [ln for ln in done.stderr.splitlines() if ln.strip() and not ln.startswith(("trainwise: note", "model "))]
     assert says in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -49,11 +46,7 @@ def _train(out, csv, *extra, env=None, fresh=False):
     argv = ["train", "--model-preset", "bert-tiny", "--train-file", str(csv), "--batch-size", "8"]
     argv += ["--max-length", "32", "--epochs", "2", "--max-steps", "12", "--eval-every", "4"]
     argv += ["--save-every", "3", "--eval-samples", "16", "--device", "cpu", "--out", str(out), *extra]
-    if not fresh:
-        return here.trainwise(*argv, env=env)
-    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
-    argv = [sys.executable, "-m", "trainwise.cli", *argv]
-    return subprocess.run(argv, capture_output=True, text=True, env=full_env, timeout=300)
+    return here.trainwise(*argv, env=env, fresh=fresh)
 
 
 def _result(out):
