@@ -33,3 +33,37 @@ def trainwise(*argv: str, env: dict[str, str] | None = None, fresh: bool = False
         os.environ.clear()
         os.environ.update(before)
     return subprocess.CompletedProcess(["trainwise", *argv], code, out.getvalue(), err.getvalue())
+
+
+@contextlib.contextmanager
+def ray_node(env: dict[str, str], *flags: str, timeout: float = 120.0):
+    """A Ray node of this test's own (`ray start --block` in a process group of its own, its own temp dir), up
+    when the block is entered and killed with its whole group when it is left: never a host-wide `ray stop`,
+    which would also stop any other Ray on the machine (and takes ~8 s where a kill takes 0.1 s)."""
+    import shutil
+    import signal
+    import tempfile
+    import time
+
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    # a short path of its own: Ray's socket paths under it must stay within the 107 characters a socket allows
+    temp = tempfile.mkdtemp(prefix="tw-ray-")
+    command = [ray_cli, "start", "--block", f"--temp-dir={temp}", "--disable-usage-stats", *flags]
+    node = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    said: list[str] = []
+    try:
+        deadline = time.monotonic() + timeout
+        assert node.stdout is not None
+        for line in node.stdout:  # `--block` keeps it running once the node is up, after this line
+            said.append(line)
+            if "Ray runtime started" in line or time.monotonic() > deadline:
+                break
+        assert said and "Ray runtime started" in said[-1], "".join(said)[-2000:]
+        yield node
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.pid, signal.SIGKILL)
+        node.wait()
+        shutil.rmtree(temp, ignore_errors=True)

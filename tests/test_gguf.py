@@ -146,7 +146,7 @@ def test_without_the_gguf_package_says_what_to_install(tmp_path, cache, monkeypa
     assert f"pip install {tw_gguf.GGUF_PIN}" in one_line_error(fake_gguf(tmp_path / "m.gguf"))
     assert tw_gguf.GGUF_PIN in (ROOT / "requirements.lock").read_text().splitlines()
     pin = tw_gguf.REINSTALL.split()[-1]
-    assert f"pip install --quiet --no-deps {pin}" in (ROOT / "Makefile").read_text()
+    assert f"--no-deps {pin}" in (ROOT / "Makefile").read_text()
 
 
 def test_written_atomically(tmp_path, cache, monkeypatch):
