@@ -64,6 +64,26 @@ def test_channels_last_changes_the_layout_not_the_numbers(tmp_path):
     assert ckpt.final_loss == pytest.approx(base.final_loss, rel=1e-4), "checkpointing recomputes the same values"
 
 
+def test_checkpointing_counts_each_batch_once_in_the_batchnorm_statistics():
+    """A checkpointed block runs its forward again in the backward; its BatchNorm statistics must not see the batch
+    twice, or evaluation (which normalises with them) differs from the run without checkpointing."""
+    torch.manual_seed(0)
+    plain = ResNeXt("resnext-tiny", 3, 10)
+    ckpt = ResNeXt("resnext-tiny", 3, 10)
+    ckpt.load_state_dict(plain.state_dict())
+    ckpt.gradient_checkpointing_enable()
+    x = torch.randn(8, 3, 16, 16)
+    for model in (plain, ckpt):
+        model.train()
+        model(x).logits.sum().backward()
+    for (name, a), (_, b) in zip(plain.named_buffers(), ckpt.named_buffers(), strict=True):
+        assert torch.equal(a, b), name
+    plain.eval(), ckpt.eval()
+    assert torch.allclose(plain(x).logits, ckpt(x).logits, atol=1e-6)
+    grads = [(p.grad, q.grad) for p, q in zip(plain.parameters(), ckpt.parameters(), strict=True)]
+    assert all(torch.allclose(g, h, atol=1e-6) for g, h in grads), "the recomputation's gradients are the same"
+
+
 def _png_folder(root, classes=("cat", "dog"), n=6, size=(12, 10)):
     from PIL import Image
 

@@ -13,8 +13,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import pickle
+from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -88,8 +91,33 @@ class ResNeXt(nn.Module):
     def forward(self, pixel_values: torch.Tensor) -> SimpleNamespace:
         x = self.stem(pixel_values)
         for block in self.layers:
-            x = checkpoint(block, x, use_reentrant=False) if self._ckpt and self.training else block(x)
+            if self._ckpt and self.training:
+                x = checkpoint(block, x, use_reentrant=False, context_fn=partial(_statistics_kept, block))
+            else:
+                x = block(x)
         return SimpleNamespace(logits=self.head(x.mean(dim=(2, 3))))
+
+
+def _statistics_kept(block: nn.Module) -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+    """checkpoint's contexts for a block: none around its forward, and around its recomputation in the backward one
+    that puts its BatchNorm running statistics back as they were. A BatchNorm in training mode updates them at every
+    forward, so a recomputed block would count each step's batch twice, and evaluation (which normalises with them)
+    would differ from the run without checkpointing (seed 003's recipe read 21.9% accuracy against 13.3%, with the
+    same training losses)."""
+    return contextlib.nullcontext(), _restored(block)
+
+
+@contextlib.contextmanager
+def _restored(block: nn.Module) -> Iterator[None]:
+    norms = [m for m in block.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    buffers = [b for m in norms for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None]
+    saved = [b.clone() for b in buffers]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, before in zip(buffers, saved, strict=True):
+                b.copy_(before)
 
 
 def build_image_model(preset: str, in_channels: int, num_classes: int, seed: int) -> ResNeXt:
