@@ -120,6 +120,7 @@ def test_a_killed_study_keeps_readable_reports_says_it_is_partial_and_resumes(tm
     progress = json.loads((out / "progress.json").read_text())
     assert (progress["done"], progress["total"], len(progress["trials"])) == (1, 4, 1)  # + the baseline again, last
     assert (out / "report.md").read_text().count("| baseline |") == 1 and (out / "chart.png").stat().st_size > 0
+    assert not (out / "report.html").exists(), "the page is written when the study ends (`trainwise report` draws it)"
     from trainwise.study.store import partial_note
 
     assert "1 of 4 trials finished" in (partial_note(out) or "")
@@ -131,7 +132,7 @@ def test_a_killed_study_keeps_readable_reports_says_it_is_partial_and_resumes(tm
         "grad_accum",
         "dynamic_pad",
     ]
-    assert partial_note(out) is None
+    assert partial_note(out) is None and '<figure id="losses">' in (out / "report.html").read_text()
     assert main(["advise", str(out)]) == 0
 
 

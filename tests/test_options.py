@@ -27,7 +27,7 @@ VERBS = {
 
 def test_every_verb_has_options():
     assert set(VERBS) == {
-        *("compare", "advise", "plan", "estimate", "export", "find-batch", "train", "tune", "doctor", "env"),
+        *("compare", "advise", "plan", "estimate", "export", "find-batch", "train", "tune", "doctor", "env", "report"),
     }
 
 
@@ -102,7 +102,7 @@ def test_the_clis_flags_are_the_options():
 
 def test_the_apis_defaults_are_the_options():
     """A verb called with nothing but what it requires has every option at its declared default."""
-    required = {"advise": {"study": ["s"]}, "tune": {"space": "space.yaml"}}
+    required = {"advise": {"study": ["s"]}, "tune": {"space": "space.yaml"}, "report": {"study": "s"}}
     for verb, cls in VERBS.items():
         made = cls.of(required.get(verb, {}))
         for f in dataclasses.fields(cls):

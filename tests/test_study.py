@@ -101,6 +101,10 @@ def test_compare_writes_every_report_and_resumes(tmp_path, cls_csv, capsys, monk
         assert [r["strategy"] for r in csv.DictReader(f)] == ["baseline", "grad_ckpt", "fp16"]
     assert "| baseline | ok |" in (out / "report.md").read_text()
     assert (out / "chart.png").read_bytes()[:4] == b"\x89PNG"
+    # issue 38: the page, written when the study ended, draws each row's loss at every step (3 steps here)
+    assert len(rows[0]["losses"]) == 3 and all(0 < x < 10 for x in rows[0]["losses"])
+    page = (out / "report.html").read_text()
+    assert '<figure id="losses">' in page and '<figure id="tradeoff">' in page and "| baseline |" not in page
     with sqlite3.connect(out / "study.sqlite") as db:
         assert db.execute("SELECT COUNT(*) FROM trials").fetchone()[0] == 4  # + the baseline again, last
     assert rows[0]["repeats"] == 2 and "run first and again last" in rows[0]["noise_source"]

@@ -61,6 +61,7 @@ class TrialResult:
     # quality
     train_loss: float | None = None  # true mean loss over the last 5 optimizer steps
     final_loss: float | None = None  # loss of the last optimizer step
+    losses: list | None = None  # the loss of every optimizer step of the study's (not of the steps autorange adds)
     metric_name: str | None = None
     metric: float | None = None
     metrics: dict = field(default_factory=dict)
@@ -291,6 +292,7 @@ class StudyRow:
     # present only when a trial of the cell was ok (None: the key is absent from results.json)
     metrics: dict | None = None
     step_time_s_all: list | None = None
+    losses: list | None = None  # the first ok trial's loss at every optimizer step (report.html draws them)
     # relative to the baseline, and the noise floor that judges it
     rel_time: float | None = None  # baseline samples/s / this row's: > 1 is slower
     rel_mem: float | None = None
@@ -347,7 +349,7 @@ class StudyRow:
 
 # keys results.json holds only when they have a value (see StudyRow.to_dict)
 _ABSENT_WHEN_NONE = frozenset(
-    {"metrics", "step_time_s_all", "quality_verdict", "trial_steps", "eval_samples", "loss_token_share"}
+    {"metrics", "step_time_s_all", "losses", "quality_verdict", "trial_steps", "eval_samples", "loss_token_share"}
 )
 _ABSENT_WHEN_UNSET = frozenset({"added_steps", "uncertain"})  # 0 / False: the key is left out
 _ROW_FIELDS = frozenset(f.name for f in fields(StudyRow)) - {"extra"}

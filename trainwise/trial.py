@@ -169,6 +169,7 @@ def run_trial(spec: TrialSpec, progress: Emit | None = None, trace_path: Path | 
         rss_before_model_bytes=rss_before,
         train_loss=sum(losses[-5:]) / len(losses[-5:]),
         final_loss=losses[-1],
+        losses=losses,
         metric_name=data.metric,
         metric=metrics.get(data.metric),
         metrics=metrics,

@@ -47,7 +47,7 @@ def run(
         # the reports are rewritten as each trial is stored: a killed study's finished trials are readable
         write = lambda so_far: report(prepared, so_far, price, quality_phase)  # noqa: E731
         trials = run_study(prepared, launch, on_event, on_done, write)
-    done = report(prepared, trials, price, quality_phase)
+    done = report(prepared, trials, price, quality_phase, page=True)
     render.table(done)
     check_some_ok(done.table)
     if quality_phase is not None:

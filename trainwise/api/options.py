@@ -607,6 +607,27 @@ class DoctorOptions(Options):
     out: str = option("runs/doctor", "Where the checks' trials and doctor.json are written.")
 
 
+REPORT_FORMATS = ("html", "md", "csv", "json")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportOptions(Options):
+    """`trainwise report`: a study's reports drawn again from its results.json."""
+
+    VERB = "report"
+    study: str = option(
+        help="A `trainwise compare` --out: also one killed mid-way, or one an earlier release wrote.",
+        argument=True,
+        metavar="STUDY",
+    )
+    format: str = option("html", "html (report.html, with its figures), md (report.md), csv or json (results.*).")
+    output: str | None = option(None, "Where to write it (default: its file in STUDY); - prints it.")
+
+    def __post_init__(self) -> None:
+        if self.format not in REPORT_FORMATS:
+            raise ConfigError(f"--format must be one of {', '.join(REPORT_FORMATS)}, got {self.format!r}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class EnvOptions(Options):
     """`trainwise env`: the environment recorded beside every figure."""

@@ -55,6 +55,13 @@ class Study:
 
         return export(**{**options, "study": str(self.path)})
 
+    def report(self, format: str = "html", output: str | Path | None = None) -> Any:
+        """The study's report drawn again (`trainwise report`): report.html by default, or md, csv, json;
+        `output` a file, or "-" to only return the text. Returns `trainwise.api.report.Written`."""
+        from trainwise.api.report import report  # the page's figures load matplotlib when drawn
+
+        return report(self.path, format=format, output=output)
+
     def _repr_html_(self) -> str:
         frame = self.to_pandas()
         return f"<p>trainwise study {self.path}</p>" + frame[[c for c in SHOWN if c in frame]].to_html(index=False)

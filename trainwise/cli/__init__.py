@@ -214,6 +214,21 @@ def tune(o: api.TuneOptions, _json: bool) -> None:
     check_some_complete(result)  # exit 1 when no trial produced a value
 
 
+@verb(api.ReportOptions)
+def report(o: api.ReportOptions, _json: bool) -> None:
+    """Draw a study's reports again from its results.json: report.html (its table and figures: time against
+    memory with the Pareto front, the loss at every step, where a step's time and memory go), report.md,
+    results.csv or results.json. Also a study killed mid-way (said to be partial) or written by an earlier release.
+    """
+    from trainwise.api.report import start  # heavy: the study store
+
+    done = start(o)
+    if done.path is None:
+        sys.stdout.write(done.text)
+    else:
+        print(done.path)
+
+
 @app.command("recipes")
 def list_recipes() -> None:
     """List the shipped study files (the five case studies): the question each asked, its rows, and its model

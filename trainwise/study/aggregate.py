@@ -113,6 +113,7 @@ def aggregate(cells: list[Cell], trials: Trials) -> list[StudyRow]:
             if ok
             else None,
             step_time_s_all=[r.step_time_s for r in ok] if ok else None,
+            losses=next((r.losses for r in ok if r.losses), None),
         )
         table.append(row)
     # the reference: the baseline row (with a sweep, the first baseline cell: smallest batch, fewest workers)
@@ -198,8 +199,11 @@ class Report:
     paths: list[Path]
 
 
-def report(prepared: PreparedStudy, trials: Trials, price=None, quality: tuple[int, int] | None = None) -> Report:
-    """The study's table (priced when asked), written as results.json/.csv, report.md and chart.png."""
+def report(
+    prepared: PreparedStudy, trials: Trials, price=None, quality: tuple[int, int] | None = None, page: bool = False
+) -> Report:
+    """The study's table (priced when asked), written as results.json/.csv, report.md and chart.png; with `page`
+    (the study's last write), report.html too."""
 
     s = prepared.specs[0].settings
     table = aggregate(prepared.cells, trials)
@@ -207,8 +211,9 @@ def report(prepared: PreparedStudy, trials: Trials, price=None, quality: tuple[i
         table = add_cost(table, price)
     title = f"trainwise compare: {s.model_label} / {s.task} / {s.device}"
     keys = list(dict.fromkeys(spec.key() for spec, _ in trials))
-    study = study_settings(prepared, table, price, quality)
-    return Report(title, table, write_reports(prepared.out, table, title, len(keys), len(prepared.specs), study, keys))
+    study = {**study_settings(prepared, table, price, quality), "title": title}  # `trainwise report` draws it again
+    paths = write_reports(prepared.out, table, title, len(keys), len(prepared.specs), study, keys, page)
+    return Report(title, table, paths)
 
 
 def study_settings(prepared: PreparedStudy, table: list[StudyRow], price=None, quality=None) -> dict[str, object]:

@@ -22,18 +22,20 @@ from trainwise.config import DataOrigin, TrialSpec
 from trainwise.errors import ConfigError, read_json
 from trainwise.files import failed, write_atomic, writing
 from trainwise.quality import QualityVerdicts
+from trainwise.report.html import report_html
 from trainwise.report.write import caption, chart, csv_text, markdown
 from trainwise.results import StudyRow, TrialResult
 
 STORE = "study.sqlite"  # the finished trials (Store)
 RESULTS = "results.json"  # the table's rows (StudyRow) beside the study's settings (`study`)
 STUDY_FILE = "study.yaml"  # the options a study ran with (`compare --config` reruns it; trainwise.api writes it)
+PAGE = "report.html"  # the report as one self-contained page (trainwise.report.html), written when the study ends
 PROGRESS = "progress.json"  # how many of the study's trials the reports hold, and which (their store keys)
 QUALITY = "quality/quality.json"  # the quality phase's verdicts (its own study is in OUT/quality/)
 MARK = ".trainwise"  # in every --out trainwise writes: what is there is ours to replace
 REPLACED = "replaced"  # OUT/replaced/N/: the reports of a study --replace replaced
 # what a study's report is (its files, and its quality phase's verdicts): kept whole when it is replaced
-REPORTS = (RESULTS, "results.csv", "report.md", "chart.png", PROGRESS, STUDY_FILE, QUALITY)
+REPORTS = (RESULTS, "results.csv", "report.md", "chart.png", PAGE, PROGRESS, STUDY_FILE, QUALITY)
 
 
 def check_ours(out: Path, force: bool) -> None:
@@ -276,13 +278,16 @@ def write_reports(
     total: int | None = None,
     study: dict | None = None,
     trials: list[str] | None = None,
+    page: bool = False,
 ) -> list[Path]:
     """Every file replaced whole: all of them are written aside first and renamed into place only when
     each was written, so a reader, a kill or a full disk never leaves half of one (a set of reports that
     disagree only if a rename itself fails, which needs no space). `study` (the run's settings:
     `aggregate.study_settings`) opens report.md, sits beside the rows in results.json and captions the chart.
     `progress.json` says how many of the study's trials are in them (a killed study's reports are
-    partial), and which: `trials`, their keys in the store (which may hold trials of other settings)."""
+    partial), and which: `trials`, their keys in the store (which may hold trials of other settings).
+    report.html (its figures take a second or two to draw) is written with `page`, the study's last write; the
+    writes before it remove an earlier one, which no longer holds every row (`trainwise report` draws it)."""
     paths = [out / RESULTS, out / "results.csv", out / "report.md", out / "chart.png"]
     texts = {
         paths[0]: json.dumps({"study": study or {}, "rows": [e.to_dict() for e in table]}, indent=1, default=str),
@@ -291,6 +296,12 @@ def write_reports(
     }
     if done is not None and total is not None:
         texts[out / PROGRESS] = json.dumps({"done": done, "total": total, "trials": trials or []})
+    if page:
+        partial = f"partial: {done} of {total} trials" if done is not None and total and done < total else None
+        texts[out / PAGE] = report_html(table, title, study, partial)
+        paths.append(out / PAGE)
+    else:
+        (out / PAGE).unlink(missing_ok=True)
     tmps = {path: path.with_name(f".{path.stem}.tmp{path.suffix}") for path in [*texts, paths[3]]}
     for path, text in texts.items():
         with writing(path, *tmps.values()):
@@ -317,18 +328,27 @@ def read_rows(path: Path) -> Any:
     return rows_of(json.loads(path.read_text(encoding="utf-8")))
 
 
-def read_results(study: Path) -> list[StudyRow]:
-    """A study's results.json rows, typed (ConfigError when it is missing or not one). A results.json of
-    every earlier release opens: the bare list of rows, and rows without the fields added since."""
+def read_results(study: Path, runs: bool = True) -> list[StudyRow]:
+    """A study's results.json rows, typed (ConfigError when it is missing or not one; `runs`: the verb can run
+    the study itself, with --run). A results.json of every earlier release opens: the bare list of rows, and
+    rows without the fields added since."""
     path = study / RESULTS
     if study.exists() and not study.is_dir():
         raise ConfigError(f"{study}: not a study directory (a file); give the --out of `trainwise compare`")
     if not path.is_file():
-        raise ConfigError(f"{study}: no results.json; run `trainwise compare --out {study}` first, or add --run")
+        run = f"run `trainwise compare --out {study}` first" + (", or add --run" if runs else "")
+        raise ConfigError(f"{study}: no results.json (no trial of it has finished); {run}")
     rows = rows_of(read_json(path, "a trainwise results file"))
     if not isinstance(rows, list) or not all(isinstance(r, dict) and "strategy" in r for r in rows):
         raise ConfigError(f"{path}: not a trainwise results file (expected a list of rows with 'strategy')")
     return [StudyRow.from_dict(r) for r in rows]
+
+
+def write_report(study: Path, path: Path, text: str) -> Path:
+    """A report drawn again (`trainwise report`) written whole, into a study no other command is running in."""
+    with hold(study):
+        write_atomic(path, text)
+    return path
 
 
 def read_settings(study: Path) -> dict:

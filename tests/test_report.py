@@ -1,0 +1,198 @@
+"""Issue 38 (first part): report.html, one self-contained page with its figures, and `trainwise report STUDY`, which
+draws a study's reports again: also one killed mid-way, or one an earlier release wrote."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from matplotlib.transforms import Bbox
+
+from tests import here
+from trainwise.report import html as page
+from trainwise.results import StudyRow
+from trainwise.study.store import read_results
+
+OLD = Path(__file__).parent / "data" / "study_e874211"  # a real study of the last release before the study package
+# what would make a browser fetch something: a src/href, a CSS url() or @import that leaves the file
+FETCHES = re.compile(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//|url\(\s*["']?\s*(?:https?:)?//|@import""", re.I)
+
+
+def demo_rows() -> list[StudyRow]:
+    """Ten rows shaped like the demo's (time %, memory %): smart_batch and dynamic_pad sit close, as there."""
+    shape = {
+        "baseline": (1.00, 1.00),
+        "bf16": (16.2, 0.62),
+        "grad_accum": (0.97, 0.55),
+        "grad_ckpt": (1.59, 0.48),
+        "adafactor": (0.94, 0.90),
+        "dynamic_pad": (0.438, 0.61),
+        "smart_batch": (0.234, 0.61),
+        "freeze_embeddings": (1.02, 0.96),
+        "all": (0.463, 0.32),
+        "dynamic_pad+smart_batch": (0.22, 0.60),
+    }
+    rows = []
+    for i, (name, (t, m)) in enumerate(shape.items()):
+        rows.append(
+            StudyRow(
+                strategy=name,
+                row=name,
+                baseline=name == "baseline",
+                status="ok",
+                repeats=1,
+                rel_time=t,
+                rel_mem=m,
+                step_time_s=0.5 * t,
+                data_wait_s=0.01,
+                compute_s=0.4 * t,
+                optimizer_s=0.05,
+                samples_per_s=32 / t,
+                peak_mem_bytes=int(800e6 * m),
+                state_bytes=int(350e6),
+                mem_kind="cpu_allocated",
+                metric_name="accuracy",
+                metric=20.0 + i,
+                losses=[2.0 - 0.05 * s + 0.01 * i for s in range(16)],
+            )
+        )
+    rows.append(StudyRow(strategy="fp16", row="fp16", status="unsupported", message="needs cuda"))
+    return rows
+
+
+def test_the_page_holds_the_table_and_every_figure_and_fetches_nothing():
+    settings = {"model": "MiniLM", "command": "trainwise compare"}
+    text = page.report_html(demo_rows(), "trainwise compare: demo", settings)
+    assert text.startswith("<!DOCTYPE html>") and "<table>" in text and "MiniLM" in text
+    assert [m for m in re.findall(r'<figure id="([^"]+)">', text)] == ["tradeoff", "losses", "step-time", "memory"]
+    assert text.count("<svg") == 4 and text.count("<figcaption>") == 4
+    assert not FETCHES.findall(text), FETCHES.findall(text)
+    assert "<script" not in text and "<metadata" not in text
+    assert "smart_batch" in text and ">dynamic_pad+smart_batch<" in text  # labels are SVG text, not paths
+    assert "fp16" in text.split("<h2>Figures</h2>")[1], "a row that did not run is named under the figure"
+    assert len(text) < 300_000
+    again = page.report_html(
+        demo_rows(), "trainwise compare: demo", {"model": "MiniLM", "command": "trainwise compare"}
+    )
+    assert again == text, "the same study draws the same file"
+
+
+@pytest.mark.parametrize("rows", ["demo", "crowded"])
+def test_labels_never_overlap_each_other_a_point_or_the_legend(rows):
+    """On the demo's rows (smart_batch and dynamic_pad close; bf16 far out, on a log axis) and on 30 rows in a
+    cluster, the time-memory figure's labels sit inside the axes, apart from each other, the points and the legend."""
+    table = demo_rows()
+    if rows == "crowded":
+        table = [dataclasses.replace(table[i % 10], strategy=f"row {i}", rel_time=0.5 + 0.01 * i) for i in range(30)]
+        table[0] = dataclasses.replace(table[0], baseline=True, rel_time=1.0, rel_mem=1.0)
+    fig, ax, labels = page.tradeoff_figure(table)
+    renderer = fig.canvas.get_renderer()
+    boxes = [page._text_box(label, renderer) for label in labels]
+    for a, b in itertools.combinations(boxes, 2):
+        assert not a.overlaps(b), (a, b)
+    frame, legend = ax.get_window_extent(renderer), ax.get_legend().get_window_extent(renderer)
+    points = [ax.transData.transform(o.get_offsets()[0]) for o in ax.collections if len(o.get_offsets())]
+    assert len(points) == len(labels)
+    for box in boxes:
+        assert not box.overlaps(legend)
+        assert not any(box.overlaps(Bbox.from_extents(x - 3, y - 3, x + 3, y + 3)) for x, y in points)
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+
+
+def test_the_pareto_front_is_the_rows_nothing_beats_on_both():
+    points = [(100, 100), (23, 61), (22, 60), (44, 61), (46, 32), (159, 48), (97, 55)]
+    assert page.pareto_front(points) == [2, 4]
+    assert page.pareto_front([(1, 1)]) == [0]
+
+
+def _copy(tmp_path: Path) -> Path:
+    study = tmp_path / "old"
+    shutil.copytree(OLD, study)
+    return study
+
+
+@pytest.mark.parametrize("fmt, name", [("html", "report.html"), ("md", "report.md"), ("csv", "results.csv")])
+def test_report_draws_a_study_an_earlier_release_wrote(tmp_path, fmt, name):
+    study = _copy(tmp_path)
+    (study / name).unlink(missing_ok=True)
+    done = here.trainwise("report", str(study), "--format", fmt)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(study / name)
+    text = (study / name).read_text()
+    assert "dynamic_pad" in text and "baseline" in text
+    if fmt == "html":
+        assert "<svg" in text and not FETCHES.findall(text)
+        assert "trainwise compare: bert-tiny" in text, "its title, from its report.md"
+
+
+def test_report_json_is_todays_form_and_reads_back_the_same_rows(tmp_path):
+    study = _copy(tmp_path)
+    before = read_results(study)
+    done = here.trainwise("report", str(study), "--format", "json", "--output", "-")
+    assert done.returncode == 0 and json.loads(done.stdout)["rows"][0]["strategy"] == "baseline"
+    assert here.trainwise("report", str(study), "--format", "json").returncode == 0
+    assert read_results(study) == before
+
+
+def test_report_of_a_killed_study_says_it_is_partial(tmp_path):
+    study = _copy(tmp_path)
+    progress = json.loads((study / "progress.json").read_text())
+    (study / "progress.json").write_text(json.dumps({**progress, "done": 2, "total": 4}))
+    done = here.trainwise("report", str(study), "--output", str(tmp_path / "page.html"))
+    assert done.returncode == 0, done.stderr
+    text = (tmp_path / "page.html").read_text()
+    assert 'class="partial"' in text and "2 of 4 trials finished" in text
+    assert not (study / "report.html").exists(), "--output names the file"
+
+
+def test_report_refuses_a_study_another_command_is_running_in(tmp_path):
+    from trainwise.study.store import hold
+
+    study = _copy(tmp_path)
+    with hold(study):
+        done = here.trainwise("report", str(study))
+    assert done.returncode == 2 and "is in use by another trainwise command" in done.stderr
+    assert not (study / "report.html").exists()
+
+
+def test_a_figure_that_fails_is_said_and_the_page_is_still_written(monkeypatch):
+    def broken(table):
+        raise ValueError("no room")
+
+    monkeypatch.setattr(page, "FIGURES", (broken, page.losses))
+    text = page.report_html(demo_rows(), "t")
+    assert "Not drawn: broken: ValueError: no room" in text and '<figure id="losses">' in text
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["{empty}"], "no results.json"),
+        (["{study}", "--format", "pdf"], "--format must be one of html, md, csv, json, got 'pdf'"),
+        (["{study}", "--formt", "md"], "No such option"),
+    ],
+)
+def test_report_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
+    (tmp_path / "empty").mkdir()
+    argv = [a.format(empty=tmp_path / "empty", study=OLD) for a in args]
+    done = here.trainwise("report", *argv)
+    assert done.returncode == 2 and says in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_the_reports_written_as_trials_end_remove_an_earlier_page_and_the_last_write_draws_it(tmp_path):
+    """A study that grows or resumes rewrites its reports as each trial ends: a page left from before, which no
+    longer holds every row, is removed; the study's last write draws it again."""
+    from trainwise.study.store import write_reports
+
+    rows = demo_rows()
+    (tmp_path / "report.html").write_text("<html>an earlier study's rows</html>")
+    write_reports(tmp_path, rows[:3], "t", done=3, total=11)
+    assert not (tmp_path / "report.html").exists() and (tmp_path / "report.md").is_file()
+    paths = write_reports(tmp_path, rows, "t", done=11, total=11, page=True)
+    assert tmp_path / "report.html" in paths and "smart_batch" in (tmp_path / "report.html").read_text()

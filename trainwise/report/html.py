@@ -1,0 +1,335 @@
+"""report.html: a study's report as one self-contained page (trainwise.study.store writes it beside report.md).
+
+The settings, the table with its relative columns and notes, and figures that each answer one question in a
+one-line caption: time against memory with the Pareto front, the loss at every step, where a step's time goes,
+where the memory goes. Figures are matplotlib's, inlined as SVG with `svg.fonttype = "none"`: the text stays
+text (searchable, small), and nothing is fetched: no script, font or image from anywhere, so the file opens
+offline and can be mailed whole.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import math
+from collections.abc import Callable
+from typing import Any
+
+from trainwise.report.format import cells, footnotes, has_loss_share, has_rss, headers, notes, quality
+from trainwise.report.write import SETTINGS
+from trainwise.results import StudyRow
+
+MiB = 2**20
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1200px;
+       padding: 0 1em; color: #1d1d1f; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; }
+dl { display: grid; grid-template-columns: max-content auto; gap: 0.2em 1em; }
+dt { font-weight: 600; } dd { margin: 0; }
+table { border-collapse: collapse; font-size: 0.85em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: right; white-space: nowrap; }
+th:first-child, td:first-child { text-align: left; }
+tr.baseline td { background: #fdf1f1; }
+.partial { background: #fff4d6; border: 1px solid #e0b000; padding: 0.5em 1em; }
+figure { margin: 1.5em 0; } figcaption { font-size: 0.9em; color: #444; margin-top: 0.3em; }
+pre { background: #f5f5f5; padding: 0.5em; overflow-x: auto; }
+"""
+
+
+def report_html(table: list[StudyRow], title: str, study: dict | None = None, partial: str | None = None) -> str:
+    """The page: its settings, table, notes and figures (those the study has the figures for)."""
+    parts = [f"<h1>{_e(title)}</h1>"]
+    if partial:
+        parts.append(f'<p class="partial">{_e(partial)}</p>')
+    parts += _settings(study)
+    parts += ["<h2>Results</h2>", _table(table)]
+    parts += ["<ul>", *[f"<li>{_e(n)}</li>" for n in notes(table)], "</ul>"]
+    figures, failed = [], []
+    for make in FIGURES:
+        try:
+            if (drawn := make(table)) is not None:
+                figures.append(drawn)
+        except Exception as e:  # a figure that cannot be drawn is said, never the loss of the study's report
+            failed.append(f"{make.__name__}: {type(e).__name__}: {e}")
+    if figures or failed:
+        parts.append("<h2>Figures</h2>")
+        for name, svg, caption in figures:
+            parts.append(f'<figure id="{name}">{svg}<figcaption>{_e(caption)}</figcaption></figure>')
+        parts += [f"<p>Not drawn: {_e(line)}</p>" for line in failed]
+    head = f'<meta charset="utf-8"><title>{_e(title)}</title><style>{STYLE}</style>'
+    return f'<!DOCTYPE html>\n<html lang="en"><head>{head}</head><body>\n' + "\n".join(parts) + "\n</body></html>\n"
+
+
+def _e(text: Any) -> str:
+    return html.escape(str(text))
+
+
+def _settings(study: dict | None) -> list[str]:
+    if not study:
+        return []
+    rows = [
+        f"<dt>{_e(name)}</dt><dd>{_e(study[key])}</dd>"
+        for key, name in SETTINGS
+        if study.get(key) not in (None, "", [])
+    ]
+    out = ["<h2>The run</h2>", "<dl>", *rows, "</dl>"]
+    if study.get("command"):
+        out += ["<p>Run it again (the same command resumes from the store in --out):</p>"]
+        out += [f"<pre>{_e(study['command'])}</pre>"]
+    return out
+
+
+def _table(table: list[StudyRow]) -> str:
+    marks = footnotes(table)
+    head = "".join(f"<th>{_e(c)}</th>" for c in headers(table))
+    body = []
+    for e in table:
+        row = cells(e, marks.get(e.strategy), has_rss(table), has_loss_share(table))
+        css = ' class="baseline"' if e.baseline else ""
+        body.append(f"<tr{css}>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>" + "".join(body) + "</tbody></table>"
+
+
+# ---- figures ---------------------------------------------------------------------------------------------
+
+
+def _svg(fig: Any) -> str:
+    """The figure as inline SVG, its text as text; the figure is closed."""
+    import matplotlib.pyplot as plt  # heavy: matplotlib
+
+    buf = io.StringIO()
+    # no metadata: its date would make every drawing of the same study differ (and it names web namespaces); the
+    # text as text, ids from a fixed salt (the same study draws the same file); set for this drawing only
+    none = dict.fromkeys(("Creator", "Date", "Format", "Type"))
+    with plt.rc_context({"svg.fonttype": "none", "svg.hashsalt": "trainwise"}):
+        fig.savefig(buf, format="svg", bbox_inches="tight", metadata=none)
+    plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg") :]  # without the XML declaration and doctype: inline in HTML
+
+
+def _figure(width: float, height: float) -> tuple[Any, Any]:
+    import matplotlib  # heavy: matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # heavy: matplotlib
+
+    return plt.subplots(figsize=(width, height), dpi=100)
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """The indices of the points no other point beats on both axes (lower is better on each), by x."""
+    order = sorted(range(len(points)), key=lambda i: points[i])
+    front, best_y = [], math.inf
+    for i in order:
+        if points[i][1] < best_y:
+            front.append(i)
+            best_y = points[i][1]
+    return front
+
+
+def place_labels(
+    ax: Any, points: list[tuple[float, float]], texts: list[str], fontsize: float = 7.5, avoid: tuple = ()
+) -> list[Any]:
+    """Each point's label placed where it overlaps no other label, no point and nothing in `avoid` (display boxes:
+    the legend), inside the axes: rings of candidate offsets, nearest first, a leader line once it moved away. The
+    axes' limits must be set first. The gaps are measured in matplotlib's font with a 3 px margin: a browser that
+    draws the SVG's text in another font keeps them apart unless its font is much wider."""
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    to_px = ax.transData.transform
+    marks = [_box(px[0], px[1], 5) for px in (to_px(p) for p in points)]  # each point's marker, in display pixels
+    taken: list[tuple[float, float, float, float]] = [_padded(b, 0) for b in avoid]
+    frame = ax.get_window_extent(renderer)
+    placed = []
+    directions = [(1, 1), (1, -1), (-1, 1), (-1, -1), (1, 0), (-1, 0), (0, 1), (0, -1)]
+    for (x, y), text in zip(points, texts, strict=True):
+        label = None
+        for ring in range(1, 40):
+            for dx, dy in directions:
+                offset = (dx * (6 + 9 * (ring - 1)), dy * (5 + 7 * (ring - 1)))
+                candidate = ax.annotate(
+                    text,
+                    (x, y),
+                    xytext=offset,
+                    textcoords="offset points",
+                    fontsize=fontsize,
+                    ha="left" if dx > 0 else "right" if dx < 0 else "center",
+                    va="bottom" if dy > 0 else "top" if dy < 0 else "center",
+                    arrowprops={"arrowstyle": "-", "color": "grey", "lw": 0.5} if ring > 1 else None,
+                )
+                box = _padded(_text_box(candidate, renderer), 3)
+                inside = frame.x0 <= box[0] and box[2] <= frame.x1 and frame.y0 <= box[1] and box[3] <= frame.y1
+                if inside and not any(_overlap(box, other) for other in taken + marks):
+                    label = candidate
+                    taken.append(box)
+                    break
+                candidate.remove()
+            if label is not None:
+                break
+        if label is None:  # no room within 40 rings (hundreds of rows): beside the point, as a last resort
+            label = ax.annotate(text, (x, y), xytext=(6, 5), textcoords="offset points", fontsize=fontsize)
+            taken.append(_padded(_text_box(label, renderer), 3))
+        placed.append(label)
+    return placed
+
+
+def _text_box(label: Any, renderer: Any) -> Any:
+    """The label's text alone (an Annotation's own extent takes in its leader line, which reaches its point)."""
+    from matplotlib.text import Text  # heavy: matplotlib
+
+    label.update_positions(renderer)  # where its offset puts the text (Annotation's own extent does this too)
+    return Text.get_window_extent(label, renderer)
+
+
+def _box(x: float, y: float, r: float) -> tuple[float, float, float, float]:
+    return (x - r, y - r, x + r, y + r)
+
+
+def _padded(b: Any, pad: float) -> tuple[float, float, float, float]:
+    return (b.x0 - pad, b.y0 - pad, b.x1 + pad, b.y1 + pad)
+
+
+def _overlap(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def tradeoff(table: list[StudyRow]) -> tuple[str, str, str] | None:
+    """Time against memory, relative to the baseline, with the Pareto front: which rows are worth a look."""
+    drawn = tradeoff_figure(table)
+    if drawn is None:
+        return None
+    off = [e.strategy for e in table if e not in _plotted(table)]
+    caption = (
+        "Which rows are worth a look: each row's time and peak memory relative to the baseline (red); the rows on the "
+        "green line are beaten by no other row on both" + (f" (not drawn: {', '.join(off)})" if off else "") + "."
+    )
+    return "tradeoff", _svg(drawn[0]), caption
+
+
+def _plotted(table: list[StudyRow]) -> list[StudyRow]:
+    return [e for e in table if e.status == "ok" and e.rel_time is not None and e.rel_mem is not None]
+
+
+def tradeoff_figure(table: list[StudyRow]) -> tuple[Any, Any, list[Any]] | None:
+    """The time-memory figure, its axes and its point labels; None with fewer than two rows to draw."""
+    rows = _plotted(table)
+    if len(rows) < 2:
+        return None
+    fig, ax = _figure(8, 5.5)
+    points = [(100 * (e.rel_time or 0.0), 100 * (e.rel_mem or 0.0)) for e in rows]
+    front = pareto_front(points)
+    for i, (e, (x, y)) in enumerate(zip(rows, points, strict=True)):
+        color = "tab:red" if e.baseline else "tab:green" if i in front else "tab:blue"
+        ax.scatter([x], [y], s=30, color=color, zorder=3)
+    fx, fy = [points[i][0] for i in front], [points[i][1] for i in front]
+    ax.step(fx, fy, where="post", color="tab:green", lw=1, alpha=0.6, label="Pareto front", zorder=2)
+    ax.axvline(100, color="grey", lw=0.6, ls="--")
+    ax.axhline(100, color="grey", lw=0.6, ls="--")
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    dx, dy = max(xs) - min(xs) or 10.0, max(ys) - min(ys) or 10.0
+    if min(xs) > 0 and max(xs) / min(xs) > 8:  # a row far slower (an emulated bf16 at 16x): log, the rest apart
+        ax.set_xscale("log")
+        low, high = min(xs) / 1.5, max(xs) * 4  # room for labels on the right
+        ax.set_xlim(low, high)
+        ticks = [t * 10**k for k in range(-1, 6) for t in (1, 2, 5) if low <= t * 10**k <= high]
+        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        ax.minorticks_off()
+    else:
+        ax.set_xlim(min(xs) - 0.15 * dx, max(xs) + 0.45 * dx)
+    ax.set_ylim(min(ys) - 0.2 * dy, max(ys) + 0.25 * dy)
+    ax.set_xlabel("training time, % of the baseline's (lower is faster)")
+    ax.set_ylabel("peak memory, % of the baseline's")
+    legend = ax.legend(loc="lower right", fontsize=7)
+    fig.tight_layout()
+    texts = [f"{e.strategy} ({quality(e)})" if quality(e) != "-" else e.strategy for e in rows]
+    labels = place_labels(ax, points, texts, avoid=(legend.get_window_extent(fig.canvas.get_renderer()),))
+    return fig, ax, labels
+
+
+def losses(table: list[StudyRow]) -> tuple[str, str, str] | None:
+    """The loss at every optimizer step of each row: do the rows train alike?"""
+    rows = [e for e in table if e.status == "ok" and e.losses]
+    if not rows:
+        return None
+    fig, ax = _figure(8, 4.5)
+    for e in rows:
+        steps = range(1, len(e.losses or []) + 1)
+        ax.plot(steps, e.losses or [], lw=2.2 if e.baseline else 1.1, label=e.strategy, alpha=0.85)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("training loss")
+    ax.legend(fontsize=7, ncol=2 if len(rows) > 6 else 1, loc="upper right")
+    fig.tight_layout()
+    caption = (
+        "Do the rows train alike? The training loss at every optimizer step (the baseline's line is thicker); a row "
+        "that changes only how a step is computed (accumulation, checkpointing, padding) lies on the baseline's."
+    )
+    return "losses", _svg(fig), caption
+
+
+def step_parts(table: list[StudyRow]) -> tuple[str, str, str] | None:
+    """Where a step's time goes: waiting for data, forward and backward, the optimizer, the rest."""
+    rows = [e for e in table if e.status == "ok" and e.step_time_s and e.compute_s is not None]
+    if not rows:
+        return None
+    fig, ax = _figure(8, 0.9 + 0.32 * len(rows))
+    names = [e.strategy for e in rows]
+    left = [0.0] * len(rows)
+    phases: list[tuple[str, Callable[[StudyRow], float], str]] = [
+        ("data wait", lambda e: e.data_wait_s or 0.0, "tab:orange"),
+        ("forward + backward", lambda e: e.compute_s or 0.0, "tab:blue"),
+        ("optimizer", lambda e: e.optimizer_s or 0.0, "tab:green"),
+        (
+            "the rest",
+            lambda e: max(
+                0.0, (e.step_time_s or 0.0) - (e.data_wait_s or 0.0) - (e.compute_s or 0.0) - (e.optimizer_s or 0.0)
+            ),
+            "tab:grey",
+        ),
+    ]
+    for label, part, color in phases:
+        widths = [1000 * part(e) for e in rows]
+        ax.barh(names, widths, left=left, color=color, label=label)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    ax.invert_yaxis()
+    ax.set_xlabel("milliseconds per optimizer step (medians of the timed steps; the rest: the mean step less them)")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=4, frameon=False)
+    fig.tight_layout()
+    caption = (
+        "Where does a step's time go? Each row's step split into waiting for the next batch, forward and backward, "
+        "the optimizer (clip, step, zero_grad) and the rest."
+    )
+    return "step-time", _svg(fig), caption
+
+
+def memory_parts(table: list[StudyRow]) -> tuple[str, str, str] | None:
+    """Where the memory goes: the model's state (weights, gradients, optimizer state) and the rest of the peak."""
+    rows = [e for e in table if e.status == "ok" and e.peak_mem_bytes and e.state_bytes is not None]
+    if not rows:
+        return None
+    fig, ax = _figure(8, 0.9 + 0.32 * len(rows))
+    names = [e.strategy for e in rows]
+    state = [(e.state_bytes or 0) / MiB for e in rows]
+    rest = [max(0.0, ((e.peak_mem_bytes or 0) - (e.state_bytes or 0)) / MiB) for e in rows]
+    ax.barh(names, state, color="tab:purple", label="weights + gradients + optimizer state")
+    ax.barh(names, rest, left=state, color="tab:cyan", label="activations and temporaries (the rest of the peak)")
+    ax.invert_yaxis()
+    ax.set_xlabel("MiB at the peak of a training step")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=4, frameon=False)
+    fig.tight_layout()
+    kind = rows[0].mem_kind or ""
+    bases = {"cuda_allocated": "live tensors on the GPU", "cpu_allocated": "live tensors (torch.profiler), not the RSS"}
+    basis = bases.get(kind, f"the peak as an earlier release measured it: {kind or 'unnamed'}")
+    caption = (
+        "Where does the memory go? Each row's peak split into the model's state, counted from its tensors, and the "
+        f"rest: activations and temporaries ({basis})."
+    )
+    return "memory", _svg(fig), caption
+
+
+FIGURES: tuple[Callable[[list[StudyRow]], tuple[str, str, str] | None], ...] = (
+    tradeoff,
+    losses,
+    step_parts,
+    memory_parts,
+)
