@@ -94,7 +94,7 @@ def test_advise_and_the_python_api_read_the_old_study(tmp_path):
 
 
 def test_the_store_refuses_what_is_not_a_study_in_one_line(tmp_path):
-    with pytest.raises(ConfigError, match="no results.json; run `trainwise compare"):
+    with pytest.raises(ConfigError, match=r"no results.json \(no trial of it has finished\); run `trainwise compare"):
         store.read_results(tmp_path)
     (tmp_path / "results.json").write_text('{"rows": [{"no": "strategy"}]}')
     with pytest.raises(ConfigError, match="not a trainwise results file"):
