@@ -267,34 +267,41 @@ def losses(table: list[StudyRow]) -> tuple[str, str, str] | None:
     return "losses", _svg(fig), caption
 
 
+def _stacked(rows: list[StudyRow], parts: list[tuple[str, list[float], str]], xlabel: str) -> Any:
+    """A horizontal bar per row, its `parts` (label, one value per row, colour) stacked left to right."""
+    fig, ax = _figure(8, 0.9 + 0.32 * len(rows))
+    names = [e.strategy for e in rows]
+    left = [0.0] * len(rows)
+    for label, widths, color in parts:
+        ax.barh(names, widths, left=left, color=color, label=label)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=4, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
 def step_parts(table: list[StudyRow]) -> tuple[str, str, str] | None:
     """Where a step's time goes: waiting for data, forward and backward, the optimizer, the rest."""
     rows = [e for e in table if e.status == "ok" and e.step_time_s and e.compute_s is not None]
     if not rows:
         return None
-    fig, ax = _figure(8, 0.9 + 0.32 * len(rows))
-    names = [e.strategy for e in rows]
-    left = [0.0] * len(rows)
-    phases: list[tuple[str, Callable[[StudyRow], float], str]] = [
-        ("data wait", lambda e: e.data_wait_s or 0.0, "tab:orange"),
-        ("forward + backward", lambda e: e.compute_s or 0.0, "tab:blue"),
-        ("optimizer", lambda e: e.optimizer_s or 0.0, "tab:green"),
-        (
-            "the rest",
-            lambda e: max(
-                0.0, (e.step_time_s or 0.0) - (e.data_wait_s or 0.0) - (e.compute_s or 0.0) - (e.optimizer_s or 0.0)
-            ),
-            "tab:grey",
-        ),
+
+    def ms(of: Callable[[StudyRow], float | None]) -> list[float]:
+        return [1000 * (of(e) or 0.0) for e in rows]
+
+    wait, compute, optim = ms(lambda e: e.data_wait_s), ms(lambda e: e.compute_s), ms(lambda e: e.optimizer_s)
+    step = ms(lambda e: e.step_time_s)
+    rest = [max(0.0, t - w - c - o) for t, w, c, o in zip(step, wait, compute, optim, strict=True)]
+    parts = [
+        ("data wait", wait, "tab:orange"),
+        ("forward + backward", compute, "tab:blue"),
+        ("optimizer", optim, "tab:green"),
+        ("the rest", rest, "tab:grey"),
     ]
-    for label, part, color in phases:
-        widths = [1000 * part(e) for e in rows]
-        ax.barh(names, widths, left=left, color=color, label=label)
-        left = [a + b for a, b in zip(left, widths, strict=True)]
-    ax.invert_yaxis()
-    ax.set_xlabel("milliseconds per optimizer step (medians of the timed steps; the rest: the mean step less them)")
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=4, frameon=False)
-    fig.tight_layout()
+    xlabel = "milliseconds per optimizer step (medians of the timed steps; the rest: the mean step less them)"
+    fig = _stacked(rows, parts, xlabel)
     caption = (
         "Where does a step's time go? Each row's step split into waiting for the next batch, forward and backward, "
         "the optimizer (clip, step, zero_grad) and the rest."
@@ -307,16 +314,13 @@ def memory_parts(table: list[StudyRow]) -> tuple[str, str, str] | None:
     rows = [e for e in table if e.status == "ok" and e.peak_mem_bytes and e.state_bytes is not None]
     if not rows:
         return None
-    fig, ax = _figure(8, 0.9 + 0.32 * len(rows))
-    names = [e.strategy for e in rows]
     state = [(e.state_bytes or 0) / MiB for e in rows]
     rest = [max(0.0, ((e.peak_mem_bytes or 0) - (e.state_bytes or 0)) / MiB) for e in rows]
-    ax.barh(names, state, color="tab:purple", label="weights + gradients + optimizer state")
-    ax.barh(names, rest, left=state, color="tab:cyan", label="activations and temporaries (the rest of the peak)")
-    ax.invert_yaxis()
-    ax.set_xlabel("MiB at the peak of a training step")
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=4, frameon=False)
-    fig.tight_layout()
+    parts = [
+        ("weights + gradients + optimizer state", state, "tab:purple"),
+        ("activations and temporaries (the rest of the peak)", rest, "tab:cyan"),
+    ]
+    fig = _stacked(rows, parts, "MiB at the peak of a training step")
     kind = rows[0].mem_kind or ""
     bases = {"cuda_allocated": "live tensors on the GPU", "cpu_allocated": "live tensors (torch.profiler), not the RSS"}
     basis = bases.get(kind, f"the peak as an earlier release measured it: {kind or 'unnamed'}")
