@@ -296,9 +296,8 @@ def write_reports(
     }
     if done is not None and total is not None:
         texts[out / PROGRESS] = json.dumps({"done": done, "total": total, "trials": trials or []})
-    if page:
-        partial = f"partial: {done} of {total} trials" if done is not None and total and done < total else None
-        texts[out / PAGE] = report_html(table, title, study, partial)
+    if page:  # the study's last write: every trial is in it (a partial study's page: `trainwise report`)
+        texts[out / PAGE] = report_html(table, title, study)
         paths.append(out / PAGE)
     else:
         (out / PAGE).unlink(missing_ok=True)
