@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import pytest
@@ -300,9 +301,15 @@ def test_advise_bad_input_is_one_line(tmp_path, capsys, args, message):
 
 
 @pytest.mark.slow
-def test_advise_runs_the_study_on_the_fly_and_adds_batch_hints(tmp_path, cls_csv, capsys):
+def test_advise_runs_the_study_on_the_fly_and_adds_batch_hints(tmp_path, cls_csv, capsys, monkeypatch):
     """advise --run: the study is run first (its table on stderr under --json), then advised; with a
     budget, memory-saving rows say up to which batch the baseline fits (from the estimate)."""
+    estimate = importlib.import_module("trainwise.estimate")  # trainwise.estimate: the API's call
+
+    # what is said, not the fit (test_estimate checks that): a quarter of the calibration probe's design, in a
+    # cache of its own (the whole design: 20 s of the suite's)
+    monkeypatch.setenv("TRAINWISE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(estimate, "PROBE_DESIGN", estimate.PROBE_DESIGN[::4])
     out = tmp_path / "study"
     argv = [
         "advise",

@@ -384,6 +384,7 @@ def test_a_trial_contended_by_a_busy_process_is_measured_again(tmp_path, cls_csv
     """A real busy process during the first run of the trial, stopped after it: the first run is flagged as
     timed under load (in results, the table and its notes), the study waits for quiet, runs it again, keeps the
     clean run and counts the discarded one."""
+    from trainwise import zygote
     from trainwise.events import Note
     from trainwise.launcher import launch
     from trainwise.measure.contention import CONTENDED_SHARE
@@ -391,9 +392,13 @@ def test_a_trial_contended_by_a_busy_process_is_measured_again(tmp_path, cls_csv
     from trainwise.study.aggregate import aggregate
     from trainwise.study.run import run_study
 
-    study = tiny_study(tmp_path, cls_csv, "classification", ["baseline"], eval_samples=0, max_steps=40, retries=2)
+    # 4 steps: the loaded run's window (~1 s a step with two spinning processes on 2 cores) is long enough to
+    # judge, and the clean run's is lengthened to one by the trial's autorange
+    study = tiny_study(tmp_path, cls_csv, "classification", ["baseline"], eval_samples=0, max_steps=4, retries=2)
     study.config.quiet_wait_s = 10.0  # a machine busy for reasons of its own: the 3-run branch below, sooner
     runs, events = [], []
+    zygote.warm()  # the trials fork from a zygote that imported before the load starts, not under it
+    zygote.settle()
 
     def first_run_loaded(spec, trial_dir, timeout, emit):
         busy = _busy() if not runs else []
