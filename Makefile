@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv demo test test-fast lint docs bench clean
+.PHONY: venv demo test test-fast lint docs bench browser screenshot clean
 
 venv: $(STAMP)
 
@@ -34,9 +34,31 @@ $(STAMP): requirements.lock pyproject.toml
 demo: venv
 	$(VENV)/bin/trainwise compare --out runs/demo
 
+# The report's browser test (tests/test_browser.py) opens report.html in Debian's Chromium, driven by Playwright's
+# pip package (in the lock) through its executable path: never `playwright install`, which downloads a browser of
+# its own. Installed here where it is missing and this user may (root, or sudo without a password; ~20 s); else
+# the line below says what to do, and the test fails with it. TRAINWISE_CHROMIUM names another binary.
+browser:
+	@if [ -z "$$TRAINWISE_CHROMIUM" ] && ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then as=""; elif sudo -n true 2>/dev/null; then as="sudo -n"; else as="no"; fi; \
+	  if [ "$$as" = no ] || ! command -v apt-get >/dev/null; then \
+	    echo "make test: no Chromium for the report's browser test, and this user cannot install it: run 'sudo apt-get install chromium' (Debian, Ubuntu) or set TRAINWISE_CHROMIUM=/path/to/chromium"; \
+	  else \
+	    echo "make test: installing Debian's chromium for the report's browser test (apt-get, ~20 s)"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    $$as apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || \
+	    { $$as apt-get update -q >/dev/null 2>&1 && $$as apt-get install -y -q --no-install-recommends chromium >/dev/null; } || \
+	    echo "make test: apt-get could not install chromium: install it, or set TRAINWISE_CHROMIUM=/path/to/chromium"; \
+	  fi; \
+	fi
+
+# The README's picture: the demo study's report.html, in the browser the test uses (`make demo` first).
+screenshot: venv browser
+	$(PY) -m tests.browser runs/demo/report.html docs/report.png
+
 # The project's own modules compiled once, for the same reason as the venv's: the suite starts hundreds
 # of processes.
-test: venv
+test: venv browser
 	$(PY) -m compileall -q trainwise tests
 	$(PY) -m pytest -q --durations=25
 

@@ -277,7 +277,8 @@ def _stacked(rows: list[StudyRow], parts: list[tuple[str, list[float], str]], xl
         left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=4, frameon=False)
+    # above the bars: below them it sat on the axis title once a browser drew the text (tests/test_browser.py)
+    ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4, frameon=False)
     fig.tight_layout()
     return fig
 
