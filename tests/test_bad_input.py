@@ -381,7 +381,7 @@ CASES: dict[str, tuple[list[str], str]] = {
     ),
     "train --monitor loss": ([*T, "--monitor", "loss"], "--monitor loss: say which, eval_loss .* or train_loss"),
     "tune --monitor vibes": ([*US, "{d}/good.yaml", "--monitor", "vibes"], "--monitor must be one of"),
-    "train --report-to wandb": ([*T, "--report-to", "wandb"], "--report-to"),
+    "train --report-to comet": ([*T, "--report-to", "comet"], "--report-to: unknown 'comet'"),
     "train --max-length beyond positions": ([*T, "--max-length", "100000"], "--max-length 100000 is more than"),
     "train a list of plans": ([*T, "--strategies", "baseline,bf16"], "train runs one plan"),
     "train --num-workers -1": ([*T, "--num-workers", "-1"], "--num-workers must all be >= 0"),

@@ -236,9 +236,9 @@ def test_report_to_writes_the_same_curves_to_tensorboard_and_mlflow(tmp_path, cl
 
 def test_report_to_bad_input_is_one_line(tmp_path, cls_csv, capsys, monkeypatch):
     argv = ["train", "--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--out", str(tmp_path / "r")]
-    assert main([*argv, "--report-to", "wandb"]) == 2
+    assert main([*argv, "--report-to", "comet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--report-to: unknown 'wandb'; choose from tensorboard, mlflow" in err[0]
+    assert len(err) == 1 and "--report-to: unknown 'comet'; choose from tensorboard, mlflow, wandb" in err[0]
     import importlib.util
 
     real = importlib.util.find_spec

@@ -1,4 +1,5 @@
-"""`trainwise train --report-to tensorboard,mlflow`: the run's curves in the tools people already use.
+"""`trainwise train --report-to tensorboard,mlflow,wandb` and `compare --report-to wandb`: the curves in the tools
+people already use.
 
 Every optimizer step logs `train/loss` and `train/lr`; every evaluation logs `eval/<name>` (the
 task metric and the interval's train loss). TensorBoard event files go to `<out>/tensorboard`
@@ -8,10 +9,18 @@ server, or `sqlite:///...`, the store MLflow 3 now recommends). The run's settin
 parameters and its result as summary metrics. A resumed run appends to the same curves: TensorBoard
 by step (the steps after the checkpoint that a killed session had logged are purged), MLflow in the
 run whose id the first session stored in `<out>/mlflow_run_id`.
+
+Weights & Biases logs to its project `trainwise` (or WANDB_PROJECT), its files under `<out>/wandb`; with
+WANDB_MODE=offline it needs no network or login (`wandb sync <out>/wandb/offline-run-*` uploads later). A resumed
+run continues the run whose id is in `<out>/wandb_run_id` (W&B keeps the steps it had, so a step logged by the
+killed session after its checkpoint is not logged twice). A compare study (`log_trials`) is one W&B run per trial,
+grouped by the study: config the trial's settings and plan, history its loss at every step, summary its
+measurements; and, once the study ends, one run more with the table as a W&B Table.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -26,7 +35,9 @@ from trainwise.events import Eval, Event, Step
 BACKENDS = {
     "tensorboard": ("tensorboard", "tensorboard", "report"),
     "mlflow": ("mlflow", "mlflow-skinny", "report"),
+    "wandb": ("wandb", "wandb", "wandb"),
 }
+WANDB_LOCAL = ("offline", "disabled", "dryrun")  # WANDB_MODEs that need no login
 
 
 def parse_report_to(value: str | None) -> tuple[str, ...]:
@@ -40,7 +51,51 @@ def parse_report_to(value: str | None) -> tuple[str, ...]:
         module, package, extra = BACKENDS[name]
         if importlib.util.find_spec(module) is None:
             raise ConfigError(f"--report-to {name} needs {package}: pip install 'trainwise[{extra}]'")
+        if name == "wandb":
+            check_wandb_login()
     return tuple(dict.fromkeys(names))
+
+
+def compare_report_to(value: str | None) -> tuple[str, ...]:
+    """compare's `--report-to`: W&B only (a run per trial); TensorBoard and MLflow follow a training run (train)."""
+    names = parse_report_to(value)
+    if others := [n for n in names if n != "wandb"]:
+        raise ConfigError(
+            f"compare --report-to takes wandb (a W&B run per trial), not {', '.join(others)}: "
+            "train --report-to logs a training run's curves there"
+        )
+    return names
+
+
+def check_wandb_login() -> None:
+    """One line now, not a prompt or a failure after the run: online W&B needs a key (WANDB_API_KEY, or the
+    ~/.netrc entry `wandb login` writes)."""
+    if os.environ.get("WANDB_MODE", "").lower() in WANDB_LOCAL or os.environ.get("WANDB_API_KEY"):
+        return
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    host = os.environ.get("WANDB_BASE_URL", "api.wandb.ai").split("://")[-1].split("/")[0]
+    if netrc.is_file() and host in netrc.read_text(errors="replace"):
+        return
+    raise ConfigError(
+        "--report-to wandb: no W&B login here: run `wandb login` (or set WANDB_API_KEY), or set WANDB_MODE=offline "
+        "to keep the runs in the output folder's wandb/ and `wandb sync` them later"
+    )
+
+
+def _wandb_init(out: Path, name: str, config: dict, live: bool = False, **kw: Any) -> Any:
+    """A W&B run in `out`/wandb. `live`: a training run, with W&B's system metrics and its lines on stderr; else a
+    run logged after the fact (a compare trial), silent and without them (six lines per trial otherwise)."""
+    import wandb  # optional: trainwise[wandb]
+
+    project = os.environ.get("WANDB_PROJECT", "trainwise")
+    settings = (
+        wandb.Settings(console="off", quiet=True)
+        if live
+        else wandb.Settings(console="off", silent=True, x_disable_stats=True)
+    )
+    return wandb.init(
+        project=project, dir=str(out), name=name, config=config, reinit="create_new", settings=settings, **kw
+    )
 
 
 class Tracker:
@@ -49,11 +104,18 @@ class Tracker:
     def __init__(self, names: tuple[str, ...], out: Path, run_name: str, params: dict) -> None:
         self.tb: Any = None  # torch.utils.tensorboard.SummaryWriter, opened at the first step
         self.mlflow: Any = None  # mlflow.tracking.MlflowClient
+        self.wandb: Any = None  # wandb.Run
         self.run_id = ""
         self.tb_dir = out / "tensorboard" if "tensorboard" in names else None
         self.params = params
         if "mlflow" in names:
             self._start_mlflow(out, run_name, params)
+        if "wandb" in names:
+            marker = out / "wandb_run_id"
+            resumed = marker.read_text().strip() if marker.is_file() else None
+            kw = {"id": resumed, "resume": "allow"} if resumed else {}
+            self.wandb = _wandb_init(out, run_name, params, live=True, job_type="train", **kw)
+            marker.write_text(self.wandb.id)
 
     def _start_mlflow(self, out: Path, run_name: str, params: dict) -> None:
         from mlflow.entities import Param  # optional: trainwise[report] (mlflow)
@@ -95,6 +157,8 @@ class Tracker:
         if self.tb is not None:
             for key, value in values.items():
                 self.tb.add_scalar(key, value, step)
+        if self.wandb is not None:
+            self.wandb.log(values, step=step)
         if self.mlflow is not None:
             from mlflow.entities import Metric  # optional: trainwise[report] (mlflow)
 
@@ -114,3 +178,51 @@ class Tracker:
                 for key, value in numbers.items():
                     self.mlflow.log_metric(self.run_id, f"result_{key}", value)
             self.mlflow.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
+        if self.wandb is not None:
+            if summary:
+                self.wandb.summary.update({k: v for k, v in summary.items() if v is not None})
+            self.wandb.finish(exit_code=1 if failed else 0)
+
+
+# ---- compare: one W&B run per trial -------------------------------------------------------------------------
+
+LOGGED = "wandb_logged.json"  # the trials a study has logged to W&B (a resumed study logs each once)
+SUMMARY = (
+    "status", "message", "step_time_s", "samples_per_s", "tokens_per_s", "epoch_time_s", "peak_mem_bytes",
+    "peak_rss_bytes", "state_bytes", "mfu", "train_loss", "final_loss", "metric_name", "metric", "padding_waste",
+    "contended", "discarded_runs", "wall_s", "world_size",
+)  # fmt: skip
+
+
+def log_trials(out: Path, study: str, trials: list) -> int:
+    """Each (spec, result) not logged yet, as a W&B run of the study's group: its settings and plan as config, its
+    loss at every step as history, its measurements as summary. Returns how many runs it logged."""
+    marker = out / LOGGED
+    done = set(json.loads(marker.read_text())) if marker.is_file() else set()
+    logged = 0
+    for spec, result in trials:
+        key = spec.key()
+        if key in done:
+            continue
+        config = {"row": spec.row, "repeat": spec.repeat, "steps": spec.steps, **dataclasses.asdict(spec.settings)}
+        config |= {f"plan.{k}": v for k, v in spec.plan.to_dict().items()}
+        workers = spec.settings.num_workers
+        name = f"{spec.row} #{spec.repeat} bs{spec.settings.batch_size}" + (f" w{workers}" if workers else "")
+        run = _wandb_init(out, name, config, group=study, job_type="trial")
+        for step, loss in enumerate(result.losses or [], 1):
+            run.log({"train/loss": loss}, step=step)
+        run.summary.update({k: getattr(result, k) for k in SUMMARY if getattr(result, k, None) is not None})
+        run.finish(exit_code=0 if result.status == "ok" else 1)
+        done.add(key)
+        marker.write_text(json.dumps(sorted(done)))
+        logged += 1
+    return logged
+
+
+def log_table(out: Path, study: str, headers: list[str], rows: list[list[str]]) -> None:
+    """The study's table, as the report shows it, as a W&B Table in a run of the study's group."""
+    import wandb  # optional: trainwise[wandb]
+
+    run = _wandb_init(out, f"{study}: the table", {"study": study}, group=study, job_type="study")
+    run.log({"table": wandb.Table(columns=list[str | int](headers), data=rows)})
+    run.finish()

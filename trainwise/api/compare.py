@@ -13,14 +13,16 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from trainwise import launcher
+from trainwise import launcher, tracking
 from trainwise.api.options import CompareOptions
 from trainwise.api.render import STDERR, Render
 from trainwise.api.study import Study
 from trainwise.config import IMAGE_TASK, StudyConfig
 from trainwise.errors import ConfigError
 from trainwise.launcher import launch
+from trainwise.report.format import cells, footnotes, has_loss_share, has_rss, headers
 from trainwise.study.store import RESULTS, STUDY_FILE, Store, keep_reports, read_results
+from trainwise.tracking import compare_report_to
 
 
 def run(
@@ -43,16 +45,38 @@ def run(
         prepared = prepare_study(cfg, render.note)
     if options is not None:
         options.save(prepared.out / STUDY_FILE)
+    wandb = options is not None and "wandb" in compare_report_to(options.report_to)
     with render.progress(prepared) as (on_event, on_done):
-        # the reports are rewritten as each trial is stored: a killed study's finished trials are readable
-        write = lambda so_far: report(prepared, so_far, price, quality_phase)  # noqa: E731
+
+        def write(so_far: list) -> None:
+            # the reports are rewritten as each trial is stored: a killed study's finished trials are readable
+            report(prepared, so_far, price, quality_phase)
+            if wandb:
+                _logged(render, lambda: tracking.log_trials(prepared.out, prepared.out.name, so_far))
+
         trials = run_study(prepared, launch, on_event, on_done, write)
     done = report(prepared, trials, price, quality_phase, page=True)
+    if wandb:
+        _logged(render, lambda: _log_table(prepared.out, done))
     render.table(done)
     check_some_ok(done.table)
     if quality_phase is not None:
         run_quality(cfg, done.table, *quality_phase, launch, render.progress, render.quality)
     return Study(prepared.out)
+
+
+def _logged(render: Render, log: Any) -> None:
+    """W&B logging that fails is said, never the loss of the study (its trials are stored, its reports written)."""
+    try:
+        log()
+    except Exception as e:  # noqa: BLE001  (wandb's own errors: a service that did not start, a full disk)
+        render.note(f"trainwise: warning: --report-to wandb: {type(e).__name__}: {e}")
+
+
+def _log_table(out: Path, done: Any) -> None:
+    marks, table = footnotes(done.table), done.table
+    rows = [cells(e, marks.get(e.strategy), has_rss(table), has_loss_share(table)) for e in table]
+    tracking.log_table(out, out.name, headers(table), rows)
 
 
 def compare(config: str | Path | None = None, render: Render | None = STDERR, **options: Any) -> Study:

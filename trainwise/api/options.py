@@ -31,6 +31,7 @@ from trainwise.export import ExportConfig
 from trainwise.files import write_atomic
 from trainwise.find_batch import FindBatchConfig
 from trainwise.option import PRICE, QUALITY, RUN, flag, option, take
+from trainwise.tracking import compare_report_to
 from trainwise.tune import TuneConfig
 from trainwise.units import parse_bytes
 
@@ -240,12 +241,16 @@ class CompareOptions(ModelData, Priced):
     image_size: int = take(StudyConfig, "image_size")
     checkpoint_minutes: float = option(30.0, "Cost, low-priority: minutes between checkpoints.", role=PRICE)
     profile: bool = take(StudyConfig, "profile")
+    report_to: str | None = option(
+        None, "wandb: a W&B run per trial, grouped by the study, and the table; trainwise\\[wandb].", role=RUN
+    )
     quality_steps: int | None = option(None, "Then train the Pareto rows this long for quality.", role=QUALITY)
     seeds: int = option(2, "Quality phase: seeds per row (the spread of the verdicts).", role=QUALITY)
 
     def resolve(self) -> tuple[StudyConfig, Any, tuple[int, int] | None]:
         """(the StudyConfig, the price or None, (quality steps, seeds) or None), every value validated."""
         quality.check(self.quality_steps, self.seeds)
+        compare_report_to(self.report_to)
         cfg = self.study_config(
             batch_sizes=ints(self.batch_sizes, "--batch-sizes") if self.batch_sizes else (),
             num_workers=ints(self.num_workers, "--num-workers"),
@@ -546,7 +551,9 @@ class TrainOptions(ModelData, Priced):
     out: str = option("runs/train", "Run directory: checkpoints/, best/, train_result.json.")
     force: bool = take(StudyConfig, "force")
     resume: bool = flag("resume", "Continue from the last whole checkpoint in --out.")
-    report_to: str | None = option(None, "tensorboard and/or mlflow (comma list); trainwise\\[report].")
+    report_to: str | None = option(
+        None, "tensorboard, mlflow and/or wandb (comma list); trainwise\\[report], trainwise\\[wandb]."
+    )
 
     def train_config(self) -> TrainConfig:
         return TrainConfig(
