@@ -122,3 +122,21 @@ def test_the_study_says_its_projection_where_the_user_sees_it(tmp_path, cls_csv,
     err = capsys.readouterr().err
     assert "this study will take about 20 min: 2 trials of 4 steps at 100.00 s/step" in err
     assert "--max-steps" not in err and "--strategies" not in err, "no shorter study to offer: 2 rows, 4 steps"
+
+
+def test_a_training_runs_progress_line_has_its_rate_and_the_time_left():
+    """train's live line: step i/N, loss, samples/s at the median of the last steps' wall time (an evaluation
+    between two steps is not a slow step), and the time left at that pace; a step that goes back is another run."""
+    from trainwise.events import Step
+    from trainwise.report.terminal import TrainLine
+
+    progress = TrainLine()
+    assert progress.line(Step(1, 10, 2.5, samples=8), now=100.0) == "step 1/10  loss 2.5000"  # nothing to time yet
+    for step in (2, 3, 4, 5):
+        line = progress.line(Step(step, 10, 2.0, samples=8), now=100.0 + 2 * (step - 1))
+    assert line == "step 5/10  loss 2.0000  4.0 samples/s  ~10 s left"
+    for step in (6, 7, 8, 9):  # an evaluation of 30 s after step 5: not a slow step
+        progress.line(Step(step, 10, 1.5, samples=8), now=130.0 + 2 * (step - 1))
+    assert progress.line(Step(10, 10, 1.0, samples=8), now=148.0) == "step 10/10  loss 1.0000  4.0 samples/s"
+    assert progress.line(Step(1, 4, 3.0, samples=8), now=500.0) == "step 1/4  loss 3.0000", "a new run"
+    assert progress.line(Step(2, 4, 3.0, samples=8), now=501.0).endswith("8.0 samples/s  ~2 s left")

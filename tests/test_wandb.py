@@ -5,6 +5,7 @@ What was logged is read back from the offline run files (tests/wandb_log.py), th
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,7 @@ def test_train_logs_its_curves_and_result(tmp_path, cls_csv, offline):
     argv += ["--max-length", "32", "--max-steps", "4", "--eval-every", "2", "--eval-samples", "16", "--device", "cpu"]
     done = here.trainwise(*argv, "--report-to", "wandb", "--out", str(out), env=offline)
     assert done.returncode == 0, done.stderr
+    assert re.search(r"^  step 4/4  loss \d+\.\d{4}  \d+\.\d samples/s$", done.stderr, re.M), done.stderr  # piped
     [run] = wandb_log.runs(out)
     assert run.job_type == "train" and (out / "wandb_run_id").read_text() == run.id
     assert sorted(s for s, v in run.history.items() if "train/loss" in v) == [1, 2, 3, 4]

@@ -32,17 +32,20 @@ class Phase:
 
 @dataclass(frozen=True)
 class Step:
-    """One optimizer step: its loss, and the step's seconds (a compare trial) or learning rate (training)."""
+    """One optimizer step: its loss, and the step's seconds (a compare trial) or learning rate and samples over
+    every rank (training: the progress line's samples/s)."""
 
     step: int
     total: int
     loss: float
     step_s: float | None = None
     lr: float | None = None
+    samples: int | None = None
 
     def to_dict(self) -> dict:
         d = {"event": "step", "step": self.step, "total": self.total, "loss": self.loss}
-        return d | {k: v for k, v in (("step_s", self.step_s), ("lr", self.lr)) if v is not None}
+        extra = (("step_s", self.step_s), ("lr", self.lr), ("samples", self.samples))
+        return d | {k: v for k, v in extra if v is not None}
 
 
 @dataclass(frozen=True)

@@ -427,11 +427,12 @@ def _fit(job: TrainJob, emit: Emit, adopt: Path | None) -> TrainResult:
     stream = loop.Stream(data, parts, position=state.micro)  # from the sampler position on
     stopped = False
 
-    def on_step(loss: float, _micro: list) -> bool:
+    def on_step(loss: float, micro: list) -> bool:
         nonlocal stopped
         state.step, state.micro = parts.step, stream.position
         state.losses.append(loss)
-        emit(Step(state.step, planned, loss, lr=parts.lr))
+        samples = sum(b.n_samples for b in micro) * parts.world  # this rank's share, times the ranks
+        emit(Step(state.step, planned, loss, lr=parts.lr, samples=samples))
         if state.step % tc.eval_every == 0 or state.step == planned:
             window = state.losses[-tc.eval_every :]
             record = {"step": state.step, "train_loss": sum(window) / len(window)}

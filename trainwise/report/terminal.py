@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import statistics
 import sys
-from collections import Counter
+import time
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -103,14 +105,64 @@ def study_progress(prepared: Any) -> Iterator[tuple[Callable, Callable]]:
         yield on_event, on_done
 
 
+class TrainLine:
+    """A training run's progress line: step i/N, loss, samples/s and the time left, from the wall time between the
+    last steps as they arrive: their median step, so that an evaluation or a checkpoint between two steps does not
+    read as a slow step (the time left counts steps, not the evaluations still to come)."""
+
+    WINDOW = 20  # steps the rate is taken over
+
+    def __init__(self) -> None:
+        self.seen: deque[tuple[float, int, int]] = deque(maxlen=self.WINDOW)  # (monotonic s, step, samples)
+
+    def line(self, e: Step, now: float | None = None) -> str:
+        now = time.monotonic() if now is None else now
+        if self.seen and e.step <= self.seen[-1][1]:  # another run (tune's next trial), or a resumed one
+            self.seen.clear()
+        self.seen.append((now, e.step, e.samples or 0))
+        parts = [f"step {e.step}/{e.total}", f"loss {e.loss:.4f}"]
+        seen = list(self.seen)
+        per_step = [(b[0] - a[0]) / (b[1] - a[1]) for a, b in zip(seen, seen[1:], strict=False) if b[1] > a[1]]
+        if per_step and (step_s := statistics.median(per_step)) > 0:
+            samples = [n for _, _, n in seen[1:] if n]
+            if samples:
+                parts.append(f"{statistics.mean(samples) / step_s:.1f} samples/s")
+            if e.step < e.total:
+                parts.append(f"~{human_seconds(step_s * (e.total - e.step))} left")
+        return "  ".join(parts)
+
+
+_train_line = TrainLine()
+_live = False  # a progress line is on the terminal, not ended yet
+
+
+def _end_live() -> None:
+    global _live
+    if _live:
+        err.file.write("\n")
+        _live = False
+
+
 def train_event(event: Event) -> None:
-    """train's progress: every evaluation, every 10th step and the last, and notes."""
-    if isinstance(event, Eval):
+    """train's progress: on a terminal one live line (step i/N, loss, samples/s, time left), redrawn at every
+    step; piped, that line every 10th step and at the last; every evaluation and note on a line of its own."""
+    global _live
+    if isinstance(event, Step):
+        line = _train_line.line(event)
+        if err.is_terminal:
+            err.file.write("\r\x1b[2K  " + line)
+            err.file.flush()
+            _live = event.step < event.total
+            if not _live:
+                err.file.write("\n")
+        elif event.step % 10 == 0 or event.step == event.total:
+            say(f"  {line}", err)
+    elif isinstance(event, Eval):
+        _end_live()
         shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in event.record.items()}
         say(f"  eval {shown}", err)
-    elif isinstance(event, Step) and (event.step % 10 == 0 or event.step == event.total):
-        say(f"  step {event.step}/{event.total}  loss {event.loss:.4f}", err)
     elif isinstance(event, Note):
+        _end_live()
         say(f"trainwise train: {event.text}", err)
 
 
