@@ -140,3 +140,20 @@ def test_a_training_runs_progress_line_has_its_rate_and_the_time_left():
     assert progress.line(Step(10, 10, 1.0, samples=8), now=148.0) == "step 10/10  loss 1.0000  4.0 samples/s"
     assert progress.line(Step(1, 4, 3.0, samples=8), now=500.0) == "step 1/4  loss 3.0000", "a new run"
     assert progress.line(Step(2, 4, 3.0, samples=8), now=501.0).endswith("8.0 samples/s  ~2 s left")
+
+
+def test_a_calibration_says_which_probe_and_the_time_left(monkeypatch):
+    """estimate's and advise's calibration: probe i of n on the status line, and the time left at the pace so far."""
+    from trainwise.api import render
+
+    clock = iter([100.0, 104.0, 108.0])
+    monkeypatch.setattr(render.time, "monotonic", lambda: next(clock))
+    said: list[str] = []
+    on_probe = render.probes(said.append, "calibrating activations (bert, cpu)")
+    for i in range(3):
+        on_probe(i, 16)
+    assert said == [
+        "calibrating activations (bert, cpu): probe 1/16",
+        "calibrating activations (bert, cpu): probe 2/16, ~60 s left",
+        "calibrating activations (bert, cpu): probe 3/16, ~56 s left",
+    ]

@@ -9,7 +9,7 @@ from typing import Any
 from trainwise.advise import Advice
 from trainwise.api import compare
 from trainwise.api.options import AdviseOptions
-from trainwise.api.render import STDERR, Render
+from trainwise.api.render import STDERR, Render, probes
 from trainwise.api.studies import advise_study
 from trainwise.study.store import partial_note
 
@@ -22,8 +22,9 @@ def start(options: AdviseOptions, render: Render | None = STDERR) -> Advice:
     constraints = options.constraints()
     if options.run:
         compare.start(options.compare_options(), render)
-    with render.status("advising (a budget adds batch hints: an estimate, a probe on first use)..."):
-        result = advise_study(paths, constraints)
+    with render.status("advising (a budget adds batch hints: an estimate, a probe on first use)...") as status:
+        what = "advising: the batch hints' memory estimate is calibrating (once: then cached)"
+        result = advise_study(paths, constraints, probes(render.update(status), what))
     for partial in filter(None, map(partial_note, paths)):
         render.note(f"trainwise: note: {partial}")
     return result

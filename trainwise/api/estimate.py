@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwise.api.options import EstimateOptions
-from trainwise.api.render import STDERR, Render
+from trainwise.api.render import STDERR, Render, probes
 from trainwise.errors import ConfigError
 from trainwise.estimate import (
     LOOSE_FIT,
@@ -98,11 +98,8 @@ def run_estimate(
     def cal_for(plan: TrialPlan) -> Calibration:
         key = json.dumps(terms_of(plan, probe_device).probe, sort_keys=True, default=list)
         if key not in cals:
-
-            def on_probe(i: int, n: int) -> None:
-                on_status(f"calibrating activations: measured probe {i + 1}/{n} ({config.model_type}, {probe_device})")
-
-            cals[key] = calibrate(config, cfg.task, plan, probe_device, on_probe)
+            what = f"calibrating activations ({config.model_type}, {probe_device}, once: then cached)"
+            cals[key] = calibrate(config, cfg.task, plan, probe_device, probes(on_status, what))
         return cals[key]
 
     from transformers import AutoModelForSeq2SeqLM  # noqa: F401  (loaded before the runtime is measured)

@@ -9,11 +9,13 @@ given and nothing else (its fields default to nothing).
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from trainwise.events import Event
+from trainwise.units import human_seconds
 
 
 @contextlib.contextmanager
@@ -62,6 +64,20 @@ def _terminal() -> Any:
 def _say(line: str) -> None:
     terminal = _terminal()
     terminal.say(line, terminal.err)
+
+
+def probes(update: Callable[[str], None], what: str) -> Callable[[int, int], None]:
+    """A calibration's progress for a status line (`calibrate`'s on_probe: called before probe i of n): which
+    probe, and the time left at the pace of the probes so far."""
+    start = time.monotonic()
+
+    def on_probe(i: int, n: int) -> None:
+        text = f"{what}: probe {i + 1}/{n}"
+        if i:
+            text += f", ~{human_seconds((time.monotonic() - start) / i * (n - i))} left"
+        update(text)
+
+    return on_probe
 
 
 SILENT = Render()

@@ -19,7 +19,9 @@ from trainwise.strategies.plan import TrialPlan
 from trainwise.study.store import Store, check_ours, partial_note, read_quality, read_results
 
 
-def advise_study(studies: Path | list[Path], constraints: Constraints) -> Advice:
+def advise_study(
+    studies: Path | list[Path], constraints: Constraints, on_probe: Callable[[int, int], None] | None = None
+) -> Advice:
     """advise on a study's results (with the quality phase's verdicts when it ran), or on several studies'
     rows side by side (named STUDY/row: the same model measured on other devices or at other prices, where
     cost ranks differently from time); with a memory budget, each memory-saving row gets a batch hint."""
@@ -41,7 +43,8 @@ def advise_study(studies: Path | list[Path], constraints: Constraints) -> Advice
             own, note = with_quality(own, verdicts)
             notes.append(note if len(paths) == 1 else f"{label}: {note}")
         if constraints.memory_budget_bytes is not None:
-            hints |= {named(k): h for k, h in batch_hints(path, own, constraints.memory_budget_bytes).items()}
+            budget = constraints.memory_budget_bytes
+            hints |= {named(k): h for k, h in batch_hints(path, own, budget, on_probe).items()}
         basis = quality_basis(path)
         rows += [dataclasses.replace(r, strategy=named(r.strategy), **_unset(r, basis)) for r in own]
     result = rank(rows, constraints)
@@ -109,7 +112,9 @@ def estimate_basis(study: Path):
     return s, config, runtime_overhead(s.device)
 
 
-def batch_hints(study: Path, rows: list[StudyRow], budget: int) -> dict[str, str]:
+def batch_hints(
+    study: Path, rows: list[StudyRow], budget: int, on_probe: Callable[[int, int], None] | None = None
+) -> dict[str, str]:
     """Per row that lets a larger batch fit than the baseline does: up to which batch each fits the budget
     (so when the row is needed), from `trainwise estimate` on the study's model and lengths. Empty when the
     study's model cannot be built here (a hub id offline), since the hints add to the measured advice."""
@@ -119,7 +124,7 @@ def batch_hints(study: Path, rows: list[StudyRow], budget: int) -> dict[str, str
     s, config, overhead = found
 
     def estimate_of(plan: TrialPlan):
-        cal, shape = calibrate(config, s.task, plan, s.device), shape_of(config, s.task, plan)
+        cal, shape = calibrate(config, s.task, plan, s.device, on_probe), shape_of(config, s.task, plan)
         peak = estimate_plan(shape, cal, plan, s.batch_size, s.max_length, s.max_target_length, s.device, 1, overhead)
         fits = largest_batch(shape, cal, plan, budget, s.max_length, s.max_target_length, s.device, overhead)
         return peak.peak_bytes, fits
