@@ -300,16 +300,20 @@ def test_advise_bad_input_is_one_line(tmp_path, capsys, args, message):
     assert len(err) == 1 and message in err[0]
 
 
-@pytest.mark.slow
-def test_advise_runs_the_study_on_the_fly_and_adds_batch_hints(tmp_path, cls_csv, capsys, monkeypatch):
-    """advise --run: the study is run first (its table on stderr under --json), then advised; with a
-    budget, memory-saving rows say up to which batch the baseline fits (from the estimate)."""
+@pytest.fixture
+def quarter_probe(tmp_path, monkeypatch):
+    """The hints' words, not the fit (test_estimate checks that): a quarter of the calibration probe's design, in a
+    cache of its own (the whole design: ~20 s of the suite's, paid by whichever hint test ran first)."""
     estimate = importlib.import_module("trainwise.estimate")  # trainwise.estimate: the API's call
 
-    # what is said, not the fit (test_estimate checks that): a quarter of the calibration probe's design, in a
-    # cache of its own (the whole design: 20 s of the suite's)
     monkeypatch.setenv("TRAINWISE_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(estimate, "PROBE_DESIGN", estimate.PROBE_DESIGN[::4])
+
+
+@pytest.mark.slow
+def test_advise_runs_the_study_on_the_fly_and_adds_batch_hints(tmp_path, cls_csv, capsys, quarter_probe):
+    """advise --run: the study is run first (its table on stderr under --json), then advised; with a
+    budget, memory-saving rows say up to which batch the baseline fits (from the estimate)."""
     out = tmp_path / "study"
     argv = [
         "advise",
@@ -345,7 +349,7 @@ def test_advise_runs_the_study_on_the_fly_and_adds_batch_hints(tmp_path, cls_csv
 
 
 @pytest.mark.slow
-def test_a_batch_hint_never_contradicts_a_measured_row(tmp_path, cls_csv, monkeypatch):
+def test_a_batch_hint_never_contradicts_a_measured_row(tmp_path, cls_csv, monkeypatch, quarter_probe):
     """Issue 15, part 3: the hints come from the estimate, but a row measured within the budget at the
     study's batch is never said to fit only below it ("fits up to ~0" beside a feasible row)."""
     import trainwise.api.studies
