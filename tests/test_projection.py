@@ -128,7 +128,7 @@ def test_a_training_runs_progress_line_has_its_rate_and_the_time_left():
     """train's live line: step i/N, loss, samples/s at the median of the last steps' wall time (an evaluation
     between two steps is not a slow step), and the time left at that pace; a step that goes back is another run."""
     from trainwise.events import Step
-    from trainwise.report.terminal import TrainLine
+    from trainwise.projection import TrainLine
 
     progress = TrainLine()
     assert progress.line(Step(1, 10, 2.5, samples=8), now=100.0) == "step 1/10  loss 2.5000"  # nothing to time yet

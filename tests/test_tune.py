@@ -362,3 +362,29 @@ def test_tpe_models_the_space_after_a_quarter_of_a_small_budget():
     random, tpe = picks("random"), picks("tpe")
     assert tpe[:2] == random[:2], "the same seeded random start"
     assert tpe[2:] != random[2:], "then TPE's own proposals, not random search's"
+
+
+@pytest.mark.slow
+def test_a_tune_trial_shows_its_steps_on_the_status_line(tmp_path, cls_csv):
+    """The running trial's steps reach the parent as they happen: the status line says the trial, step i/N, its
+    loss, samples/s and the time left (on a terminal, the spinner's line)."""
+    import contextlib
+
+    import trainwise
+    from trainwise.api.render import Render
+
+    said: list[str] = []
+
+    class Status:
+        def update(self, text: str) -> None:
+            said.append(text)
+
+    render = Render(status=lambda _text: contextlib.nullcontext(Status()))
+    space = _space(tmp_path, "lr: {low: 1.0e-4, high: 3.0e-3, log: true}\n")
+    trainwise.tune(
+        space=space, search="random", trials=1, model_preset="bert-tiny", train_file=str(cls_csv), max_length=32,
+        batch_size=8, max_steps=4, eval_every=2, eval_samples=16, device="cpu", out=str(tmp_path / "t"), render=render,
+    )  # fmt: skip
+    steps = [line for line in said if line.startswith("trainwise tune: trial 0: step ")]
+    assert [line.split()[5] for line in steps] == ["1/4", "2/4", "3/4", "4/4"], said
+    assert "samples/s" in steps[-1] and "left" in steps[-2], steps

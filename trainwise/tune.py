@@ -33,13 +33,14 @@ from trainwise.config import (
     monitored,
 )
 from trainwise.errors import ConfigError, RunFailed, check_number
-from trainwise.events import Emit, Eval, Event, Warn
+from trainwise.events import Emit, Eval, Event, Step, Warn
 from trainwise.export import RunSettings, epochs_for, named_model, train_command, train_out
 from trainwise.faults import seamed
 from trainwise.files import failed, refused_by, write_atomic
 from trainwise.launcher import Exit, Place, run, warm
 from trainwise.option import option, take
 from trainwise.pbt import EXPERIMENT, check_pbt, run_pbt
+from trainwise.projection import TrainLine
 from trainwise.results import TuneTrialResult
 from trainwise.space import (
     Param,
@@ -73,6 +74,7 @@ def run_tune(
     on_trial: Callable[[dict], None],
     seed: int,
     trial_timeout: float,  # --trial-timeout: declared once, on TuneConfig
+    on_step: Callable[[int, Step], None] | None = None,  # (trial number, its step): the progress line
 ) -> TuneResult:
     if search not in ("random", "tpe"):
         raise ValueError(f"run_tune runs Optuna's random or tpe, not {search!r} (pbt: trainwise.pbt)")
@@ -104,7 +106,8 @@ def run_tune(
         values = sample(trial, space)
         started = time.perf_counter()
         trial_dir = out / "trials" / f"{trial.number:04d}"
-        r = _run_one(apply(spec, values), train_args, trial_dir, trial, trial_timeout)
+        stepped = None if on_step is None else (lambda e, n=trial.number: on_step(n, e))
+        r = _run_one(apply(spec, values), train_args, trial_dir, trial, trial_timeout, stepped)
         state, value, steps = r.state, r.value, r.steps
         trial.set_user_attr("steps", steps)
         trial.set_user_attr("wall_s", time.perf_counter() - started)
@@ -184,7 +187,7 @@ class TuneTrial:
         from trainwise.train import TrainJob, run_train  # heavy: trainwise.train loads torch and transformers
 
         def evals(event: Event) -> None:
-            if isinstance(event, Eval):
+            if isinstance(event, Eval | Step):  # the steps: the parent's progress line
                 emit(event)
             elif isinstance(event, Warn):
                 print(event.text, file=sys.stderr)
@@ -208,7 +211,14 @@ class TuneTrial:
         return TuneTrialResult("fail", error=end.tail[:300] or "it exited without a word")
 
 
-def _run_one(spec: TrialSpec, train_args: dict, trial_dir: Path, trial, timeout_s: float) -> TuneTrialResult:
+def _run_one(
+    spec: TrialSpec,
+    train_args: dict,
+    trial_dir: Path,
+    trial,
+    timeout_s: float,
+    on_step: Callable[[Step], None] | None = None,
+) -> TuneTrialResult:
     """One training run in its own process; its evaluations are reported to Optuna as they come, and a run
     Optuna prunes is killed (with whatever it started), as is one that outlives `timeout_s`. A trial that
     did not complete keeps the best value and the steps its evaluations reported."""
@@ -221,6 +231,8 @@ def _run_one(spec: TrialSpec, train_args: dict, trial_dir: Path, trial, timeout_
     def on_event(event: Event) -> bool:
         """True: Optuna prunes the trial, stop it."""
         nonlocal value, steps
+        if isinstance(event, Step) and on_step is not None:
+            on_step(event)
         if isinstance(event, Eval):
             steps = event.step
             v = monitored(event.record, monitor)
@@ -329,7 +341,7 @@ def tune(
     on_status("trainwise tune: validating input, preparing data and model...")
     spec = prepare_study(study, on_line).specs[0]
     with hold(out):  # one command at a time in --out
-        return _search(cfg, spec, out, price, on_line, DataOrigin.of(study))
+        return _search(cfg, spec, out, price, on_line, DataOrigin.of(study), on_status)
 
 
 def best_train_command(
@@ -369,7 +381,13 @@ def shown(values: dict) -> str:
 
 
 def _search(
-    cfg: TuneConfig, spec: TrialSpec, out: Path, price, on_line: Callable[[str], None], origin: DataOrigin | None = None
+    cfg: TuneConfig,
+    spec: TrialSpec,
+    out: Path,
+    price,
+    on_line: Callable[[str], None],
+    origin: DataOrigin | None = None,
+    on_status: Callable[[str], None] = lambda _text: None,
 ) -> tuple[TuneResult, dict]:
     train_args = dataclasses.asdict(cfg.train_config())
 
@@ -388,8 +406,14 @@ def _search(
             value = "-" if r["value"] is None else f"{r['value']:.4f}"
             on_line(f"  trial {r['number']}: {r['state']}  {value}  {r['steps']} steps  {shown(r['params'])}")
 
+        progress = TrainLine()  # one live line: the running trial's step i/N, loss, samples/s, time left
+
+        def on_step(number: int, e: Step) -> None:
+            on_status(f"trainwise tune: trial {number}: {progress.line(e)}")
+
         params = list(cfg.params)
-        result = run_tune(spec, params, cfg.search, cfg.trials, out, train_args, on_trial, cfg.seed, cfg.trial_timeout)
+        searched = (spec, params, cfg.search, cfg.trials, out, train_args, on_trial, cfg.seed, cfg.trial_timeout)
+        result = run_tune(*searched, on_step=on_step)
     report = dataclasses.asdict(result)
     if price is not None:
         # the work a preemption loses: a whole Optuna trial (it has no checkpoints, so it starts over), or
