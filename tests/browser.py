@@ -19,7 +19,7 @@ from typing import Any
 
 HOW = (
     "no Chromium for the report's browser test: `make test` installs Debian's package where it may (as root or "
-    "with sudo); else run `sudo apt-get install chromium`, or set TRAINWISE_CHROMIUM=/path/to/chromium"
+    "with sudo); else run `sudo apt-get install chromium` (Debian), or set TRAINWISE_CHROMIUM=/path/to/chromium"
 )
 
 

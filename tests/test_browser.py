@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests import browser, here
-from tests.test_report import OLD, demo_rows
+from tests.test_report import OLD, demo_rows, demo_verdicts
 from trainwise.report import html as page
 
 pytestmark = pytest.mark.slow
@@ -27,13 +27,14 @@ if os.environ.get("TRAINWISE_NO_BROWSER") == "1":
 
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory) -> dict[str, Path]:
-    """The demo-shaped page (all four figures) and the page `trainwise report` draws for a real study an earlier
-    release wrote."""
+    """The demo-shaped page (all five figures, the quality phase's too) and the page `trainwise report` draws for a
+    real study an earlier release wrote (its quality phase too)."""
     if browser.chromium() is None:
         pytest.fail(browser.HOW, pytrace=False)
     where = tmp_path_factory.mktemp("pages")
     demo = where / "demo.html"
-    demo.write_text(page.report_html(demo_rows(), "trainwise compare: demo", {"model": "MiniLM"}))
+    settings = {"model": "MiniLM"}
+    demo.write_text(page.report_html(demo_rows(), "trainwise compare: demo", settings, None, demo_verdicts()))
     study = where / "old"
     shutil.copytree(OLD, study)
     done = here.trainwise("report", str(study), "--format", "html")
@@ -50,7 +51,7 @@ def ink(png: bytes) -> float:
     return sum(1 for v in pixels if v < 245) / len(pixels)
 
 
-@pytest.mark.parametrize("name, figures, rows", [("demo", 4, 11), ("old", 3, 2)])
+@pytest.mark.parametrize("name, figures, rows", [("demo", 5, 11), ("old", 4, 2)])
 def test_every_figure_renders_nothing_is_fetched_and_the_console_is_clean(pages, name, figures, rows):
     with browser.opened(pages[name]) as seen:
         p = seen.page

@@ -146,14 +146,16 @@ def test_a_calibration_says_which_probe_and_the_time_left(monkeypatch):
     """estimate's and advise's calibration: probe i of n on the status line, and the time left at the pace so far."""
     from trainwise.api import render
 
-    clock = iter([100.0, 104.0, 108.0])
+    clock = iter([90.0, 100.0, 104.0, 108.0, 500.0, 502.0])
     monkeypatch.setattr(render.time, "monotonic", lambda: next(clock))
     said: list[str] = []
     on_probe = render.probes(said.append, "calibrating activations (bert, cpu)")
-    for i in range(3):
+    for i in (0, 1, 2, 0, 1):  # advise calibrates once per plan: the second starts its own clock
         on_probe(i, 16)
     assert said == [
         "calibrating activations (bert, cpu): probe 1/16",
         "calibrating activations (bert, cpu): probe 2/16, ~60 s left",
         "calibrating activations (bert, cpu): probe 3/16, ~56 s left",
+        "calibrating activations (bert, cpu): probe 1/16",
+        "calibrating activations (bert, cpu): probe 2/16, ~30 s left",
     ]

@@ -190,6 +190,8 @@ def test_compare_quality_phase_end_to_end(tmp_path, cls_csv, capsys):
     assert q["seeds"] == 2 and all(len(r["values"]) == 2 for r in q["rows"])
     assert q["rows"][0]["strategy"] == "baseline" and all(r["eval_loss"] > 0 for r in q["rows"])
     assert all(50 <= r["majority"] <= 100 for r in q["rows"]), "2 classes: the commonest holds half or more"
+    page = (out / "report.html").read_text()  # drawn again once the quality phase ended: its figure is there
+    assert '<figure id="quality">' in page and "grad_accum (" in page.split('<figure id="quality">')[1]
     assert main(["advise", str(out), "--json"]) == 0
     assert any("quality phase (4 steps x 2 seeds)" in n for n in json.loads(capsys.readouterr().out)["notes"])
     assert main([*argv, "--out", str(out)]) == 0

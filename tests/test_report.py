@@ -65,6 +65,32 @@ def demo_rows() -> list[StudyRow]:
     return rows
 
 
+def demo_verdicts():
+    """The quality phase's verdicts for three of the demo's rows, three seeds each."""
+    from trainwise.quality import QualityRow, QualityVerdicts
+
+    def row(name, values, verdict):
+        return QualityRow(name, "accuracy", values, [1.0, 1.1, 0.9], 120, False, verdict=verdict)
+
+    return QualityVerdicts(
+        3,
+        [
+            row("baseline", [50.0, 52.5, 48.1], "reference"),
+            row("smart_batch", [51.2, 49.9, 53.0], "no significant difference"),
+            row("all", [40.3, 41.0, 39.2], "worse"),
+        ],
+    )
+
+
+def test_the_quality_phase_is_drawn_with_every_seed_when_it_ran():
+    text = page.report_html(demo_rows(), "t", verdicts=demo_verdicts())
+    assert [m for m in re.findall(r'<figure id="([^"]+)">', text)][-1] == "quality"
+    quality = text.split('<figure id="quality">')[1].split("</figure>")[0]
+    assert ">all (worse)<" in quality and ">baseline (reference)<" in quality and "3 seeds" in quality
+    assert quality.count("<use ") + quality.count("<path") >= 9, "a mark per seed"
+    assert '<figure id="quality">' not in page.report_html(demo_rows(), "t"), "no phase, no figure"
+
+
 def test_the_page_holds_the_table_and_every_figure_and_fetches_nothing():
     settings = {"model": "MiniLM", "command": "trainwise compare"}
     text = page.report_html(demo_rows(), "trainwise compare: demo", settings)

@@ -96,11 +96,11 @@ def test_a_resumed_training_run_continues_its_wandb_run(tmp_path, offline, monke
 
     for k, v in offline.items():
         monkeypatch.setenv(k, v)
-    first = Tracker(("wandb",), tmp_path, "run", {"lr": 0.1})
+    first = Tracker(("wandb",), tmp_path, "run", {"lr": 0.1}, resume=False)
     for step in (1, 2, 3):
         first.log(Step(step, 5, 1.0 / step, lr=0.1))
     first.close(failed=True)  # killed: the next session resumes it
-    second = Tracker(("wandb",), tmp_path, "run", {"lr": 0.1})
+    second = Tracker(("wandb",), tmp_path, "run", {"lr": 0.1}, resume=True)
     for step in (4, 5):
         second.log(Step(step, 5, 1.0 / step, lr=0.1))
     second.close({"steps": 5})
@@ -108,6 +108,47 @@ def test_a_resumed_training_run_continues_its_wandb_run(tmp_path, offline, monke
     assert a.id == b.id == (tmp_path / "wandb_run_id").read_text()
     assert sorted(a.history) == [1, 2, 3] and sorted(b.history) == [4, 5] and b.summary["steps"] == 5
     assert (a.exit_code, b.exit_code) == (1, 0)
+    fresh = Tracker(("wandb",), tmp_path, "run", {"lr": 0.1}, resume=False)  # the same --out, not --resume
+    fresh.log(Step(1, 2, 1.0, lr=0.1))
+    fresh.close({"steps": 1})
+    assert wandb_log.runs(tmp_path)[-1].id != a.id and (tmp_path / "wandb_run_id").read_text() != a.id
+    unused = Tracker(("wandb",), tmp_path / "checked", "run", {}, resume=False)  # stopped before its first step
+    unused.close(failed=True)
+    assert not (tmp_path / "checked" / "wandb").exists(), "no W&B run for a run that never stepped"
+
+
+def test_a_wandb_failure_is_a_warning_and_the_run_goes_on(tmp_path, offline, monkeypatch):
+    from trainwise import tracking
+    from trainwise.events import Step
+
+    def down(*a, **k):
+        raise TimeoutError("the W&B server did not answer")
+
+    monkeypatch.setattr(tracking, "_wandb_init", down)
+    said: list[str] = []
+    tracker = tracking.Tracker(("wandb",), tmp_path, "run", {}, warn=said.append)
+    for step in (1, 2, 3):
+        tracker.log(Step(step, 3, 1.0))
+    tracker.close({"steps": 3})
+    assert said == ["--report-to wandb: TimeoutError: the W&B server did not answer; the run goes on without W&B"]
+
+
+@pytest.mark.slow
+def test_a_compare_whose_wandb_fails_says_it_once_and_stores_every_trial(tmp_path, cls_csv, offline, monkeypatch):
+    from trainwise import tracking
+
+    calls = []
+
+    def down(*a, **k):
+        calls.append(a)
+        raise TimeoutError("the W&B server did not answer")
+
+    monkeypatch.setattr(tracking, "_wandb_init", down)
+    out = tmp_path / "study"
+    done = here.trainwise(*_compare(cls_csv, out, "baseline,dynamic_pad"), env=offline)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("--report-to wandb: TimeoutError") == 1 and len(calls) == 1, "said once, tried once"
+    assert [r.status for r in read_results(out)] == ["ok", "ok"]
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ protobuf `Record` (wandb.proto.wandb_internal_pb2), split over chunks when long.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +93,21 @@ def read(path: Path) -> Run:
     return run
 
 
+def _made(path: Path) -> tuple[str, int]:
+    """When a run's folder was made: its time stamp, then the suffix W&B adds to a second folder of the same run
+    made in the same second (`offline-run-DATE_TIME-ID-1`), which plain sorting would put first."""
+    found = re.fullmatch(r"offline-run-(\d{8}_\d{6})-[a-z0-9]+(?:-(\d+))?", path.parent.name)
+    assert found, path
+    return found[1], int(found[2] or 0)
+
+
 def runs(out: Path) -> list[Run]:
-    """Every offline run under `out`/wandb, in the order they were made."""
-    return [read(f) for f in sorted(out.glob("wandb/offline-run-*/run-*.wandb"))]
+    """Every offline run under `out`/wandb, in the order they were made: by the wall time of their first logged
+    step (two runs may start in the same second), else by their folder's."""
+    found = [(read(f), _made(f)) for f in out.glob("wandb/offline-run-*/run-*.wandb")]
+
+    def first(run: Run) -> float:
+        stamps = [v["_timestamp"] for v in run.history.values() if "_timestamp" in v]
+        return min(stamps) if stamps else float("inf")
+
+    return [run for run, _ in sorted(found, key=lambda rm: (rm[1][0], first(rm[0]), rm[1][1]))]

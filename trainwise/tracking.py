@@ -11,11 +11,12 @@ by step (the steps after the checkpoint that a killed session had logged are pur
 run whose id the first session stored in `<out>/mlflow_run_id`.
 
 Weights & Biases logs to its project `trainwise` (or WANDB_PROJECT), its files under `<out>/wandb`; with
-WANDB_MODE=offline it needs no network or login (`wandb sync <out>/wandb/offline-run-*` uploads later). A resumed
-run continues the run whose id is in `<out>/wandb_run_id` (W&B keeps the steps it had, so a step logged by the
-killed session after its checkpoint is not logged twice). A compare study (`log_trials`) is one W&B run per trial,
-grouped by the study: config the trial's settings and plan, history its loss at every step, summary its
-measurements; and, once the study ends, one run more with the table as a W&B Table.
+WANDB_MODE=offline it needs no network or login (`wandb sync <out>/wandb/offline-run-*` uploads later). A run
+resumed with --resume continues the run whose id is in `<out>/wandb_run_id` (offline: a second folder with that
+id); W&B opens its run at the first step, and a failure of W&B's is a warning, never the end of the training.
+A compare study (`log_trials`) is one W&B run per trial, grouped by the study: config the trial's settings and
+plan, history its loss at every step, summary its measurements; and, once the study ends, one run more with the
+table as a W&B Table.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ import importlib.util
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from trainwise.errors import ConfigError
 from trainwise.events import Eval, Event, Step
+from trainwise.files import write_atomic
 
 # name -> (module to import, package, extra)
 BACKENDS = {
@@ -68,13 +71,22 @@ def compare_report_to(value: str | None) -> tuple[str, ...]:
 
 
 def check_wandb_login() -> None:
-    """One line now, not a prompt or a failure after the run: online W&B needs a key (WANDB_API_KEY, or the
-    ~/.netrc entry `wandb login` writes)."""
-    if os.environ.get("WANDB_MODE", "").lower() in WANDB_LOCAL or os.environ.get("WANDB_API_KEY"):
+    """One line now, not a prompt or a failure after the run: online W&B needs a login. Refused only where none
+    can be found: no WANDB_API_KEY or WANDB_IDENTITY_TOKEN_FILE, no key or offline mode in W&B's settings file
+    (`wandb login`, `wandb offline`), no W&B machine in the netrc file `wandb login` writes."""
+    if os.environ.get("WANDB_MODE", "").lower() in WANDB_LOCAL:
         return
-    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return
+    config_dir = Path(os.environ.get("WANDB_CONFIG_DIR", Path.home() / ".config" / "wandb")).expanduser()
+    settings = config_dir / "settings"
+    said = settings.read_text(errors="replace") if settings.is_file() else ""
+    if "api_key" in said or any(f"mode = {m}" in said for m in WANDB_LOCAL):
+        return
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc")).expanduser()
     host = os.environ.get("WANDB_BASE_URL", "api.wandb.ai").split("://")[-1].split("/")[0]
-    if netrc.is_file() and host in netrc.read_text(errors="replace"):
+    text = netrc.read_text(errors="replace") if netrc.is_file() else ""
+    if host in text or "wandb" in text:
         return
     raise ConfigError(
         "--report-to wandb: no W&B login here: run `wandb login` (or set WANDB_API_KEY), or set WANDB_MODE=offline "
@@ -99,23 +111,45 @@ def _wandb_init(out: Path, name: str, config: dict, live: bool = False, **kw: An
 
 
 class Tracker:
-    """Forwards run_train's events to the chosen backends."""
+    """Forwards run_train's events to the chosen backends. W&B's run opens at the first step (a run stopped by a
+    check of its input opens none), continues the run in `wandb_run_id` only when `resume` (a new run in a reused
+    --out is a new W&B run), and a W&B failure is a warning through `warn`: it never stops the training."""
 
-    def __init__(self, names: tuple[str, ...], out: Path, run_name: str, params: dict) -> None:
+    def __init__(
+        self,
+        names: tuple[str, ...],
+        out: Path,
+        run_name: str,
+        params: dict,
+        resume: bool = False,
+        warn: Callable[[str], None] = lambda _text: None,
+    ) -> None:
         self.tb: Any = None  # torch.utils.tensorboard.SummaryWriter, opened at the first step
         self.mlflow: Any = None  # mlflow.tracking.MlflowClient
-        self.wandb: Any = None  # wandb.Run
+        self.wandb: Any = None  # wandb.Run, opened at the first step
         self.run_id = ""
         self.tb_dir = out / "tensorboard" if "tensorboard" in names else None
         self.params = params
+        self.out, self.run_name, self.resume, self.warn = out, run_name, resume, warn
+        self.wandb_wanted = "wandb" in names
         if "mlflow" in names:
             self._start_mlflow(out, run_name, params)
-        if "wandb" in names:
-            marker = out / "wandb_run_id"
-            resumed = marker.read_text().strip() if marker.is_file() else None
-            kw = {"id": resumed, "resume": "allow"} if resumed else {}
-            self.wandb = _wandb_init(out, run_name, params, live=True, job_type="train", **kw)
-            marker.write_text(self.wandb.id)
+
+    def _wandb(self, do: Callable[[Any], object]) -> None:
+        """`do(run)` on the W&B run (opened first if need be); a failure is said once and W&B is left alone."""
+        if not self.wandb_wanted:
+            return
+        try:
+            if self.wandb is None:
+                marker = self.out / "wandb_run_id"
+                resumed = marker.read_text().strip() if self.resume and marker.is_file() else None
+                kw = {"id": resumed, "resume": "allow"} if resumed else {}
+                self.wandb = _wandb_init(self.out, self.run_name, self.params, live=True, job_type="train", **kw)
+                write_atomic(marker, self.wandb.id)
+            do(self.wandb)
+        except Exception as e:  # noqa: BLE001  (wandb's own: a service that did not start, a network gone)
+            self.wandb_wanted = False
+            self.warn(f"--report-to wandb: {type(e).__name__}: {e}; the run goes on without W&B")
 
     def _start_mlflow(self, out: Path, run_name: str, params: dict) -> None:
         from mlflow.entities import Param  # optional: trainwise[report] (mlflow)
@@ -157,8 +191,7 @@ class Tracker:
         if self.tb is not None:
             for key, value in values.items():
                 self.tb.add_scalar(key, value, step)
-        if self.wandb is not None:
-            self.wandb.log(values, step=step)
+        self._wandb(lambda run: run.log(values, step=step))
         if self.mlflow is not None:
             from mlflow.entities import Metric  # optional: trainwise[report] (mlflow)
 
@@ -178,15 +211,19 @@ class Tracker:
                 for key, value in numbers.items():
                     self.mlflow.log_metric(self.run_id, f"result_{key}", value)
             self.mlflow.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
-        if self.wandb is not None:
-            if summary:
-                self.wandb.summary.update({k: v for k, v in summary.items() if v is not None})
-            self.wandb.finish(exit_code=1 if failed else 0)
+        if self.wandb is not None:  # opened: it had a step
+
+            def end(run: Any) -> None:
+                if summary:
+                    run.summary.update({k: v for k, v in summary.items() if v is not None})
+                run.finish(exit_code=1 if failed else 0)
+
+            self._wandb(end)
 
 
 # ---- compare: one W&B run per trial -------------------------------------------------------------------------
 
-LOGGED = "wandb_logged.json"  # the trials a study has logged to W&B (a resumed study logs each once)
+LOGGED = "wandb_logged.json"  # the trials (key and status) a study has logged to W&B, and whether its table
 SUMMARY = (
     "status", "message", "step_time_s", "samples_per_s", "tokens_per_s", "epoch_time_s", "peak_mem_bytes",
     "peak_rss_bytes", "state_bytes", "mfu", "train_loss", "final_loss", "metric_name", "metric", "padding_waste",
@@ -194,35 +231,52 @@ SUMMARY = (
 )  # fmt: skip
 
 
-def log_trials(out: Path, study: str, trials: list) -> int:
-    """Each (spec, result) not logged yet, as a W&B run of the study's group: its settings and plan as config, its
-    loss at every step as history, its measurements as summary. Returns how many runs it logged."""
+def group_of(out: Path) -> str:
+    """A study's W&B group: the name of its folder."""
+    return out.resolve().name or str(out.resolve())
+
+
+def _logged(out: Path) -> set[str]:
     marker = out / LOGGED
-    done = set(json.loads(marker.read_text())) if marker.is_file() else set()
+    return set(json.loads(marker.read_text())) if marker.is_file() else set()
+
+
+def log_trials(out: Path, trials: list) -> int:
+    """Each (spec, result) not logged yet (a trial run again, as by --retry-failed, is logged again: its status is
+    part of what was logged), as a W&B run of the study's group: its settings and plan as config, its loss at every
+    step as history, its measurements as summary. Returns how many runs it logged."""
+    done = _logged(out)
     logged = 0
     for spec, result in trials:
-        key = spec.key()
+        key = f"{spec.key()} {result.status}"
         if key in done:
             continue
         config = {"row": spec.row, "repeat": spec.repeat, "steps": spec.steps, **dataclasses.asdict(spec.settings)}
         config |= {f"plan.{k}": v for k, v in spec.plan.to_dict().items()}
         workers = spec.settings.num_workers
         name = f"{spec.row} #{spec.repeat} bs{spec.settings.batch_size}" + (f" w{workers}" if workers else "")
-        run = _wandb_init(out, name, config, group=study, job_type="trial")
+        run = _wandb_init(out, name, config, group=group_of(out), job_type="trial")
         for step, loss in enumerate(result.losses or [], 1):
             run.log({"train/loss": loss}, step=step)
         run.summary.update({k: getattr(result, k) for k in SUMMARY if getattr(result, k, None) is not None})
         run.finish(exit_code=0 if result.status == "ok" else 1)
         done.add(key)
-        marker.write_text(json.dumps(sorted(done)))
+        write_atomic(out / LOGGED, json.dumps(sorted(done)))
         logged += 1
     return logged
 
 
-def log_table(out: Path, study: str, headers: list[str], rows: list[list[str]]) -> None:
-    """The study's table, as the report shows it, as a W&B Table in a run of the study's group."""
+def log_table(out: Path, headers: list[str], rows: list[list[str]], changed: bool) -> bool:
+    """The study's table, as the report shows it, as a W&B Table in a run of the study's group: when trials were
+    logged since the last one (`changed`), or none was logged yet. Returns whether it logged one."""
     import wandb  # optional: trainwise[wandb]
 
+    done = _logged(out)
+    if not changed and "table" in done:
+        return False
+    study = group_of(out)
     run = _wandb_init(out, f"{study}: the table", {"study": study}, group=study, job_type="study")
     run.log({"table": wandb.Table(columns=list[str | int](headers), data=rows)})
     run.finish()
+    write_atomic(out / LOGGED, json.dumps(sorted(done | {"table"})))
+    return True

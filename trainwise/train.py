@@ -349,7 +349,7 @@ def run_train(job: TrainJob, emit: Emit = ignore, adopt: Path | None = None) -> 
     spec, tc, out = job.spec, job.tc, job.out
     params = {"plan": spec.row, **dataclasses.asdict(spec.settings), **dataclasses.asdict(tc)}
     out.mkdir(parents=True, exist_ok=True)
-    tracker = Tracker(job.report_to, out, f"{out.name} {spec.row}", params)
+    tracker = Tracker(job.report_to, out, f"{out.name} {spec.row}", params, job.resume, lambda t: emit(Warn(t)))
 
     def on_event(event: Event) -> None:
         tracker.log(event)

@@ -10,6 +10,7 @@ it; other settings are refused (`over_study`). A `Render` says how the caller sh
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from trainwise.config import IMAGE_TASK, StudyConfig
 from trainwise.errors import ConfigError
 from trainwise.launcher import launch
 from trainwise.report.format import cells, footnotes, has_loss_share, has_rss, headers
-from trainwise.study.store import RESULTS, STUDY_FILE, Store, keep_reports, read_results
+from trainwise.study.store import PAGE, RESULTS, STUDY_FILE, Store, keep_reports, read_results, write_report
 from trainwise.tracking import compare_report_to
 
 
@@ -45,38 +46,53 @@ def run(
         prepared = prepare_study(cfg, render.note)
     if options is not None:
         options.save(prepared.out / STUDY_FILE)
-    wandb = options is not None and "wandb" in compare_report_to(options.report_to)
+    wandb = _Wandb(render) if options is not None and "wandb" in compare_report_to(options.report_to) else None
     with render.progress(prepared) as (on_event, on_done):
 
         def write(so_far: list) -> None:
             # the reports are rewritten as each trial is stored: a killed study's finished trials are readable
             report(prepared, so_far, price, quality_phase)
-            if wandb:
-                _logged(render, lambda: tracking.log_trials(prepared.out, prepared.out.name, so_far))
+            if wandb is not None:
+                wandb.log(lambda: tracking.log_trials(prepared.out, so_far))
 
         trials = run_study(prepared, launch, on_event, on_done, write)
     done = report(prepared, trials, price, quality_phase, page=True)
-    if wandb:
-        _logged(render, lambda: _log_table(prepared.out, done))
+    if wandb is not None:  # the trials stored before (a resumed study's, or a killed one's), and the table
+        wandb.log(lambda: tracking.log_trials(prepared.out, trials))
+        wandb.log(lambda: _log_table(prepared.out, done, wandb.logged > 0))
     render.table(done)
     check_some_ok(done.table)
     if quality_phase is not None:
         run_quality(cfg, done.table, *quality_phase, launch, render.progress, render.quality)
+        from trainwise.api.report import render as draw  # heavy: the page's figures (matplotlib)
+
+        page = prepared.out / PAGE  # drawn again with the quality phase's figure
+        write_report(prepared.out, page, draw(prepared.out, "html"))
     return Study(prepared.out)
 
 
-def _logged(render: Render, log: Any) -> None:
-    """W&B logging that fails is said, never the loss of the study (its trials are stored, its reports written)."""
-    try:
-        log()
-    except Exception as e:  # noqa: BLE001  (wandb's own errors: a service that did not start, a full disk)
-        render.note(f"trainwise: warning: --report-to wandb: {type(e).__name__}: {e}")
+class _Wandb:
+    """compare's W&B logging: what it logged, and a failure said once, after which the study goes on without W&B
+    (an unreachable server would otherwise cost W&B's start-up timeout at every trial). Never the loss of the
+    study: its trials are stored and its reports written whatever W&B does."""
+
+    def __init__(self, render: Render) -> None:
+        self.render, self.logged, self.failed = render, 0, False
+
+    def log(self, do: Callable[[], int | bool]) -> None:
+        if self.failed:
+            return
+        try:
+            self.logged += int(do())
+        except Exception as e:  # noqa: BLE001  (wandb's own errors: a service that did not start, a full disk)
+            self.failed = True
+            self.render.note(f"trainwise: warning: --report-to wandb: {type(e).__name__}: {e}; no more W&B runs")
 
 
-def _log_table(out: Path, done: Any) -> None:
+def _log_table(out: Path, done: Any, changed: bool) -> bool:
     marks, table = footnotes(done.table), done.table
     rows = [cells(e, marks.get(e.strategy), has_rss(table), has_loss_share(table)) for e in table]
-    tracking.log_table(out, out.name, headers(table), rows)
+    return tracking.log_table(out, headers(table), rows, changed)
 
 
 def compare(config: str | Path | None = None, render: Render | None = STDERR, **options: Any) -> Study:

@@ -63,6 +63,7 @@ def _terminal() -> Any:
 
 def _say(line: str) -> None:
     terminal = _terminal()
+    terminal.end_live()  # a note or warning never lands on the end of a live progress line
     terminal.say(line, terminal.err)
 
 
@@ -72,6 +73,9 @@ def probes(update: Callable[[str], None], what: str) -> Callable[[int, int], Non
     start = time.monotonic()
 
     def on_probe(i: int, n: int) -> None:
+        nonlocal start
+        if i == 0:  # a calibration starts (advise may run several, one per plan): its own clock
+            start = time.monotonic()
         text = f"{what}: probe {i + 1}/{n}"
         if i:
             text += f", ~{human_seconds((time.monotonic() - start) / i * (n - i))} left"

@@ -13,7 +13,15 @@ from typing import Any
 from trainwise.api.options import ReportOptions
 from trainwise.report.html import report_html
 from trainwise.report.write import csv_text, markdown
-from trainwise.study.store import PAGE, RESULTS, partial_note, read_results, read_settings, write_report
+from trainwise.study.store import (
+    PAGE,
+    RESULTS,
+    partial_note,
+    read_quality,
+    read_results,
+    read_settings,
+    write_report,
+)
 
 FILES = {"html": PAGE, "md": "report.md", "csv": "results.csv", "json": RESULTS}
 
@@ -32,7 +40,7 @@ def render(study: Path, fmt: str) -> str:
     settings = read_settings(study)
     partial = partial_note(study)
     if fmt == "html":
-        return report_html(rows, _title(study, settings), settings, partial)
+        return report_html(rows, _title(study, settings), settings, partial, read_quality(study))
     if fmt == "md":
         text = markdown(rows, _title(study, settings), settings)
         return text + (f"\n- {partial}\n" if partial else "")

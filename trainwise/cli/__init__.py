@@ -282,13 +282,22 @@ def main(argv: list[str] | None = None) -> int:
         print(e.format_message(), file=sys.stderr)  # the help text, several lines on purpose
         return 2
     except (typer.Abort, KeyboardInterrupt):
+        _end_live()
         return _interrupted()
     except typer.Exit as e:
         return int(e.exit_code)
     except Exception as e:  # bad input: 2; a run whose every trial failed: 1; a write the machine refused: 3
         line, code = exit_line(e) if not isinstance(e, ClickException) else (e.format_message(), 2)
+        _end_live()
         print(f"trainwise: error: {' '.join(line.split())}", file=sys.stderr)
         return code
     if code == 130:  # typer turns Ctrl-C (and lifeline's SIGTERM / SIGHUP) into a silent exit code 130
+        _end_live()
         return _interrupted()
     return code if isinstance(code, int) else 0
+
+
+def _end_live() -> None:
+    """A live progress line on the terminal (train's) ends before the error or interrupt line is printed."""
+    if (terminal := sys.modules.get("trainwise.report.terminal")) is not None:  # loaded only if it showed something
+        terminal.end_live()

@@ -9,12 +9,14 @@ offline and can be mailed whole.
 
 from __future__ import annotations
 
+import functools
 import html
 import io
 import math
 from collections.abc import Callable
 from typing import Any
 
+from trainwise.quality import QualityVerdicts
 from trainwise.report.format import cells, footnotes, has_loss_share, has_rss, headers, notes, quality
 from trainwise.report.write import SETTINGS
 from trainwise.results import StudyRow
@@ -36,8 +38,15 @@ pre { background: #f5f5f5; padding: 0.5em; overflow-x: auto; }
 """
 
 
-def report_html(table: list[StudyRow], title: str, study: dict | None = None, partial: str | None = None) -> str:
-    """The page: its settings, table, notes and figures (those the study has the figures for)."""
+def report_html(
+    table: list[StudyRow],
+    title: str,
+    study: dict | None = None,
+    partial: str | None = None,
+    verdicts: QualityVerdicts | None = None,
+) -> str:
+    """The page: its settings, table, notes and figures (those the study has the figures for; the quality phase's
+    with its `verdicts`)."""
     parts = [f"<h1>{_e(title)}</h1>"]
     if partial:
         parts.append(f'<p class="partial">{_e(partial)}</p>')
@@ -45,12 +54,17 @@ def report_html(table: list[StudyRow], title: str, study: dict | None = None, pa
     parts += ["<h2>Results</h2>", _table(table)]
     parts += ["<ul>", *[f"<li>{_e(n)}</li>" for n in notes(table)], "</ul>"]
     figures, failed = [], []
-    for make in FIGURES:
+    makers: list[tuple[str, Callable[[], tuple[str, str, str] | None]]] = [
+        (make.__name__, functools.partial(make, table)) for make in FIGURES
+    ]
+    if verdicts is not None:
+        makers.append(("quality_seeds", functools.partial(quality_seeds, verdicts)))
+    for name, draw in makers:
         try:
-            if (drawn := make(table)) is not None:
+            if (drawn := draw()) is not None:
                 figures.append(drawn)
         except Exception as e:  # a figure that cannot be drawn is said, never the loss of the study's report
-            failed.append(f"{make.__name__}: {type(e).__name__}: {e}")
+            failed.append(f"{name}: {type(e).__name__}: {e}")
     if figures or failed:
         parts.append("<h2>Figures</h2>")
         for name, svg, caption in figures:
@@ -330,6 +344,32 @@ def memory_parts(table: list[StudyRow]) -> tuple[str, str, str] | None:
         f"rest: activations and temporaries ({basis})."
     )
     return "memory", _svg(fig), caption
+
+
+def quality_seeds(verdicts: QualityVerdicts) -> tuple[str, str, str] | None:
+    """The quality phase: each row's metric at every seed, their mean, and the baseline's mean: does a plan cost
+    quality, beyond the seeds' spread?"""
+    rows = [r for r in verdicts.rows if r.values]
+    if not rows:
+        return None
+    fig, ax = _figure(8, 0.9 + 0.4 * len(rows))
+    base = next((r for r in rows if r.verdict == "reference"), None)
+    for y, r in enumerate(rows):
+        ax.scatter(r.values, [y] * len(r.values), s=22, color="tab:grey", alpha=0.8, zorder=3)
+        ax.plot([r.mean, r.mean], [y - 0.3, y + 0.3], color="tab:red" if r is base else "black", lw=2, zorder=4)
+    if base is not None:
+        ax.axvline(base.mean, color="tab:red", lw=0.8, ls="--", zorder=2)
+    ax.set_yticks(range(len(rows)), [f"{r.strategy} ({r.verdict or '-'})" for r in rows])
+    ax.invert_yaxis()
+    name = rows[0].metric_name or "metric"
+    ax.set_xlabel(f"{name} on the held-out rows after {rows[0].steps} steps: each seed (dots), their mean (bar)")
+    fig.tight_layout()
+    caption = (
+        f"Does a plan cost quality? Each row trained again with {verdicts.seeds} seeds: every seed's {name}, their "
+        "mean, and the baseline's mean (dashed). A verdict is a difference beyond the seeds' spread (Welch's t-test "
+        "with 3 or more seeds, the ranges' overlap with 2)."
+    )
+    return "quality", _svg(fig), caption
 
 
 FIGURES: tuple[Callable[[list[StudyRow]], tuple[str, str, str] | None], ...] = (

@@ -108,10 +108,12 @@ _train_line = TrainLine()
 _live = False  # a progress line is on the terminal, not ended yet
 
 
-def _end_live() -> None:
+def end_live() -> None:
+    """End train's live progress line, if one is on the terminal: what is said next starts a line of its own."""
     global _live
     if _live:
         err.file.write("\n")
+        err.file.flush()
         _live = False
 
 
@@ -130,11 +132,11 @@ def train_event(event: Event) -> None:
         elif event.step % 10 == 0 or event.step == event.total:
             say(f"  {line}", err)
     elif isinstance(event, Eval):
-        _end_live()
+        end_live()
         shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in event.record.items()}
         say(f"  eval {shown}", err)
     elif isinstance(event, Note):
-        _end_live()
+        end_live()
         say(f"trainwise train: {event.text}", err)
 
 
