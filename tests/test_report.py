@@ -91,6 +91,37 @@ def test_the_quality_phase_is_drawn_with_every_seed_when_it_ran():
     assert '<figure id="quality">' not in page.report_html(demo_rows(), "t"), "no phase, no figure"
 
 
+def test_a_batch_sweep_is_drawn_as_samples_per_second_against_batch_size():
+    """--batch-sizes 8,16,32: each row's samples/s at each size (smart_batch fails at 32: no point there)."""
+    sweep = []
+    for name in ("baseline", "smart_batch"):
+        for bs in (8, 16, 32):
+            ok = not (name == "smart_batch" and bs == 32)
+            sweep.append(
+                StudyRow(
+                    strategy=f"{name} @bs{bs}", row=name, baseline=name == "baseline" and bs == 8, batch_size=bs,
+                    status="ok" if ok else "oom", rel_time=1.0, rel_mem=1.0, samples_per_s=10.0 * bs if ok else None,
+                )
+            )  # fmt: skip
+    text = page.report_html(sweep, "t")
+    batch = text.split('<figure id="batch">')[1].split("</figure>")[0]
+    assert ">baseline<" in batch and ">smart_batch<" in batch and ">32<" in batch
+    assert '<figure id="batch">' not in page.report_html(demo_rows(), "t"), "one batch size: no figure"
+
+
+def test_a_worker_sweep_is_drawn_against_the_worker_count():
+    """--num-workers 0,1,2,4 at one batch (seed 003's question): samples/s against the workers, the batch said once."""
+    sweep = [
+        StudyRow(strategy=f"{name} @w{w}", row=name, baseline=name == "baseline" and w == 0, batch_size=128, workers=w,
+                 status="ok", rel_time=1.0, rel_mem=1.0, samples_per_s=1000.0 + 100 * w)
+        for name in ("baseline", "bf16") for w in (0, 1, 2, 4)
+    ]  # fmt: skip
+    text = page.report_html(sweep, "t")
+    workers = text.split('<figure id="workers">')[1].split("</figure>")[0]
+    assert ">bf16<" in workers and "DataLoader worker processes" in workers and "Do DataLoader workers pay?" in workers
+    assert '<figure id="batch">' not in text
+
+
 def test_the_page_holds_the_table_and_every_figure_and_fetches_nothing():
     settings = {"model": "MiniLM", "command": "trainwise compare"}
     text = page.report_html(demo_rows(), "trainwise compare: demo", settings)

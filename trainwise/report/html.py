@@ -346,6 +346,46 @@ def memory_parts(table: list[StudyRow]) -> tuple[str, str, str] | None:
     return "memory", _svg(fig), caption
 
 
+def sweep_curve(table: list[StudyRow]) -> tuple[str, str, str] | None:
+    """A study that swept batch sizes (--batch-sizes) or DataLoader workers (--num-workers): each row's samples/s
+    at each value (batch sizes first, when it swept both: one line per row and worker count). None without one."""
+    ok = [e for e in table if e.status == "ok" and e.samples_per_s and e.batch_size is not None]
+    for axis in ("batch_size", "workers"):
+        curves: dict[str, list[tuple[int, float]]] = {}
+        for e in ok:
+            other = f" ({e.workers} workers)" if axis == "batch_size" and e.workers else ""
+            other = f" (batch {e.batch_size})" if axis == "workers" else other
+            curves.setdefault((e.row or e.strategy) + other, []).append((getattr(e, axis) or 0, e.samples_per_s or 0.0))
+        swept = {name: sorted(points) for name, points in curves.items() if len({x for x, _ in points}) >= 2}
+        if swept:
+            break
+    else:
+        return None
+    if axis == "workers":  # every row swept at one batch: the batch goes in the caption, not each label
+        batches = {name.rsplit(" (batch ", 1)[1] for name in swept}
+        if len(batches) == 1:
+            swept = {name.rsplit(" (batch ", 1)[0]: points for name, points in swept.items()}
+    fig, ax = _figure(8, 4.5)
+    for name, points in swept.items():
+        ax.plot([x for x, _ in points], [v for _, v in points], marker="o", ms=4, lw=1.2, label=name)
+    values = sorted({x for points in swept.values() for x, _ in points})
+    if axis == "batch_size":
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(values, [str(x) for x in values])
+    ax.minorticks_off()
+    what = "batch size (samples per optimizer step)" if axis == "batch_size" else "DataLoader worker processes"
+    ax.set_xlabel(what)
+    ax.set_ylabel("samples/s over the timed steps")
+    ax.legend(fontsize=7, ncol=2 if len(swept) > 6 else 1, loc="best")
+    fig.tight_layout()
+    question = "Which batch is fastest?" if axis == "batch_size" else "Do DataLoader workers pay?"
+    caption = (
+        f"{question} Each row's samples/s at every {what.split(' (')[0]} the study swept; a value a row has no point "
+        "at did not run there (out of memory, unsupported, or another fault: the table says)."
+    )
+    return ("batch" if axis == "batch_size" else "workers"), _svg(fig), caption
+
+
 def quality_seeds(verdicts: QualityVerdicts) -> tuple[str, str, str] | None:
     """The quality phase: each row's metric at every seed, their mean, and the baseline's mean: does a plan cost
     quality, beyond the seeds' spread?"""
@@ -377,4 +417,5 @@ FIGURES: tuple[Callable[[list[StudyRow]], tuple[str, str, str] | None], ...] = (
     losses,
     step_parts,
     memory_parts,
+    sweep_curve,
 )
