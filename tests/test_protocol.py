@@ -123,11 +123,13 @@ def test_a_tune_trial_and_a_training_run_come_back_typed(tmp_path, cls_csv):
 
     spec = tiny_study(tmp_path / "s", cls_csv, "classification", ["baseline"], eval_samples=16).specs[0]
     tc = TrainConfig(epochs=10, max_steps=4, eval_every=2, save_every=4, monitor="eval_loss", checkpoints=False)
-    evals: list = []
-    trial = launcher.run(TuneTrial(spec, tc, tmp_path / "trial"), evals.append, timeout_s=300)
+    events: list = []
+    trial = launcher.run(TuneTrial(spec, tc, tmp_path / "trial"), events.append, timeout_s=300)
     assert trial.state == "complete" and trial.steps == 4 and trial.value is not None and math.isfinite(trial.value)
-    assert [e.step for e in evals] == [2, 4] and all(isinstance(e, Eval) for e in evals)
-    assert trial.value == min(e.values["eval_loss"] for e in evals)
+    evals = [e for e in events if isinstance(e, Eval)]
+    assert [e.step for e in evals] == [2, 4] and trial.value == min(e.values["eval_loss"] for e in evals)
+    # and every step, typed, for the parent's progress line (nothing else: warnings stay in the trial's log)
+    assert [(type(e), e.step) for e in events if not isinstance(e, Eval)] == [(Step, s) for s in (1, 2, 3, 4)]
 
     here = launcher.run(TrainJob(spec, tc, tmp_path / "here"), backend="here")
     ranked = launcher.run(TrainJob(spec, tc, tmp_path / "ranked"), timeout_s=300)
