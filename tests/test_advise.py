@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 
 import pytest
@@ -300,18 +299,8 @@ def test_advise_bad_input_is_one_line(tmp_path, capsys, args, message):
     assert len(err) == 1 and message in err[0]
 
 
-@pytest.fixture
-def quarter_probe(tmp_path, monkeypatch):
-    """The hints' words, not the fit (test_estimate checks that): a quarter of the calibration probe's design, in a
-    cache of its own (the whole design: ~20 s of the suite's, paid by whichever hint test ran first)."""
-    estimate = importlib.import_module("trainwise.estimate")  # trainwise.estimate: the API's call
-
-    monkeypatch.setenv("TRAINWISE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(estimate, "PROBE_DESIGN", estimate.PROBE_DESIGN[::4])
-
-
 @pytest.mark.slow
-def test_advise_runs_the_study_on_the_fly_and_adds_batch_hints(tmp_path, cls_csv, capsys, quarter_probe):
+def test_advise_runs_the_study_on_the_fly_and_adds_batch_hints(tmp_path, cls_csv, capsys):
     """advise --run: the study is run first (its table on stderr under --json), then advised; with a
     budget, memory-saving rows say up to which batch the baseline fits (from the estimate)."""
     out = tmp_path / "study"
@@ -349,7 +338,7 @@ def test_advise_runs_the_study_on_the_fly_and_adds_batch_hints(tmp_path, cls_csv
 
 
 @pytest.mark.slow
-def test_a_batch_hint_never_contradicts_a_measured_row(tmp_path, cls_csv, monkeypatch, quarter_probe):
+def test_a_batch_hint_never_contradicts_a_measured_row(tmp_path, cls_csv, monkeypatch):
     """Issue 15, part 3: the hints come from the estimate, but a row measured within the budget at the
     study's batch is never said to fit only below it ("fits up to ~0" beside a feasible row)."""
     import trainwise.api.studies
