@@ -21,7 +21,7 @@ from trainwise.api.study import Study
 from trainwise.config import IMAGE_TASK, StudyConfig
 from trainwise.errors import ConfigError
 from trainwise.launcher import launch
-from trainwise.report.format import cells, footnotes, has_loss_share, has_rss, headers
+from trainwise.report.format import headers, table_cells
 from trainwise.study.store import PAGE, RESULTS, STUDY_FILE, Store, keep_reports, read_results, write_report
 from trainwise.tracking import compare_report_to
 
@@ -90,9 +90,7 @@ class _Wandb:
 
 
 def _log_table(out: Path, done: Any, changed: bool) -> bool:
-    marks, table = footnotes(done.table), done.table
-    rows = [cells(e, marks.get(e.strategy), has_rss(table), has_loss_share(table)) for e in table]
-    return tracking.log_table(out, headers(table), rows, changed)
+    return tracking.log_table(out, headers(done.table), table_cells(done.table), changed)
 
 
 def compare(config: str | Path | None = None, render: Render | None = STDERR, **options: Any) -> Study:

@@ -114,6 +114,13 @@ def _fixed(x: float | None, digits: int) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def table_cells(table: list[StudyRow]) -> list[list[str]]:
+    """Every row's cells, as the terminal, report.md, report.html and W&B show the table: with its footnote marks,
+    and the RSS and loss-share columns where a row has them."""
+    marks, rss, share = footnotes(table), has_rss(table), has_loss_share(table)
+    return [cells(e, marks.get(e.strategy), rss, share) for e in table]
+
+
 def cells(e: StudyRow, note: int | None = None, with_rss: bool = False, with_loss_share: bool = False) -> list[str]:
     """A row's cells under `headers(table)` (`with_rss`: the table has the RSS column; `with_loss_share`: the
     loss tok column, has_loss_share)."""

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainwise.quality import QualityVerdicts
-from trainwise.report.format import cells, footnotes, has_loss_share, has_rss, headers, notes, quality
+from trainwise.report.format import headers, notes, quality, table_cells
 from trainwise.report.write import SETTINGS
 from trainwise.results import StudyRow
 
@@ -94,11 +94,9 @@ def _settings(study: dict | None) -> list[str]:
 
 
 def _table(table: list[StudyRow]) -> str:
-    marks = footnotes(table)
     head = "".join(f"<th>{_e(c)}</th>" for c in headers(table))
     body = []
-    for e in table:
-        row = cells(e, marks.get(e.strategy), has_rss(table), has_loss_share(table))
+    for e, row in zip(table, table_cells(table), strict=True):
         css = ' class="baseline"' if e.baseline else ""
         body.append(f"<tr{css}>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>")
     return f"<table><thead><tr>{head}</tr></thead><tbody>" + "".join(body) + "</tbody></table>"

@@ -19,13 +19,10 @@ from trainwise.projection import TrainLine
 from trainwise.quality import unlearned
 from trainwise.report.format import (
     RANDOM_INIT_NOTE,
-    cells,
-    footnotes,
-    has_loss_share,
-    has_rss,
     headers,
     human_bytes,
     notes,
+    table_cells,
 )
 from trainwise.units import human_seconds
 
@@ -143,12 +140,8 @@ def train_event(event: Event) -> None:
 def compare_table(report: Any, console: Console | None = None) -> None:
     console = console or out
     grid = _grid(report.title, headers(report.table))
-    marks = footnotes(report.table)
-    for e in report.table:
-        grid.add_row(
-            *cells(e, marks.get(e.strategy), has_rss(report.table), has_loss_share(report.table)),
-            style=None if e.status == "ok" else "red",
-        )
+    for e, row in zip(report.table, table_cells(report.table), strict=True):
+        grid.add_row(*row, style=None if e.status == "ok" else "red")
     console.print(grid)
     for line in notes(report.table):
         say(f"  {line}", console)

@@ -6,7 +6,7 @@ import csv
 import io
 from pathlib import Path
 
-from trainwise.report.format import cells, footnotes, has_loss_share, has_rss, headers, notes, quality
+from trainwise.report.format import has_loss_share, headers, notes, quality, table_cells
 from trainwise.results import StudyRow
 
 CSV_FIELDS = [
@@ -97,17 +97,9 @@ def caption(study: dict | None) -> str:
 
 
 def markdown(table: list[StudyRow], title: str, study: dict | None = None) -> str:
-    marks = footnotes(table)
     cols = headers(table)
     lines = [f"# {title}", "", *settings_block(study), "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += [
-        "| "
-        + " | ".join(
-            c.replace("|", "/") for c in cells(e, marks.get(e.strategy), has_rss(table), has_loss_share(table))
-        )
-        + " |"
-        for e in table
-    ]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in table_cells(table)]
     env: dict = next((e.env for e in table if e.env), {})
     lines += ["", *[f"- {n}" for n in notes(table)]]
     if env:
