@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests import browser, here
-from tests.test_report import OLD, demo_rows, demo_verdicts
+from tests.test_report import OLD, demo_batch_search, demo_estimates, demo_plan, demo_rows, demo_verdicts
 from trainwise.report import html as page
 
 pytestmark = pytest.mark.slow
@@ -27,19 +27,25 @@ if os.environ.get("TRAINWISE_NO_BROWSER") == "1":
 
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory) -> dict[str, Path]:
-    """The demo-shaped page (all five figures, the quality phase's too) and the page `trainwise report` draws for a
-    real study an earlier release wrote (its quality phase too)."""
+    """The demo-shaped page with every figure a study can have but a sweep's (the quality phase's, the memory
+    estimate's bars, a plan search's and a find-batch search's too), the page `trainwise report` draws for a real
+    study an earlier release wrote (its quality phase too), and a find-batch search's own page."""
+    from trainwise.find_batch import SearchResult
+
     if browser.chromium() is None:
         pytest.fail(browser.HOW, pytrace=False)
     where = tmp_path_factory.mktemp("pages")
     demo = where / "demo.html"
     settings = {"model": "MiniLM"}
-    demo.write_text(page.report_html(demo_rows(), "trainwise compare: demo", settings, None, demo_verdicts()))
+    extras = {"estimates": demo_estimates(), "plan": demo_plan(), "batch_search": demo_batch_search()}
+    demo.write_text(page.report_html(demo_rows(), "trainwise compare: demo", settings, None, demo_verdicts(), **extras))
     study = where / "old"
     shutil.copytree(OLD, study)
     done = here.trainwise("report", str(study), "--format", "html")
     assert done.returncode == 0, done.stderr
-    return {"demo": demo, "old": study / "report.html"}
+    batch = where / "find-batch.html"
+    batch.write_text(page.batch_page(SearchResult.from_dict(demo_batch_search()), "trainwise find-batch: demo"))
+    return {"demo": demo, "old": study / "report.html", "find-batch": batch}
 
 
 def ink(png: bytes) -> float:
@@ -51,8 +57,11 @@ def ink(png: bytes) -> float:
     return sum(1 for v in pixels if v < 245) / len(pixels)
 
 
-@pytest.mark.parametrize("name, figures, rows", [("demo", 5, 11), ("old", 4, 2)])
-def test_every_figure_renders_nothing_is_fetched_and_the_console_is_clean(pages, name, figures, rows):
+@pytest.mark.parametrize(
+    "name, figures, rows, title",
+    [("demo", 7, 11, "compare"), ("old", 4, 2, "compare"), ("find-batch", 1, 6, "find-batch")],
+)
+def test_every_figure_renders_nothing_is_fetched_and_the_console_is_clean(pages, name, figures, rows, title):
     with browser.opened(pages[name]) as seen:
         p = seen.page
         boxes = p.locator("figure")
@@ -66,7 +75,7 @@ def test_every_figure_renders_nothing_is_fetched_and_the_console_is_clean(pages,
             drawn = ink(figure.locator("svg").screenshot())
             assert 0.02 < drawn < 0.9, (figure.get_attribute("id"), drawn)  # marks, not a blank or a black box
         assert p.locator("table tbody tr").count() == rows
-        assert p.locator("h1").inner_text().startswith("trainwise compare")
+        assert p.locator("h1").inner_text().startswith(f"trainwise {title}")
     assert seen.requests == [pages[name].resolve().as_uri()], "the page asked for something other than itself"
     assert seen.errors == []
 
@@ -90,6 +99,7 @@ def test_no_text_of_any_figure_overlaps_another_in_the_browsers_font(pages):
     with browser.opened(pages["demo"]) as seen:
         figures = seen.page.locator("figure")
         drawn = {figures.nth(i).get_attribute("id"): _texts(figures.nth(i)) for i in range(figures.count())}
+    assert {"memory", "plan", "find-batch"} <= set(drawn), drawn.keys()
     labels = {w.split(" (")[0] for w, _ in drawn["tradeoff"]}  # "smart_batch (acc 26.0%)"
     assert {"smart_batch", "dynamic_pad", "dynamic_pad+smart_batch"} <= labels, labels
     for name, texts in drawn.items():

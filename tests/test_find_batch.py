@@ -134,6 +134,8 @@ def test_find_batch_recovers_from_an_out_of_memory_trial(tmp_path, cls_csv, monk
     assert result["largest_fit"] == 12 and result["fastest"] in (4, 8, 12)
     assert (out / "find_batch.png").stat().st_size > 1000
     assert "fastest: " in capsys.readouterr().out
+    page = (out / "report.html").read_text()  # its page: the verdict, every size and the curve
+    assert '<figure id="find-batch">' in page and "<td>oom</td>" in page and "fastest: batch" in page
 
 
 @pytest.mark.parametrize(

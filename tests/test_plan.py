@@ -278,6 +278,8 @@ def test_a_killed_search_resumes_without_rerunning_a_stored_trial(searched):
     assert result.plan in rows and rows[result.plan].status == "ok"
     plan = json.loads((out / "plan.json").read_text())
     assert plan["plan"] == result.plan and (out / "plan.md").is_file()
+    drawn = (out / "report.html").read_text().split('<figure id="plan">')[1].split("</figure>")[0]  # the page again
+    assert all(f"{c['round']}: {c['row']}" in drawn for c in measured), "every candidate on the search's path"
     reasons = {s["strategy"]: s for s in result.strategies}
     assert all(reasons[n]["in"] for n in split_row(result.plan)[0])
     assert reasons["freeze_embeddings"]["reason"].startswith(("in", "out: "))

@@ -82,6 +82,141 @@ def demo_verdicts():
     )
 
 
+def demo_estimates() -> dict[str, dict]:
+    """`trainwise estimate`'s prediction for every ok row of the demo but `all` (MemoryEstimate.to_dict()'s shape)."""
+    out = {}
+    for r in demo_rows():
+        if r.status == "ok" and r.strategy != "all":
+            act = int(300e6 * (r.rel_mem or 1.0))
+            parts = {"weights": 90_000_000, "grads": 90_000_000, "optimizer": 180_000_000, "activations": act}
+            out[r.strategy] = {"parts": {**parts, "step_temps": 1_000_000}, "peak_bytes": 360_000_000 + act}
+    return out
+
+
+def demo_plan() -> dict:
+    """A plan search's plan.json (trainwise.api.plan.PlanResult.to_dict()'s shape): seven candidates measured over
+    four rounds, one pruned by the memory estimate."""
+
+    def c(row, rnd, predicted, measured=None, state="measured"):
+        return {"row": row, "round": rnd, "reason": "-", "predicted_time": predicted, "measured_time": measured,
+                "state": state}  # fmt: skip
+
+    lines = [("plan", "smart_batch@bs64", 0.073), ("best single row", "smart_batch", 0.26), ("all", "all", 0.463)]
+    lines.append(("baseline", "baseline", 1.0))
+    return {
+        "plan": "smart_batch@bs64",
+        "lines": [{"label": label, "row": row, "rel_time": t} for label, row, t in lines],
+        "search": {
+            "noise": 0.02, "incumbent": "smart_batch@bs64", "trials": 7, "rounds": 4, "wall_s": 236.0,
+            "stopped": "no candidate left predicted to beat the incumbent",
+            "candidates": [
+                c("dynamic_pad+smart_batch", 1, 0.16, 0.25), c("smart_batch@bs32", 1, 0.26, 0.14),
+                c("smart_batch+freeze_embeddings@bs32", 2, 0.10, 0.10), c("smart_batch@bs64", 2, 0.08, 0.073),
+                c("smart_batch@bs128", 3, 0.035, 0.12), c("smart_batch+freeze_embeddings@bs64", 3, 0.05, 0.075),
+                c("adafactor+smart_batch@bs64", 4, 0.07, 0.09),
+                c("grad_ckpt+smart_batch@bs64", 4, 0.07, None, "pruned"),
+            ],
+        },
+    }  # fmt: skip
+
+
+def demo_batch_search() -> dict:
+    """find-batch's find_batch.json: 8..128 fit (128 fastest), 256 is over the limit by the estimate."""
+    points = [
+        {"batch_size": b, "status": "ok", "samples_per_s": 30.0 + b / 2, "measured_bytes": int(1.2e9 + 1e7 * b),
+         "estimate_bytes": int(1.1e9 + 1.1e7 * b), "step_time_s": b / (30.0 + b / 2), "timed_steps": 3}
+        for b in (8, 16, 32, 64, 128)
+    ]  # fmt: skip
+    points.append(
+        {"batch_size": 256, "status": "over_limit", "note": "estimate 3.7 GiB > limit", "estimate_bytes": int(3.9e9)}
+    )
+    return {
+        "points": points,
+        "largest_fit": 128,
+        "fastest": 128,
+        "limit_bytes": 3 * 2**30,
+        "tied": [128],
+        "device": "cpu",
+    }
+
+
+def test_the_memory_figure_draws_the_estimate_beside_each_row_that_has_one():
+    text = page.report_html(demo_rows(), "t", estimates=demo_estimates())
+    memory = text.split('<figure id="memory">')[1].split("</figure>")[0]
+    assert "estimated: state" in memory and "hatched: estimated" in memory
+    assert "not estimated: all." in memory, "the row without an estimate is named"
+    alone = page.report_html(demo_rows(), "t").split('<figure id="memory">')[1].split("</figure>")[0]
+    assert "estimated: state" not in alone and "trainwise report STUDY --estimate" in alone
+    assert memory.count("<path") > alone.count("<path") + 9, "a bar of the estimate's parts beside each row"
+
+
+def test_a_plan_search_is_drawn_as_its_path_predicted_against_measured():
+    text = page.report_html(demo_rows(), "t", plan=demo_plan())
+    drawn = text.split('<figure id="plan">')[1].split("</figure>")[0]
+    assert "2: smart_batch@bs64" in drawn and "4: grad_ckpt+smart_batch@bs64 (pruned)" in drawn
+    for said in ("predicted", "measured", "incumbent", "best single row: smart_batch (26%)", "all: all (46%)"):
+        assert said in drawn, said
+    assert "plan: smart_batch@bs64 (7%)" in drawn and "7 trials in 4 rounds, 236 s" in drawn
+    assert '<figure id="plan">' not in page.report_html(demo_rows(), "t", plan={"search": {}}), "nothing tried"
+
+
+def test_a_study_page_draws_what_its_directory_holds_beside_the_rows(tmp_path):
+    """A plan search's plan.json and a find-batch's find_batch.json in a study's --out each add their figure; a
+    file that is not JSON is said on the page, which is still written."""
+    from trainwise.study.store import page_of
+
+    (tmp_path / "plan.json").write_text(json.dumps(demo_plan()))
+    (tmp_path / "find_batch.json").write_text(json.dumps(demo_batch_search()))
+    (tmp_path / "estimates.json").write_text(json.dumps(demo_estimates()))
+    text = page_of(tmp_path, demo_rows(), "t", {})
+    assert re.findall(r'<figure id="([^"]+)">', text) == [
+        "tradeoff",
+        "losses",
+        "step-time",
+        "memory",
+        "plan",
+        "find-batch",
+    ]
+    assert "estimated: state" in text and "fastest: 128" in text
+    (tmp_path / "plan.json").write_text("{not json")
+    text = page_of(tmp_path, demo_rows(), "t", {})
+    assert "Not drawn: plan_path" in text and '<figure id="find-batch">' in text
+
+
+@pytest.mark.parametrize("fmt", ["html", "md", "csv", "json"])
+def test_report_draws_a_find_batch_search_again_from_its_file(tmp_path, fmt):
+    out = tmp_path / "fb"
+    out.mkdir()
+    (out / "find_batch.json").write_text(json.dumps({**demo_batch_search(), "title": "trainwise find-batch: x"}))
+    done = here.trainwise("report", str(out), "--format", fmt, "--output", "-")
+    assert done.returncode == 0, done.stderr
+    if fmt == "json":
+        assert json.loads(done.stdout)["fastest"] == 128
+        return
+    assert "256" in done.stdout and "over_limit" in done.stdout and "128 (fastest)" in done.stdout
+    if fmt in ("html", "md"):
+        assert "trainwise find-batch: x" in done.stdout and "fastest: batch 128" in done.stdout
+    if fmt == "html":
+        assert '<figure id="find-batch">' in done.stdout and not FETCHES.findall(done.stdout)
+
+
+@pytest.mark.slow
+def test_report_estimate_predicts_each_rows_memory_and_draws_it(tmp_path):
+    """`trainwise report STUDY --estimate`: each ok row priced by the estimate on the study's own model (a study
+    an earlier release wrote: bert-tiny), written to estimates.json, drawn beside the measured."""
+    study = _copy(tmp_path)
+    done = here.trainwise("report", str(study), "--estimate")
+    assert done.returncode == 0, done.stderr
+    estimates = json.loads((study / "estimates.json").read_text())
+    assert sorted(estimates) == ["baseline", "dynamic_pad"]
+    base = estimates["baseline"]
+    assert base["batch_size"] == read_results(study)[0].batch_size and base["peak_bytes"] > sum(
+        base["parts"][k] for k in ("weights", "grads", "optimizer")
+    )
+    memory = (study / "report.html").read_text().split('<figure id="memory">')[1].split("</figure>")[0]
+    assert "estimated: state" in memory and "not estimated" not in memory
+
+
 def test_the_quality_phase_is_drawn_with_every_seed_when_it_ran():
     text = page.report_html(demo_rows(), "t", verdicts=demo_verdicts())
     assert [m for m in re.findall(r'<figure id="([^"]+)">', text)][-1] == "quality"

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +62,18 @@ class SearchResult:
     fastest: int | None
     limit_bytes: int
     tied: list[int] = field(default_factory=list)  # sizes within the noise of the fastest, itself first
+    device: str | None = None  # cpu | cuda: what the memory figures are (None: written before it was recorded)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SearchResult:
+        """A find_batch.json read back (fields an earlier release did not write take their defaults)."""
+        known = {f.name for f in fields(BatchPoint)}
+        points = [BatchPoint(**{k: v for k, v in p.items() if k in known}) for p in d["points"]]
+        tied = list(d.get("tied") or [])
+        return cls(points, d.get("largest_fit"), d.get("fastest"), int(d["limit_bytes"]), tied, d.get("device"))
 
     def mark(self, batch_size: int) -> str:
         """What the table says beside a size: ' (fastest)', or ' (tie)' for each size of a tie."""
@@ -324,64 +333,23 @@ def find_batch(
         return r
 
     result = search(usable, limit, run, s.device, estimate_of, fb.refine, multiple_of=accum)
+    result.device = s.device
     title = f"trainwise find-batch: {s.model_label} / {row.text} / {s.device}, limit {human_bytes(limit)}"
     return FindBatchReport(title, result, write_outputs(result, prepared.out, title), s.device, too_big, s.n_train)
 
 
 def write_outputs(result: SearchResult, out: Path, title: str) -> list[Path]:
+    """find_batch.json (the search, read back by `trainwise report`), find_batch.png and report.html (the page: the
+    verdict, every size's figures and the curve), each written whole."""
+    from trainwise.report.html import batch_page, batch_search_figure, png  # heavy: matplotlib
+
     out.mkdir(parents=True, exist_ok=True)
     data = out / "find_batch.json"
-    write_atomic(data, json.dumps(result.to_dict(), indent=1))
+    write_atomic(data, json.dumps({**result.to_dict(), "title": title}, indent=1))  # `trainwise report` draws it again
     chart, tmp = out / "find_batch.png", out / ".find_batch.tmp.png"
     with writing(chart, tmp):
-        _chart(result, tmp, title)
+        png(batch_search_figure(result.to_dict(), title), tmp)
         tmp.replace(chart)
-    return [data, chart]
-
-
-def _chart(result: SearchResult, path: Path, title: str) -> Path:
-    import matplotlib  # heavy: matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # heavy: matplotlib
-
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
-    ok = [p for p in result.points if p.fits and p.samples_per_s]
-    ax.plot([p.batch_size for p in ok], [p.samples_per_s or 0.0 for p in ok], "o-", color="tab:blue", label="samples/s")
-    failed = [p for p in result.points if p.status in ("oom", "over_limit")]
-    if failed:
-        ax.plot([p.batch_size for p in failed], [0] * len(failed), "x", color="tab:red", ms=10, label="does not fit")
-    if result.fastest is not None:
-        best = next(p for p in result.points if p.batch_size == result.fastest)
-        tie = ", ".join(map(str, sorted(result.tied)))
-        ax.annotate(
-            f"tie within the noise: {tie}" if len(result.tied) > 1 else f"fastest: {best.batch_size}",
-            (best.batch_size, best.samples_per_s or 0),
-            xytext=(0, 10),
-            textcoords="offset points",
-            ha="center",
-        )
-    ax.set_xscale("log", base=2)
-    sizes = [p.batch_size for p in result.points]
-    ax.set_xticks(sizes, [str(b) for b in sizes])
-    ax.minorticks_off()
-    ax.set_xlabel("batch size")
-    ax.set_ylabel("samples/s")
-    ax.set_title(title, fontsize=10)
-    mem = [p for p in result.points if p.measured_bytes]
-    if mem:
-        ax2 = ax.twinx()
-        ax2.plot(
-            [p.batch_size for p in mem],
-            [(p.measured_bytes or 0) / 2**30 for p in mem],
-            "s--",
-            color="tab:gray",
-            label="measured memory",
-        )
-        ax2.axhline(result.limit_bytes / 2**30, color="tab:red", lw=0.8, ls=":")
-        ax2.set_ylabel("GiB (dotted: limit)")
-    ax.legend(loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    page = out / "report.html"
+    write_atomic(page, batch_page(result, title))
+    return [data, chart, page]

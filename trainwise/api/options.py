@@ -629,6 +629,11 @@ class ReportOptions(Options):
     )
     format: str = option("html", "html (report.html, with its figures), md (report.md), csv or json (results.*).")
     output: str | None = option(None, "Where to write it (default: its file in STUDY); - prints it.")
+    estimate: bool = flag(
+        "estimate",
+        "Also predict each row's memory with `trainwise estimate` (calibrated once per knob set, ~5-20 s each on a "
+        "CPU, then cached) and draw it beside the measured (STUDY/estimates.json).",
+    )
 
     def __post_init__(self) -> None:
         if self.format not in REPORT_FORMATS:

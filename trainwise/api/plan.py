@@ -24,9 +24,10 @@ from trainwise.errors import ConfigError
 from trainwise.files import human_bytes, write_atomic
 from trainwise.plan import Candidate, Measured, Search, row_text, search
 from trainwise.results import StudyRow
+from trainwise.study.store import PAGE, PLAN, Store, write_report
 from trainwise.units import parse_seconds
 
-PLAN_JSON, PLAN_MD = "plan.json", "plan.md"
+PLAN_MD = "plan.md"  # the plan as text; plan.json: trainwise.study.store.PLAN
 UNMEASURED = "out: not measured (not among the study's rows)"
 
 
@@ -178,15 +179,16 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     plan_line = next((ln for ln in result.lines if ln.label == "plan"), None)
     if plan_line and plan_line.epoch_time_s:
         result.search_share_of_epoch = found.wall_s / plan_line.epoch_time_s
-    write_atomic(out / PLAN_JSON, json.dumps(result.to_dict(), indent=1))
+    write_atomic(out / PLAN, json.dumps(result.to_dict(), indent=1))
     write_atomic(out / PLAN_MD, markdown(result))
+    from trainwise.api.report import render as draw  # heavy: the page's figures (matplotlib)
+
+    write_report(out, out / PAGE, draw(out, "html"))  # the study's page again, with the search's figure
     return result
 
 
 def _train_rows(out: Path) -> int | None:
     """The study's training rows (None: not recorded), which bound the batch sizes the search tries."""
-    from trainwise.study.store import Store  # heavy: trainwise.study.store
-
     spec = Store.spec_of(out)
     return spec.settings.n_train if spec is not None else None
 
@@ -194,7 +196,7 @@ def _train_rows(out: Path) -> int | None:
 def _searched_before(out: Path) -> list[Candidate]:
     """The candidates an earlier `trainwise plan` in `out` measured (its plan.json), none when there is none."""
     try:
-        earlier = json.loads((out / PLAN_JSON).read_text())
+        earlier = json.loads((out / PLAN).read_text())
         known = {f.name for f in dataclasses.fields(Candidate)}
         return [
             Candidate(**{k: v for k, v in c.items() if k in known})

@@ -5,21 +5,29 @@ rows without the fields added since)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainwise.api.options import ReportOptions
-from trainwise.report.html import report_html
+from trainwise.api.render import STDERR, Render, probes
+from trainwise.report.format import batch_cells, batch_legend
+from trainwise.report.html import batch_page
 from trainwise.report.write import csv_text, markdown
 from trainwise.study.store import (
+    FIND_BATCH,
     PAGE,
     RESULTS,
+    hold,
+    page_of,
     partial_note,
-    read_quality,
+    read_find_batch,
     read_results,
     read_settings,
+    write_estimates,
     write_report,
 )
 
@@ -35,18 +43,37 @@ class Written:
 
 
 def render(study: Path, fmt: str) -> str:
-    """The study's report in `fmt` (one of FILES), from its results.json."""
+    """The study's report in `fmt` (one of FILES), from its results.json; a find-batch search's from its
+    find_batch.json (its own --out holds no rows)."""
+    if not (study / RESULTS).is_file() and (found := read_find_batch(study)) is not None:
+        return _find_batch(found[0], found[1], fmt)
     rows = read_results(study, runs=False)  # one ConfigError when STUDY holds no results.json
     settings = read_settings(study)
     partial = partial_note(study)
     if fmt == "html":
-        return report_html(rows, _title(study, settings), settings, partial, read_quality(study))
+        return page_of(study, rows, _title(study, settings), settings, partial)
     if fmt == "md":
         text = markdown(rows, _title(study, settings), settings)
         return text + (f"\n- {partial}\n" if partial else "")
     if fmt == "csv":
         return csv_text(rows)
     return json.dumps({"study": settings, "rows": [r.to_dict() for r in rows]}, indent=1, default=str)
+
+
+def _find_batch(result: Any, title: str, fmt: str) -> str:
+    if fmt == "html":
+        return batch_page(result, title)
+    if fmt == "json":
+        return json.dumps({**result.to_dict(), "title": title}, indent=1)
+    cols, rows = batch_cells(result, result.device)
+    if fmt == "csv":
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerows([cols, *rows])
+        return buf.getvalue()
+    lines = [f"# {title}", "", f"**{result.verdict()}**", "", "| " + " | ".join(cols) + " |"]
+    lines += ["|" + "---|" * len(cols), *("| " + " | ".join(r) + " |" for r in rows)]
+    lines += ["", f"- {batch_legend(result.device)}"]
+    return "\n".join(lines) + "\n"
 
 
 def _title(study: Path, settings: dict) -> str:
@@ -59,17 +86,41 @@ def _title(study: Path, settings: dict) -> str:
     return first[2:] if first.startswith("# ") else f"trainwise compare: {study.resolve().name}"
 
 
-def start(options: ReportOptions) -> Written:
+def start(options: ReportOptions, render_to: Render | None = STDERR) -> Written:
     study = Path(options.study)
+    batch_only = not (study / RESULTS).is_file() and (study / FIND_BATCH).is_file()
+    if options.estimate and not batch_only:
+        estimate(study, Render.of(render_to))
     text = render(study, options.format)
     if options.output == "-":
         return Written(text, None)
-    path = Path(options.output) if options.output else study / FILES[options.format]
+    own = FIND_BATCH if batch_only and options.format == "json" else FILES[options.format]
+    path = Path(options.output) if options.output else study / own
     return Written(text, write_report(study, path, text))
 
 
-def report(study: str | Path, format: str = "html", output: str | Path | None = None, **options: Any) -> Written:
+def estimate(study: Path, render: Render) -> Path:
+    """`--estimate`: each row's memory as `trainwise estimate` predicts it, written to STUDY/estimates.json for
+    the page to draw beside the measured; a row it cannot price is one note."""
+    from trainwise.api.studies import memory_estimates  # heavy: the estimate (torch, transformers)
+
+    rows = read_results(study, runs=False)
+    with render.status("trainwise report: estimating each row's memory...") as status:
+        estimates, missed = memory_estimates(study, rows, probes(render.update(status), "calibrating the estimate"))
+    for line in missed:
+        render.note(f"trainwise report: not estimated: {line}")
+    with hold(study):
+        return write_estimates(study, estimates)
+
+
+def report(
+    study: str | Path,
+    format: str = "html",
+    output: str | Path | None = None,
+    render: Render | None = STDERR,
+    **options: Any,
+) -> Written:
     """`trainwise report` in Python (also `trainwise.open(study).report(...)`): the text drawn, and where it was
-    written (None with `output="-"`)."""
+    written (None with `output="-"`). `estimate=True` predicts each row's memory first (drawn beside the measured)."""
     values = {"study": str(study), "format": format, "output": None if output is None else str(output), **options}
-    return start(ReportOptions.of(values))
+    return start(ReportOptions.of(values), render)

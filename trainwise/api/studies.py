@@ -112,6 +112,33 @@ def estimate_basis(study: Path):
     return s, config, runtime_overhead(s.device)
 
 
+def memory_estimates(
+    study: Path, rows: list[StudyRow], on_probe: Callable[[int, int], None] | None = None
+) -> tuple[dict[str, dict], list[str]]:
+    """Each ok row's memory as `trainwise estimate` predicts it (row -> MemoryEstimate as a dict), at the row's own
+    batch size and the study's lengths, on its model and device; and a line per row it could not price. Calibrates
+    once per knob set (cached, so a second call is cheap). Nothing when the study's model cannot be built here (a
+    hub id offline): the one line says so."""
+    found = estimate_basis(study)
+    if found is None:
+        return {}, [f"{study}: its model cannot be built here (or it has no trial), so nothing is estimated"]
+    s, config, overhead = found
+    estimates, missed = {}, []
+    for row in rows:
+        if row.status != "ok" or row.plan is None:
+            continue
+        plan = TrialPlan.from_dict(row.plan)
+        try:
+            cal, shape = calibrate(config, s.task, plan, s.device, on_probe), shape_of(config, s.task, plan)
+            batch = row.batch_size or s.batch_size
+            est = estimate_plan(shape, cal, plan, batch, s.max_length, s.max_target_length, s.device, 1, overhead)
+        except ConfigError as e:  # a plan the estimate does not model: said, the others are drawn
+            missed.append(f"{row.strategy}: {e}")
+            continue
+        estimates[row.strategy] = est.to_dict()
+    return estimates, missed
+
+
 def batch_hints(
     study: Path, rows: list[StudyRow], budget: int, on_probe: Callable[[int, int], None] | None = None
 ) -> dict[str, str]:

@@ -55,12 +55,13 @@ class Study:
 
         return export(**{**options, "study": str(self.path)})
 
-    def report(self, format: str = "html", output: str | Path | None = None) -> Any:
+    def report(self, format: str = "html", output: str | Path | None = None, estimate: bool = False) -> Any:
         """The study's report drawn again (`trainwise report`): report.html by default, or md, csv, json;
-        `output` a file, or "-" to only return the text. Returns `trainwise.api.report.Written`."""
+        `output` a file, or "-" to only return the text; `estimate`: each row's memory predicted by `trainwise
+        estimate` first, drawn beside the measured. Returns `trainwise.api.report.Written`."""
         from trainwise.api.report import report  # the page's figures load matplotlib when drawn
 
-        return report(self.path, format=format, output=output)
+        return report(self.path, format=format, output=output, estimate=estimate)
 
     def _repr_html_(self) -> str:
         frame = self.to_pandas()

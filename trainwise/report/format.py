@@ -325,3 +325,35 @@ def notes(table: list[StudyRow]) -> list[str]:
         "samples/s; loss: true mean over the last 5 optimizer steps."
     )
     return lines
+
+
+def batch_cells(result, device: str | None) -> tuple[list[str], list[list[str]]]:
+    """find-batch's table (a find_batch.SearchResult): its headers and each size's cells, for the terminal and the
+    page alike. The process's memory is the RSS on a CPU, reserved memory + the CUDA context on a GPU."""
+    process = "reserved+ctx" if device == "cuda" else "RSS"
+    cols = ["batch", "status", "samples/s", "step time", "tensors", "est. tensors", process, "est. total", "note"]
+    rows = [
+        [
+            f"{p.batch_size}{result.mark(p.batch_size)}",
+            p.status,
+            "-" if p.samples_per_s is None else f"{p.samples_per_s:.1f}",
+            "-" if p.step_time_s is None else f"{p.step_time_s:.3f} s",
+            human_bytes(p.tensor_bytes),
+            human_bytes(p.estimate_tensor_bytes),
+            human_bytes(p.measured_bytes),
+            human_bytes(p.estimate_bytes),
+            p.note,
+        ]
+        for p in result.points
+    ]
+    return cols, rows
+
+
+def batch_legend(device: str | None) -> str:
+    """What find-batch's memory columns are."""
+    process = "reserved+ctx" if device == "cuda" else "RSS"
+    kind = "reserved memory + CUDA context" if device == "cuda" else "the trial process's peak RSS"
+    return (
+        "tensors: peak of live tensors, measured (compare's peak mem) and estimated (trainwise estimate's peak); "
+        f"{process}: {kind}, what the limit is judged on; est. total: the estimate's tensors + runtime."
+    )

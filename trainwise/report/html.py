@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainwise.quality import QualityVerdicts
-from trainwise.report.format import headers, notes, quality, table_cells
+from trainwise.report.format import batch_cells, batch_legend, headers, notes, quality, table_cells
 from trainwise.report.write import SETTINGS
 from trainwise.results import StudyRow
 
@@ -44,9 +44,14 @@ def report_html(
     study: dict | None = None,
     partial: str | None = None,
     verdicts: QualityVerdicts | None = None,
+    estimates: dict[str, dict] | None = None,
+    plan: dict | None = None,
+    batch_search: dict | None = None,
 ) -> str:
-    """The page: its settings, table, notes and figures (those the study has the figures for; the quality phase's
-    with its `verdicts`)."""
+    """The page: its settings, table, notes and figures (those the study has the figures for). Beside the rows,
+    what else the study's directory holds is drawn when given: the quality phase's `verdicts`, the memory
+    `estimates` of its rows (row -> `trainwise estimate`'s MemoryEstimate as a dict: `trainwise report --estimate`
+    writes them), a `plan` search (plan.json) and a `batch_search` (find-batch's find_batch.json)."""
     parts = [f"<h1>{_e(title)}</h1>"]
     if partial:
         parts.append(f'<p class="partial">{_e(partial)}</p>')
@@ -54,11 +59,19 @@ def report_html(
     parts += ["<h2>Results</h2>", _table(table)]
     parts += ["<ul>", *[f"<li>{_e(n)}</li>" for n in notes(table)], "</ul>"]
     figures, failed = [], []
+    if _unreadable(estimates):  # the measured memory is drawn all the same
+        failed.append(f"the estimates: {estimates['unreadable']}")  # type: ignore[index]
+        estimates = None
     makers: list[tuple[str, Callable[[], tuple[str, str, str] | None]]] = [
         (make.__name__, functools.partial(make, table)) for make in FIGURES
     ]
+    makers.insert(3, ("memory_parts", functools.partial(memory_parts, table, estimates or {})))
     if verdicts is not None:
         makers.append(("quality_seeds", functools.partial(quality_seeds, verdicts)))
+    if plan is not None:
+        makers.append(("plan_path", functools.partial(_drawn_from, plan_path, plan)))
+    if batch_search is not None:
+        makers.append(("batch_search", functools.partial(_drawn_from, batch_search_curve, batch_search)))
     for name, draw in makers:
         try:
             if (drawn := draw()) is not None:
@@ -70,6 +83,44 @@ def report_html(
         for name, svg, caption in figures:
             parts.append(f'<figure id="{name}">{svg}<figcaption>{_e(caption)}</figcaption></figure>')
         parts += [f"<p>Not drawn: {_e(line)}</p>" for line in failed]
+    return _page(title, parts)
+
+
+def _unreadable(data: Any) -> bool:
+    """A file beside the rows that could not be read (trainwise.study.store says so as {"unreadable": why})."""
+    return isinstance(data, dict) and set(data) == {"unreadable"}
+
+
+def _drawn_from(make: Callable[[dict], tuple[str, str, str] | None], data: dict) -> tuple[str, str, str] | None:
+    if _unreadable(data):
+        raise ValueError(data["unreadable"])
+    return make(data)
+
+
+def batch_page(result: Any, title: str) -> str:
+    """find-batch's page (a find_batch.SearchResult): the verdict, every size's figures and the curve."""
+    cols, rows = batch_cells(result, result.device)
+    head = "".join(f"<th>{_e(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows)
+    parts = [
+        f"<h1>{_e(title)}</h1>",
+        f"<p><strong>{_e(result.verdict())}</strong></p>",
+        "<h2>Every size looked at</h2>",
+        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>",
+        f"<ul><li>{_e(batch_legend(result.device))}</li></ul>",
+    ]
+    try:
+        drawn = batch_search_curve(result.to_dict())
+    except Exception as e:  # a figure that cannot be drawn is said, never the loss of the page
+        parts.append(f"<p>Not drawn: batch_search: {_e(type(e).__name__)}: {_e(e)}</p>")
+    else:
+        if drawn is not None:
+            name, svg, caption = drawn
+            parts += ["<h2>Figures</h2>", f'<figure id="{name}">{svg}<figcaption>{_e(caption)}</figcaption></figure>']
+    return _page(title, parts)
+
+
+def _page(title: str, parts: list[str]) -> str:
     head = f'<meta charset="utf-8"><title>{_e(title)}</title><style>{STYLE}</style>'
     return f'<!DOCTYPE html>\n<html lang="en"><head>{head}</head><body>\n' + "\n".join(parts) + "\n</body></html>\n"
 
@@ -118,6 +169,14 @@ def _svg(fig: Any) -> str:
     plt.close(fig)
     text = buf.getvalue()
     return text[text.index("<svg") :]  # without the XML declaration and doctype: inline in HTML
+
+
+def png(fig: Any, path: Any, dpi: int = 110) -> None:
+    """The figure as a PNG at `path`; the figure is closed."""
+    import matplotlib.pyplot as plt  # heavy: matplotlib
+
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
 
 
 def _figure(width: float, height: float) -> tuple[Any, Any]:
@@ -322,18 +381,37 @@ def step_parts(table: list[StudyRow]) -> tuple[str, str, str] | None:
     return "step-time", _svg(fig), caption
 
 
-def memory_parts(table: list[StudyRow]) -> tuple[str, str, str] | None:
-    """Where the memory goes: the model's state (weights, gradients, optimizer state) and the rest of the peak."""
+def memory_parts(table: list[StudyRow], estimates: dict[str, dict] | None = None) -> tuple[str, str, str] | None:
+    """Where the memory goes: the model's state (weights, gradients, optimizer state) and the rest of the peak, as
+    measured and, below each row that has one, as `trainwise estimate` predicts it (`estimates`: row -> its
+    MemoryEstimate as a dict, on the same basis: the peak of live tensors)."""
     rows = [e for e in table if e.status == "ok" and e.peak_mem_bytes and e.state_bytes is not None]
     if not rows:
         return None
+    estimates = estimates or {}
+    priced = {e.strategy: estimates[e.strategy] for e in rows if _estimated(estimates.get(e.strategy))}
+    fig, ax = _figure(8, 0.9 + (0.5 if priced else 0.32) * len(rows))
     state = [(e.state_bytes or 0) / MiB for e in rows]
     rest = [max(0.0, ((e.peak_mem_bytes or 0) - (e.state_bytes or 0)) / MiB) for e in rows]
-    parts = [
-        ("weights + gradients + optimizer state", state, "tab:purple"),
-        ("activations and temporaries (the rest of the peak)", rest, "tab:cyan"),
-    ]
-    fig = _stacked(rows, parts, "MiB at the peak of a training step")
+    y = list(range(len(rows)))
+    height, shift = (0.38, 0.2) if priced else (0.8, 0.0)
+    measured = [i - shift for i in y]
+    ax.barh(measured, state, height, color="tab:purple", label="weights + gradients + optimizer state")
+    ax.barh(measured, rest, height, left=state, color="tab:cyan", label="activations and temporaries")
+    if priced:
+        at = [i + shift for i, e in zip(y, rows, strict=True) if e.strategy in priced]
+        parts = [priced[e.strategy]["parts"] for e in rows if e.strategy in priced]
+        est_state = [sum(int(p.get(k, 0)) for k in ("weights", "grads", "optimizer")) / MiB for p in parts]
+        peaks = [int(priced[e.strategy]["peak_bytes"]) / MiB for e in rows if e.strategy in priced]
+        est_rest = [max(0.0, peak - st) for peak, st in zip(peaks, est_state, strict=True)]
+        style = {"edgecolor": "black", "linewidth": 0.4, "hatch": "///"}
+        ax.barh(at, est_state, height, color="#d9c8ee", label="estimated: state", **style)
+        ax.barh(at, est_rest, height, left=est_state, color="#c5ecf2", label="estimated: the rest", **style)
+    ax.set_yticks(y, [e.strategy for e in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("MiB at the peak of a training step" + (" (plain: measured; hatched: estimated)" if priced else ""))
+    ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4 if priced else 2, frameon=False)
+    fig.tight_layout()
     kind = rows[0].mem_kind or ""
     bases = {"cuda_allocated": "live tensors on the GPU", "cpu_allocated": "live tensors (torch.profiler), not the RSS"}
     basis = bases.get(kind, f"the peak as an earlier release measured it: {kind or 'unnamed'}")
@@ -341,7 +419,21 @@ def memory_parts(table: list[StudyRow]) -> tuple[str, str, str] | None:
         "Where does the memory go? Each row's peak split into the model's state, counted from its tensors, and the "
         f"rest: activations and temporaries ({basis})."
     )
+    if priced:
+        missing = [e.strategy for e in rows if e.strategy not in priced]
+        caption += (
+            " Hatched, below each row: what `trainwise estimate` predicts for it before anything trains, at its batch "
+            "and the study's longest length (a padding row's measured batches were shorter)"
+            + (f"; not estimated: {', '.join(missing)}" if missing else "")
+            + "."
+        )
+    else:
+        caption += " `trainwise report STUDY --estimate` draws the estimate's prediction beside each row."
     return "memory", _svg(fig), caption
+
+
+def _estimated(e: dict | None) -> bool:
+    return isinstance(e, dict) and isinstance(e.get("parts"), dict) and isinstance(e.get("peak_bytes"), int | float)
 
 
 def sweep_curve(table: list[StudyRow]) -> tuple[str, str, str] | None:
@@ -410,10 +502,139 @@ def quality_seeds(verdicts: QualityVerdicts) -> tuple[str, str, str] | None:
     return "quality", _svg(fig), caption
 
 
+def plan_path(plan: dict) -> tuple[str, str, str] | None:
+    """A `trainwise plan` search (its plan.json): each candidate in the order tried, its predicted and measured
+    time, the incumbent after it, and the plan beside the baseline, the best single row and `all`."""
+    search = plan.get("search") or {}
+    tried = [c for c in search.get("candidates") or [] if c.get("predicted_time") is not None]
+    if not tried:
+        return None
+    lines = {ln["label"]: ln for ln in plan.get("lines") or [] if ln.get("rel_time")}
+    fig, ax = _figure(8, 1.4 + 0.34 * len(tried))
+    y = list(range(len(tried)))
+    predicted = [100 * c["predicted_time"] for c in tried]
+    ax.scatter(predicted, y, s=28, facecolors="white", edgecolors="tab:blue", zorder=4, label="predicted")
+    done = [(i, 100 * c["measured_time"]) for i, c in enumerate(tried) if c.get("measured_time") is not None]
+    for i, t in done:
+        ax.plot([predicted[i], t], [i, i], color="tab:blue", lw=0.8, alpha=0.6, zorder=3)
+    if done:
+        ax.scatter([t for _, t in done], [i for i, _ in done], s=28, color="tab:blue", zorder=5, label="measured")
+    off = [i for i, c in enumerate(tried) if c.get("measured_time") is None]
+    if off:
+        ax.scatter([predicted[i] for i in off], off, marker="x", s=30, color="tab:red", zorder=5, label="not run")
+    # the incumbent after each candidate: the path the search took, from the best row it started with; it moves
+    # (a horizontal step) on the row of the candidate that beat it
+    start = 100 * lines["best single row"]["rel_time"] if "best single row" in lines else None
+    if start is not None:
+        xs, ys, best = [start], [-0.5], start
+        for i, c in enumerate(tried):
+            now = best
+            if c.get("measured_time") is not None and c.get("state") == "measured":
+                now = min(best, 100 * c["measured_time"])
+            xs += [best, now]
+            ys += [i, i]
+            best = now
+        xs.append(best)
+        ys.append(len(tried) - 0.5)
+        ax.plot(xs, ys, color="tab:green", lw=1.2, alpha=0.6, label="incumbent", zorder=2)
+    colors = {"baseline": "tab:red", "best single row": "tab:purple", "all": "tab:orange", "plan": "darkgreen"}
+    for label, color in colors.items():
+        if label in lines:
+            ln = lines[label]
+            ax.axvline(100 * ln["rel_time"], color=color, lw=1, ls="-" if label == "plan" else "--", zorder=1,
+                       label=f"{label}: {ln['row']} ({100 * ln['rel_time']:.0f}%)")  # fmt: skip
+    names = [f"{c.get('round', '?')}: {c['row']}" + ("" if c.get("state") == "measured" else f" ({c.get('state')})")
+             for c in tried]  # fmt: skip
+    ax.set_yticks(y, names, fontsize=7)
+    ax.invert_yaxis()
+    xs = [*predicted, *(t for _, t in done), *(100 * ln["rel_time"] for ln in lines.values())]
+    if min(xs) > 0 and max(xs) / min(xs) > 4:
+        ax.set_xscale("log")
+        low, high = min(xs) / 1.3, max(xs) * 1.3
+        ax.set_xlim(low, high)
+        ticks = [t * 10**k for k in range(-1, 4) for t in (1, 2, 5) if low <= t * 10**k <= high]
+        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        ax.minorticks_off()
+    ax.set_xlabel("training time per sample, % of the baseline's (lower is faster)")
+    ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, frameon=False)
+    fig.tight_layout()
+    cost = f"{search.get('trials', len(done))} trials in {search.get('rounds', '?')} rounds"
+    if search.get("wall_s"):
+        cost += f", {search['wall_s']:.0f} s"
+    caption = (
+        f"How did the plan search get there? Each candidate in the order tried (round: row), top to bottom: the time "
+        f"it was predicted from the rows measured before it (hollow) and the time it measured (filled); the green "
+        f"step is the incumbent after each. The plan beside the baseline, the best single row and `all` ({cost}; "
+        f"stopped: {search.get('stopped') or '-'})."
+    )
+    return "plan", _svg(fig), caption
+
+
+def batch_search_figure(result: dict, title: str | None = None) -> Any:
+    """find-batch's search (SearchResult as a dict): samples/s at each batch size, the sizes that did not fit, and
+    the memory measured and estimated against the limit on a second axis."""
+    fig, ax = _figure(8, 5)
+    points = result.get("points") or []
+    ok = [p for p in points if p.get("status") == "ok" and p.get("samples_per_s")]
+    ax.plot([p["batch_size"] for p in ok], [p["samples_per_s"] for p in ok], "o-", color="tab:blue",
+            label="samples/s")  # fmt: skip
+    failed = [p for p in points if p.get("status") in ("oom", "over_limit")]
+    if failed:
+        ax.plot([p["batch_size"] for p in failed], [0] * len(failed), "x", color="tab:red", ms=10, label="does not fit")
+    fastest, tied = result.get("fastest"), result.get("tied") or []
+    best = next((p for p in ok if p["batch_size"] == fastest), None)
+    if best is not None:
+        said = f"tie within the noise: {', '.join(map(str, sorted(tied)))}" if len(tied) > 1 else f"fastest: {fastest}"
+        ax.annotate(said, (best["batch_size"], best["samples_per_s"]), xytext=(0, 10), textcoords="offset points",
+                    ha="center", fontsize=8)  # fmt: skip
+    sizes = sorted({p["batch_size"] for p in points})
+    if sizes:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(b) for b in sizes])
+        ax.minorticks_off()
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("samples/s over the timed steps")
+    if ok:
+        ax.set_ylim(0, 1.18 * max(p["samples_per_s"] for p in ok))
+    if title:
+        ax.set_title(title, fontsize=9)
+    handles, labels = ax.get_legend_handles_labels()
+    measured = [p for p in points if p.get("measured_bytes")]
+    estimated = [p for p in points if p.get("estimate_bytes")]
+    if measured or estimated:
+        ax2 = ax.twinx()
+        if measured:
+            ax2.plot([p["batch_size"] for p in measured], [p["measured_bytes"] / 2**30 for p in measured], "s--",
+                     color="tab:grey", label="memory, measured")  # fmt: skip
+        if estimated:
+            ax2.plot([p["batch_size"] for p in estimated], [p["estimate_bytes"] / 2**30 for p in estimated], "^:",
+                     color="tab:brown", label="memory, estimated")  # fmt: skip
+        if result.get("limit_bytes"):
+            ax2.axhline(result["limit_bytes"] / 2**30, color="tab:red", lw=0.8, ls=":", label="memory limit")
+        ax2.set_ylabel("GiB")
+        more, also = ax2.get_legend_handles_labels()
+        handles, labels = handles + more, labels + also
+    ax.legend(handles, labels, fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0 if not title else 1.06),
+              ncol=3, frameon=False)  # fmt: skip
+    fig.tight_layout()
+    return fig
+
+
+def batch_search_curve(result: dict) -> tuple[str, str, str] | None:
+    """find-batch's samples/s against batch size, with the memory measured and estimated (find_batch.json)."""
+    if not result.get("points"):
+        return None
+    caption = (
+        "Which batch is fastest, and which fit? find-batch's samples/s at every size it measured (a red x: did not "
+        "fit), and on the right axis each size's memory as measured (the process's peak) and as estimated before it "
+        "ran, against the limit (dotted red)."
+    )
+    return "find-batch", _svg(batch_search_figure(result)), caption
+
+
 FIGURES: tuple[Callable[[list[StudyRow]], tuple[str, str, str] | None], ...] = (
     tradeoff,
     losses,
     step_parts,
-    memory_parts,
     sweep_curve,
-)
+)  # and memory_parts (with the rows' estimates), fourth

@@ -19,6 +19,8 @@ from trainwise.projection import TrainLine
 from trainwise.quality import unlearned
 from trainwise.report.format import (
     RANDOM_INIT_NOTE,
+    batch_cells,
+    batch_legend,
     headers,
     human_bytes,
     notes,
@@ -243,29 +245,12 @@ def quality_table(rows: list, seeds: int) -> None:
 
 def find_batch_table(report: Any) -> None:
     result = report.result
-    process = "reserved+ctx" if report.device == "cuda" else "RSS"
-    cols = ["batch", "status", "samples/s", "step time", "tensors", "est. tensors", process, "est. total", "note"]
+    cols, rows = batch_cells(result, report.device)
     grid = _grid(report.title, cols)
-    for p in result.points:
-        mark = result.mark(p.batch_size)
-        grid.add_row(
-            f"{p.batch_size}{mark}",
-            p.status,
-            "-" if p.samples_per_s is None else f"{p.samples_per_s:.1f}",
-            "-" if p.step_time_s is None else f"{p.step_time_s:.3f} s",
-            human_bytes(p.tensor_bytes),
-            human_bytes(p.estimate_tensor_bytes),
-            human_bytes(p.measured_bytes),
-            human_bytes(p.estimate_bytes),
-            p.note,
-            style=None if p.fits else "dim",
-        )
+    for p, row in zip(result.points, rows, strict=True):
+        grid.add_row(*row, style=None if p.fits else "dim")
     out.print(grid)
-    mem_kind = "reserved memory + CUDA context" if report.device == "cuda" else "the trial process's peak RSS"
-    say(
-        f"  tensors: peak of live tensors, measured (compare's peak mem) and estimated (trainwise estimate's peak); "
-        f"{process}: {mem_kind}, what the limit is judged on; est. total: the estimate's tensors + runtime."
-    )
+    say(f"  {batch_legend(report.device)}")
     if report.too_big:
         say(f"  not tried: {report.too_big} (more than the {report.n_train} training rows)")
     say(f"  {result.verdict()}")

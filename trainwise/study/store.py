@@ -32,10 +32,13 @@ STUDY_FILE = "study.yaml"  # the options a study ran with (`compare --config` re
 PAGE = "report.html"  # the report as one self-contained page (trainwise.report.html), written when the study ends
 PROGRESS = "progress.json"  # how many of the study's trials the reports hold, and which (their store keys)
 QUALITY = "quality/quality.json"  # the quality phase's verdicts (its own study is in OUT/quality/)
+ESTIMATES = "estimates.json"  # each row's memory as `trainwise estimate` predicts it (`trainwise report --estimate`)
+PLAN = "plan.json"  # a `trainwise plan` search in this study: the plan, its candidates and reasons
+FIND_BATCH = "find_batch.json"  # a `trainwise find-batch` search (its own --out, or a study's)
 MARK = ".trainwise"  # in every --out trainwise writes: what is there is ours to replace
 REPLACED = "replaced"  # OUT/replaced/N/: the reports of a study --replace replaced
 # what a study's report is (its files, and its quality phase's verdicts): kept whole when it is replaced
-REPORTS = (RESULTS, "results.csv", "report.md", "chart.png", PAGE, PROGRESS, STUDY_FILE, QUALITY)
+REPORTS = (RESULTS, "results.csv", "report.md", "chart.png", PAGE, PROGRESS, STUDY_FILE, QUALITY, ESTIMATES)
 
 
 def check_ours(out: Path, force: bool) -> None:
@@ -297,7 +300,7 @@ def write_reports(
     if done is not None and total is not None:
         texts[out / PROGRESS] = json.dumps({"done": done, "total": total, "trials": trials or []})
     if page:  # the study's last write: every trial is in it (a partial study's page: `trainwise report`)
-        texts[out / PAGE] = report_html(table, title, study)
+        texts[out / PAGE] = page_of(out, table, title, study)
         paths.append(out / PAGE)
     else:
         (out / PAGE).unlink(missing_ok=True)
@@ -311,6 +314,53 @@ def write_reports(
         with writing(path, *tmps.values()):
             tmp.replace(path)
     return paths
+
+
+def page_of(out: Path, table: list[StudyRow], title: str, study: dict | None, partial: str | None = None) -> str:
+    """The study's report.html: its rows, and what else its directory holds (the quality phase's verdicts, the
+    rows' memory estimates, a plan search, a find-batch search), each drawn when there."""
+    return report_html(
+        table,
+        title,
+        study,
+        partial,
+        verdicts=read_quality(out),
+        estimates=_read_extra(out / ESTIMATES),
+        plan=_read_extra(out / PLAN),
+        batch_search=_read_extra(out / FIND_BATCH),
+    )
+
+
+def _read_extra(path: Path) -> Any:
+    """A file beside the rows, as JSON; None when it is not there (a file that is not JSON is said on the page, by
+    the figure that cannot be drawn from it, never the loss of the page)."""
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        return {"unreadable": f"{path.name}: {e}"}
+
+
+def write_estimates(out: Path, estimates: dict[str, dict]) -> Path:
+    """The rows' memory estimates (row -> MemoryEstimate as a dict), written whole, for the page to draw."""
+    write_atomic(out / ESTIMATES, json.dumps(estimates, indent=1))
+    return out / ESTIMATES
+
+
+def read_find_batch(out: Path):
+    """A find-batch search written in `out` (find_batch.json), typed, with the title it was written with; None
+    when there is none (ConfigError when the file is not one)."""
+    from trainwise.find_batch import SearchResult  # heavy: trainwise.find_batch loads the estimate
+
+    path = out / FIND_BATCH
+    if not path.is_file():
+        return None
+    data = read_json(path, "a trainwise find-batch file")
+    try:
+        return SearchResult.from_dict(data), str(data.get("title") or f"trainwise find-batch: {out.resolve().name}")
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise ConfigError(f"{path}: not a trainwise find-batch file (expected points and limit_bytes)") from None
 
 
 def rows_of(payload: Any) -> Any:
