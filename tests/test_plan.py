@@ -92,6 +92,9 @@ def test_the_search_finds_the_exhaustive_best_with_a_third_of_its_trials_and_bui
     assert not any("adafactor" in c.row for c in found.candidates if c.round == 1)
     measured = [c for c in found.candidates if c.state == "measured"]
     assert measured and all(c.measured_time == pytest.approx(true_time(frozenset(c.row.split("+")))) for c in measured)
+    # each trial numbered in the order it was measured (the page draws the path so; candidates stay as proposed)
+    numbered = sorted((c for c in found.candidates if c.trial is not None), key=lambda c: c.trial or 0)
+    assert [c.trial for c in numbered] == list(range(1, found.trials + 1)) and [c.row for c in numbered] == asked
 
 
 def test_a_prediction_is_anchored_on_the_largest_subset_measured_as_a_whole():
@@ -279,7 +282,7 @@ def test_a_killed_search_resumes_without_rerunning_a_stored_trial(searched):
     plan = json.loads((out / "plan.json").read_text())
     assert plan["plan"] == result.plan and (out / "plan.md").is_file()
     drawn = (out / "report.html").read_text().split('<figure id="plan">')[1].split("</figure>")[0]  # the page again
-    assert all(f"{c['round']}: {c['row']}" in drawn for c in measured), "every candidate on the search's path"
+    assert all(f"{c['trial']}. {c['row']}" in drawn for c in measured), "every candidate on the search's path"
     reasons = {s["strategy"]: s for s in result.strategies}
     assert all(reasons[n]["in"] for n in split_row(result.plan)[0])
     assert reasons["freeze_embeddings"]["reason"].startswith(("in", "out: "))

@@ -94,12 +94,13 @@ def demo_estimates() -> dict[str, dict]:
 
 
 def demo_plan() -> dict:
-    """A plan search's plan.json (trainwise.api.plan.PlanResult.to_dict()'s shape): seven candidates measured over
-    four rounds, one pruned by the memory estimate."""
+    """A plan search's plan.json (trainwise.api.plan.PlanResult.to_dict()'s shape), as a search keeps it: in the order
+    proposed. Round 1 proposed three combinations (one measured in round 3, one never), seven trials over four rounds,
+    one pruned by the memory estimate, and one measured over a budget (its `note`), faster than the plan."""
 
-    def c(row, rnd, predicted, measured=None, state="measured"):
+    def c(row, rnd, predicted, measured=None, state="measured", trial=None, note=""):
         return {"row": row, "round": rnd, "reason": "-", "predicted_time": predicted, "measured_time": measured,
-                "state": state}  # fmt: skip
+                "state": state, "trial": trial, "note": note}  # fmt: skip
 
     lines = [("plan", "smart_batch@bs64", 0.073), ("best single row", "smart_batch", 0.26), ("all", "all", 0.463)]
     lines.append(("baseline", "baseline", 1.0))
@@ -110,10 +111,14 @@ def demo_plan() -> dict:
             "noise": 0.02, "incumbent": "smart_batch@bs64", "trials": 7, "rounds": 4, "wall_s": 236.0,
             "stopped": "no candidate left predicted to beat the incumbent",
             "candidates": [
-                c("dynamic_pad+smart_batch", 1, 0.16, 0.25), c("smart_batch@bs32", 1, 0.26, 0.14),
-                c("smart_batch+freeze_embeddings@bs32", 2, 0.10, 0.10), c("smart_batch@bs64", 2, 0.08, 0.073),
-                c("smart_batch@bs128", 3, 0.035, 0.12), c("smart_batch+freeze_embeddings@bs64", 3, 0.05, 0.075),
-                c("adafactor+smart_batch@bs64", 4, 0.07, 0.09),
+                c("dynamic_pad+smart_batch", 1, 0.16, 0.25, trial=1),
+                c("smart_batch+freeze_embeddings", 1, 0.12, 0.17, trial=5),
+                c("adafactor+smart_batch", 1, 0.30, state="skipped"),
+                c("smart_batch@bs32", 1, 0.26, 0.14, trial=2),
+                c("smart_batch@bs64", 2, 0.08, 0.073, trial=3),
+                c("smart_batch@bs128", 2, 0.035, 0.05, trial=4, note="needs 4.6 GiB, over --memory-budget 4 GiB"),
+                c("smart_batch+freeze_embeddings@bs64", 3, 0.05, 0.075, trial=6),
+                c("adafactor+smart_batch@bs64", 4, 0.07, 0.09, trial=7),
                 c("grad_ckpt+smart_batch@bs64", 4, 0.07, None, "pruned"),
             ],
         },
@@ -153,11 +158,57 @@ def test_the_memory_figure_draws_the_estimate_beside_each_row_that_has_one():
 def test_a_plan_search_is_drawn_as_its_path_predicted_against_measured():
     text = page.report_html(demo_rows(), "t", plan=demo_plan())
     drawn = text.split('<figure id="plan">')[1].split("</figure>")[0]
-    assert "2: smart_batch@bs64" in drawn and "4: grad_ckpt+smart_batch@bs64 (pruned)" in drawn
+    order = [m for m in re.findall(r">(\d\. [^<]+|grad_ckpt[^<]+)<", drawn)]
+    assert order == [
+        "1. dynamic_pad+smart_batch",
+        "2. smart_batch@bs32",
+        "3. smart_batch@bs64",
+        "4. smart_batch@bs128 (over a budget)",
+        "5. smart_batch+freeze_embeddings",
+        "6. smart_batch+freeze_embeddings@bs64",
+        "7. adafactor+smart_batch@bs64",
+        "grad_ckpt+smart_batch@bs64 (pruned)",
+    ], "in the order measured, then the pruned; the never-run left out"
     for said in ("predicted", "measured", "incumbent", "best single row: smart_batch (26%)", "all: all (46%)"):
         assert said in drawn, said
     assert "plan: smart_batch@bs64 (7%)" in drawn and "7 trials in 4 rounds, 236 s" in drawn
+    assert "1 more proposed, never predicted to beat the incumbent, were not run" in drawn
     assert '<figure id="plan">' not in page.report_html(demo_rows(), "t", plan={"search": {}}), "nothing tried"
+
+
+def test_the_incumbent_path_moves_only_on_a_candidate_within_every_budget():
+    """smart_batch@bs128 measured 5%, faster than the plan, over the memory budget: the path stays at 7.3%."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    drawn = []
+    original = page._svg
+    try:
+        page._svg = lambda fig: drawn.append(fig) or ""
+        page.plan_path(demo_plan())
+    finally:
+        page._svg = original
+    (ax,) = drawn[0].axes
+    path = next(line for line in ax.get_lines() if line.get_label() == "incumbent")
+    xs = list(path.get_xdata())
+    plt.close(drawn[0])
+    assert xs[0] == pytest.approx(26.0) and min(xs) == pytest.approx(7.3), xs  # from the best single row to the plan
+    assert 5.0 not in [round(x, 1) for x in xs]
+
+
+def test_an_estimate_is_drawn_only_beside_the_row_it_was_made_for():
+    """estimates.json left from a study --replace replaced (another batch) is not drawn beside today's rows."""
+    estimates = demo_estimates()
+    plan = {"padding": "max_length"}
+    rows = [dataclasses.replace(r, batch_size=16, plan=plan) for r in demo_rows()]
+    for r in rows:
+        if r.strategy in estimates:
+            estimates[r.strategy]["for_row"] = {"batch_size": 16, "plan": plan}
+    estimates["smart_batch"]["for_row"]["batch_size"] = 32
+    memory = page.report_html(rows, "t", estimates=estimates).split('<figure id="memory">')[1].split("</figure>")[0]
+    assert "not estimated: smart_batch, all." in memory
 
 
 def test_a_study_page_draws_what_its_directory_holds_beside_the_rows(tmp_path):
@@ -181,6 +232,19 @@ def test_a_study_page_draws_what_its_directory_holds_beside_the_rows(tmp_path):
     (tmp_path / "plan.json").write_text("{not json")
     text = page_of(tmp_path, demo_rows(), "t", {})
     assert "Not drawn: plan_path" in text and '<figure id="find-batch">' in text
+
+
+def test_report_json_of_a_find_batch_search_is_its_file_as_it_is(tmp_path):
+    """Written over itself, every key stays: a later release's too."""
+    out = tmp_path / "fb"
+    out.mkdir()
+    text = json.dumps({**demo_batch_search(), "title": "x", "from_a_later_release": [1, 2]}, indent=1)
+    (out / "find_batch.json").write_text(text)
+    done = here.trainwise("report", str(out), "--format", "json")
+    assert done.returncode == 0 and done.stdout.strip() == str(out / "find_batch.json"), done.stderr
+    assert (out / "find_batch.json").read_text() == text and not (out / "results.json").exists()
+    said = here.trainwise("report", str(out), "--estimate")
+    assert said.returncode == 2 and "already draws its estimate" in said.stderr
 
 
 @pytest.mark.parametrize("fmt", ["html", "md", "csv", "json"])
@@ -367,6 +431,7 @@ def test_a_figure_that_fails_is_said_and_the_page_is_still_written(monkeypatch):
         (["{empty}"], "no results.json"),
         (["{study}", "--format", "pdf"], "--format must be one of html, md, csv, json, got 'pdf'"),
         (["{study}", "--formt", "md"], "No such option"),
+        (["{study}", "--format", "md", "--estimate"], "--estimate draws the estimate on the page: use it with"),
     ],
 )
 def test_report_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
@@ -375,6 +440,18 @@ def test_report_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
     done = here.trainwise("report", *argv)
     assert done.returncode == 2 and says in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_replace_moves_aside_what_only_the_replaced_rows_are_about(tmp_path):
+    """--replace: the rows' estimates and a plan search go aside with the report (never drawn beside new rows)."""
+    from trainwise.study.store import keep_reports
+
+    for name in ("results.json", "estimates.json", "plan.json", "plan.md"):
+        (tmp_path / name).write_text("{}")
+    kept = keep_reports(tmp_path)
+    assert all((kept / n).is_file() for n in ("results.json", "estimates.json", "plan.json", "plan.md"))
+    assert (tmp_path / "results.json").is_file(), "rewritten by the new study's first trial"
+    assert not any((tmp_path / n).exists() for n in ("estimates.json", "plan.json", "plan.md"))
 
 
 def test_the_reports_written_as_trials_end_remove_an_earlier_page_and_the_last_write_draws_it(tmp_path):

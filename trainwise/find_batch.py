@@ -342,14 +342,20 @@ def write_outputs(result: SearchResult, out: Path, title: str) -> list[Path]:
     """find_batch.json (the search, read back by `trainwise report`), find_batch.png and report.html (the page: the
     verdict, every size's figures and the curve), each written whole."""
     from trainwise.report.html import batch_page, batch_search_figure, png  # heavy: matplotlib
+    from trainwise.study.store import FIND_BATCH, PAGE, RESULTS, hold, page_of, read_results, read_settings
 
     out.mkdir(parents=True, exist_ok=True)
-    data = out / "find_batch.json"
-    write_atomic(data, json.dumps({**result.to_dict(), "title": title}, indent=1))  # `trainwise report` draws it again
-    chart, tmp = out / "find_batch.png", out / ".find_batch.tmp.png"
-    with writing(chart, tmp):
-        png(batch_search_figure(result.to_dict(), title), tmp)
-        tmp.replace(chart)
-    page = out / "report.html"
-    write_atomic(page, batch_page(result, title))
+    data, page = out / FIND_BATCH, out / PAGE
+    with hold(out):  # one command at a time in --out (a compare's study there: its page is drawn again, with this)
+        write_atomic(data, json.dumps({**result.to_dict(), "title": title}, indent=1))  # `trainwise report` reads it
+        chart, tmp = out / "find_batch.png", out / ".find_batch.tmp.png"
+        with writing(chart, tmp):
+            png(batch_search_figure(result.to_dict(), title), tmp)
+            tmp.replace(chart)
+        if (out / RESULTS).is_file():
+            settings = read_settings(out)
+            text = page_of(out, read_results(out), str(settings.get("title") or title), settings)
+        else:
+            text = batch_page(result, title)
+        write_atomic(page, text)
     return [data, chart, page]

@@ -73,6 +73,7 @@ class Candidate:
     measured_mem: float | None = None
     note: str = ""
     batch: int | None = None  # its own batch size (None: the study's)
+    trial: int | None = None  # its place among the search's trials (1: measured first); None: not measured
 
 
 @dataclass
@@ -241,6 +242,8 @@ def search(
             result.stopped = f"--max-search-time {max_seconds:g} s spent"
             break
         chosen = ahead[: min(BEAM, max_trials - result.trials)]
+        for i, c in enumerate(chosen, start=result.trials + 1):
+            c.trial = i
         for m in measure([c.row for c in chosen]):
             if m.batch:
                 sized[(m.names, m.batch)] = m

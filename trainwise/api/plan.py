@@ -24,10 +24,9 @@ from trainwise.errors import ConfigError
 from trainwise.files import human_bytes, write_atomic
 from trainwise.plan import Candidate, Measured, Search, row_text, search
 from trainwise.results import StudyRow
-from trainwise.study.store import PAGE, PLAN, Store, write_report
+from trainwise.study.store import PAGE, PLAN, PLAN_MD, Store, write_report
 from trainwise.units import parse_seconds
 
-PLAN_MD = "plan.md"  # the plan as text; plan.json: trainwise.study.store.PLAN
 UNMEASURED = "out: not measured (not among the study's rows)"
 
 
@@ -183,7 +182,10 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     write_atomic(out / PLAN_MD, markdown(result))
     from trainwise.api.report import render as draw  # heavy: the page's figures (matplotlib)
 
-    write_report(out, out / PAGE, draw(out, "html"))  # the study's page again, with the search's figure
+    try:  # the study's page again, with the search's figure
+        write_report(out, out / PAGE, draw(out, "html"))
+    except ConfigError as e:  # another command took the study meanwhile: the plan stands, its page waits
+        render.note(f"trainwise plan: report.html not drawn again ({e}); `trainwise report {out}` draws it")
     return result
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from trainwise.api.options import ReportOptions
 from trainwise.api.render import STDERR, Render, probes
+from trainwise.errors import ConfigError
 from trainwise.report.format import batch_cells, batch_legend
 from trainwise.report.html import batch_page
 from trainwise.report.write import csv_text, markdown
@@ -46,6 +47,8 @@ def render(study: Path, fmt: str) -> str:
     """The study's report in `fmt` (one of FILES), from its results.json; a find-batch search's from its
     find_batch.json (its own --out holds no rows)."""
     if not (study / RESULTS).is_file() and (found := read_find_batch(study)) is not None:
+        if fmt == "json":  # the file as it is (validated above): every key kept, this release's or a later one's
+            return (study / FIND_BATCH).read_text(encoding="utf-8")
         return _find_batch(found[0], found[1], fmt)
     rows = read_results(study, runs=False)  # one ConfigError when STUDY holds no results.json
     settings = read_settings(study)
@@ -63,8 +66,6 @@ def render(study: Path, fmt: str) -> str:
 def _find_batch(result: Any, title: str, fmt: str) -> str:
     if fmt == "html":
         return batch_page(result, title)
-    if fmt == "json":
-        return json.dumps({**result.to_dict(), "title": title}, indent=1)
     cols, rows = batch_cells(result, result.device)
     if fmt == "csv":
         buf = io.StringIO()
@@ -89,7 +90,11 @@ def _title(study: Path, settings: dict) -> str:
 def start(options: ReportOptions, render_to: Render | None = STDERR) -> Written:
     study = Path(options.study)
     batch_only = not (study / RESULTS).is_file() and (study / FIND_BATCH).is_file()
-    if options.estimate and not batch_only:
+    if options.estimate and batch_only:
+        raise ConfigError(f"--estimate: {study} is a find-batch search, whose page already draws its estimate")
+    if options.estimate and options.format != "html":
+        raise ConfigError(f"--estimate draws the estimate on the page: use it with --format html, not {options.format}")
+    if options.estimate:
         estimate(study, Render.of(render_to))
     text = render(study, options.format)
     if options.output == "-":

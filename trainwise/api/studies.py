@@ -10,7 +10,7 @@ from pathlib import Path
 
 from trainwise.advise import Advice, Constraints, needs, pick, with_quality
 from trainwise.advise import advise as rank
-from trainwise.config import TrialSpec
+from trainwise.config import CAUSAL_LM, TrialSpec
 from trainwise.errors import ConfigError
 from trainwise.estimate import calibrate, estimate_plan, largest_batch, runtime_overhead, shape_of
 from trainwise.models import ModelSource, model_config
@@ -123,20 +123,34 @@ def memory_estimates(
     if found is None:
         return {}, [f"{study}: its model cannot be built here (or it has no trial), so nothing is estimated"]
     s, config, overhead = found
+    if s.device == "cuda" and not _has_cuda():
+        return {}, [f"{study} was measured on cuda: its estimate calibrates there, and this machine has no GPU"]
+    target = s.max_length if s.task == CAUSAL_LM else s.max_target_length  # a causal LM: every position may score
     estimates, missed = {}, []
     for row in rows:
         if row.status != "ok" or row.plan is None:
             continue
         plan = TrialPlan.from_dict(row.plan)
+        batch = row.batch_size or s.batch_size  # the global batch: each of --nproc ranks takes its share
         try:
             cal, shape = calibrate(config, s.task, plan, s.device, on_probe), shape_of(config, s.task, plan)
-            batch = row.batch_size or s.batch_size
-            est = estimate_plan(shape, cal, plan, batch, s.max_length, s.max_target_length, s.device, 1, overhead)
-        except ConfigError as e:  # a plan the estimate does not model: said, the others are drawn
+            per_rank = max(1, batch // s.nproc)
+            est = estimate_plan(shape, cal, plan, per_rank, s.max_length, target, s.device, s.nproc, overhead)
+        except ConfigError as e:  # a plan the estimate does not model: said, the other rows are drawn
             missed.append(f"{row.strategy}: {e}")
             continue
-        estimates[row.strategy] = est.to_dict()
+        except (ValueError, ImportError, RuntimeError) as e:  # a package or shape this machine lacks: the same
+            missed.append(f"{row.strategy}: {type(e).__name__}: {e}")
+            continue
+        # what it was made for: the page draws it only beside that row (not one a --replace put in its place)
+        estimates[row.strategy] = {**est.to_dict(), "for_row": {"batch_size": batch, "plan": row.plan}}
     return estimates, missed
+
+
+def _has_cuda() -> bool:
+    import torch  # heavy: torch
+
+    return torch.cuda.is_available()
 
 
 def batch_hints(

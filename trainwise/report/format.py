@@ -330,7 +330,7 @@ def notes(table: list[StudyRow]) -> list[str]:
 def batch_cells(result, device: str | None) -> tuple[list[str], list[list[str]]]:
     """find-batch's table (a find_batch.SearchResult): its headers and each size's cells, for the terminal and the
     page alike. The process's memory is the RSS on a CPU, reserved memory + the CUDA context on a GPU."""
-    process = "reserved+ctx" if device == "cuda" else "RSS"
+    process = {"cuda": "reserved+ctx", "cpu": "RSS"}.get(device or "", "process")
     cols = ["batch", "status", "samples/s", "step time", "tensors", "est. tensors", process, "est. total", "note"]
     rows = [
         [
@@ -351,8 +351,9 @@ def batch_cells(result, device: str | None) -> tuple[list[str], list[list[str]]]
 
 def batch_legend(device: str | None) -> str:
     """What find-batch's memory columns are."""
-    process = "reserved+ctx" if device == "cuda" else "RSS"
-    kind = "reserved memory + CUDA context" if device == "cuda" else "the trial process's peak RSS"
+    process = {"cuda": "reserved+ctx", "cpu": "RSS"}.get(device or "", "process")
+    kinds = {"cuda": "reserved memory + CUDA context", "cpu": "the trial process's peak RSS"}
+    kind = kinds.get(device or "", "the process's memory (RSS on a CPU, reserved + context on a GPU)")
     return (
         "tensors: peak of live tensors, measured (compare's peak mem) and estimated (trainwise estimate's peak); "
         f"{process}: {kind}, what the limit is judged on; est. total: the estimate's tensors + runtime."

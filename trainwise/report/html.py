@@ -388,8 +388,8 @@ def memory_parts(table: list[StudyRow], estimates: dict[str, dict] | None = None
     rows = [e for e in table if e.status == "ok" and e.peak_mem_bytes and e.state_bytes is not None]
     if not rows:
         return None
-    estimates = estimates or {}
-    priced = {e.strategy: estimates[e.strategy] for e in rows if _estimated(estimates.get(e.strategy))}
+    estimates = estimates if isinstance(estimates, dict) else {}
+    priced = {e.strategy: estimates[e.strategy] for e in rows if _estimate_of(e, estimates.get(e.strategy))}
     fig, ax = _figure(8, 0.9 + (0.5 if priced else 0.32) * len(rows))
     state = [(e.state_bytes or 0) / MiB for e in rows]
     rest = [max(0.0, ((e.peak_mem_bytes or 0) - (e.state_bytes or 0)) / MiB) for e in rows]
@@ -432,8 +432,16 @@ def memory_parts(table: list[StudyRow], estimates: dict[str, dict] | None = None
     return "memory", _svg(fig), caption
 
 
-def _estimated(e: dict | None) -> bool:
-    return isinstance(e, dict) and isinstance(e.get("parts"), dict) and isinstance(e.get("peak_bytes"), int | float)
+def _estimate_of(row: StudyRow, e: Any) -> bool:
+    """Whether `e` is an estimate of this row: of its plan at its batch size (estimates.json left from a study that
+    --replace replaced, or an earlier release's, is not drawn beside rows it was not made for)."""
+    if not (isinstance(e, dict) and isinstance(e.get("parts"), dict) and isinstance(e.get("peak_bytes"), int | float)):
+        return False
+    made_for = e["for_row"] if isinstance(e.get("for_row"), dict) else {}
+    plan, batch = made_for.get("plan"), made_for.get("batch_size")
+    return (plan is None or row.plan is None or plan == row.plan) and (
+        batch is None or row.batch_size is None or batch == row.batch_size
+    )
 
 
 def sweep_curve(table: list[StudyRow]) -> tuple[str, str, str] | None:
@@ -506,9 +514,16 @@ def plan_path(plan: dict) -> tuple[str, str, str] | None:
     """A `trainwise plan` search (its plan.json): each candidate in the order tried, its predicted and measured
     time, the incumbent after it, and the plan beside the baseline, the best single row and `all`."""
     search = plan.get("search") or {}
-    tried = [c for c in search.get("candidates") or [] if c.get("predicted_time") is not None]
+    every = [c for c in search.get("candidates") or [] if c.get("predicted_time") is not None]
+    # in the order measured (plan.json keeps them in the order proposed: round 1 proposes every combination of the
+    # rows that helped, most never measured); then those the estimate pruned before they trained
+    ran = [c for c in every if c.get("state") in ("measured", "failed")]
+    if all(c.get("trial") is not None for c in ran):  # a plan.json of an earlier release: its list order
+        ran.sort(key=lambda c: c["trial"])
+    tried = ran + [c for c in every if c.get("state") == "pruned"]
     if not tried:
         return None
+    skipped = len(every) - len(tried)
     lines = {ln["label"]: ln for ln in plan.get("lines") or [] if ln.get("rel_time")}
     fig, ax = _figure(8, 1.4 + 0.34 * len(tried))
     y = list(range(len(tried)))
@@ -529,7 +544,8 @@ def plan_path(plan: dict) -> tuple[str, str, str] | None:
         xs, ys, best = [start], [-0.5], start
         for i, c in enumerate(tried):
             now = best
-            if c.get("measured_time") is not None and c.get("state") == "measured":
+            # only a candidate that met every budget can become the incumbent (`note`: the budget it broke)
+            if c.get("measured_time") is not None and c.get("state") == "measured" and not c.get("note"):
                 now = min(best, 100 * c["measured_time"])
             xs += [best, now]
             ys += [i, i]
@@ -543,8 +559,14 @@ def plan_path(plan: dict) -> tuple[str, str, str] | None:
             ln = lines[label]
             ax.axvline(100 * ln["rel_time"], color=color, lw=1, ls="-" if label == "plan" else "--", zorder=1,
                        label=f"{label}: {ln['row']} ({100 * ln['rel_time']:.0f}%)")  # fmt: skip
-    names = [f"{c.get('round', '?')}: {c['row']}" + ("" if c.get("state") == "measured" else f" ({c.get('state')})")
-             for c in tried]  # fmt: skip
+
+    def name(c: dict) -> str:
+        said = "" if c.get("state") == "measured" else f" ({c.get('state')})"
+        if c.get("state") == "measured" and c.get("note"):
+            said = " (over a budget)"
+        return f"{c['trial']}. {c['row']}{said}" if c.get("trial") else f"{c['row']}{said}"
+
+    names = [name(c) for c in tried]
     ax.set_yticks(y, names, fontsize=7)
     ax.invert_yaxis()
     xs = [*predicted, *(t for _, t in done), *(100 * ln["rel_time"] for ln in lines.values())]
@@ -561,11 +583,13 @@ def plan_path(plan: dict) -> tuple[str, str, str] | None:
     cost = f"{search.get('trials', len(done))} trials in {search.get('rounds', '?')} rounds"
     if search.get("wall_s"):
         cost += f", {search['wall_s']:.0f} s"
+    not_run = f"; {skipped} more proposed, never predicted to beat the incumbent, were not run" if skipped else ""
     caption = (
-        f"How did the plan search get there? Each candidate in the order tried (round: row), top to bottom: the time "
-        f"it was predicted from the rows measured before it (hollow) and the time it measured (filled); the green "
-        f"step is the incumbent after each. The plan beside the baseline, the best single row and `all` ({cost}; "
-        f"stopped: {search.get('stopped') or '-'})."
+        f"How did the plan search get there? Each candidate in the order measured, top to bottom (then those the "
+        f"memory estimate pruned before they trained): the time it was predicted from the rows measured before it "
+        f"(hollow) and the time it measured (filled); the green step is the incumbent, from the best single row, after "
+        f"each. The plan beside the baseline, the best single row and `all` ({cost}; stopped: "
+        f"{search.get('stopped') or '-'}{not_run})."
     )
     return "plan", _svg(fig), caption
 

@@ -34,11 +34,26 @@ PROGRESS = "progress.json"  # how many of the study's trials the reports hold, a
 QUALITY = "quality/quality.json"  # the quality phase's verdicts (its own study is in OUT/quality/)
 ESTIMATES = "estimates.json"  # each row's memory as `trainwise estimate` predicts it (`trainwise report --estimate`)
 PLAN = "plan.json"  # a `trainwise plan` search in this study: the plan, its candidates and reasons
+PLAN_MD = "plan.md"  # the same, as text
 FIND_BATCH = "find_batch.json"  # a `trainwise find-batch` search (its own --out, or a study's)
 MARK = ".trainwise"  # in every --out trainwise writes: what is there is ours to replace
 REPLACED = "replaced"  # OUT/replaced/N/: the reports of a study --replace replaced
 # what a study's report is (its files, and its quality phase's verdicts): kept whole when it is replaced
-REPORTS = (RESULTS, "results.csv", "report.md", "chart.png", PAGE, PROGRESS, STUDY_FILE, QUALITY, ESTIMATES)
+REPORTS = (
+    RESULTS,
+    "results.csv",
+    "report.md",
+    "chart.png",
+    PAGE,
+    PROGRESS,
+    STUDY_FILE,
+    QUALITY,
+    ESTIMATES,
+    PLAN,
+    PLAN_MD,
+)
+# of those, what only the replaced study's rows are about (no run of the new study rewrites them): moved aside
+OF_ITS_ROWS = (ESTIMATES, PLAN, PLAN_MD)
 
 
 def check_ours(out: Path, force: bool) -> None:
@@ -70,6 +85,8 @@ def keep_reports(out: Path) -> Path:
             if (out / name).is_file():
                 (kept / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(out / name, kept / name)
+    for name in OF_ITS_ROWS:  # never drawn beside the new study's rows
+        (out / name).unlink(missing_ok=True)
     return kept
 
 
