@@ -97,6 +97,16 @@ def test_the_search_finds_the_exhaustive_best_with_a_third_of_its_trials_and_bui
     assert [c.trial for c in numbered] == list(range(1, found.trials + 1)) and [c.row for c in numbered] == asked
 
 
+def test_a_combination_given_as_a_row_is_measured_alone_too_so_the_search_can_combine_its_parts():
+    """seed 004's recipe names dynamic_pad+smart_batch as one row; the search starts from single rows."""
+    from trainwise.api.options import PlanOptions
+
+    rows = PlanOptions(strategies="bf16,dynamic_pad+smart_batch,grad_ckpt+smart_batch").compare_options().strategies
+    assert list(rows) == [
+        "baseline", "bf16", "dynamic_pad+smart_batch", "grad_ckpt+smart_batch", "dynamic_pad", "smart_batch", "grad_ckpt"
+    ]  # fmt: skip
+
+
 def test_a_prediction_is_anchored_on_the_largest_subset_measured_as_a_whole():
     single = {"dynamic_pad": 0.45, "smart_batch": 0.3, "bf16": 0.6}
     pair = frozenset({"dynamic_pad", "smart_batch"})

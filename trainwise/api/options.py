@@ -398,6 +398,10 @@ class PlanOptions(CompareOptions):
             # --quality-steps / --seeds are the plan's quality check, not a quality phase of every Pareto row
             values = {k: getattr(self, k) for k in shared if k not in ("quality_steps", "seeds")}
             rows = [r.strip() for r in words(self.strategies)]
+            # the search combines single rows: a combination given (seed 004's dynamic_pad+smart_batch) is measured
+            # as given, and each of its strategies alone too, so the search can combine them with the others
+            parts = [n for r in rows if "+" in r for n in r.split("+")]
+            rows += [n for i, n in enumerate(parts) if n not in rows and n not in parts[:i]]
             # every figure of the search is relative to the baseline: a --strategies list without it still runs it
             values["strategies"] = rows if "baseline" in rows else ["baseline", *rows]
             return CompareOptions(**values)
