@@ -3,6 +3,7 @@ in results and in the table; the arithmetic is checked on made-up samples, the d
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -63,6 +64,22 @@ def test_a_difference_the_others_load_could_explain_is_uncertain_not_a_verdict()
     said = notes([base, *rows.values()])
     assert any(line.startswith("uncertain:") and "r91.0 11%" in line for line in said)
     assert not any("r66.0" in line for line in said if line.startswith("uncertain:"))
+
+
+def test_on_two_cores_the_others_share_lands_on_one_and_the_whole_step_waits_for_it():
+    """seed 004's grad_accum @w2 (BENCHMARKS §S12): 21% of 2 CPUs taken by others, 129% of the baseline while the
+    same row at 0 workers read 85%. Its threads wait for the loaded core at every operator: uncertain, not a
+    verdict (one thread on shared CPUs, s / (1 - s), would have allowed 26%)."""
+    from trainwise.results import StudyRow
+    from trainwise.study.aggregate import _relative, load_bound
+
+    two = {"cpu_count": 2}
+    base = StudyRow("baseline", status="ok", baseline=True, samples_per_s=3.7, other_cpu_share=0.016, env=two)
+    row = StudyRow("grad_accum @w2", status="ok", samples_per_s=2.87, other_cpu_share=0.207, env=two)
+    assert load_bound(row) == pytest.approx(0.414 / 0.586, rel=1e-3)
+    judged = _relative(row, base, 0.104, "")
+    assert judged.uncertain and judged.rel_time == pytest.approx(1.289, rel=1e-3)
+    assert not _relative(dataclasses.replace(row, other_cpu_share=0.02), base, 0.104, "").uncertain
 
 
 def test_no_proc_stat_no_figure():

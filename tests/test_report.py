@@ -247,21 +247,21 @@ def test_report_json_of_a_find_batch_search_is_its_file_as_it_is(tmp_path):
     assert said.returncode == 2 and "already draws its estimate" in said.stderr
 
 
-@pytest.mark.parametrize("fmt", ["html", "md", "csv", "json"])
-def test_report_draws_a_find_batch_search_again_from_its_file(tmp_path, fmt):
+def test_report_draws_a_find_batch_search_again_from_its_file(tmp_path):
+    """Each format in the API (the CLI is the same call: its one run is above)."""
+    from trainwise.api.report import render
+
     out = tmp_path / "fb"
     out.mkdir()
     (out / "find_batch.json").write_text(json.dumps({**demo_batch_search(), "title": "trainwise find-batch: x"}))
-    done = here.trainwise("report", str(out), "--format", fmt, "--output", "-")
-    assert done.returncode == 0, done.stderr
-    if fmt == "json":
-        assert json.loads(done.stdout)["fastest"] == 128
-        return
-    assert "256" in done.stdout and "over_limit" in done.stdout and "128 (fastest)" in done.stdout
-    if fmt in ("html", "md"):
-        assert "trainwise find-batch: x" in done.stdout and "fastest: batch 128" in done.stdout
-    if fmt == "html":
-        assert '<figure id="find-batch">' in done.stdout and not FETCHES.findall(done.stdout)
+    assert json.loads(render(out, "json"))["fastest"] == 128
+    for fmt in ("html", "md", "csv"):
+        text = render(out, fmt)
+        assert "256" in text and "over_limit" in text and "128 (fastest)" in text, fmt
+        if fmt != "csv":
+            assert "trainwise find-batch: x" in text and "fastest: batch 128" in text, fmt
+    page_text = render(out, "html")
+    assert '<figure id="find-batch">' in page_text and not FETCHES.findall(page_text)
 
 
 @pytest.mark.slow

@@ -435,6 +435,12 @@ def main(argv: list[str]) -> int:
         importlib.import_module(name)
     import torch  # heavy: torch (imported by the preload already)
 
+    from trainwise.measure.env import git_commit
+
+    # the commit of the code loaded here (cached): a forked trial runs it, so it reports it, not what HEAD is when it
+    # starts (a study of 27 min recorded the commit made while it ran)
+    git_commit()
+
     # peft imports bitsandbytes when it is installed, and bitsandbytes initialises CUDA when a GPU is visible
     # (an H200, 2026-11-26): the zygote could then fork no child, so there the LoRA trials import peft themselves
     # (a CUDA build only: asking is_available where NVML cannot answer initialises the driver itself)
