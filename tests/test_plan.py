@@ -19,7 +19,7 @@ import trainwise
 from tests import here
 from trainwise import strategies
 from trainwise.errors import ConfigError
-from trainwise.plan import Measured, batch_scale, predict, search, split_row
+from trainwise.plan import Measured, Search, batch_scale, predict, search, split_row
 from trainwise.study.store import read_results, read_trial_keys
 
 from .conftest import tiny_study
@@ -104,6 +104,31 @@ def test_a_combination_given_as_a_row_is_measured_alone_too_so_the_search_can_co
     rows = PlanOptions(strategies="bf16,dynamic_pad+smart_batch,grad_ckpt+smart_batch").compare_options().strategies
     given = ["baseline", "bf16", "dynamic_pad+smart_batch", "grad_ckpt+smart_batch"]
     assert list(rows) == [*given, "dynamic_pad", "smart_batch", "grad_ckpt"]
+
+
+@pytest.mark.parametrize(
+    "verdict, drop, recommended",
+    [("worse", None, False), ("worse", 80.0, True), ("worse", 50.0, False), ("no significant difference", None, True)],
+)
+def test_a_plan_whose_quality_check_finds_a_real_loss_is_not_recommended(verdict, drop, recommended):
+    """seed 003's recipe: bf16+channels_last@bs512 ran 59% of the baseline's time, and over 2 seeds on as many
+    samples (10 optimizer steps against 40) reached 13.7% accuracy against 90.2% (BENCHMARKS §S12)."""
+    from trainwise.api.plan import PlanResult, judge_quality, markdown
+
+    q = {
+        "delta": -76.56,
+        "verdict": verdict,
+        "metric_name": "accuracy",
+        "values": [17.2, 10.2],
+        "steps": 10,
+        "mean": 13.7,
+    }
+    r = PlanResult("s", "bf16+channels_last@bs512", [], [], Search(0.02, None).to_dict(), q, None, [])
+    judge_quality(r, drop)
+    assert (r.plan is not None) is recommended
+    if not recommended:
+        assert "lost 76.56 accuracy" in r.notes[0] and "raise --lr, or pass --no-batch-search" in r.notes[0]
+        assert "**No plan recommended: bf16+channels_last@bs512 lost 76.56" in markdown(r)
 
 
 def test_a_prediction_is_anchored_on_the_largest_subset_measured_as_a_whole():

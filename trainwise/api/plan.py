@@ -22,7 +22,7 @@ from trainwise.api.options import CompareOptions, PlanOptions, words
 from trainwise.api.render import STDERR, Render
 from trainwise.errors import ConfigError
 from trainwise.files import human_bytes, write_atomic
-from trainwise.plan import Candidate, Measured, Search, row_text, search
+from trainwise.plan import Candidate, Measured, Search, row_text, search, split_row
 from trainwise.results import StudyRow
 from trainwise.study.store import PAGE, PLAN, PLAN_MD, Store, write_report
 from trainwise.units import parse_seconds
@@ -164,15 +164,7 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     checked = time.monotonic()
     if options.quality_check and result.plan and result.plan != "baseline":
         result.quality = _quality(options, base, result.plan, render)
-        drop = options.max_quality_drop
-        q = result.quality or {}
-        if drop is not None and q.get("delta") is not None and -q["delta"] > drop and q.get("verdict") == "worse":
-            result.notes.append(
-                f"{result.plan} lost {-q['delta']:.2f} {q.get('metric_name', '')} against the baseline over seeds, "
-                "more "
-                f"than --max-quality-drop {drop:g}: not recommended"
-            )
-            result.plan = None
+        judge_quality(result, options.max_quality_drop)
     result.quality_s = time.monotonic() - checked
     result.search = found.to_dict()
     plan_line = next((ln for ln in result.lines if ln.label == "plan"), None)
@@ -429,12 +421,35 @@ def _quality(options: PlanOptions, base: CompareOptions, row: str, render: Rende
     return mine.to_dict() if mine else None
 
 
+def judge_quality(result: PlanResult, drop: float | None) -> None:
+    """A plan whose quality check found a loss the seeds say is real is not recommended (`result.plan` None, a note
+    says why): beyond --max-quality-drop, or any loss without one."""
+    q = result.quality or {}
+    lost = -q["delta"] if q.get("delta") is not None else None
+    if result.plan is None or lost is None or q.get("verdict") != "worse" or (drop is not None and lost <= drop):
+        return
+    bound = f"more than --max-quality-drop {drop:g}" if drop is not None else "and no --max-quality-drop allows it"
+    said = f"{result.plan} lost {lost:.2f} {q.get('metric_name', '')} against the baseline over seeds, {bound}: "
+    said += "not recommended"
+    if split_row(result.plan)[1]:  # a plan at its own batch: as many samples, fewer optimizer steps
+        said += f" (at batch {split_row(result.plan)[1]} it took fewer optimizer steps on as many samples: raise --lr, "
+        said += "or pass --no-batch-search)"
+    result.notes.append(said)
+    result.plan = None
+
+
+def _no_plan(r: PlanResult) -> str:
+    """Why there is no plan: its quality check rejected the fastest, or nothing beat the baseline."""
+    rejected = next((n for n in r.notes if n.endswith("not recommended") or "not recommended (" in n), None)
+    return f"No plan recommended: {rejected}" if rejected else "No plan beat the baseline."
+
+
 def markdown(r: PlanResult) -> str:
     """OUT/plan.md: the plan, its reasons, the candidates and the search's cost."""
     out = [
         f"# trainwise plan: {r.study}",
         "",
-        f"**Plan: `{r.plan}`**" if r.plan else "**No plan beat the baseline.**",
+        f"**Plan: `{r.plan}`**" if r.plan else f"**{_no_plan(r)}**",
         "",
     ]
     out += ["| | row | time % | mem % | samples/s | peak mem | epoch (s) |", "|---|---|---|---|---|---|---|"]
