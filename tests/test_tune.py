@@ -88,6 +88,19 @@ def test_tune_cli_bad_input_is_one_line(tmp_path, capsys):
     assert not (tmp_path / "t").exists()
 
 
+def test_a_search_whose_every_trial_scored_the_same_says_it_ranked_nothing():
+    """seed 000's recipe: ROUGE-L 0.0 for every trial of a random-init BART after 40 steps."""
+    from trainwise.tune import tie_note
+
+    def trial(v, state="complete"):
+        return {"value": v, "state": state}
+
+    said = tie_note([trial(0.0), trial(0.0), trial(None, "fail")], "random")
+    assert said and "every trial scored the same (0)" in said and "--monitor eval_loss" in said
+    assert "every member" in (tie_note([trial(1.5), trial(1.5)], "pbt") or "")
+    assert tie_note([trial(0.0), trial(0.01)], "random") is None and tie_note([trial(0.0)], "random") is None
+
+
 def test_the_best_so_far_curve_counts_the_compute_of_every_trial():
     import optuna
 

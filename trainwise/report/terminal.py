@@ -285,6 +285,8 @@ def tune_table(result: Any, report: dict, search: str, monitor: str, out_dir: st
         f"best {monitor} {result.best_value} with {json.dumps(result.best_params)}; {spent} optimizer steps spent, "
         f"{result.machine_s:.0f} s of machine time (best-so-far curve in {out_dir}/tune_result.json)"
     )
+    if report.get("tie_note"):
+        say(f"trainwise: warning: {report['tie_note']}", err)
     if report.get("train_command"):
         say(f"train the best {unit}'s settings: {report['train_command']}")
     if report.get("train_command_note"):
