@@ -113,7 +113,7 @@ def test_a_combination_given_as_a_row_is_measured_alone_too_so_the_search_can_co
 def test_a_plan_whose_quality_check_finds_a_real_loss_is_not_recommended(verdict, drop, recommended):
     """seed 003's recipe: bf16+channels_last@bs512 ran 59% of the baseline's time, and over 2 seeds on as many
     samples (10 optimizer steps against 40) reached 13.7% accuracy against 90.2% (BENCHMARKS §S12)."""
-    from trainwise.api.plan import PlanResult, judge_quality, markdown
+    from trainwise.api.plan import Line, PlanResult, judge_quality, markdown
 
     q = {
         "delta": -76.56,
@@ -123,12 +123,15 @@ def test_a_plan_whose_quality_check_finds_a_real_loss_is_not_recommended(verdict
         "steps": 10,
         "mean": 13.7,
     }
-    r = PlanResult("s", "bf16+channels_last@bs512", [], [], Search(0.02, None).to_dict(), q, None, [])
+    lines = [Line("plan", "bf16+channels_last@bs512", 0.59, 1.77, 5318.5, 2.4e7, 0.3)]
+    lines.append(Line("best single row", "channels_last", 0.83, 0.89, 3813.5, 1.2e7, 0.4))
+    r = PlanResult("s", "bf16+channels_last@bs512", lines, [], Search(0.02, None).to_dict(), q, None, [])
     judge_quality(r, drop)
     assert (r.plan is not None) is recommended
     if not recommended:
         assert "lost 76.56 accuracy" in r.notes[0] and "raise --lr, or pass --no-batch-search" in r.notes[0]
         assert "**No plan recommended: bf16+channels_last@bs512 lost 76.56" in markdown(r)
+        assert [ln.label for ln in r.lines] == ["fastest, not recommended", "best single row"]
 
 
 def test_a_prediction_is_anchored_on_the_largest_subset_measured_as_a_whole():
