@@ -34,6 +34,7 @@ from trainwise.models import ModelSource, model_config
 from trainwise.option import option
 from trainwise.report.format import human_bytes
 from trainwise.results import TrialResult
+from trainwise.study.store import FIND_BATCH, PAGE, RESULTS, hold, page_of, read_results, read_settings
 
 
 @dataclass
@@ -342,7 +343,6 @@ def write_outputs(result: SearchResult, out: Path, title: str) -> list[Path]:
     """find_batch.json (the search, read back by `trainwise report`), find_batch.png and report.html (the page: the
     verdict, every size's figures and the curve), each written whole."""
     from trainwise.report.html import batch_page, batch_search_figure, png  # heavy: matplotlib
-    from trainwise.study.store import FIND_BATCH, PAGE, RESULTS, hold, page_of, read_results, read_settings
 
     out.mkdir(parents=True, exist_ok=True)
     data, page = out / FIND_BATCH, out / PAGE

@@ -14,7 +14,8 @@ from typing import Any
 
 from trainwise.api.options import ReportOptions
 from trainwise.api.render import STDERR, Render, probes
-from trainwise.errors import ConfigError
+from trainwise.errors import ConfigError, read_json
+from trainwise.find_batch import SearchResult
 from trainwise.report.format import batch_cells, batch_legend
 from trainwise.report.html import batch_page
 from trainwise.report.write import csv_text, markdown
@@ -25,7 +26,6 @@ from trainwise.study.store import (
     hold,
     page_of,
     partial_note,
-    read_find_batch,
     read_results,
     read_settings,
     write_estimates,
@@ -41,6 +41,19 @@ class Written:
 
     text: str
     path: Path | None
+
+
+def read_find_batch(out: Path):
+    """A find-batch search written in `out` (find_batch.json), typed, with the title it was written with; None
+    when there is none (ConfigError when the file is not one)."""
+    path = out / FIND_BATCH
+    if not path.is_file():
+        return None
+    data = read_json(path, "a trainwise find-batch file")
+    try:
+        return SearchResult.from_dict(data), str(data.get("title") or f"trainwise find-batch: {out.resolve().name}")
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise ConfigError(f"{path}: not a trainwise find-batch file (expected points and limit_bytes)") from None
 
 
 def render(study: Path, fmt: str) -> str:

@@ -365,21 +365,6 @@ def write_estimates(out: Path, estimates: dict[str, dict]) -> Path:
     return out / ESTIMATES
 
 
-def read_find_batch(out: Path):
-    """A find-batch search written in `out` (find_batch.json), typed, with the title it was written with; None
-    when there is none (ConfigError when the file is not one)."""
-    from trainwise.find_batch import SearchResult  # heavy: trainwise.find_batch loads the estimate
-
-    path = out / FIND_BATCH
-    if not path.is_file():
-        return None
-    data = read_json(path, "a trainwise find-batch file")
-    try:
-        return SearchResult.from_dict(data), str(data.get("title") or f"trainwise find-batch: {out.resolve().name}")
-    except (KeyError, TypeError, ValueError, AttributeError):
-        raise ConfigError(f"{path}: not a trainwise find-batch file (expected points and limit_bytes)") from None
-
-
 def rows_of(payload: Any) -> Any:
     """A results.json's rows: its `rows` beside the `study` settings, or the bare list a study wrote
     before the settings were stored; anything else is returned whole for the caller to refuse."""
