@@ -46,8 +46,9 @@ def test_windows_taken_apart_are_judged_as_one():
 
 
 def test_a_difference_the_others_load_could_explain_is_uncertain_not_a_verdict():
-    """11% of the CPUs taken (under the 25% flag) can slow a step by 12%: a row at 110% is uncertain, one at
-    150% is not; a row at 90% on a quiet machine is judged as measured."""
+    """11% of the CPUs taken (under the 25% flag) can slow a one-thread step by 12%: a row at 110% is uncertain,
+    one at 150% is not; a row at 90% on a quiet machine is judged as measured. (Rows that record no threads: the
+    step's threads on two CPUs, below.)"""
     from trainwise.report.format import _time_cell, notes
     from trainwise.results import StudyRow
     from trainwise.study.aggregate import _relative
@@ -73,13 +74,17 @@ def test_on_two_cores_the_others_share_lands_on_one_and_the_whole_step_waits_for
     from trainwise.results import StudyRow
     from trainwise.study.aggregate import _relative, load_bound
 
-    two = {"cpu_count": 2}
+    two = {"device": "cpu", "cpu_count": 2, "torch_threads": 2}
     base = StudyRow("baseline", status="ok", baseline=True, samples_per_s=3.7, other_cpu_share=0.016, env=two)
     row = StudyRow("grad_accum @w2", status="ok", samples_per_s=2.87, other_cpu_share=0.207, env=two)
     assert load_bound(row) == pytest.approx(0.414 / 0.586, rel=1e-3)
     judged = _relative(row, base, 0.104, "")
     assert judged.uncertain and judged.rel_time == pytest.approx(1.289, rel=1e-3)
     assert not _relative(dataclasses.replace(row, other_cpu_share=0.02), base, 0.104, "").uncertain
+    # a one-thread trial on the same 2 CPUs, and a GPU trial, wait on one core only: the share alone
+    one = dataclasses.replace(row, env={**two, "torch_threads": 1})
+    gpu = dataclasses.replace(row, env={**two, "device": "cuda"})
+    assert load_bound(one) == load_bound(gpu) == pytest.approx(0.207 / 0.793, rel=1e-3)
 
 
 def test_no_proc_stat_no_figure():

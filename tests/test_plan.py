@@ -101,9 +101,10 @@ def test_a_combination_given_as_a_row_is_measured_alone_too_so_the_search_can_co
     """seed 004's recipe names dynamic_pad+smart_batch as one row; the search starts from single rows."""
     from trainwise.api.options import PlanOptions
 
-    rows = PlanOptions(strategies="bf16,dynamic_pad+smart_batch,grad_ckpt+smart_batch").compare_options().strategies
-    given = ["baseline", "bf16", "dynamic_pad+smart_batch", "grad_ckpt+smart_batch"]
-    assert list(rows) == [*given, "dynamic_pad", "smart_batch", "grad_ckpt"]
+    given = "bf16,dynamic_pad+smart_batch,grad_ckpt + smart_batch@bs16"
+    rows = PlanOptions(strategies=given).compare_options().strategies
+    first = ["baseline", "bf16", "dynamic_pad+smart_batch", "grad_ckpt + smart_batch@bs16"]
+    assert list(rows) == [*first, "dynamic_pad", "smart_batch", "grad_ckpt"]
 
 
 @pytest.mark.parametrize(
@@ -125,13 +126,17 @@ def test_a_plan_whose_quality_check_finds_a_real_loss_is_not_recommended(verdict
     }
     lines = [Line("plan", "bf16+channels_last@bs512", 0.59, 1.77, 5318.5, 2.4e7, 0.3)]
     lines.append(Line("best single row", "channels_last", 0.83, 0.89, 3813.5, 1.2e7, 0.4))
-    r = PlanResult("s", "bf16+channels_last@bs512", lines, [], Search(0.02, None).to_dict(), q, None, [])
+    commands = ["trainwise train --plan s --strategies bf16+channels_last@bs512 --out runs/train"]
+    r = PlanResult("s", "bf16+channels_last@bs512", lines, [], Search(0.02, None).to_dict(), q, None, commands)
     judge_quality(r, drop)
     assert (r.plan is not None) is recommended
     if not recommended:
         assert "lost 76.56 accuracy" in r.notes[0] and "raise --lr, or pass --no-batch-search" in r.notes[0]
         assert "**No plan recommended: bf16+channels_last@bs512 lost 76.56" in markdown(r)
         assert [ln.label for ln in r.lines] == ["fastest, not recommended", "best single row"]
+        assert r.commands == [] and "Carry it out" not in markdown(r)
+    else:
+        assert r.commands == commands
 
 
 def test_a_prediction_is_anchored_on_the_largest_subset_measured_as_a_whole():

@@ -172,7 +172,7 @@ def test_a_plan_search_is_drawn_as_its_path_predicted_against_measured():
     for said in ("predicted", "measured", "incumbent", "best single row: smart_batch (26%)", "all: all (46%)"):
         assert said in drawn, said
     assert "plan: smart_batch@bs64 (7%)" in drawn and "7 trials in 4 rounds, 236 s" in drawn
-    assert "1 more proposed were not run" in drawn and "beside the baseline, the best single row, `all` (" in drawn
+    assert "1 more proposed were not run" in drawn and "beside the baseline, the best single row and `all` (" in drawn
     assert '<figure id="plan">' not in page.report_html(demo_rows(), "t", plan={"search": {}}), "nothing tried"
 
 

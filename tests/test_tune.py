@@ -99,6 +99,8 @@ def test_a_search_whose_every_trial_scored_the_same_says_it_ranked_nothing():
     assert said and "every trial scored the same (0)" in said and "--monitor eval_loss" in said
     assert "every member" in (tie_note([trial(1.5), trial(1.5)], "pbt") or "")
     assert tie_note([trial(0.0), trial(0.01)], "random") is None and tie_note([trial(0.0)], "random") is None
+    already = tie_note([trial(6.9), trial(6.9)], "random", "eval_loss") or ""
+    assert "--monitor eval_loss" not in already and "train longer" in already
 
 
 def test_the_best_so_far_curve_counts_the_compute_of_every_trial():

@@ -375,17 +375,18 @@ def best_train_command(
     return train_command(run, train_out(out, f"{out.name}-best")), "; ".join(notes) or None
 
 
-def tie_note(trials: list[dict], search: str) -> str | None:
+def tie_note(trials: list[dict], search: str, monitor: str | None = None) -> str | None:
     """A line when every finished trial scored the same value: the monitor cannot rank them, and the "best" is only
     the first (seed 000's recipe: ROUGE-L 0.0 for each of 8 trials of a random-init BART after 40 steps)."""
     values = [t["value"] for t in trials if t["state"] == "complete" and t["value"] is not None]
     if len(values) < 2 or max(values) - min(values) > 1e-9 * max(1.0, abs(max(values))):
         return None
     unit = "member" if search == "pbt" else "trial"
-    return (
-        f"every {unit} scored the same ({values[0]:g}), so the monitor cannot rank them and the best is only the "
-        f"first: pass --monitor eval_loss (the validation loss moves from the first steps), or train longer"
-    )
+    hint = "train longer, or widen the space" if monitor == "eval_loss" else (
+        "pass --monitor eval_loss (the validation loss moves from the first steps), or train longer"
+    )  # fmt: skip
+    said = f"every {unit} scored the same ({values[0]:g}), so the monitor cannot rank them and the best is the first"
+    return f"{said}: {hint}"
 
 
 def shown(values: dict) -> str:
@@ -444,7 +445,7 @@ def _search(
         }
     if (command := best_train_command(spec, result, cfg, origin, out)) is not None:
         report["train_command"], report["train_command_note"] = command
-    if (tied := tie_note(result.trials, cfg.search)) is not None:
+    if (tied := tie_note(result.trials, cfg.search, cfg.monitor)) is not None:
         report["tie_note"] = tied
     write_atomic(out / "tune_result.json", json.dumps(report, indent=1))
     return result, report

@@ -400,7 +400,8 @@ class PlanOptions(CompareOptions):
             rows = [r.strip() for r in words(self.strategies)]
             # the search combines single rows: a combination given (seed 004's dynamic_pad+smart_batch) is measured
             # as given, and each of its strategies alone too, so the search can combine them with the others
-            parts = [n for r in rows if "+" in r for n in r.split("+")]
+            parts = [n.strip() for r in rows if "+" in r for n in r.partition("@bs")[0].split("+")]
+            parts = [n for n in parts if n and n != "baseline"]
             rows += [n for i, n in enumerate(parts) if n not in rows and n not in parts[:i]]
             # every figure of the search is relative to the baseline: a --strategies list without it still runs it
             values["strategies"] = rows if "baseline" in rows else ["baseline", *rows]

@@ -435,6 +435,7 @@ def judge_quality(result: PlanResult, drop: float | None) -> None:
         said += f" (at batch {split_row(result.plan)[1]} it took fewer optimizer steps on as many samples: raise --lr, "
         said += "or pass --no-batch-search)"
     result.notes.append(said)
+    result.commands = []  # nothing to carry out: the export and train commands were the rejected row's
     result.lines = [
         dataclasses.replace(ln, label="fastest, not recommended") if ln.label == "plan" else ln for ln in result.lines
     ]

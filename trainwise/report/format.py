@@ -232,9 +232,9 @@ def notes(table: list[StudyRow]) -> list[str]:
     if uncertain:
         lines.append(
             "uncertain: other processes used the CPUs while these rows or the baseline were timed (under the "
-            "share that flags a trial as loaded), enough to explain their difference from the baseline (a step "
-            "sharing the CPUs with others taking a share s of them runs up to s/(1-s) longer); no verdict on "
-            "their time %, run them again on a quiet machine: "
+            "share that flags a trial as loaded), enough to explain their difference from the baseline (a step's "
+            "threads wait for the most loaded core: others taking a share s of n CPUs, on one core, make it up to "
+            "c/(1-c) longer, c = s x n); no verdict on their time %, run them again on a quiet machine: "
             + ", ".join(
                 f"{e.strategy} {_pct(max(e.other_cpu_share or 0.0, (base.other_cpu_share or 0.0) if base else 0.0))}"
                 " of the CPUs"

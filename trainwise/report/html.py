@@ -585,12 +585,18 @@ def plan_path(plan: dict) -> tuple[str, str, str] | None:
         cost += f", {search['wall_s']:.0f} s"
     not_run = f"; {skipped} more proposed were not run" if skipped else ""
     said = {"baseline": "the baseline", "best single row": "the best single row", "all": "`all`"}
-    beside = ", ".join(words for label, words in said.items() if label in lines)
+    named = [words for label, words in said.items() if label in lines]
+    beside = " and ".join([", ".join(named[:-1]), named[-1]] if len(named) > 1 else named)
+    ending = (
+        f"The plan beside {beside or 'nothing else'}"
+        if "plan" in lines
+        else f"No plan was recommended (plan.md says why); beside {beside or 'nothing else'}"
+    )
     caption = (
         f"How did the plan search get there? Each candidate in the order measured, top to bottom (then those the "
         f"memory estimate pruned before they trained): the time it was predicted from the rows measured before it "
         f"(hollow) and the time it measured (filled); the green step is the incumbent, from the best single row, after "
-        f"each. The plan beside {beside or 'nothing else'} ({cost}; stopped: "
+        f"each. {ending} ({cost}; stopped: "
         f"{search.get('stopped') or '-'}{not_run})."
     )
     return "plan", _svg(fig), caption

@@ -130,14 +130,24 @@ def aggregate(cells: list[Cell], trials: Trials) -> list[StudyRow]:
 
 def load_bound(*rows: StudyRow) -> float:
     """How much slower other processes could have made a step of these rows, relative. A step's threads meet at
-    every operator, so it runs at the pace of its most loaded core: others taking a share s of n CPUs, all on one
-    core, take c = s * n of it, and the step runs up to c / (1 - c) longer (11% of 2 cores: 28%; 21%: 71%; under
-    the 25% that flags a trial `contended`). Measured on 2 cores (BENCHMARKS §S12, seed 004): 21% slowed a step
-    1.52x and 39% 2.08x, where s / (1 - s), the bound of one thread on shared CPUs, allowed 1.26x and 1.64x."""
+    every operator, so it runs at the pace of its most loaded core: others taking a share s of n CPUs (n: the
+    step's threads), all on one core, take c = s * n of it, and the step runs up to c / (1 - c) longer (11% of 2:
+    28%; 21%: 71%; under the 25% that flags a trial `contended`). Measured on 2 cores (BENCHMARKS §S12, seed
+    004): 21% slowed a step 1.52x and 39% 2.08x, where s / (1 - s), the bound of one thread on shared CPUs, allowed
+    1.26x and 1.64x."""
     share = max((r.other_cpu_share or 0.0) + (r.steal_share or 0.0) for r in rows)
-    cpus = max(int((r.env or {}).get("cpu_count") or 1) for r in rows)
-    core = min(share * cpus, 0.99)
+    core = min(share * max(_threads(r) for r in rows), 0.99)
     return core / (1 - core)
+
+
+def _threads(row: StudyRow) -> int:
+    """The CPUs a row's step waits on: its torch threads (at most the machine's CPUs) for a CPU trial; one for a GPU
+    trial, whose step is not a CPU barrier (the share alone, as before); one where the row does not say."""
+    env = row.env or {}
+    if env.get("device") not in (None, "cpu"):
+        return 1
+    cpus, threads = int(env.get("cpu_count") or 1), int(env.get("torch_threads") or env.get("cpu_count") or 1)
+    return max(1, min(cpus, threads))
 
 
 def _relative(e: StudyRow, base: StudyRow | None, floor: float | None, source: str) -> StudyRow:
