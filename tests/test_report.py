@@ -231,7 +231,7 @@ def test_a_study_page_draws_what_its_directory_holds_beside_the_rows(tmp_path):
     assert "estimated: state" in text and "fastest: 128" in text
     (tmp_path / "plan.json").write_text("{not json")
     text = page_of(tmp_path, demo_rows(), "t", {})
-    assert "Not drawn: plan_path" in text and '<figure id="find-batch">' in text
+    assert "Not drawn: plan.json: JSONDecodeError" in text and '<figure id="find-batch">' in text
 
 
 def test_report_json_of_a_find_batch_search_is_its_file_as_it_is(tmp_path):

@@ -531,6 +531,12 @@ def runtime_overhead(device: str) -> int:
     return rss_bytes()  # this process has imported torch + transformers, as a trial does
 
 
+def target_length(task: str, max_length: int, max_target_length: int) -> int:
+    """The target length the estimate prices a trial's rows at: a causal LM's every position may score (its
+    --max-length, as EstimateConfig sets it), a seq2seq's labels are --max-target-length long."""
+    return max_length if task == CAUSAL_LM else max_target_length
+
+
 def estimate_plan(
     s: Shape,
     cal: Calibration,

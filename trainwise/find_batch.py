@@ -24,9 +24,9 @@ from typing import Any
 import psutil
 
 from trainwise import strategies
-from trainwise.config import CAUSAL_LM, StudyConfig
+from trainwise.config import StudyConfig
 from trainwise.errors import ConfigError
-from trainwise.estimate import calibrate, estimate_plan, runtime_overhead, shape_of
+from trainwise.estimate import calibrate, estimate_plan, runtime_overhead, shape_of, target_length
 from trainwise.events import Event, Step
 from trainwise.files import write_atomic, writing
 from trainwise.measure.memory import CUDA_CONTEXT_BYTES
@@ -213,6 +213,7 @@ def search(
         fastest=max(ok, key=lambda p: p.samples_per_s or 0).batch_size if ok else None,
         limit_bytes=limit,
         tied=ties(ordered),
+        device=device,
     )
 
 
@@ -314,7 +315,7 @@ def find_batch(
             base.plan,
             b,
             s.max_length,
-            s.max_length if s.task == CAUSAL_LM else s.max_target_length,  # a causal LM: every position may score
+            target_length(s.task, s.max_length, s.max_target_length),
             s.device,
             overhead=model_state["overhead"],
         )
@@ -334,7 +335,6 @@ def find_batch(
         return r
 
     result = search(usable, limit, run, s.device, estimate_of, fb.refine, multiple_of=accum)
-    result.device = s.device
     title = f"trainwise find-batch: {s.model_label} / {row.text} / {s.device}, limit {human_bytes(limit)}"
     return FindBatchReport(title, result, write_outputs(result, prepared.out, title), s.device, too_big, s.n_train)
 

@@ -56,18 +56,20 @@ def run(
                 wandb.log(lambda: tracking.log_trials(prepared.out, so_far))
 
         trials = run_study(prepared, launch, on_event, on_done, write)
-    done = report(prepared, trials, price, quality_phase, page=True)
+    # the page is drawn once, when everything it shows is there: after the quality phase when the study has one
+    done = report(prepared, trials, price, quality_phase, page=quality_phase is None)
     if wandb is not None:  # the trials stored before (a resumed study's, or a killed one's), and the table
         wandb.log(lambda: tracking.log_trials(prepared.out, trials))
         wandb.log(lambda: _log_table(prepared.out, done, wandb.logged > 0))
     render.table(done)
     check_some_ok(done.table)
     if quality_phase is not None:
-        run_quality(cfg, done.table, *quality_phase, launch, render.progress, render.quality)
         from trainwise.api.report import render as draw  # heavy: the page's figures (matplotlib)
 
-        page = prepared.out / PAGE  # drawn again with the quality phase's figure
-        write_report(prepared.out, page, draw(prepared.out, "html"))
+        try:
+            run_quality(cfg, done.table, *quality_phase, launch, render.progress, render.quality)
+        finally:  # a quality phase that fails or is interrupted still leaves the speed study's page
+            write_report(prepared.out, prepared.out / PAGE, draw(prepared.out, "html"))
     return Study(prepared.out)
 
 

@@ -59,6 +59,7 @@ class PlanResult:
     notes: list[str] = field(default_factory=list)
     singles_s: float = 0.0  # wall time of the single rows (run, or read back from the store)
     quality_s: float = 0.0  # wall time of the quality check
+    rejected: str | None = None  # why the fastest row is not the plan: its quality check found a real loss
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -222,21 +223,16 @@ def memory_of(out: Path, budget: int | None, accum: int, order: list[str]):
     if budget is None:
         return nothing
     # heavy: the estimate builds the model on the meta device (torch, transformers)
-    from trainwise.api.studies import estimate_basis
-    from trainwise.estimate import calibrate, estimate_plan, shape_of
+    from trainwise.api.studies import estimate_basis, price
 
     found = estimate_basis(out)
     if found is None:
         return nothing
-    s, config, overhead = found
 
     def of(names: frozenset[str], batch: int | None = None) -> tuple[float | None, str | None]:
         plan = strategies.parse_row("+".join(sorted(names, key=order.index)), accum).plan
         try:
-            cal, shape = calibrate(config, s.task, plan, s.device), shape_of(config, s.task, plan)
-            est = estimate_plan(
-                shape, cal, plan, batch or s.batch_size, s.max_length, s.max_target_length, s.device, 1, overhead
-            )
+            est = price(found, plan, batch or found[0].batch_size)
         except ConfigError:  # a plan the estimate does not model: measured, not pruned
             return None, None
         need = est.peak_bytes + est.overhead_bytes
@@ -435,6 +431,7 @@ def judge_quality(result: PlanResult, drop: float | None) -> None:
         said += f" (at batch {split_row(result.plan)[1]} it took fewer optimizer steps on as many samples: raise --lr, "
         said += "or pass --no-batch-search)"
     result.notes.append(said)
+    result.rejected = said
     result.commands = []  # nothing to carry out: the export and train commands were the rejected row's
     result.lines = [
         dataclasses.replace(ln, label="fastest, not recommended") if ln.label == "plan" else ln for ln in result.lines
@@ -442,18 +439,16 @@ def judge_quality(result: PlanResult, drop: float | None) -> None:
     result.plan = None
 
 
-def _no_plan(r: PlanResult) -> str:
-    """Why there is no plan: its quality check rejected the fastest, or nothing beat the baseline."""
-    rejected = next((n for n in r.notes if n.endswith("not recommended") or "not recommended (" in n), None)
-    return f"No plan recommended: {rejected}" if rejected else "No plan beat the baseline."
-
-
 def markdown(r: PlanResult) -> str:
     """OUT/plan.md: the plan, its reasons, the candidates and the search's cost."""
     out = [
         f"# trainwise plan: {r.study}",
         "",
-        f"**Plan: `{r.plan}`**" if r.plan else f"**{_no_plan(r)}**",
+        f"**Plan: `{r.plan}`**"
+        if r.plan
+        else f"**No plan recommended: {r.rejected}**"
+        if r.rejected
+        else ("**No plan beat the baseline.**"),
         "",
     ]
     out += ["| | row | time % | mem % | samples/s | peak mem | epoch (s) |", "|---|---|---|---|---|---|---|"]

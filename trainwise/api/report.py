@@ -79,14 +79,14 @@ def render(study: Path, fmt: str) -> str:
 def _find_batch(result: Any, title: str, fmt: str) -> str:
     if fmt == "html":
         return batch_page(result, title)
-    cols, rows = batch_cells(result, result.device)
+    cols, rows = batch_cells(result)
     if fmt == "csv":
         buf = io.StringIO()
         csv.writer(buf, lineterminator="\n").writerows([cols, *rows])
         return buf.getvalue()
     lines = [f"# {title}", "", f"**{result.verdict()}**", "", "| " + " | ".join(cols) + " |"]
     lines += ["|" + "---|" * len(cols), *("| " + " | ".join(r) + " |" for r in rows)]
-    lines += ["", f"- {batch_legend(result.device)}"]
+    lines += ["", f"- {batch_legend(result)}"]
     return "\n".join(lines) + "\n"
 
 

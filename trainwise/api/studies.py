@@ -10,9 +10,17 @@ from pathlib import Path
 
 from trainwise.advise import Advice, Constraints, needs, pick, with_quality
 from trainwise.advise import advise as rank
-from trainwise.config import CAUSAL_LM, TrialSpec
+from trainwise.config import TrialSpec
 from trainwise.errors import ConfigError
-from trainwise.estimate import calibrate, estimate_plan, largest_batch, runtime_overhead, shape_of
+from trainwise.estimate import (
+    MemoryEstimate,
+    calibrate,
+    estimate_plan,
+    largest_batch,
+    runtime_overhead,
+    shape_of,
+    target_length,
+)
 from trainwise.models import ModelSource, model_config
 from trainwise.results import StudyRow
 from trainwise.strategies.plan import TrialPlan
@@ -112,30 +120,35 @@ def estimate_basis(study: Path):
     return s, config, runtime_overhead(s.device)
 
 
+def price(found, plan: TrialPlan, batch: int, on_probe: Callable[[int, int], None] | None = None) -> MemoryEstimate:
+    """`trainwise estimate` of a plan of a study (`estimate_basis`'s settings, config and overhead) at a global batch
+    size: each of the study's --nproc ranks takes its share, at the study's lengths (ConfigError: a plan the
+    estimate does not model). Calibrates once per knob set (cached)."""
+    s, config, overhead = found
+    cal, shape = calibrate(config, s.task, plan, s.device, on_probe), shape_of(config, s.task, plan)
+    target = target_length(s.task, s.max_length, s.max_target_length)
+    per_rank = max(1, batch // s.nproc)
+    return estimate_plan(shape, cal, plan, per_rank, s.max_length, target, s.device, s.nproc, overhead)
+
+
 def memory_estimates(
     study: Path, rows: list[StudyRow], on_probe: Callable[[int, int], None] | None = None
 ) -> tuple[dict[str, dict], list[str]]:
     """Each ok row's memory as `trainwise estimate` predicts it (row -> MemoryEstimate as a dict), at the row's own
-    batch size and the study's lengths, on its model and device; and a line per row it could not price. Calibrates
-    once per knob set (cached, so a second call is cheap). Nothing when the study's model cannot be built here (a
-    hub id offline): the one line says so."""
+    batch size and the study's lengths, on its model and device; and a line per row it could not price. Nothing
+    when the study's model cannot be built here (a hub id offline): the one line says so."""
     found = estimate_basis(study)
     if found is None:
         return {}, [f"{study}: its model cannot be built here (or it has no trial), so nothing is estimated"]
-    s, config, overhead = found
-    if s.device == "cuda" and not _has_cuda():
+    if found[0].device == "cuda" and not _has_cuda():
         return {}, [f"{study} was measured on cuda: its estimate calibrates there, and this machine has no GPU"]
-    target = s.max_length if s.task == CAUSAL_LM else s.max_target_length  # a causal LM: every position may score
     estimates, missed = {}, []
     for row in rows:
         if row.status != "ok" or row.plan is None:
             continue
-        plan = TrialPlan.from_dict(row.plan)
-        batch = row.batch_size or s.batch_size  # the global batch: each of --nproc ranks takes its share
+        batch = row.batch_size or found[0].batch_size
         try:
-            cal, shape = calibrate(config, s.task, plan, s.device, on_probe), shape_of(config, s.task, plan)
-            per_rank = max(1, batch // s.nproc)
-            est = estimate_plan(shape, cal, plan, per_rank, s.max_length, target, s.device, s.nproc, overhead)
+            est = price(found, TrialPlan.from_dict(row.plan), batch, on_probe)
         except ConfigError as e:  # a plan the estimate does not model: said, the other rows are drawn
             missed.append(f"{row.strategy}: {e}")
             continue
@@ -163,11 +176,12 @@ def batch_hints(
     if found is None:
         return {}
     s, config, overhead = found
+    target = target_length(s.task, s.max_length, s.max_target_length)
 
     def estimate_of(plan: TrialPlan):
-        cal, shape = calibrate(config, s.task, plan, s.device, on_probe), shape_of(config, s.task, plan)
-        peak = estimate_plan(shape, cal, plan, s.batch_size, s.max_length, s.max_target_length, s.device, 1, overhead)
-        fits = largest_batch(shape, cal, plan, budget, s.max_length, s.max_target_length, s.device, overhead)
+        peak = price(found, plan, s.batch_size, on_probe)
+        cal, shape = calibrate(config, s.task, plan, s.device, on_probe), shape_of(config, s.task, plan)  # cached
+        fits = largest_batch(shape, cal, plan, budget, s.max_length, target, s.device, overhead)
         return peak.peak_bytes, fits
 
     def measured_fit(row: StudyRow | None) -> bool:  # a row measured within the budget at the study's batch

@@ -327,10 +327,16 @@ def notes(table: list[StudyRow]) -> list[str]:
     return lines
 
 
-def batch_cells(result, device: str | None) -> tuple[list[str], list[list[str]]]:
-    """find-batch's table (a find_batch.SearchResult): its headers and each size's cells, for the terminal and the
-    page alike. The process's memory is the RSS on a CPU, reserved memory + the CUDA context on a GPU."""
-    process = {"cuda": "reserved+ctx", "cpu": "RSS"}.get(device or "", "process")
+# find-batch's process memory column: what the limit is judged on, by device (a search written before the device was
+# recorded: either)
+PROCESS = {"cuda": ("reserved+ctx", "reserved memory + CUDA context"), "cpu": ("RSS", "the trial process's peak RSS")}
+EITHER = ("process", "the process's memory (RSS on a CPU, reserved + context on a GPU)")
+
+
+def batch_cells(result) -> tuple[list[str], list[list[str]]]:
+    """find-batch's table (a find_batch.SearchResult): its headers and each size's cells, for the terminal, the page
+    and report.md alike."""
+    process = PROCESS.get(result.device or "", EITHER)[0]
     cols = ["batch", "status", "samples/s", "step time", "tensors", "est. tensors", process, "est. total", "note"]
     rows = [
         [
@@ -349,11 +355,9 @@ def batch_cells(result, device: str | None) -> tuple[list[str], list[list[str]]]
     return cols, rows
 
 
-def batch_legend(device: str | None) -> str:
+def batch_legend(result) -> str:
     """What find-batch's memory columns are."""
-    process = {"cuda": "reserved+ctx", "cpu": "RSS"}.get(device or "", "process")
-    kinds = {"cuda": "reserved memory + CUDA context", "cpu": "the trial process's peak RSS"}
-    kind = kinds.get(device or "", "the process's memory (RSS on a CPU, reserved + context on a GPU)")
+    process, kind = PROCESS.get(result.device or "", EITHER)
     return (
         "tensors: peak of live tensors, measured (compare's peak mem) and estimated (trainwise estimate's peak); "
         f"{process}: {kind}, what the limit is judged on; est. total: the estimate's tensors + runtime."

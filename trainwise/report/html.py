@@ -47,21 +47,20 @@ def report_html(
     estimates: dict[str, dict] | None = None,
     plan: dict | None = None,
     batch_search: dict | None = None,
+    not_read: list[str] | None = None,
 ) -> str:
     """The page: its settings, table, notes and figures (those the study has the figures for). Beside the rows,
     what else the study's directory holds is drawn when given: the quality phase's `verdicts`, the memory
     `estimates` of its rows (row -> `trainwise estimate`'s MemoryEstimate as a dict: `trainwise report --estimate`
-    writes them), a `plan` search (plan.json) and a `batch_search` (find-batch's find_batch.json)."""
+    writes them), a `plan` search (plan.json) and a `batch_search` (find-batch's find_batch.json); `not_read`: a
+    line for each such file that could not be read, said under the figures."""
     parts = [f"<h1>{_e(title)}</h1>"]
     if partial:
         parts.append(f'<p class="partial">{_e(partial)}</p>')
     parts += _settings(study)
-    parts += ["<h2>Results</h2>", _table(table)]
+    rows = table_cells(table)
+    parts += ["<h2>Results</h2>", _html_table(headers(table), rows, ["baseline" if e.baseline else "" for e in table])]
     parts += ["<ul>", *[f"<li>{_e(n)}</li>" for n in notes(table)], "</ul>"]
-    figures, failed = [], []
-    if _unreadable(estimates):  # the measured memory is drawn all the same
-        failed.append(f"the estimates: {estimates['unreadable']}")  # type: ignore[index]
-        estimates = None
     makers: list[tuple[str, Callable[[], tuple[str, str, str] | None]]] = [
         (make.__name__, functools.partial(make, table)) for make in FIGURES
     ]
@@ -69,60 +68,57 @@ def report_html(
     if verdicts is not None:
         makers.append(("quality_seeds", functools.partial(quality_seeds, verdicts)))
     if plan is not None:
-        makers.append(("plan_path", functools.partial(_drawn_from, plan_path, plan)))
+        makers.append(("plan_path", functools.partial(plan_path, plan)))
     if batch_search is not None:
-        makers.append(("batch_search", functools.partial(_drawn_from, batch_search_curve, batch_search)))
+        makers.append(("batch_search", functools.partial(batch_search_curve, batch_search)))
+    return _page(title, parts + _figures(makers, not_read or []))
+
+
+def _figures(makers: list[tuple[str, Callable[[], tuple[str, str, str] | None]]], failed: list[str]) -> list[str]:
+    """The figures section: each maker's figure with its caption; one that cannot be drawn, and each line in
+    `failed` (a file that could not be read), said as such, never the loss of the page."""
+    figures, failed = [], list(failed)
     for name, draw in makers:
         try:
             if (drawn := draw()) is not None:
                 figures.append(drawn)
         except Exception as e:  # a figure that cannot be drawn is said, never the loss of the study's report
             failed.append(f"{name}: {type(e).__name__}: {e}")
-    if figures or failed:
-        parts.append("<h2>Figures</h2>")
-        for name, svg, caption in figures:
-            parts.append(f'<figure id="{name}">{svg}<figcaption>{_e(caption)}</figcaption></figure>')
-        parts += [f"<p>Not drawn: {_e(line)}</p>" for line in failed]
-    return _page(title, parts)
-
-
-def _unreadable(data: Any) -> bool:
-    """A file beside the rows that could not be read (trainwise.study.store says so as {"unreadable": why})."""
-    return isinstance(data, dict) and set(data) == {"unreadable"}
-
-
-def _drawn_from(make: Callable[[dict], tuple[str, str, str] | None], data: dict) -> tuple[str, str, str] | None:
-    if _unreadable(data):
-        raise ValueError(data["unreadable"])
-    return make(data)
+    if not (figures or failed):
+        return []
+    parts = ["<h2>Figures</h2>"]
+    parts += [
+        f'<figure id="{name}">{svg}<figcaption>{_e(caption)}</figcaption></figure>' for name, svg, caption in figures
+    ]
+    return parts + [f"<p>Not drawn: {_e(line)}</p>" for line in failed]
 
 
 def batch_page(result: Any, title: str) -> str:
     """find-batch's page (a find_batch.SearchResult): the verdict, every size's figures and the curve."""
-    cols, rows = batch_cells(result, result.device)
-    head = "".join(f"<th>{_e(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows)
+    cols, rows = batch_cells(result)
     parts = [
         f"<h1>{_e(title)}</h1>",
         f"<p><strong>{_e(result.verdict())}</strong></p>",
         "<h2>Every size looked at</h2>",
-        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>",
-        f"<ul><li>{_e(batch_legend(result.device))}</li></ul>",
+        _html_table(cols, rows),
+        f"<ul><li>{_e(batch_legend(result))}</li></ul>",
     ]
-    try:
-        drawn = batch_search_curve(result.to_dict())
-    except Exception as e:  # a figure that cannot be drawn is said, never the loss of the page
-        parts.append(f"<p>Not drawn: batch_search: {_e(type(e).__name__)}: {_e(e)}</p>")
-    else:
-        if drawn is not None:
-            name, svg, caption = drawn
-            parts += ["<h2>Figures</h2>", f'<figure id="{name}">{svg}<figcaption>{_e(caption)}</figcaption></figure>']
-    return _page(title, parts)
+    return _page(title, parts + _figures([("batch_search", lambda: batch_search_curve(result.to_dict()))], []))
 
 
 def _page(title: str, parts: list[str]) -> str:
     head = f'<meta charset="utf-8"><title>{_e(title)}</title><style>{STYLE}</style>'
     return f'<!DOCTYPE html>\n<html lang="en"><head>{head}</head><body>\n' + "\n".join(parts) + "\n</body></html>\n"
+
+
+def _html_table(cols: list[str], rows: list[list[str]], classes: list[str] | None = None) -> str:
+    """A table of text cells (`classes`: each row's CSS class, "" for none)."""
+    head = "".join(f"<th>{_e(c)}</th>" for c in cols)
+    body = []
+    for row, css in zip(rows, classes or [""] * len(rows), strict=True):
+        attr = f' class="{css}"' if css else ""
+        body.append(f"<tr{attr}>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>" + "".join(body) + "</tbody></table>"
 
 
 def _e(text: Any) -> str:
@@ -142,15 +138,6 @@ def _settings(study: dict | None) -> list[str]:
         out += ["<p>Run it again (the same command resumes from the store in --out):</p>"]
         out += [f"<pre>{_e(study['command'])}</pre>"]
     return out
-
-
-def _table(table: list[StudyRow]) -> str:
-    head = "".join(f"<th>{_e(c)}</th>" for c in headers(table))
-    body = []
-    for e, row in zip(table, table_cells(table), strict=True):
-        css = ' class="baseline"' if e.baseline else ""
-        body.append(f"<tr{css}>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>" + "".join(body) + "</tbody></table>"
 
 
 # ---- figures ---------------------------------------------------------------------------------------------

@@ -245,12 +245,12 @@ def quality_table(rows: list, seeds: int) -> None:
 
 def find_batch_table(report: Any) -> None:
     result = report.result
-    cols, rows = batch_cells(result, report.device)
+    cols, rows = batch_cells(result)
     grid = _grid(report.title, cols)
     for p, row in zip(result.points, rows, strict=True):
         grid.add_row(*row, style=None if p.fits else "dim")
     out.print(grid)
-    say(f"  {batch_legend(report.device)}")
+    say(f"  {batch_legend(result)}")
     if report.too_big:
         say(f"  not tried: {report.too_big} (more than the {report.n_train} training rows)")
     say(f"  {result.verdict()}")

@@ -335,28 +335,16 @@ def write_reports(
 
 def page_of(out: Path, table: list[StudyRow], title: str, study: dict | None, partial: str | None = None) -> str:
     """The study's report.html: its rows, and what else its directory holds (the quality phase's verdicts, the
-    rows' memory estimates, a plan search, a find-batch search), each drawn when there."""
-    return report_html(
-        table,
-        title,
-        study,
-        partial,
-        verdicts=read_quality(out),
-        estimates=_read_extra(out / ESTIMATES),
-        plan=_read_extra(out / PLAN),
-        batch_search=_read_extra(out / FIND_BATCH),
-    )
-
-
-def _read_extra(path: Path) -> Any:
-    """A file beside the rows, as JSON; None when it is not there (a file that is not JSON is said on the page, by
-    the figure that cannot be drawn from it, never the loss of the page)."""
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as e:
-        return {"unreadable": f"{path.name}: {e}"}
+    rows' memory estimates, a plan search, a find-batch search), each drawn when there; a file that cannot be read
+    is said on the page, never the loss of the page."""
+    extras, not_read = {}, []
+    for key, name in (("estimates", ESTIMATES), ("plan", PLAN), ("batch_search", FIND_BATCH)):
+        if (out / name).is_file():
+            try:
+                extras[key] = json.loads((out / name).read_text(encoding="utf-8"))
+            except (OSError, ValueError, RecursionError) as e:
+                not_read.append(f"{name}: {type(e).__name__}: {e}")
+    return report_html(table, title, study, partial, read_quality(out), **extras, not_read=not_read)
 
 
 def write_estimates(out: Path, estimates: dict[str, dict]) -> Path:
