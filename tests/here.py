@@ -36,10 +36,11 @@ def trainwise(*argv: str, env: dict[str, str] | None = None, fresh: bool = False
 
 
 @contextlib.contextmanager
-def ray_node(env: dict[str, str], *flags: str, timeout: float = 120.0):
+def ray_node(env: dict[str, str], *flags: str, timeout: float = 120.0, cpus: str | None = None):
     """A Ray node of this test's own (`ray start --block` in a process group of its own, its own temp dir), up
     when the block is entered and killed with its whole group when it is left: never a host-wide `ray stop`,
-    which would also stop any other Ray on the machine (and takes ~8 s where a kill takes 0.1 s)."""
+    which would also stop any other Ray on the machine (and takes ~8 s where a kill takes 0.1 s). `cpus`: the CPUs
+    it is held to (taskset's list, e.g. "0")."""
     import shutil
     import signal
     import tempfile
@@ -49,6 +50,8 @@ def ray_node(env: dict[str, str], *flags: str, timeout: float = 120.0):
     # a short path of its own: Ray's socket paths under it must stay within the 107 characters a socket allows
     temp = tempfile.mkdtemp(prefix="tw-ray-")
     command = [ray_cli, "start", "--block", f"--temp-dir={temp}", "--disable-usage-stats", *flags]
+    if cpus is not None:  # held to these CPUs (taskset), its workers and trials with it: nodes that do not share cores
+        command = ["taskset", "-c", cpus, *command]
     node = subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 
@@ -120,6 +121,21 @@ def test_train_bad_input_is_one_line(tmp_path, cls_csv, capsys):
     space.write_text("lr: {low: 1.0e-5, high: 1.0e-3}\n")
     assert main(["tune", "--space", str(space), "--strategies", "zero3", "--out", str(tmp_path / "x")]) == 2
     assert "'zero3' needs 2 ranks (data parallel / ZeRO); tune runs one process" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+    several = [*argv, "--nnodes", "2"]  # several machines: where they meet, and each one's place, checked first
+    for extra, said in (
+        ([], "--node-rank: give this machine's place, 0 to 1"),
+        (["--node-rank", "2"], "--node-rank: give this machine's place, 0 to 1"),
+        (["--node-rank", "1"], "needs --master-addr"),
+        (["--node-rank", "1", "--master-addr", "h", "--batch-size", "15"], "must split evenly over 2 ranks on 2 nodes"),
+        (["--node-rank", "1", "--master-addr", "h", "--nproc", "2", "--nproc-per-node", "4"], "not both"),
+    ):
+        assert main([*several, *extra]) == 2, extra
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and said in err[0], (extra, err)
+    assert main([*argv, "--node-rank", "1"]) == 2 and "with one node" in capsys.readouterr().err
+    torchrun = here.trainwise(*argv, env={"LOCAL_RANK": "0"})
+    assert torchrun.returncode == 2 and "not under torchrun" in torchrun.stderr
     assert not (tmp_path / "x").exists()
 
 
@@ -330,14 +346,17 @@ def test_the_trained_model_is_a_hugging_face_directory_a_pipeline_loads(tmp_path
 # zero2 kills ranks that hold partitioned state; the baseline's two ranks resume the same way (and one rank's
 # kill and resume is test_a_run_killed_at_a_random_step_resumes_to_the_same_final_loss): `make bench` runs both
 @pytest.mark.parametrize("row", ["zero2", pytest.param("baseline", marks=pytest.mark.bench)])
-def test_train_over_two_ranks_is_killed_resumes_and_ends_with_the_uninterrupted_loss(tmp_path, cls_csv, row):
+def test_train_over_two_ranks_is_killed_resumes_and_ends_with_the_uninterrupted_loss(tmp_path, cls_csv, row, request):
     """train --nproc 2 on CPU (gloo), ZeRO-2 (every rank checkpoints its partition) and plain DDP (rank 0
     writes the replicas): a SIGKILL of the ranks at a random step, then --resume, ends with the losses of
     a run that was never interrupted."""
     ranks = ("--strategies", row, "--nproc", "2")
-    whole = _train(tmp_path / "whole", cls_csv, *ranks)
-    assert whole.returncode == 0, whole.stderr
-    assert "over 2 ranks" in whole.stderr
+    if row == "zero2":
+        w = request.getfixturevalue("zero2_whole")
+    else:
+        whole = _train(tmp_path / "whole", cls_csv, *ranks)
+        assert whole.returncode == 0, whole.stderr
+        w = _result(tmp_path / "whole")
     kill_at = random.Random(11).randint(4, 11)
     killed = _train(tmp_path / "cut", cls_csv, *ranks, env={"TRAINWISE_FAULT": f"train:kill@{kill_at}"})
     assert killed.returncode == 1, killed.stderr
@@ -347,11 +366,87 @@ def test_train_over_two_ranks_is_killed_resumes_and_ends_with_the_uninterrupted_
     assert ckpt is not None and verify(ckpt) is None and (ckpt / "zero").is_dir() == (row == "zero2")
     resumed = _train(tmp_path / "cut", cls_csv, *ranks, "--resume")
     assert resumed.returncode == 0, resumed.stderr
-    r, w = _result(tmp_path / "cut"), _result(tmp_path / "whole")
+    r = _result(tmp_path / "cut")
     assert r["resumed_from"] == f"ckpt-{3 * ((kill_at - 1) // 3):08d}"
     assert r["steps"] == w["steps"] == 12
     assert r["final_loss"] == pytest.approx(w["final_loss"], abs=1e-4)
     assert [e["train_loss"] for e in r["evals"]] == pytest.approx([e["train_loss"] for e in w["evals"]], abs=1e-4)
+
+
+def _two_nodes(out, csv, *extra, env=None, outs=None):
+    """`trainwise train` as two machines would run it: one command per node (--nnodes 2 --node-rank R, one rank
+    each, static rendezvous on this host), both at once; `outs`: each node's own --out (default: one shared)."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = ["train", "--model-preset", "bert-tiny", "--train-file", str(csv), "--batch-size", "8"]
+    argv += ["--max-length", "32", "--epochs", "2", "--max-steps", "12", "--eval-every", "4"]
+    argv += ["--save-every", "3", "--eval-samples", "16", "--device", "cpu", "--strategies", "zero2", *extra]
+    argv += ["--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    full = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "trainwise.cli",
+                *argv,
+                "--node-rank",
+                str(r),
+                "--out",
+                str((outs or [out, out])[r]),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=full,
+        )  # fmt: skip
+        for r in (0, 1)
+    ]
+    return [subprocess.CompletedProcess(n.args, n.wait(timeout=600), *n.communicate()) for n in nodes]
+
+
+@pytest.fixture(scope="module")
+def zero2_whole(tmp_path_factory, cls_csv):
+    """An uninterrupted ZeRO-2 run over two ranks on one machine: the losses a killed and resumed run must end with."""
+    out = tmp_path_factory.mktemp("zero2") / "whole"
+    whole = _train(out, cls_csv, "--strategies", "zero2", "--nproc", "2")
+    assert whole.returncode == 0, whole.stderr
+    assert "over 2 ranks" in whole.stderr
+    return _result(out)
+
+
+@pytest.mark.slow
+def test_train_over_two_nodes_is_killed_and_resumes_to_the_loss_of_one_machine(tmp_path, cls_csv, zero2_whole):
+    """torchrun --nnodes 2 on this host (two node agents, gloo, static rendezvous), ZeRO-2 (each rank writes its
+    partition into the shared --out): every rank killed at a step, then both nodes --resume; the run ends with the
+    losses of the same two ranks on one machine. Nodes without a shared --out are refused on both, in one line."""
+    kill_at = random.Random(5).randint(4, 11)
+    killed = _two_nodes(tmp_path / "cut", cls_csv, env={"TRAINWISE_FAULT": f"train:kill@{kill_at}"})
+    assert [k.returncode for k in killed] == [1, 1], [k.stderr[-2000:] for k in killed]
+    assert "node 1 of 2" in killed[1].stderr and "rank 0 (node 0) reports" in killed[1].stderr
+    ckpt = find_resumable(tmp_path / "cut" / "checkpoints", print)
+    assert ckpt is not None and verify(ckpt) is None and (ckpt / "zero").is_dir()
+    shards = {p.name for p in (ckpt / "zero").rglob("*optim_states.pt")}
+    assert len(shards) == 2, ("a partition from each node's rank", shards)
+    resumed = _two_nodes(tmp_path / "cut", cls_csv, "--resume")
+    assert [r.returncode for r in resumed] == [0, 0], [r.stderr[-2000:] for r in resumed]
+    assert (tmp_path / "cut" / "ranks.node0.log").is_file() and (tmp_path / "cut" / "ranks.node1.log").is_file()
+    r, w = _result(tmp_path / "cut"), zero2_whole
+    assert r["resumed_from"] == f"ckpt-{3 * ((kill_at - 1) // 3):08d}"
+    assert r["steps"] == w["steps"] == 12
+    assert r["final_loss"] == pytest.approx(w["final_loss"], abs=1e-4)
+    assert [e["train_loss"] for e in r["evals"]] == pytest.approx([e["train_loss"] for e in w["evals"]], abs=1e-4)
+    apart = _two_nodes(tmp_path / "a", cls_csv, outs=[tmp_path / "a", tmp_path / "b"])
+    for node in apart:
+        error = [line for line in node.stderr.splitlines() if line.startswith("trainwise: error:")]
+        assert node.returncode != 0 and len(error) == 1 and "is not one folder shared by every node" in error[0], (
+            node.stderr[-2000:]
+        )
 
 
 @pytest.mark.slow

@@ -71,7 +71,8 @@ def test_bad_space_files(tmp_path, text, message):
 def test_tune_cli_bad_input_is_one_line(tmp_path, capsys):
     space = _space(tmp_path, "lr: {low: 1.0e-5, high: 1.0e-3, log: true}\n")
     for args, message in (
-        (["--ray-address", "auto"], "--ray-address and --cpus-per-trial are for --search pbt"),
+        (["--cpus-per-trial", "2"], "--cpus-per-trial is for --search pbt"),
+        (["--ray-address", "127.0.0.1:1"], "--ray-address 127.0.0.1:1: cannot connect"),  # random/tpe's trials too
         (["--search", "pbt", "--max-steps", "30", "--eval-every", "20"], "--max-steps must be >= 2 x 20"),
         (["--search", "pbt", "--ray-address", "127.0.0.1:1"], "--ray-address 127.0.0.1:1: cannot connect"),
         (["--search", "pbt", "--ray-address", "nowhere"], "expected HOST:PORT"),

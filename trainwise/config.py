@@ -143,6 +143,10 @@ class StudyConfig:
     retry_failed: bool = option(False, "On resume, run again the rows that did not end 'ok'.", role=RUN)
     # a timing trial measured under load is run again up to this many times
     retries: int = option(2, "Re-runs of a trial timed under load, once quiet.", role=RUN)
+    # the trials as Ray tasks on a cluster (trainwise.cluster); None: one at a time on this machine
+    ray_address: str | None = option(
+        None, "Run the trials on a Ray cluster (HOST:PORT, ray://HOST:PORT or auto), several at once.", role=RUN
+    )
     # default rows: an emulated slow precision is recorded, not trained, and `all` takes the device's best
     # precision; None: True when `strategies` hold every default row (a study of the default rows, or one with
     # rows added to it); only the default rows are fitted (a row the user names is trained)

@@ -77,3 +77,36 @@ def all_sum(value: float | int, world: int) -> float:
     t = torch.tensor([float(value)], dtype=torch.float64)
     torch.distributed.all_reduce(t)
     return float(t.item())
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the ranks of a run over several machines meet: torchrun's static rendezvous (the master's address and
+    port, the node count and this node's rank; c10d's host-name discovery is a known source of hangs). Each node
+    runs the same `trainwise train` with its own --node-rank; the ranks there are `nproc` of the whole group."""
+
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+
+    def torchrun_args(self) -> list[str]:
+        return [
+            f"--nnodes={self.nnodes}",
+            f"--node_rank={self.node_rank}",
+            f"--master_addr={self.master_addr}",
+            f"--master_port={self.master_port}",
+        ]
+
+    def to_dict(self) -> dict:
+        return {"nnodes": self.nnodes, "node_rank": self.node_rank, "addr": self.master_addr, "port": self.master_port}
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> Rendezvous | None:
+        return None if d is None else cls(int(d["nnodes"]), int(d["node_rank"]), str(d["addr"]), int(d["port"]))
+
+
+def several_nodes() -> bool:
+    """In a rank: whether the group spans more than this machine (torchrun's LOCAL_WORLD_SIZE below WORLD_SIZE)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return world > int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))

@@ -27,7 +27,7 @@ from trainwise import strategies
 from trainwise.config import StudyConfig
 from trainwise.errors import ConfigError
 from trainwise.estimate import calibrate, estimate_plan, runtime_overhead, shape_of, target_length
-from trainwise.events import Event, Step
+from trainwise.events import Event, Note, Step
 from trainwise.files import write_atomic, writing
 from trainwise.measure.memory import CUDA_CONTEXT_BYTES
 from trainwise.models import ModelSource, model_config
@@ -326,6 +326,8 @@ def find_batch(
         def on_event(e: Event) -> None:
             if isinstance(e, Step):
                 on_status(f"batch {b}: step {e.step}/{e.total}, {e.step_s or 0.0:.2f} s")
+            elif isinstance(e, Note):  # the launcher's word (on a cluster: which node the probe runs on)
+                on_point(f"batch {b}: {e.text}")
 
         on_status(f"batch {b}: starting")
         trial_dir = prepared.out / "trials" / f"bs{b}"

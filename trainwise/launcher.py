@@ -41,7 +41,7 @@ from typing import Any, Protocol, TypeVar
 
 from trainwise import zygote
 from trainwise.config import TrialSpec
-from trainwise.distributed import Ranks, is_multiprocess
+from trainwise.distributed import Ranks, Rendezvous, is_multiprocess
 from trainwise.events import Emit, Event, Reader, Result, ignore
 from trainwise.faults import is_oom, seamed
 from trainwise.files import write_atomic
@@ -78,6 +78,7 @@ def run_child(
     device: str = "cpu",
     timeout_s: float | None = None,
     fork: bool = True,
+    rendezvous: Rendezvous | None = None,
 ) -> Exit:
     """Run `python -m module *args` in a fresh process in its own session that dies with this one (forked
     from the zygote, else exec'd); with `ranks`, that many ranks on this machine as torchrun starts them
@@ -86,11 +87,14 @@ def run_child(
     stdout goes to `on_event`, in this thread; when that returns True the child is stopped. The child and
     all it started are killed past `timeout_s` seconds, and when this thread is interrupted (Ctrl-C,
     SIGTERM: the child has its own session and would not see the signal). `fork=False`: exec'd (ranks:
-    under torchrun), never forked."""
+    under torchrun), never forked. `rendezvous`: the ranks are this node's share of a group over several machines,
+    under torchrun with its static rendezvous (exec'd)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, "-m", module, *args]
     if ranks is not None:
-        cmd[1:2] = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", "-m"]
+        meet = ["--standalone"] if rendezvous is None else rendezvous.torchrun_args()
+        cmd[1:2] = ["-m", "torch.distributed.run", *meet, f"--nproc_per_node={ranks}", "-m"]
+        fork = fork and rendezvous is None  # the zygote's leader starts the ranks of one machine only
         if device == "cpu":
             env["DS_ACCELERATOR"] = "cpu"  # DeepSpeed would look for a GPU
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks)))
@@ -280,6 +284,11 @@ class Place:
     log: Path
     ranks: int | None = None
     device: str = "cpu"
+    rendezvous: Rendezvous | None = None  # the ranks are this node's of a group over several machines
+
+    def first_rank(self) -> int:
+        """The group rank of this node's first rank."""
+        return 0 if self.rendezvous is None else self.rendezvous.node_rank * (self.ranks or 1)
 
 
 class Job(Protocol[R]):
@@ -310,7 +319,7 @@ def _process(fork: bool) -> Backend:
         args = [str(where.file)]
         return run_child(
             "trainwise.worker", args, where.log, on_line, ranks=where.ranks, device=where.device,
-            timeout_s=timeout_s, fork=fork,
+            timeout_s=timeout_s, fork=fork, rendezvous=where.rendezvous,
         )  # fmt: skip
 
     return start
@@ -341,7 +350,8 @@ def run(job: Job[R], on_event: Listener = ignore, *, backend: str = "fork", time
         return None if event is None else on_event(event)
 
     end = BACKENDS[backend](job, on_line, timeout_s)
-    return job.ended([results.get(r) for r in range(job.place().ranks or 1)], end)
+    where = job.place()
+    return job.ended([results.get(where.first_rank() + r) for r in range(where.ranks or 1)], end)
 
 
 # ---- a compare trial ----------------------------------------------------------------------------

@@ -17,19 +17,17 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import math
 import os
 import random
 import shutil
-import socket
 import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+from trainwise import cluster
 from trainwise.config import TrialSpec, maximize, monitored
 from trainwise.errors import ConfigError
 from trainwise.events import Checkpoint, Eval, Event, Step
@@ -41,23 +39,6 @@ EXPERIMENT = "pbt"
 # who hears of each report in this driver process. Not held by the callback itself: Ray pickles
 # its run config, and a console (with its lock) cannot be pickled.
 _LISTENERS: list[Callable[[dict], None]] = []
-
-
-# where Ray (2.52+) reads a cluster's token, first match wins; trainwise passes its environment through unchanged
-TOKEN_SOURCES = "RAY_AUTH_TOKEN, the file named by RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token"
-
-
-def _connect_error(ray_address: str | None, e: Exception) -> str:
-    """One line for a cluster that ray.init could not join: a missing token says where Ray looks for one."""
-    if type(e).__name__ == "AuthenticationError":
-        return (
-            f"--ray-address {ray_address}: the cluster uses token authentication and no token was found here "
-            f"(Ray reads {TOKEN_SOURCES}; copy the head node's token to one of them)"
-        )
-    text = " ".join(str(e).split())
-    if ray_address and "AuthenticationError" not in text:
-        text += f"; a cluster with token authentication needs RAY_AUTH_MODE=token here and its token ({TOKEN_SOURCES})"
-    return f"--ray-address {ray_address}: cannot connect ({text})"
 
 
 def _ray():
@@ -73,15 +54,7 @@ def check_pbt(space: list[Param], ray_address: str | None = None) -> None:
     """What --search pbt needs, checked at the edge: Ray, something to mutate, a reachable cluster
     (Ray itself retries an unreachable address for minutes)."""
     _ray()
-    if ray_address is not None and ray_address not in ("auto", "local"):
-        hostport = ray_address.removeprefix("ray://")
-        host, _, port = hostport.rpartition(":")
-        if not host or not port.isdigit():
-            raise ConfigError(f"--ray-address {ray_address!r}: expected HOST:PORT, ray://HOST:PORT or auto")
-        try:
-            socket.create_connection((host, int(port)), timeout=5).close()
-        except OSError as e:
-            raise ConfigError(f"--ray-address {ray_address}: cannot connect ({e.strerror or e})") from None
+    cluster.check_address(ray_address)
     if not any(p.name in MUTABLE for p in space):
         raise ConfigError(
             f"--search pbt mutates {', '.join(MUTABLE)} during training: put at least one of them in the space"
@@ -213,24 +186,9 @@ def run_pbt(
         raise ConfigError("pbt perturbs at evaluations, so it checkpoints at each: eval_every must equal save_every")
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    env_vars = {
-        "RAY_CHDIR_TO_TRIAL_DIR": "0",  # the member's relative paths (data files) stay valid
-        "TOKENIZERS_PARALLELISM": "false",
-        **{k: os.environ[k] for k in ("HF_HUB_OFFLINE", "TRAINWISE_CACHE", "HF_HOME") if k in os.environ},
-    }
-    # Ray's console output (its trial tables and boxes) is replaced by trainwise's own lines
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    warnings.filterwarnings("ignore", message=".*reuse_actors.*")  # members restart by design
-    try:
-        ray.init(
-            address=ray_address,
-            include_dashboard=False,
-            log_to_driver=False,
-            logging_level=logging.WARNING,
-            runtime_env={"env_vars": env_vars},
-        )
-    except Exception as e:  # Ray raises ConnectionError, RuntimeError or ValueError for a bad address
-        raise ConfigError(_connect_error(ray_address, e)) from None
+    # the member's relative paths (data files) stay valid; Ray's console output (its trial tables and boxes) is
+    # replaced by trainwise's own lines; members restart by design (Ray's reuse_actors warning)
+    cluster.connect(ray_address, {"RAY_CHDIR_TO_TRIAL_DIR": "0"})
     reports_path = out / "pbt_reports.jsonl"
     space_domains = domains(space)
     try:

@@ -302,6 +302,9 @@ class StudyRow:
     # not flagged `contended`, yet the others' share of the CPUs while it or the baseline was timed could
     # slow a step by as much as it differs from the baseline (aggregate.load_bound): its time % is not judged
     uncertain: bool = False
+    # a study on nodes of several device kinds (trainwise.cluster): the kind this row was measured on, and compared
+    # within (its baseline is that kind's); None on one kind
+    device_kind: str | None = None
     # a priced study (report.format.add_cost): both keys are in results.json exactly when cost_note is not None
     cost_per_epoch: float | None = None  # USD for one projected epoch
     cost_note: str | None = None  # the price it was computed at
@@ -349,7 +352,16 @@ class StudyRow:
 
 # keys results.json holds only when they have a value (see StudyRow.to_dict)
 _ABSENT_WHEN_NONE = frozenset(
-    {"metrics", "step_time_s_all", "losses", "quality_verdict", "trial_steps", "eval_samples", "loss_token_share"}
+    {
+        "metrics",
+        "step_time_s_all",
+        "losses",
+        "quality_verdict",
+        "trial_steps",
+        "eval_samples",
+        "loss_token_share",
+        "device_kind",
+    }
 )
 _ABSENT_WHEN_UNSET = frozenset({"added_steps", "uncertain"})  # 0 / False: the key is left out
 _ROW_FIELDS = frozenset(f.name for f in fields(StudyRow)) - {"extra"}

@@ -23,7 +23,9 @@ import json
 import os
 import random
 import shutil
+import socket
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,7 +36,7 @@ from safetensors.torch import load_file, load_model, save_file, save_model
 from trainwise import loop, strategies
 from trainwise.config import StudyConfig, TrainConfig, TrialSpec, maximize, monitored
 from trainwise.data.prepared import TrialData, load_data
-from trainwise.distributed import Ranks, is_multiprocess
+from trainwise.distributed import Ranks, Rendezvous, all_sum, is_multiprocess, several_nodes
 from trainwise.errors import ConfigError, RunFailed
 from trainwise.events import Checkpoint, Emit, Eval, Event, Note, Step, Warn, ignore
 from trainwise.faults import seamed
@@ -95,11 +97,15 @@ class TrainJob:
     out: Path
     resume: bool = False
     report_to: tuple[str, ...] = ()
+    rendezvous: Rendezvous | None = None  # several machines: this node's place in the group (--nnodes ...)
 
     def place(self) -> Place:
-        """Over the ranks its plan needs (data parallel, ZeRO); the ranks' stderr in ranks.log."""
-        s = self.spec.settings
-        return Place(self.out / "ranks.json", self.out / "ranks.log", s.nproc, s.device)
+        """Over the ranks its plan needs (data parallel, ZeRO); the ranks' stderr in ranks.log (with several
+        nodes: this node's, ranks.nodeR.log)."""
+        s, meet = self.spec.settings, self.rendezvous
+        log = "ranks.log" if meet is None else f"ranks.node{meet.node_rank}.log"
+        job = "ranks.json" if meet is None else f"ranks.node{meet.node_rank}.json"
+        return Place(self.out / job, self.out / log, s.nproc, s.device, meet)
 
     def to_dict(self) -> dict:
         return {
@@ -108,12 +114,14 @@ class TrainJob:
             "out": str(self.out),
             "resume": self.resume,
             "report_to": list(self.report_to),
+            "rendezvous": None if self.rendezvous is None else self.rendezvous.to_dict(),
         }
 
     @classmethod
     def from_dict(cls, blob: dict) -> TrainJob:
         spec, tc, out = TrialSpec.from_dict(blob["spec"]), TrainConfig(**blob["tc"]), Path(blob["out"])
-        return cls(spec, tc, out, bool(blob["resume"]), tuple(blob["report_to"]))
+        meet = Rendezvous.from_dict(blob.get("rendezvous"))
+        return cls(spec, tc, out, bool(blob["resume"]), tuple(blob["report_to"]), meet)
 
     def run(self, emit: Emit) -> TrainResult:
         """Train in this process (a rank: rank 0 reports to the trackers). The test seam
@@ -122,13 +130,15 @@ class TrainJob:
         return run_train(job, seamed(emit, "train", self.spec.settings.batch_size))
 
     def ended(self, results: list[TrainResult | None], end: Exit) -> TrainResult:
-        """Rank 0's result (it wrote train_result.json); a run whose ranks failed raises, in one line."""
+        """Rank 0's result (it wrote train_result.json; on another node, that node's first rank's); a run whose
+        ranks failed raises, in one line."""
         if end.code != 0 or results[0] is None:
             if reason := refused_by(end.tail, self.out, died=True):
                 raise failed(self.out, reason, RESUME_HINT)
             nproc = self.spec.settings.nproc
+            where = "" if self.rendezvous is None else f" of node {self.rendezvous.node_rank}"
             raise RunFailed(
-                f"the {nproc} training ranks exited with code {end.code}: {end.tail[:300]} (log: {end.log})"
+                f"the {nproc} training ranks{where} exited with code {end.code}: {end.tail[:300]} (log: {end.log})"
             )
         return results[0]
 
@@ -213,6 +223,30 @@ def _optimizer_state(tensors: dict[str, torch.Tensor], rest: dict) -> dict:
         idx, name = key.split(".", 1)
         state.setdefault(int(idx), {})[name] = value
     return {"state": state, "param_groups": rest["param_groups"]}
+
+
+def check_shared(out: Path) -> None:
+    """Every rank: refuse, on every node at once, a run over several machines whose --out is not one shared folder
+    (rank 0 writes a word there that each rank must read back): a checkpoint is written by all ranks into one
+    directory that rank 0 then renames, and `--resume` reads it back on every node."""
+    word = f"{uuid.uuid4().hex}\n"
+    probe = out / ".trainwise-shared"
+    if Ranks.from_env().main:
+        write_atomic(probe, word)
+    said = [word]
+    torch.distributed.broadcast_object_list(said, src=0)
+    try:
+        seen = probe.read_text() == said[0]
+    except OSError:
+        seen = False
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if all_sum(int(seen), world) < world:
+        raise ConfigError(
+            f"--out {out} is not one folder shared by every node (a rank on host {socket.gethostname()} or another "
+            "cannot read what rank 0 wrote there): a run over several machines writes its checkpoints there from "
+            "every rank and resumes from them on every node; put --out on shared storage (NFS, a cluster file "
+            "system) at the same path on each node"
+        )
 
 
 def _barrier() -> None:
@@ -386,6 +420,8 @@ def _fit(job: TrainJob, emit: Emit, adopt: Path | None) -> TrainResult:
     ranks = Ranks.from_env()
     engine = parts.model if parts.rt.deepspeed is not None else None  # DeepSpeed's engine: ZeRO checkpoints
 
+    if several_nodes() and tc.checkpoints:
+        check_shared(out)
     root = out / "checkpoints"
     state = TrainState(fingerprint=fingerprint(spec), base=fingerprint(spec, with_lr=False))
     higher = maximize(tc.monitor)
@@ -558,11 +594,18 @@ def train_any(job: TrainJob, on_event: Listener = ignore) -> TrainResult:
     command at a time in `job.out` (and the folder is marked trainwise's). `on_event` hears the run's
     notes, steps, evaluations, checkpoints and warnings."""
 
-    spec, out = job.spec, job.out
-    with hold(out):
+    spec, out, meet = job.spec, job.out, job.rendezvous
+    # several nodes share --out (their checkpoints need it): each node's command holds a lock of its own there
+    with hold(out, None if meet is None or meet.node_rank == 0 else f"node{meet.node_rank}"):
+        if meet is not None:
+            nodes = f"node {meet.node_rank} of {meet.nnodes} (rendezvous {meet.master_addr}:{meet.master_port})"
+            on_event(Note(f"{nodes}: {spec.settings.nproc} rank(s) here, their output in {job.place().log}"))
+            if meet.node_rank > 0:
+                on_event(Note("rank 0 (node 0) reports the run's progress, evaluations and result"))
+                return run(job, on_event)
         on_event(Note(writes_line(out, job.tc)))
-        if is_multiprocess(spec):
-            on_event(Note(f"{spec.row!r} over {spec.settings.nproc} ranks (their output: {out}/ranks.log)"))
+        if is_multiprocess(spec) or meet is not None:
+            on_event(Note(f"{spec.row!r} over {spec.settings.nproc} ranks (their output: {job.place().log})"))
             return train_ranks(job, on_event)
         return run(job, on_event, backend="here")
 

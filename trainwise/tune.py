@@ -17,11 +17,15 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from trainwise import cluster
 from trainwise.config import (
     DataOrigin,
     StudyConfig,
@@ -75,6 +79,7 @@ def run_tune(
     seed: int,
     trial_timeout: float,  # --trial-timeout: declared once, on TuneConfig
     on_step: Callable[[int, Step], None] | None = None,  # (trial number, its step): the progress line
+    ray_address: str | None = None,  # trials on a Ray cluster, as many at once as it has slots
 ) -> TuneResult:
     if search not in ("random", "tpe"):
         raise ValueError(f"run_tune runs Optuna's random or tpe, not {search!r} (pbt: trainwise.pbt)")
@@ -101,29 +106,53 @@ def run_tune(
         study.tell(killed.number, state=optuna.trial.TrialState.FAIL)
     # a trial the disk refused is no measurement: it does not count towards --trials
     done = lambda: [t for t in study.trials if t.state.is_finished() and "refused" not in t.user_attrs]  # noqa: E731
-    while len(done()) < n_trials:
-        trial = study.ask()
-        values = sample(trial, space)
+    lock = threading.Lock()  # the study's asks and tells, one thread at a time (trials on a cluster run side by side)
+    on_cluster: tuple[cluster.Pool, Any] | None = None
+
+    def one() -> None:
+        with lock:
+            trial = study.ask()
+            values = sample(trial, space)
         started = time.perf_counter()
         trial_dir = out / "trials" / f"{trial.number:04d}"
         stepped = None if on_step is None else (lambda e, n=trial.number: on_step(n, e))
-        r = _run_one(apply(spec, values), train_args, trial_dir, trial, trial_timeout, stepped)
+        r = _run_one(apply(spec, values), train_args, trial_dir, trial, trial_timeout, stepped, on_cluster)
         state, value, steps = r.state, r.value, r.steps
-        trial.set_user_attr("steps", steps)
-        trial.set_user_attr("wall_s", time.perf_counter() - started)
-        if state == "complete":
-            study.tell(trial, value)
-        elif state == "pruned":
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-        else:
-            trial.set_user_attr("error", r.error)
-            refused = None if state == "timeout" else refused_by(r.error, trial_dir, died=True)
-            if refused:
-                trial.set_user_attr("refused", refused)
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            if refused:
-                raise failed(trial_dir, refused, "make room and run the same command again: finished trials are kept")
-        on_trial({"number": trial.number, "state": state, "value": value, "params": values, "steps": steps})
+        with lock:
+            trial.set_user_attr("steps", steps)
+            trial.set_user_attr("wall_s", time.perf_counter() - started)
+            if state == "complete":
+                study.tell(trial, value)
+            elif state == "pruned":
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            else:
+                trial.set_user_attr("error", r.error)
+                refused = None if state == "timeout" else refused_by(r.error, trial_dir, died=True)
+                if refused:
+                    trial.set_user_attr("refused", refused)
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                if refused:
+                    hint = "make room and run the same command again: finished trials are kept"
+                    raise failed(trial_dir, refused, hint)
+            on_trial({"number": trial.number, "state": state, "value": value, "params": values, "steps": steps})
+
+    if ray_address is None:
+        while len(done()) < n_trials:
+            one()
+        return _summarise(study)
+    pool = cluster.Pool(ray_address, spec.settings.device)
+    try:
+        on_cluster = (pool, cluster.study_files(pool.ray, spec))
+        with ThreadPoolExecutor(len(pool.slots)) as threads:
+            running: set = set()
+            while len(done()) + len(running) < n_trials or running:
+                while len(running) < len(pool.slots) and len(done()) + len(running) < n_trials:
+                    running.add(threads.submit(one))
+                finished, running = wait(running, return_when=FIRST_COMPLETED)
+                for f in finished:
+                    f.result()  # a refused disk stops the search, as locally
+    finally:
+        pool.close()
     return _summarise(study)
 
 
@@ -141,7 +170,8 @@ def _summarise(study) -> TuneResult:
         if complete and (best is None or (t.value > best if higher else t.value < best)):
             best = t.value
         row = {"number": t.number, "state": t.state.name.lower(), "value": t.value, "params": t.params, "steps": steps}
-        rows.append({**row, **({"error": t.user_attrs["error"]} if "error" in t.user_attrs else {})})
+        said = {k: t.user_attrs[k] for k in ("error", "node") if k in t.user_attrs}  # node: on a cluster, where it ran
+        rows.append({**row, **said})
         if best is not None:
             curve.append((spent, best))
     complete = [t for t in finished if t.state == optuna.trial.TrialState.COMPLETE]
@@ -199,6 +229,11 @@ class TuneTrial:
             return TuneTrialResult("fail", None, r.steps, "no evaluation gave a value")
         return TuneTrialResult("complete", value, r.steps)
 
+    def on_node(self, root: Path) -> TuneTrial:
+        """This trial on a node of a cluster: the study's files unpacked at `root`, its directory beside them."""
+        trial_dir = root.parent / f"tune-{os.getpid()}" / self.trial_dir.name
+        return dataclasses.replace(self, spec=cluster.on_this_node(self.spec, root), trial_dir=trial_dir)
+
     def ended(self, results: list[TuneTrialResult | None], end: Exit) -> TuneTrialResult:
         """complete (its result), pruned (stopped here), timeout, or fail with the log's last line."""
         if end.stopped:
@@ -218,6 +253,7 @@ def _run_one(
     trial,
     timeout_s: float,
     on_step: Callable[[Step], None] | None = None,
+    on_cluster: tuple[cluster.Pool, Any] | None = None,
 ) -> TuneTrialResult:
     """One training run in its own process; its evaluations are reported to Optuna as they come, and a run
     Optuna prunes is killed (with whatever it started), as is one that outlives `timeout_s`. A trial that
@@ -242,7 +278,13 @@ def _run_one(
                 return trial.should_prune()
         return False
 
-    r = run(TuneTrial(spec, TrainConfig(**train_args), trial_dir), on_event, timeout_s=timeout_s)
+    job = TuneTrial(spec, TrainConfig(**train_args), trial_dir)
+    if on_cluster is None:
+        r = run(job, on_event, timeout_s=timeout_s)
+    else:
+        pool, files = on_cluster
+        got = pool.call(job, files, on_event, timeout_s, lambda slot: trial.set_user_attr("node", slot.node.ip))
+        r = TuneTrialResult("fail", error=got.message) if isinstance(got, cluster.Lost) else got
     return r if r.state == "complete" else dataclasses.replace(r, value=value, steps=steps)
 
 
@@ -260,7 +302,9 @@ class TuneConfig:
     eval_every: int = option(20, "Evaluate (and maybe prune) every K steps.")
     monitor: str = take(TrainConfig, "monitor", help="metric (maximised), eval_loss or train_loss (minimised).")
     seed: int = take(StudyConfig, "seed")
-    ray_address: str | None = option(None, "pbt: a Ray cluster (ray://head:10001 or auto).")
+    ray_address: str | None = option(
+        None, "A Ray cluster (HOST:PORT, ray://HOST:PORT or auto): random/tpe trials side by side, pbt's members."
+    )
     cpus_per_trial: float | None = option(None, "pbt: CPUs per member (default: cores / population).")
     # seconds before a trial (random / tpe) is killed and recorded 'timeout'
     trial_timeout: float = take(
@@ -288,8 +332,8 @@ class TuneConfig:
                 "evaluated before it ends; lower --eval-every"
             )
         pbt = self.search == "pbt"
-        if not pbt and (self.ray_address is not None or self.cpus_per_trial is not None):
-            raise ConfigError("--ray-address and --cpus-per-trial are for --search pbt")
+        if not pbt and self.cpus_per_trial is not None:
+            raise ConfigError("--cpus-per-trial is for --search pbt (random/tpe trials on a cluster take a whole node)")
         if self.cpus_per_trial is not None and self.cpus_per_trial <= 0:
             raise ConfigError(f"--cpus-per-trial must be > 0, got {self.cpus_per_trial:g}")
         if pbt and self.trials < 2:
@@ -336,7 +380,9 @@ def tune(
             # Ray can restore the experiment, but its synchronous PBT then waits forever for members
             # it does not restart (seen with Ray 2.60); a half-done population is not resumed
             raise ConfigError(f"{out} already holds a PBT study; PBT studies do not resume: use another --out")
-    if cfg.search != "pbt":  # PBT's members start in Ray's workers, not from this command's zygote
+    else:
+        cluster.check_address(cfg.ray_address)
+    if cfg.search != "pbt" and cfg.ray_address is None:  # trials on a cluster start in Ray's workers
         warm()  # the trials' process imports while the data is prepared
     on_status("trainwise tune: validating input, preparing data and model...")
     spec = prepare_study(study, on_line).specs[0]
@@ -427,7 +473,7 @@ def _search(
 
         params = list(cfg.params)
         searched = (spec, params, cfg.search, cfg.trials, out, train_args, on_trial, cfg.seed, cfg.trial_timeout)
-        result = run_tune(*searched, on_step=on_step)
+        result = run_tune(*searched, on_step=on_step, ray_address=cfg.ray_address)
     report = dataclasses.asdict(result)
     if price is not None:
         # the work a preemption loses: a whole Optuna trial (it has no checkpoints, so it starts over), or

@@ -17,10 +17,18 @@ def start(options: FindBatchOptions, render: Render | None = STDERR) -> FindBatc
     render = Render.of(render)
     fb = options.resolve()
     launcher.warm()  # the trials' process imports while the data is prepared
-    with render.status("trainwise find-batch: ...") as status:
-        return search(
-            options.strategies, options.accum_steps, options.config_at, fb, launch, render.update(status), render.line
-        )
+    from trainwise.study.run import ClusterLaunch  # heavy: trainwise.study.run loads numpy
+
+    # on a cluster: each probe on a node of it (one at a time: each size decides the next)
+    run = launch if options.ray_address is None else ClusterLaunch(options.ray_address)
+    try:
+        with render.status("trainwise find-batch: ...") as status:
+            return search(
+                options.strategies, options.accum_steps, options.config_at, fb, run, render.update(status), render.line
+            )
+    finally:
+        if isinstance(run, ClusterLaunch):
+            run.close()
 
 
 def find_batch(config: str | Path | None = None, render: Render | None = STDERR, **options: Any) -> FindBatchReport:

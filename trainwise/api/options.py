@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import types
 import typing
 from collections.abc import Mapping
@@ -21,10 +22,11 @@ from typing import Any, ClassVar
 
 import yaml
 
-from trainwise import quality
+from trainwise import cluster, quality
 from trainwise.advise import Constraints
 from trainwise.config import DEFAULT_LR, IMAGE_TASK, StudyConfig, TrainConfig
 from trainwise.cost import resolve_price
+from trainwise.distributed import Rendezvous
 from trainwise.errors import ConfigError, check_names
 from trainwise.estimate import EstimateConfig
 from trainwise.export import ExportConfig
@@ -233,6 +235,7 @@ class CompareOptions(ModelData, Priced):
     max_train_samples: int | None = take(StudyConfig, "max_train_samples")
     retry_failed: bool = take(StudyConfig, "retry_failed")
     retries: int = take(StudyConfig, "retries")
+    ray_address: str | None = take(StudyConfig, "ray_address")
     force: bool = take(StudyConfig, "force")
     replace: bool = flag("replace", REPLACE, role=RUN, saved=False)
     batch_sizes: str | list[int] | None = take(StudyConfig, "batch_sizes")
@@ -251,6 +254,7 @@ class CompareOptions(ModelData, Priced):
         """(the StudyConfig, the price or None, (quality steps, seeds) or None), every value validated."""
         quality.check(self.quality_steps, self.seeds)
         compare_report_to(self.report_to)
+        cluster.check_address(self.ray_address)
         cfg = self.study_config(
             batch_sizes=ints(self.batch_sizes, "--batch-sizes") if self.batch_sizes else (),
             num_workers=ints(self.num_workers, "--num-workers"),
@@ -316,6 +320,15 @@ class CompareOptions(ModelData, Priced):
 
     def _of_role(self, role: str) -> list[dataclasses.Field]:
         return [f for f in fields(self) if f.metadata.get("role") == role]
+
+
+def _env_int(name: str, default: Any) -> Any:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    if not value.isdigit():
+        raise ConfigError(f"${name}={value!r}: expected a whole number")
+    return int(value)
 
 
 def _said(value: Any) -> str:
@@ -511,8 +524,10 @@ class FindBatchOptions(Options):
     device: str = take(StudyConfig, "device")
     out: str = option("runs/find-batch", "Directory for find_batch.json / .png and the trials.")
     trial_timeout: float = take(StudyConfig, "trial_timeout")
+    ray_address: str | None = take(StudyConfig, "ray_address")
 
     def resolve(self):
+        cluster.check_address(self.ray_address)
         limit = parse_bytes(self.memory_limit, "--memory-limit") if self.memory_limit is not None else None
         return FindBatchConfig(
             candidates=self.candidates,
@@ -553,6 +568,15 @@ class TrainOptions(ModelData, Priced):
     eval_samples: int = take(StudyConfig, "eval_samples")
     max_train_samples: int | None = take(StudyConfig, "max_train_samples")
     nproc: int = take(StudyConfig, "nproc")
+    nproc_per_node: int | None = option(None, "Several machines: ranks on each node (the same as --nproc).")
+    nnodes: int | None = option(
+        None, "Machines the run spans (each runs this command) \\[default: $SLURM_NNODES or 1]."
+    )
+    node_rank: int | None = option(None, "This machine's place among them \\[default: $SLURM_NODEID or 0].")
+    master_addr: str | None = option(None, "Several machines: node 0's address (static rendezvous) \\[$MASTER_ADDR].")
+    master_port: int | None = option(
+        None, "Several machines: a free port on node 0 \\[default: $MASTER_PORT or 29500]."
+    )
     out: str = option("runs/train", "Run directory: checkpoints/, best/, train_result.json.")
     force: bool = take(StudyConfig, "force")
     resume: bool = flag("resume", "Continue from the last whole checkpoint in --out.")
@@ -577,7 +601,42 @@ class TrainOptions(ModelData, Priced):
         if self.strategies is not None and "," in self.strategies:
             raise ConfigError(f"--strategies {self.strategies!r}: train runs one plan (a '+' combination)")
         rows = [self.strategies or "baseline"]
-        return self.study_config(strategies=rows, max_steps=None, warmup_steps=0, num_workers=(self.num_workers,))
+        nproc = self.ranks_here()
+        return self.study_config(
+            strategies=rows, max_steps=None, warmup_steps=0, num_workers=(self.num_workers,), nproc=nproc
+        )
+
+    def ranks_here(self) -> int:
+        if self.nproc_per_node is not None and self.nproc not in (1, self.nproc_per_node):
+            raise ConfigError("give --nproc or --nproc-per-node (the same thing: ranks on each machine), not both")
+        return self.nproc_per_node or self.nproc
+
+    def rendezvous(self) -> Rendezvous | None:
+        """Where this run's ranks meet when it spans several machines (the options, else Slurm's and torchrun's
+        environment: SLURM_NNODES, SLURM_NODEID, MASTER_ADDR, MASTER_PORT); None on one machine."""
+        env = os.environ
+        nnodes = self.nnodes if self.nnodes is not None else _env_int("SLURM_NNODES", 1)
+        if nnodes < 1:
+            raise ConfigError(f"--nnodes must be >= 1, got {nnodes}")
+        if nnodes == 1:
+            if self.node_rank not in (None, 0):
+                raise ConfigError(f"--node-rank {self.node_rank} with one node: give --nnodes too")
+            return None
+        node_rank = self.node_rank if self.node_rank is not None else _env_int("SLURM_NODEID", None)
+        if node_rank is None or not 0 <= node_rank < nnodes:
+            raise ConfigError(f"--node-rank: give this machine's place, 0 to {nnodes - 1} (--nnodes {nnodes})")
+        addr = self.master_addr or env.get("MASTER_ADDR")
+        if not addr:
+            raise ConfigError(
+                "--nnodes > 1 needs --master-addr (node 0's address, the same on each node) or MASTER_ADDR"
+            )
+        port = self.master_port if self.master_port is not None else _env_int("MASTER_PORT", 29500)
+        if not 0 < port < 65536:
+            raise ConfigError(f"--master-port must be a port number, got {port}")
+        world = nnodes * self.ranks_here()
+        if self.batch_size % world:
+            raise ConfigError(f"--batch-size {self.batch_size} must split evenly over {world} ranks on {nnodes} nodes")
+        return Rendezvous(nnodes, node_rank, addr, port)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,6 +3,7 @@ resumable), from the options or from a study's row (`plan_study`)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,12 @@ def start(options: TrainOptions, render: Render | None = STDERR):
 
     render = Render.of(render)
     tc, backends = options.train_config(), parse_report_to(options.report_to)  # checked before torch loads
+    if "LOCAL_RANK" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ:
+        raise ConfigError(
+            "trainwise train starts its ranks itself: run it once per machine, not under torchrun (several machines: "
+            "--nnodes N --node-rank R --master-addr A; under Slurm, srun --ntasks-per-node=1 trainwise train ...)"
+        )
+    meet = options.rendezvous()
     options.price()  # a bad price is said now, not after the run (the summary prices it)
     if options.plan_study is not None:
         from trainwise.api.studies import study_spec  # heavy: trainwise.api.studies loads numpy
@@ -32,7 +39,8 @@ def start(options: TrainOptions, render: Render | None = STDERR):
         from trainwise.study.prepare import prepare_study  # heavy: trainwise.study.prepare loads numpy
 
         cfg = options.plan_config()
-        if cfg.nproc > 1:  # ranks fork from the zygote: its imports overlap the preparation (one rank trains here)
+        # ranks fork from the zygote: its imports overlap the preparation (one machine's ranks only)
+        if cfg.nproc > 1 and meet is None:
             launcher.warm()
         with render.status("trainwise train: validating input, preparing data and model..."):
             prepared = prepare_study(cfg, render.note)
@@ -49,7 +57,9 @@ def start(options: TrainOptions, render: Render | None = STDERR):
         else:
             render.event(event)
 
-    return train_any(TrainJob(spec, tc, Path(options.out), options.resume, backends), on_event)
+    if meet is not None and options.plan_study is not None:
+        raise ConfigError("--plan trains a study's row on one machine; over several, give the plan with --strategies")
+    return train_any(TrainJob(spec, tc, Path(options.out), options.resume, backends, meet), on_event)
 
 
 def train(config: str | Path | None = None, render: Render | None = STDERR, **options: Any):

@@ -1,8 +1,8 @@
 """What else used the machine while a trial's timed steps ran (issue 14: contention detected).
 
 Timings from a shared machine are only as good as the quiet they were taken in. Around the timed steps
-the trial reads the kernel's CPU accounting (/proc/stat: every CPU's busy and stolen time) and its own
-CPU time (its process and its children, e.g. DataLoader workers, via psutil); the difference is what
+the trial reads the kernel's CPU accounting (/proc/stat: the busy and stolen time of every CPU it may run
+on) and its own CPU time (its process and its children, e.g. DataLoader workers, via psutil); the difference is what
 other processes used. A trial where others took more than CONTENDED_SHARE of the machine's CPU time, or
 the hypervisor stole more than STOLEN_SHARE, is flagged: its timings are unreliable.
 
@@ -43,13 +43,18 @@ def sample() -> CpuSample | None:
     """Now, or None where /proc/stat cannot be read (not Linux)."""
 
     try:
-        fields = Path("/proc/stat").read_text().splitlines()[0].split()
-    except (OSError, IndexError):
+        stat = Path("/proc/stat").read_text().splitlines()
+    except OSError:
         return None
-    if fields[0] != "cpu" or len(fields) < 9:
+    mine = allowed()
+    # a process held to some of the CPUs (taskset, a container's cpuset, a Ray node pinned to its cores) is slowed
+    # only by what runs on those: the others' load is read there
+    names = {f"cpu{i}" for i in mine} if len(mine) < (os.cpu_count() or len(mine)) else {"cpu"}
+    rows = [line.split() for line in stat if line.split()[:1] and line.split()[0] in names]
+    if not rows or any(len(r) < 9 for r in rows):
         return None
     tick = os.sysconf("SC_CLK_TCK")
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (sum(int(r[i]) for r in rows) for i in range(1, 9))
     me = psutil.Process()
     if "LOCAL_RANK" in os.environ:  # a rank under torchrun: the other ranks are this trial, not contention
         me = me.parent() or me
@@ -58,6 +63,14 @@ def sample() -> CpuSample | None:
         with contextlib.suppress(psutil.Error):  # gone meanwhile
             own += sum(child.cpu_times()[:2])
     return CpuSample(time.monotonic(), (user + nice + system + irq + softirq) / tick, steal / tick, own, cpu_mhz())
+
+
+def allowed() -> set[int]:
+    """The CPUs this process may run on (all of them where the platform cannot say)."""
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return set(range(os.cpu_count() or 1))
 
 
 def cpu_mhz() -> float | None:
@@ -88,7 +101,7 @@ def between(
         return {"other_cpu_share": None, "steal_share": None, "contended": None, "cpu_mhz": None}
     windows = [(a, b), *also]
     span = sum(y.at_s - x.at_s for x, y in windows)
-    capacity = span * (cpus or os.cpu_count() or 1)
+    capacity = span * (cpus or len(allowed()) or 1)
     others = max(0.0, sum((y.busy_s - x.busy_s) - (y.own_s - x.own_s) for x, y in windows)) / capacity
     stolen = max(0.0, sum(y.steal_s - x.steal_s for x, y in windows)) / capacity
     judged = span >= MIN_WINDOW_S

@@ -74,6 +74,7 @@ def environment(device: str) -> dict[str, object]:
         "trainwise": package_version("trainwise"),
         "commit": git_commit(),
         "platform": platform.platform(),
+        "host": platform.node(),
         # a trial forked from the zygote (torch imported before the fork) or a fresh interpreter: the RSS
         # of a forked one leaves out the pages only the import touched (docs/measurement.md)
         "process": "forked" if os.environ.get("TRAINWISE_FORKED") == "1" else "fresh",

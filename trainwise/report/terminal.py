@@ -77,7 +77,8 @@ def study_progress(prepared: Any) -> Iterator[tuple[Callable, Callable]]:
         trial_bar = progress.add_task("", total=prepared.specs[0].steps, visible=False, left="")
 
         def name(spec: Any) -> str:
-            return f"{prepared.cell_of(spec).label()} #{spec.repeat + 1}"
+            kind = spec.extra.get("device_kind")  # a cluster's baseline, once per kind of device
+            return f"{prepared.cell_of(spec).label()}{f' [{kind}]' if kind else ''} #{spec.repeat + 1}"
 
         def on_event(spec: Any, e: Event) -> None:
             if isinstance(e, Phase) and e.phase == "data":  # a new trial: fresh bar and clock
@@ -96,6 +97,9 @@ def study_progress(prepared: Any) -> Iterator[tuple[Callable, Callable]]:
 
         def on_done(spec: Any, r: Any, cached: bool) -> None:
             progress.update(trial_bar, visible=False)
+            bar = progress.tasks[study_bar]
+            if bar.total is not None and bar.completed >= bar.total:  # a cluster's baseline on one more kind
+                progress.update(study_bar, total=bar.completed + 1)
             progress.advance(study_bar)
             what = f"{r.step_time_s:.3f} s/step, {r.samples_per_s:.1f} samples/s" if r.status == "ok" else r.message
             say(f"  {'(stored) ' if cached else ''}{name(spec)}: {r.status}  {what}", progress.console)

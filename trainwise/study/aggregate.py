@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainwise import cluster
 from trainwise.config import TEXT_TASKS, Cell, DataOrigin
 from trainwise.errors import RunFailed
 from trainwise.measure.device import facts as device_facts
@@ -65,7 +66,22 @@ NUMERIC = (
 
 
 def aggregate(cells: list[Cell], trials: Trials) -> list[StudyRow]:
-    """One row per cell: medians over its ok repeats, and time/memory relative to the baseline."""
+    """One row per cell: medians over its ok repeats, and time/memory relative to the baseline. A study whose trials
+    ran on nodes of several device kinds (a Ray cluster) has one row per cell and kind, each relative to the
+    baseline measured on its kind, never to another's; the rows no node ran (unsupported, recorded) once."""
+    kinds = list(dict.fromkeys(k for _, r in trials if (k := (r.env or {}).get(cluster.KIND))))
+    if len(kinds) <= 1:
+        return _aggregate(cells, trials)
+    table = []
+    for n, kind in enumerate(kinds):
+        mine = [(s, r) for s, r in trials if (r.env or {}).get(cluster.KIND, None if n else kind) == kind]
+        table += [
+            dataclasses.replace(e, strategy=f"{e.strategy} [{kind}]", device_kind=kind) for e in _aggregate(cells, mine)
+        ]
+    return table
+
+
+def _aggregate(cells: list[Cell], trials: Trials) -> list[StudyRow]:
     table = []
     for cell in cells:
         results = [r for spec, r in trials if cell.matches(spec)]

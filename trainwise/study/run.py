@@ -3,12 +3,17 @@ resumes), re-measured when the machine was busy, and the study's projected time 
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from trainwise import projection
+from trainwise import cluster, projection
 from trainwise.config import StudyConfig, TrialSpec
-from trainwise.errors import ConfigError
+from trainwise.distributed import is_multiprocess
+from trainwise.errors import ConfigError, RunFailed
 from trainwise.events import Event, Note
 from trainwise.files import failed, refused_by
 from trainwise.measure import contention
@@ -66,40 +71,50 @@ def _run_trials(prepared: PreparedStudy, launch: Launch, on_event: Events, on_do
     store = Store(out / STORE)
     trials: Trials = []
     try:
+        if cfg.ray_address is not None:
+            return _on_cluster(prepared, store, on_event, on_done, on_stored)
         clock = _clock(prepared, store)
         for spec in prepared.specs:
-            done = _stored(store, spec, prepared)
-            if done is not None:
+            if (done := _stored(store, spec, prepared)) is not None:
                 on_done(spec, done, True)
                 trials.append((spec, done))
                 continue
-            if spec.row in prepared.unsupported:
-                why = prepared.unsupported[spec.row]
-                result = TrialResult(spec.row, "unsupported", spec.repeat, why, spec.plan.to_dict())
-            elif spec.row in prepared.recorded:
-                result = _recorded(spec, prepared.recorded[spec.row])
-            else:
+            result = _without_training(spec, prepared)
+            if result is None:
                 trial_dir = out / "trials" / f"{spec.key()}"
                 still_there(out)
                 clock.started(spec.row)
-                result = _measured(spec, trial_dir, launch, cfg, _timed(on_event, spec, clock))
+                result = _measured(spec, trial_dir, launch, Retry.of(cfg), _timed(on_event, spec, clock))
                 refused(result, trial_dir)  # a full disk is not a measurement of the strategy: not stored
                 still_there(out)
                 if (said := clock.ended()) is not None:
                     on_event(spec, said)
-            verdict = prepared.verdicts.get(spec.row)
-            result.support_note = prepared.row_notes.get(spec.row) or (
-                verdict.line() if verdict and verdict.status != "native" else ""
-            )
-            result.precision_ratio = verdict.ratio if verdict else None
-            store.put(spec, result)
-            on_done(spec, result, False)
+            _put(store, spec, result, prepared, on_done)
             trials.append((spec, result))
             if on_stored is not None:
                 on_stored(trials)
     finally:
         store.close()
     return trials
+
+
+def _without_training(spec: TrialSpec, prepared: PreparedStudy) -> TrialResult | None:
+    """The row of a trial that is not trained (an unsupported plan, a recorded one); None when it runs."""
+    if spec.row in prepared.unsupported:
+        return TrialResult(spec.row, "unsupported", spec.repeat, prepared.unsupported[spec.row], spec.plan.to_dict())
+    if spec.row in prepared.recorded:
+        return _recorded(spec, prepared.recorded[spec.row])
+    return None
+
+
+def _put(store: Store, spec: TrialSpec, result: TrialResult, prepared: PreparedStudy, on_done) -> None:
+    verdict = prepared.verdicts.get(spec.row)
+    result.support_note = prepared.row_notes.get(spec.row) or (
+        verdict.line() if verdict and verdict.status != "native" else ""
+    )
+    result.precision_ratio = verdict.ratio if verdict else None
+    store.put(spec, result)
+    on_done(spec, result, False)
 
 
 def refused(result: TrialResult, trial_dir: Path) -> None:
@@ -124,7 +139,20 @@ def _recorded(spec: TrialSpec, verdict: Support) -> TrialResult:
     )
 
 
-def _measured(spec: TrialSpec, trial_dir: Path, launch: Launch, cfg: StudyConfig, emit: Callable) -> TrialResult:
+@dataclass(frozen=True)
+class Retry:
+    """How a trial is run and run again: its timeout, and re-runs while the machine was loaded (0: none)."""
+
+    trial_timeout: float
+    retries: int = 0
+    quiet_wait_s: float = 0.0
+
+    @classmethod
+    def of(cls, cfg: StudyConfig) -> Retry:
+        return cls(cfg.trial_timeout, cfg.retries, cfg.quiet_wait_s)
+
+
+def _measured(spec: TrialSpec, trial_dir: Path, launch: Launch, cfg: Retry, emit: Callable) -> TrialResult:
     """The trial, run again (up to cfg.retries times, once the machine is quiet) while other processes
     took a large share of the CPUs during its timed steps: the row keeps the clean run and counts the
     runs it discarded; when no clean run could be had, the last one stays flagged `contended`."""
@@ -166,3 +194,186 @@ def _timed(on_event: Events, spec: TrialSpec, clock: projection.Clock) -> Callab
             on_event(spec, said)
 
     return emit
+
+
+# ---- on a Ray cluster (--ray-address) ---------------------------------------------------------------
+
+LOG_TAIL = 64 * 1024  # of a trial's log on its node, what comes back to its trial directory here
+
+
+def _on_cluster(prepared: PreparedStudy, store: Store, on_event: Events, on_done: Callable, on_stored) -> Trials:
+    """The trials not stored yet as Ray tasks over the cluster's nodes, as many at once as it has free slots, each
+    stored here as it arrives (so the same command resumes). With nodes of several device kinds the baseline runs on
+    each kind, and the table compares a row only with the baseline of its kind (`aggregate`)."""
+    cfg, out = prepared.config, prepared.out
+    first = prepared.specs[0]
+    pool = _pool(cfg.ray_address, first)
+    try:
+        on_event(first, Note(_cluster_line(pool)))
+        specs = per_kind(prepared.specs, prepared, pool.kinds())
+        results: dict[int, TrialResult] = {}
+
+        def so_far() -> Trials:
+            return [(spec, results[i]) for i, spec in enumerate(specs) if i in results]
+
+        todo = []
+        for i, spec in enumerate(specs):
+            if (done := _stored(store, spec, prepared)) is not None:
+                on_done(spec, done, True)
+                results[i] = done
+            elif (row := _without_training(spec, prepared)) is not None:
+                _put(store, spec, row, prepared, on_done)
+                results[i] = row
+            else:
+                todo.append(i)
+        if not todo:
+            return so_far()
+        files, retry = cluster.study_files(pool.ray, first), Retry.of(cfg)
+
+        def start(i: int, slot: cluster.Slot) -> None:
+            on_event(specs[i], Note(_placed(specs[i], slot)))
+
+        def end(i: int, slot: cluster.Slot, value: dict | cluster.Lost) -> None:
+            spec = specs[i]
+            result = _arrived(spec, slot, value, out / "trials" / spec.key(), lambda e: on_event(spec, e))
+            _put(store, spec, result, prepared, on_done)
+            results[i] = result
+            if on_stored is not None:
+                on_stored(so_far())
+
+        args = lambda i, slot: (specs[i].to_dict(), retry, files)  # noqa: E731
+        stranded = pool.run(todo, _on_node, args, start, end, lambda i: specs[i].extra.get(cluster.KIND))
+        if stranded:
+            _no_node_left([specs[i] for i in stranded])
+        return so_far()
+    finally:
+        pool.close()
+
+
+def _pool(address: str | None, spec: TrialSpec) -> cluster.Pool:
+    s = spec.settings
+    return cluster.Pool(address, s.device, s.nproc if is_multiprocess(spec) else 1)
+
+
+def _placed(spec: TrialSpec, slot: cluster.Slot) -> str:
+    return f"{spec.row} (repeat {spec.repeat}): on node {slot.node.label()}"
+
+
+def _no_node_left(specs: list[TrialSpec]) -> None:
+    kinds = sorted({s.extra.get(cluster.KIND) or "any" for s in specs})
+    raise RunFailed(
+        f"{len(specs)} trial(s) not run: no node of the cluster is left to run them (device kind: {', '.join(kinds)}); "
+        "run the same command again when it has nodes: the stored trials are kept"
+    )
+
+
+def _arrived(
+    spec: TrialSpec, slot: cluster.Slot, value: dict | cluster.Lost, trial_dir: Path, emit: Callable[[Event], None]
+) -> TrialResult:
+    """A trial's row from what its task returned (its log kept in `trial_dir` here), or from how it was lost; either
+    way with the node it ran on."""
+    if isinstance(value, cluster.Lost):
+        result = TrialResult(spec.row, value.status, spec.repeat, value.message, spec.plan.to_dict())
+    else:
+        result = TrialResult.from_dict(value["result"])
+        for line in value["notes"]:
+            emit(Note(line))
+        trial_dir.mkdir(parents=True, exist_ok=True)
+        (trial_dir / "stderr.log").write_text(value["log"])
+    node = {"host": slot.node.host, "node_ip": slot.node.ip, cluster.KIND: slot.node.kind}
+    result.env = {**(result.env or {}), **node}
+    return result
+
+
+class ClusterLaunch:
+    """A `Launch` that runs each trial on the cluster at `address`, one at a time (find-batch's probes: each decides
+    the next), the cluster joined at the first; `close()` leaves it."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.pool: cluster.Pool | None = None
+        self.files = None
+
+    def __call__(
+        self, spec: TrialSpec, trial_dir: Path, timeout_s: float, emit: Callable[[Event], None]
+    ) -> TrialResult:
+        if self.pool is None:
+            self.pool = _pool(self.address, spec)
+            self.files = cluster.study_files(self.pool.ray, spec)
+            emit(Note(_cluster_line(self.pool)))
+        got: list[TrialResult] = []
+        stranded = self.pool.run(
+            [spec],
+            _on_node,
+            lambda sp, slot: (sp.to_dict(), Retry(timeout_s), self.files),
+            lambda sp, slot: emit(Note(_placed(sp, slot))),
+            lambda sp, slot, value: got.append(_arrived(sp, slot, value, trial_dir, emit)),
+        )
+        if stranded:
+            _no_node_left(stranded)
+        return got[0]
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+
+
+def _cluster_line(pool: cluster.Pool) -> str:
+    kinds = {k: sum(n.kind == k for n in pool.nodes) for k in pool.kinds()}
+    said = "; ".join(f"{n} x {k}" for k, n in kinds.items())
+    line = f"the Ray cluster: {len(pool.nodes)} node(s), {len(pool.slots)} trial(s) at once ({said})"
+    hosts = [n.host for n in pool.nodes]
+    if shared := sorted({h for h in hosts if hosts.count(h) > 1}):
+        line += (
+            f"; nodes share host {', '.join(shared)}: trials side by side there share its caches and memory "
+            "bandwidth and slow each other (the noise floor shows it)"
+        )
+    return line
+
+
+def per_kind(specs: list[TrialSpec], prepared: PreparedStudy, kinds: list[str]) -> list[TrialSpec]:
+    """The study's trials on a cluster of these device kinds: as they are on one kind; on several, the baseline's
+    trials once per kind (each pinned to it), the others wherever there is room. A quality study's trials run
+    wherever there is room: a seed's accuracy does not depend on the device it trained on."""
+    if len(kinds) <= 1 or prepared.config.seed_per_repeat:
+        return list(specs)
+    baseline = {c.row.text for c in prepared.cells if c.row.is_baseline}
+    out: list[TrialSpec] = []
+    for spec in specs:
+        if spec.row in baseline:
+            out += [dataclasses.replace(spec, extra={**spec.extra, cluster.KIND: k}) for k in kinds]
+        else:
+            out.append(spec)
+    return out
+
+
+def _on_node(spec_blob: dict, cfg: Retry, files: bytes) -> dict:
+    """On a node of the cluster, in a fresh Ray worker: the study's files unpacked here, the trial run by the local
+    launcher as a child of this worker (exec'd: one trial per worker), with the CPUs Ray gave it as its threads, and
+    run again while the node is loaded, as locally. Returns the result, its notes and the end of its log."""
+    from trainwise.launcher import launch  # heavy: the trial machinery, on the node only
+
+    ray = cluster.ray_module()
+    threads = max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ["TRAINWISE_FORK"] = "0"
+    root = cluster.unpack(files)
+    spec = cluster.on_this_node(TrialSpec.from_dict(spec_blob), root)
+    s = spec.settings
+    notes: list[str] = []
+    if s.model_kind == "dir" and not Path(s.model_ref).is_dir():
+        why = f"the model directory {s.model_ref} is not on this node: put it at the same path on every node"
+        result = TrialResult(spec.row, "error", spec.repeat, why, spec.plan.to_dict())
+        return {"result": result.to_dict(), "notes": notes, "log": ""}
+    trial_dir = root.parent / "trials" / f"{spec.key()}-{os.getpid()}"
+
+    def emit(event: Event) -> None:
+        if isinstance(event, Note):
+            notes.append(event.text)
+
+    try:
+        result = _measured(spec, trial_dir, launch, cfg, emit)
+        log = (trial_dir / "stderr.log").read_bytes()[-LOG_TAIL:].decode(errors="replace")
+    finally:
+        shutil.rmtree(trial_dir, ignore_errors=True)
+    return {"result": result.to_dict(), "notes": notes, "log": log}

@@ -99,12 +99,15 @@ def mark(out: Path) -> None:
 
 
 @contextlib.contextmanager
-def hold(out: Path) -> Iterator[None]:
+def hold(out: Path, part: str | None = None) -> Iterator[None]:
     """Run a command's trials (or its training) in `out` alone: a second trainwise command on the same
     --out, while this one runs, is refused in one line rather than sharing trial directories and the
-    store. An advisory lock (flock) on the folder's mark file; the kernel drops it when the holder dies."""
+    store. An advisory lock (flock) on the folder's mark file; the kernel drops it when the holder dies.
+    `part`: the command holds only its part of `out` (a training run's node other than the first, which
+    shares the folder with the node that holds it): a lock file of that part's own."""
     out.mkdir(parents=True, exist_ok=True)
-    fd = os.open(out / MARK, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by the trial processes
+    lock = out / MARK if part is None else out / f".trainwise-{part}.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by the trial processes
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -113,7 +116,7 @@ def hold(out: Path) -> Iterator[None]:
                 f"--out {out} is in use by another trainwise command running now; wait for it to end, "
                 "or choose another --out"
             ) from None
-        if os.fstat(fd).st_size == 0:
+        if os.fstat(fd).st_size == 0 and part is None:
             with writing(out / MARK):
                 os.write(fd, b"written by trainwise\n")
         yield

@@ -1,0 +1,447 @@
+"""Trials on a Ray cluster (`--ray-address`): the job the local launcher runs, as a Ray task on a node it has to
+itself, its result back to the driver, which owns the store.
+
+- `check_address` at the edge (Ray itself retries an unreachable address for minutes), `connect` joins the cluster
+  with the environment trials need; a cluster that refuses says why in one line (token authentication: where Ray
+  looks for the token; a test cluster makes its own, never in ~/.ray).
+- **Slots**: every alive node holds timing trials one at a time per device: a CPU node is one slot with all its
+  CPUs, a GPU node one slot per `ranks` GPUs. A trial is pinned to its slot's node (node affinity, hard) and
+  reserves the slot's CPUs and GPUs in Ray's own accounting, so no two timed trials share a device, whoever else
+  submits work to the cluster.
+- A task is a **fresh worker process** (`max_calls=1`: Ray reuses workers by default, warm caches and all) that
+  starts the trial as a child of its own with the local launcher (timeouts, OOM and crash rows, the lifeline), and
+  is **never retried by Ray** (`max_retries=0`): a node lost mid-trial is a row saying so, and the study goes on on
+  the nodes left.
+- **No shared disk**: the study's own files (its prepared data, a trained tokenizer) travel through Ray's object
+  store (`pack` / `unpack`); results come back as return values. A local model directory must exist at the same
+  path on every node (a preset or a hub id needs nothing).
+- Each node says what it is (`Node.kind`: the CPU model and the CPUs a trial gets, or the GPU's name; the label
+  `TRAINWISE_NODE_KIND` in a node's environment overrides it): rows are compared only with a baseline measured on
+  the same kind (`study.aggregate`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import io
+import logging
+import os
+import queue
+import socket
+import tarfile
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from trainwise import launcher
+from trainwise.errors import ConfigError
+from trainwise.measure.env import cpu_name
+from trainwise.worker import job_blob, job_of
+
+# where Ray (2.52+) reads a cluster's token, first match wins; trainwise passes its environment through unchanged
+TOKEN_SOURCES = "RAY_AUTH_TOKEN, the file named by RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token"
+# what a trial on another node needs of the driver's environment (offline hub, caches)
+PASSED = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TRAINWISE_CACHE", "HF_HOME")
+# a row's env and a spec's extra: the device kind it ran (a spec: must run) on; rows compare within a kind
+KIND = "device_kind"
+KIND_LABEL = "TRAINWISE_NODE_KIND"  # a node's own name for its device kind, where the operator gives one
+
+
+def ray_module(flag: str = "--ray-address"):
+    try:
+        import ray  # optional: trainwise[ray]
+    except ImportError:
+        raise ConfigError(f"{flag} needs Ray: pip install 'trainwise[ray]'") from None
+    return ray
+
+
+def check_address(address: str | None, flag: str = "--ray-address") -> None:
+    """HOST:PORT, ray://HOST:PORT or auto, and something listening there: checked before anything runs."""
+    if address is None:
+        return
+    ray_module(flag)
+    if address in ("auto", "local"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"{flag} {address!r}: expected HOST:PORT, ray://HOST:PORT or auto")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as e:
+        raise ConfigError(f"{flag} {address}: cannot connect ({e.strerror or e})") from None
+
+
+def connect_error(address: str | None, e: Exception) -> str:
+    """One line for a cluster that ray.init could not join: a missing token says where Ray looks for one."""
+    if type(e).__name__ == "AuthenticationError":
+        return (
+            f"--ray-address {address}: the cluster uses token authentication and no token was found here "
+            f"(Ray reads {TOKEN_SOURCES}; copy the head node's token to one of them)"
+        )
+    text = " ".join(str(e).split())
+    if address and "AuthenticationError" not in text:
+        text += f"; a cluster with token authentication needs RAY_AUTH_MODE=token here and its token ({TOKEN_SOURCES})"
+    return f"--ray-address {address}: cannot connect ({text})"
+
+
+def connect(address: str | None, env: dict[str, str] | None = None) -> Any:
+    """Join the cluster at `address` (None: a Ray of this process's own) with the driver's environment the trials
+    need; ConfigError in one line when it refuses."""
+    ray = ray_module()
+    env_vars = {"TOKENIZERS_PARALLELISM": "false", **{k: os.environ[k] for k in PASSED if k in os.environ}}
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Ray Tune's console tables: trainwise says its own lines
+    warnings.filterwarnings("ignore", message=".*reuse_actors.*")  # PBT's members restart by design
+    try:
+        ray.init(
+            address=address,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+            runtime_env={"env_vars": {**env_vars, **(env or {})}},
+        )
+    except Exception as e:  # Ray raises ConnectionError, RuntimeError or ValueError for a bad address
+        raise ConfigError(connect_error(address, e)) from None
+    return ray
+
+
+# ---- the nodes ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str  # Ray's node id
+    ip: str
+    cpus: int  # Ray's CPU resource on the node: the threads a timing trial there gets
+    gpus: int
+    host: str = ""
+    kind: str = ""  # the device kind a trial there measures on
+
+    def label(self) -> str:
+        return f"{self.ip} ({self.kind})" if self.kind else self.ip
+
+
+def device_kind(device: str, cpus: int | None = None) -> str:
+    """This machine's device kind, as a row records it: the operator's label, else the GPU's name, else the CPU's
+    model with the CPUs a trial gets (a step's time depends on both)."""
+
+    if label := os.environ.get(KIND_LABEL, "").strip():
+        return label
+    if device == "cuda":
+        import torch  # heavy: torch, only on a GPU node
+
+        return torch.cuda.get_device_name(0)
+    return f"{cpu_name()}, {cpus or len(os.sched_getaffinity(0))} CPUs"
+
+
+def _facts(device: str, cpus: int) -> dict:
+    return {"host": socket.gethostname(), "kind": device_kind(device, cpus)}
+
+
+def nodes(ray: Any, device: str) -> list[Node]:
+    """The cluster's alive nodes that can hold a trial (some CPU; a GPU for a CUDA study), each asked what it is."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # optional: trainwise[ray]
+
+    found = []
+    for n in ray.nodes():
+        res = n.get("Resources", {})
+        cpus, gpus = int(res.get("CPU", 0)), int(res.get("GPU", 0))
+        if n.get("Alive") and cpus > 0 and (device != "cuda" or gpus > 0):
+            found.append(Node(n["NodeID"], n["NodeManagerAddress"], cpus, gpus))
+    probe = ray.remote(num_cpus=0, max_retries=0)(_facts)
+    refs = [
+        probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n.id, soft=False)).remote(device, n.cpus)
+        for n in found
+    ]
+    out = []
+    for n, ref in zip(found, refs, strict=True):
+        try:
+            f = ray.get(ref, timeout=300)
+        except ray.exceptions.RayError:  # gone since the cluster listed it (its death not yet known there)
+            continue
+        out.append(Node(n.id, n.ip, n.cpus, n.gpus, f["host"], f["kind"]))
+    return out
+
+
+def alive(ray: Any) -> set[str]:
+    return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+
+
+# ---- the study's files, through the object store ---------------------------------------------------
+
+
+def pack(dirs: dict[str, str | None]) -> bytes:
+    """The named directories (None: absent) as one gzipped tar, each under its name."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, path in sorted(dirs.items()):
+            if path is not None:
+                tar.add(path, arcname=name)
+    return buf.getvalue()
+
+
+def unpack(blob: bytes) -> Path:
+    """`pack`'s directories under a folder of this user's on this node, named by their content (trials of one study
+    on one node unpack once); returns that folder."""
+    root = Path(tempfile.gettempdir()) / f"trainwise-ray-{os.getuid()}" / hashlib.sha256(blob).hexdigest()[:16]
+    done = root / ".unpacked"
+    if not done.exists():
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root.parent if root.parent.exists() else None))
+        with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tar:
+            tar.extractall(staging, filter="data")
+        (staging / ".unpacked").touch()
+        root.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # another trial on this node unpacked it first: theirs stands
+            staging.rename(root)
+    return root
+
+
+def on_this_node(spec: Any, root: Path) -> Any:
+    """A trial spec with the study's files where `unpack` put them on this node."""
+
+    s = spec.settings
+    here = dataclasses.replace(
+        s, data_dir=str(root / "data"), tokenizer_dir=str(root / "tokenizer") if s.tokenizer_dir else None
+    )
+    return dataclasses.replace(spec, settings=here)
+
+
+def study_files(ray: Any, spec: Any) -> Any:
+    """The study's own files (its prepared data, a trained tokenizer) in the cluster's object store."""
+    s = spec.settings
+    return ray.put(pack({"data": s.data_dir, "tokenizer": s.tokenizer_dir}))
+
+
+# ---- the dispatcher ---------------------------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Slot:
+    node: Node
+    index: int  # the slot's number on its node (its GPUs: index * gpus ...)
+    gpus: int
+
+
+@dataclass(frozen=True)
+class Lost:
+    """A trial that came back without a result: its node left the cluster, its worker died, Ray's memory monitor
+    killed it, or the task raised."""
+
+    status: str  # "crashed" | "oom" | "error"
+    message: str
+
+
+class Pool:
+    """Runs items as Ray tasks over the cluster's slots, as many at once as there are slots, and hands each
+    outcome to the caller as it arrives (in the caller's thread: the driver stores it)."""
+
+    def __init__(self, address: str | None, device: str, ranks: int = 1, env: dict[str, str] | None = None):
+        self.ray = connect(address, env)
+        self.device, self.ranks = device, ranks
+        self.nodes = nodes(self.ray, device)
+        if not self.nodes:
+            need = "a GPU" if device == "cuda" else "a CPU"
+            self.close()
+            raise ConfigError(f"--ray-address {address}: no node of the cluster has {need} for a trial")
+        self.slots = [
+            Slot(n, i, ranks if device == "cuda" else 0)
+            for n in self.nodes
+            for i in range(max(1, n.gpus // ranks) if device == "cuda" else 1)
+        ]
+        if device == "cuda" and all(n.gpus < ranks for n in self.nodes):
+            self.close()
+            raise ConfigError(f"--ray-address {address}: no node has the {ranks} GPUs a trial's ranks need")
+        self._lock = threading.Lock()
+        self._free: queue.Queue[Slot] | None = None  # `call`'s slots, made at its first use
+        self._task: Any = None
+        self._channel: Any = None
+
+    def kinds(self) -> list[str]:
+        return list(dict.fromkeys(n.kind for n in self.nodes))
+
+    def run(
+        self,
+        items: Iterable[T],
+        task: Callable[..., Any],
+        args: Callable[[T, Slot], tuple],
+        on_start: Callable[[T, Slot], None],
+        on_end: Callable[[T, Slot, Any], None],
+        kind_of: Callable[[T], str | None] = lambda _item: None,
+    ) -> list[T]:
+        """Run `task(*args(item, slot))` for every item on a free slot (of the item's kind when `kind_of` names
+        one); `on_end(item, slot, value or Lost)` as each ends. Returns the items no slot could take (every node
+        of their kind gone)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # optional: trainwise[ray]
+
+        ray = self.ray
+        remote = ray.remote(max_calls=1, max_retries=0)(task)
+        waiting, free = list(items), list(self.slots)
+        running: dict[Any, tuple[T, Slot]] = {}
+        stranded: list[T] = []
+        try:
+            while waiting or running:
+                for item in list(waiting):
+                    want = kind_of(item)
+                    slot = next((s for s in free if want is None or s.node.kind == want), None)
+                    if slot is None:
+                        if not any(want is None or s.node.kind == want for s in self.slots):
+                            waiting.remove(item)
+                            stranded.append(item)
+                        continue
+                    free.remove(slot)
+                    waiting.remove(item)
+                    ref = remote.options(
+                        num_cpus=slot.node.cpus if self.device != "cuda" else 1,
+                        num_gpus=slot.gpus,
+                        scheduling_strategy=NodeAffinitySchedulingStrategy(slot.node.id, soft=False),
+                    ).remote(*args(item, slot))
+                    running[ref] = (item, slot)
+                    on_start(item, slot)
+                if not running:
+                    continue
+                done, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
+                for ref in done:
+                    item, slot = running.pop(ref)
+                    value, gone = self._outcome(ref, slot)
+                    if gone:  # the node left: its slots leave with it
+                        self.slots = [s for s in self.slots if s.node.id != slot.node.id]
+                        free = [s for s in free if s.node.id != slot.node.id]
+                    else:
+                        free.append(slot)
+                    if value is None:  # never started (its node was gone before it was placed): placed again
+                        waiting.insert(0, item)
+                    else:
+                        on_end(item, slot, value)
+        except BaseException:
+            for ref in running:
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref, force=True)
+            raise
+        return stranded
+
+    def _outcome(self, ref: Any, slot: Slot) -> tuple[Any, bool]:
+        """(the task's value, a Lost, or None for a task that never started; whether the slot's node is gone)."""
+        ex = self.ray.exceptions
+        try:
+            return self.ray.get(ref), False
+        except ex.TaskUnschedulableError:
+            return None, True
+        except ex.OutOfMemoryError as e:
+            return Lost("oom", f"killed by Ray's memory monitor on node {slot.node.ip}: {_first(e)}"), False
+        except ex.RayTaskError as e:  # the task itself raised (not the trial: that is a row it returns)
+            return Lost("error", f"on node {slot.node.ip}: {_first(e)}"), False
+        except ex.RayError as e:  # the worker or its node died
+            gone = isinstance(e, ex.NodeDiedError)
+            if not gone:
+                time.sleep(0.5)
+                gone = slot.node.id not in alive(self.ray)
+            where = f"node {slot.node.label()} left the cluster" if gone else f"its worker on node {slot.node.ip} died"
+            return Lost("crashed", f"{where} during the trial ({type(e).__name__}: {_sentence(e)})"), gone
+
+    def call(
+        self,
+        job: Any,
+        files: Any,
+        on_event: Callable[[Any], bool | None],
+        timeout_s: float | None,
+        on_start: Callable[[Slot], None] = lambda _slot: None,
+    ) -> Any:
+        """Run one launcher job (its class has `on_node(root)`: the job with the study's files unpacked at root)
+        on a free slot, in a fresh worker, as the launcher runs it locally; its events come back to `on_event` as
+        they happen (True from it stops the job, as locally). Blocks; several threads may call at once, each
+        holding a slot. Returns the job's result, or a Lost."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # optional: trainwise[ray]
+
+        ray = self.ray
+        with self._lock:
+            if self._free is None:
+                self._free = queue.Queue()
+                for slot in self.slots:
+                    self._free.put(slot)
+                self._task = ray.remote(max_calls=1, max_retries=0)(run_job)
+                self._channel = ray.remote(num_cpus=0)(Channel)
+        slot = self._free.get()
+        gone = False
+        try:
+            channel = self._channel.remote()
+            ref = self._task.options(
+                num_cpus=slot.node.cpus if self.device != "cuda" else 1,
+                num_gpus=slot.gpus,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(slot.node.id, soft=False),
+            ).remote(job_blob(job), files, channel, timeout_s)
+            on_start(slot)
+            halted = False
+            while True:
+                done, _ = ray.wait([ref], timeout=0.5)
+                for event in ray.get(channel.take.remote()):
+                    if on_event(event) is True and not halted:
+                        halted = True
+                        channel.halt.remote()
+                if done:
+                    break
+            value, gone = self._outcome(ref, slot)
+            ray.kill(channel)
+            if value is None:  # its node was gone before it started: another slot takes it
+                return self.call(job, files, on_event, timeout_s, on_start)
+            return value
+        finally:
+            if not gone:
+                self._free.put(slot)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.ray.shutdown()
+
+
+class Channel:
+    """A job's events from its node to the driver, and the driver's word to stop it (a Ray actor, no CPU)."""
+
+    def __init__(self) -> None:
+        self.events: list = []
+        self.stop = False
+
+    def put(self, event: Any) -> bool:
+        self.events.append(event)
+        return self.stop
+
+    def take(self) -> list:
+        out, self.events = self.events, []
+        return out
+
+    def halt(self) -> None:
+        self.stop = True
+
+
+def run_job(blob: dict, files: bytes, channel: Any, timeout_s: float | None) -> Any:
+    """On a node, in a fresh Ray worker: the job rebuilt, moved onto this node's copy of the study's files, and run
+    by the local launcher as a child of this worker (exec'd), with the CPUs Ray gave it as its threads; each event
+    goes to the driver, whose word to stop comes back with the next."""
+    ray = ray_module()
+    threads = max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ["TRAINWISE_FORK"] = "0"
+    job = job_of(blob).on_node(unpack(files))
+
+    def on_event(event: Any) -> bool:
+        return bool(ray.get(channel.put.remote(event)))
+
+    return launcher.run(job, on_event, backend="exec", timeout_s=timeout_s)
+
+
+def _sentence(e: BaseException) -> str:
+    """The first sentence of Ray's message (the rest is advice on Ray's own tools)."""
+    text = " ".join(str(e).split())
+    return (text.split(". ")[0] if text else type(e).__name__)[:300]
+
+
+def _first(e: BaseException) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return (lines[-1] if lines else type(e).__name__)[:300]
