@@ -9,6 +9,7 @@ import io
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 
 def trainwise(*argv: str, env: dict[str, str] | None = None, fresh: bool = False) -> subprocess.CompletedProcess:
@@ -33,6 +34,29 @@ def trainwise(*argv: str, env: dict[str, str] | None = None, fresh: bool = False
         os.environ.clear()
         os.environ.update(before)
     return subprocess.CompletedProcess(["trainwise", *argv], code, out.getvalue(), err.getvalue())
+
+
+def ray_env(tmp: Path) -> tuple[dict[str, str], Path]:
+    """The environment of a test's Ray cluster and its drivers: token authentication with a token made in `tmp` (a
+    new machine has no ~/.ray/auth_token, and one left there by an earlier Ray run must neither make a test pass nor
+    be touched: HOME is `tmp`/home, returned), offline, no inherited token or address."""
+    import secrets
+
+    home = tmp / "home"
+    home.mkdir(exist_ok=True)
+    token = tmp / "ray_auth_token"
+    token.write_text(secrets.token_hex(32))
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN", "RAY_ADDRESS")}
+    env |= {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "HOME": str(home)}
+    return env, home
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

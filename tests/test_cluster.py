@@ -9,9 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +20,7 @@ import pytest
 from tests import here
 from trainwise import cluster
 from trainwise.config import TrialSpec
+from trainwise.measure.env import KIND_LABEL
 from trainwise.results import TrialResult
 from trainwise.study.aggregate import aggregate
 from trainwise.study.run import per_kind
@@ -34,16 +33,8 @@ HEAD, WORKER, THIRD = "127.0.0.2", "127.0.0.3", "127.0.0.4"
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory):
     """Two nodes of one CPU each (the head on CPU 0, a worker on CPU 1), token authentication on."""
-    tmp = tmp_path_factory.mktemp("cluster")
-    home = tmp / "home"
-    home.mkdir()
-    token = tmp / "ray_auth_token"
-    token.write_text(secrets.token_hex(32))
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN", "RAY_ADDRESS")}
-    env |= {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "HOME": str(home)}
-    with socket.socket() as s:
-        s.bind((HEAD, 0))
-        port = s.getsockname()[1]
+    env, home = here.ray_env(tmp_path_factory.mktemp("cluster"))
+    port = here.free_port(HEAD)
     head = ["--head", f"--node-ip-address={HEAD}", f"--port={port}", "--num-cpus=1", "--include-dashboard=false"]
     with here.ray_node(env, *head, cpus="0"):
         join = [f"--address={HEAD}:{port}", "--num-cpus=1"]
@@ -78,7 +69,7 @@ def test_nodes_of_two_device_kinds_each_measure_the_baseline(ray_cluster, tmp_pa
     """A node that says it is another kind of device (TRAINWISE_NODE_KIND): the baseline runs on each kind, and
     each row is compared with its own kind's baseline."""
     c = ray_cluster
-    env = {**c["env"], cluster.KIND_LABEL: "other-device"}
+    env = {**c["env"], KIND_LABEL: "other-device"}
     with here.ray_node(env, *c["join"], f"--node-ip-address={THIRD}", cpus="1"):
         out = tmp_path / "kinds"
         run = subprocess.run(
@@ -100,7 +91,7 @@ def test_nodes_of_two_device_kinds_each_measure_the_baseline(ray_cluster, tmp_pa
 
 def test_random_search_runs_its_trials_side_by_side_on_the_cluster(ray_cluster, tmp_path, cls_csv):
     """tune --search random with --ray-address: two trials at once, one per node, their evaluations streamed back
-    as they happen (what the pruner reads); and find-batch's probes on the cluster too."""
+    as they happen (what the pruner reads)."""
     c = ray_cluster
     space = tmp_path / "space.yaml"
     space.write_text("lr: {low: 1.0e-4, high: 1.0e-2, log: true}\n")
@@ -115,6 +106,12 @@ def test_random_search_runs_its_trials_side_by_side_on_the_cluster(ray_cluster, 
     assert [t["state"] for t in trials] == ["complete", "complete"], trials
     assert all(t["steps"] == 4 for t in trials), "each trial's last evaluation came back"
     assert {t["node"] for t in trials} == {HEAD, WORKER}, ("side by side, one on each node", trials)
+
+
+# one probe after another on the cluster (ClusterLaunch): `make bench` (the suite's minutes go to the tests above)
+@pytest.mark.bench
+def test_find_batch_probes_run_on_the_cluster(ray_cluster, tmp_path, cls_csv):
+    c = ray_cluster
     fb = tmp_path / "fb"
     find = [sys.executable, "-m", "trainwise.cli", "find-batch", "--model-preset", "bert-tiny", "--train-file"]
     find += [str(cls_csv), "--max-length", "32", "--candidates", "8,16", "--steps", "3", "--device", "cpu"]
@@ -161,6 +158,11 @@ def test_a_study_runs_on_both_nodes_and_a_node_killed_mid_trial_is_a_row(ray_clu
     assert all(r["status"] == "ok" for r in rows), rows
     assert again.stderr.count("on node") == 1, again.stderr[-3000:]
     assert not list((c["home"]).glob(".ray/auth_token*")), "no test reads or writes ~/.ray"
+    # without the cluster's token the driver is refused: one line that says where Ray looks for one
+    alone = {k: v for k, v in c["env"].items() if k != "RAY_AUTH_TOKEN_PATH"}
+    refused = subprocess.run(_compare(c, tmp_path / "refused", "baseline"), env=alone, capture_output=True, text=True)
+    assert refused.returncode == 2 and "RAY_AUTH_TOKEN" in refused.stderr, refused.stderr[-2000:]
+    assert len([line for line in refused.stderr.splitlines() if "error" in line]) == 1, refused.stderr[-2000:]
 
 
 def _ran_under(pid: int, node_pid: int) -> bool:

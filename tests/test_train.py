@@ -127,8 +127,16 @@ def test_train_bad_input_is_one_line(tmp_path, cls_csv, capsys):
         ([], "--node-rank: give this machine's place, 0 to 1"),
         (["--node-rank", "2"], "--node-rank: give this machine's place, 0 to 1"),
         (["--node-rank", "1"], "needs --master-addr"),
-        (["--node-rank", "1", "--master-addr", "h", "--batch-size", "15"], "must split evenly over 2 ranks on 2 nodes"),
-        (["--node-rank", "1", "--master-addr", "h", "--nproc", "2", "--nproc-per-node", "4"], "not both"),
+        (
+            ["--node-rank", "1", "--master-addr", "localhost", "--batch-size", "15"],
+            "must split evenly over 2 ranks on 2 nodes",
+        ),
+        (
+            ["--node-rank", "1", "--master-addr", "localhost", "--strategies", "grad_accum", "--batch-size", "12"],
+            "multiple of 8",
+        ),
+        (["--node-rank", "1", "--master-addr", "no-such-host.invalid"], "--master-addr no-such-host.invalid: cannot"),
+        (["--node-rank", "1", "--master-addr", "localhost", "--nproc", "2", "--nproc-per-node", "4"], "not both"),
     ):
         assert main([*several, *extra]) == 2, extra
         err = capsys.readouterr().err.strip().splitlines()
@@ -376,13 +384,10 @@ def test_train_over_two_ranks_is_killed_resumes_and_ends_with_the_uninterrupted_
 def _two_nodes(out, csv, *extra, env=None, outs=None):
     """`trainwise train` as two machines would run it: one command per node (--nnodes 2 --node-rank R, one rank
     each, static rendezvous on this host), both at once; `outs`: each node's own --out (default: one shared)."""
-    import socket
     import subprocess
     import sys
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = here.free_port()
     argv = ["train", "--model-preset", "bert-tiny", "--train-file", str(csv), "--batch-size", "8"]
     argv += ["--max-length", "32", "--epochs", "2", "--max-steps", "12", "--eval-every", "4"]
     argv += ["--save-every", "3", "--eval-samples", "16", "--device", "cpu", "--strategies", "zero2", *extra]
@@ -486,3 +491,29 @@ def test_a_failed_rank_is_reported_by_its_cause_not_torchruns_banner(tmp_path):
         "\n".join(["Traceback (most recent call last):", "ValueError: every parameter is frozen", *report])
     )
     assert rank_failure(raised) == "ValueError: every parameter is frozen"
+
+
+def test_several_machines_take_slurms_and_torchruns_variables_when_the_options_are_not_given(monkeypatch):
+    """Under `srun --ntasks-per-node=1 trainwise train ...` each node's command finds its place in Slurm's
+    variables and the master in MASTER_ADDR / MASTER_PORT; the options, when given, win."""
+    from trainwise.api.options import TrainOptions
+    from trainwise.distributed import Rendezvous
+
+    monkeypatch.setenv("SLURM_STEP_ID", "0")  # inside an srun step (a batch script's own step is one node)
+    monkeypatch.setenv("SLURM_NNODES", "4")
+    monkeypatch.setenv("SLURM_NODEID", "3")
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    meet = TrainOptions.of({"nproc_per_node": 2}).rendezvous()
+    assert meet == Rendezvous(4, 3, "localhost", 29500)
+    assert meet.torchrun_args() == ["--nnodes=4", "--node_rank=3", "--master_addr=localhost", "--master_port=29500"]
+    given = TrainOptions.of({"nnodes": 2, "node_rank": 0, "master_addr": "127.0.0.1", "master_port": 1234})
+    assert given.rendezvous() == Rendezvous(2, 0, "127.0.0.1", 1234), "the options win"
+    monkeypatch.delenv("SLURM_STEP_ID")
+    assert TrainOptions.of({}).rendezvous() is None, "a batch script's own step, not srun's: one node"
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
+    monkeypatch.setenv("SLURM_NNODES", "1")
+    assert TrainOptions.of({}).rendezvous() is None, "one node: torchrun --standalone, as before"
+    monkeypatch.setenv("SLURM_NNODES", "two")
+    with pytest.raises(ConfigError, match="SLURM_NNODES='two': expected a whole number"):
+        TrainOptions.of({}).rendezvous()

@@ -7,7 +7,6 @@ import glob
 import importlib
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -312,19 +311,8 @@ def test_pbt_runs_its_members_on_a_ray_cluster_given_by_address(tmp_path, cls_cs
     evaluates at every interval, the worse one continues from the better one's checkpoint with a mutated
     lr, the cost is priced, and a second run into the same --out is refused. (A local Ray differs only in
     the address given to ray.init and where members keep checkpoints: the test above.)"""
-    import socket
-
-    with socket.socket() as s:  # a free port for the head node
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    # the cluster's token authentication, with a token made here: a new machine has no ~/.ray/auth_token, and a
-    # token left there by an earlier Ray run must neither make this pass nor be touched (HOME is a temp dir)
-    home = tmp_path / "home"
-    home.mkdir()
-    token = tmp_path / "ray_auth_token"
-    token.write_text(secrets.token_hex(32))
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN", "RAY_ADDRESS")}
-    env |= {"HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "HOME": str(home)}
+    port = here.free_port()  # for the head node
+    env, home = here.ray_env(tmp_path)  # the cluster's token authentication, with a token made here
     with here.ray_node(env, "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false"):
         space = _space(tmp_path, "lr: {low: 1.0e-4, high: 1.0e-2, log: true}\nbatch_size: {choices: [8]}\n")
         out = tmp_path / "pbt"

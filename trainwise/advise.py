@@ -132,9 +132,25 @@ def _pct(x: float) -> str:
     return f"{100 * (x - 1):+.0f}%"
 
 
+def one_kind(rows: list[StudyRow]) -> tuple[list[StudyRow], str | None]:
+    """A study over several device kinds (a Ray cluster) ranked within one: the first row's kind (its baseline's
+    first), and a note naming the rows left out; rows of one kind (or none) as they are."""
+    kinds = list(dict.fromkeys(r.device_kind for r in rows if r.device_kind))
+    if len(kinds) <= 1:
+        return rows, None
+    first = next((r.device_kind for r in rows if r.baseline and r.device_kind), kinds[0])
+    others = [r.strategy for r in rows if r.device_kind not in (first, None)]
+    note = (
+        f"ranked on {first} only: a row is compared only with a baseline of its own device kind, so the "
+        f"{len(others)} row(s) measured on {', '.join(k for k in kinds if k != first)} are not ranked against these"
+    )
+    return [r for r in rows if r.device_kind in (first, None)], note
+
+
 def advise(rows: list[StudyRow], constraints: Constraints) -> Advice:
+    rows, kind_note = one_kind(rows)
     ok = [r for r in rows if r.status == "ok" and r.samples_per_s and r.peak_mem_bytes]
-    notes: list[str] = []
+    notes: list[str] = [kind_note] if kind_note else []
     prices = {r.cost_note for r in ok if r.cost_per_epoch is not None}
     if constraints.objective == "cost" and len(prices) <= 1:
         notes.append(

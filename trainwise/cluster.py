@@ -29,6 +29,7 @@ import io
 import logging
 import os
 import queue
+import shutil
 import socket
 import tarfile
 import tempfile
@@ -41,8 +42,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from trainwise import launcher
-from trainwise.errors import ConfigError
-from trainwise.measure.env import cpu_name
+from trainwise.errors import ConfigError, RunFailed
+from trainwise.measure.env import device_kind
 from trainwise.worker import job_blob, job_of
 
 # where Ray (2.52+) reads a cluster's token, first match wins; trainwise passes its environment through unchanged
@@ -51,7 +52,6 @@ TOKEN_SOURCES = "RAY_AUTH_TOKEN, the file named by RAY_AUTH_TOKEN_PATH, or ~/.ra
 PASSED = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TRAINWISE_CACHE", "HF_HOME")
 # a row's env and a spec's extra: the device kind it ran (a spec: must run) on; rows compare within a kind
 KIND = "device_kind"
-KIND_LABEL = "TRAINWISE_NODE_KIND"  # a node's own name for its device kind, where the operator gives one
 
 
 def ray_module(flag: str = "--ray-address"):
@@ -127,34 +127,23 @@ class Node:
         return f"{self.ip} ({self.kind})" if self.kind else self.ip
 
 
-def device_kind(device: str, cpus: int | None = None) -> str:
-    """This machine's device kind, as a row records it: the operator's label, else the GPU's name, else the CPU's
-    model with the CPUs a trial gets (a step's time depends on both)."""
-
-    if label := os.environ.get(KIND_LABEL, "").strip():
-        return label
-    if device == "cuda":
-        import torch  # heavy: torch, only on a GPU node
-
-        return torch.cuda.get_device_name(0)
-    return f"{cpu_name()}, {cpus or len(os.sched_getaffinity(0))} CPUs"
-
-
 def _facts(device: str, cpus: int) -> dict:
     return {"host": socket.gethostname(), "kind": device_kind(device, cpus)}
 
 
-def nodes(ray: Any, device: str) -> list[Node]:
-    """The cluster's alive nodes that can hold a trial (some CPU; a GPU for a CUDA study), each asked what it is."""
+def nodes(ray: Any, device: str, ranks: int = 1) -> list[Node]:
+    """The cluster's alive nodes that can hold a trial (some CPU; for a CUDA study the GPUs of its ranks), each asked
+    what it is."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # optional: trainwise[ray]
 
     found = []
     for n in ray.nodes():
         res = n.get("Resources", {})
         cpus, gpus = int(res.get("CPU", 0)), int(res.get("GPU", 0))
-        if n.get("Alive") and cpus > 0 and (device != "cuda" or gpus > 0):
+        if n.get("Alive") and cpus > 0 and (device != "cuda" or gpus >= ranks):
             found.append(Node(n["NodeID"], n["NodeManagerAddress"], cpus, gpus))
-    probe = ray.remote(num_cpus=0, max_retries=0)(_facts)
+    # a fresh worker (max_calls=1): a GPU node's probe leaves no CUDA context behind in a reused worker
+    probe = ray.remote(num_cpus=0, max_retries=0, max_calls=1)(_facts)
     refs = [
         probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n.id, soft=False)).remote(device, n.cpus)
         for n in found
@@ -192,13 +181,15 @@ def unpack(blob: bytes) -> Path:
     root = Path(tempfile.gettempdir()) / f"trainwise-ray-{os.getuid()}" / hashlib.sha256(blob).hexdigest()[:16]
     done = root / ".unpacked"
     if not done.exists():
-        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root.parent if root.parent.exists() else None))
+        root.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=root.parent))
         with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tar:
             tar.extractall(staging, filter="data")
         (staging / ".unpacked").touch()
-        root.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(OSError):  # another trial on this node unpacked it first: theirs stands
+        try:
             staging.rename(root)
+        except OSError:  # another trial on this node unpacked it first: theirs stands
+            shutil.rmtree(staging, ignore_errors=True)
     return root
 
 
@@ -246,9 +237,9 @@ class Pool:
     def __init__(self, address: str | None, device: str, ranks: int = 1, env: dict[str, str] | None = None):
         self.ray = connect(address, env)
         self.device, self.ranks = device, ranks
-        self.nodes = nodes(self.ray, device)
+        self.nodes = nodes(self.ray, device, ranks)
         if not self.nodes:
-            need = "a GPU" if device == "cuda" else "a CPU"
+            need = f"{ranks} GPU(s)" if device == "cuda" else "a CPU"
             self.close()
             raise ConfigError(f"--ray-address {address}: no node of the cluster has {need} for a trial")
         self.slots = [
@@ -256,11 +247,10 @@ class Pool:
             for n in self.nodes
             for i in range(max(1, n.gpus // ranks) if device == "cuda" else 1)
         ]
-        if device == "cuda" and all(n.gpus < ranks for n in self.nodes):
-            self.close()
-            raise ConfigError(f"--ray-address {address}: no node has the {ranks} GPUs a trial's ranks need")
         self._lock = threading.Lock()
         self._free: queue.Queue[Slot] | None = None  # `call`'s slots, made at its first use
+        self._live = list(self.slots)  # `call`'s slots whose node is still there
+        self._stopping = threading.Event()
         self._task: Any = None
         self._channel: Any = None
 
@@ -357,7 +347,8 @@ class Pool:
         """Run one launcher job (its class has `on_node(root)`: the job with the study's files unpacked at root)
         on a free slot, in a fresh worker, as the launcher runs it locally; its events come back to `on_event` as
         they happen (True from it stops the job, as locally). Blocks; several threads may call at once, each
-        holding a slot. Returns the job's result, or a Lost."""
+        holding a slot. Returns the job's result, or a Lost. RunFailed when no node is left, or once `stop()` was
+        called (the job, running or not, is cancelled)."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # optional: trainwise[ray]
 
         ray = self.ray
@@ -367,9 +358,11 @@ class Pool:
                 for slot in self.slots:
                     self._free.put(slot)
                 self._task = ray.remote(max_calls=1, max_retries=0)(run_job)
-                self._channel = ray.remote(num_cpus=0)(Channel)
-        slot = self._free.get()
-        gone = False
+                # beside the driver: its node outlives any trial's (soft: a driver outside the cluster is no node)
+                here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+                self._channel = ray.remote(num_cpus=0, scheduling_strategy=here)(Channel)
+        slot = self._take()
+        gone, ref, channel = False, None, None
         try:
             channel = self._channel.remote()
             ref = self._task.options(
@@ -379,22 +372,58 @@ class Pool:
             ).remote(job_blob(job), files, channel, timeout_s)
             on_start(slot)
             halted = False
-            while True:
+            while not self._stopping.is_set():
                 done, _ = ray.wait([ref], timeout=0.5)
-                for event in ray.get(channel.take.remote()):
+                try:
+                    events = ray.get(channel.take.remote())
+                except ray.exceptions.RayActorError:  # the channel's node went (a driver outside the cluster)
+                    events = []
+                for event in events:
                     if on_event(event) is True and not halted:
                         halted = True
                         channel.halt.remote()
                 if done:
-                    break
-            value, gone = self._outcome(ref, slot)
-            ray.kill(channel)
-            if value is None:  # its node was gone before it started: another slot takes it
-                return self.call(job, files, on_event, timeout_s, on_start)
-            return value
+                    value, gone = self._outcome(ref, slot)
+                    ref = None
+                    if value is None:  # its node was gone before it started: another slot takes it
+                        return self.call(job, files, on_event, timeout_s, on_start)
+                    return value
+            raise RunFailed("stopped")
         finally:
-            if not gone:
+            if ref is not None:  # not ended: stopped, or an exception here
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref, force=True)
+            if channel is not None:
+                with contextlib.suppress(Exception):
+                    ray.kill(channel)
+            self._give_back(slot, gone)
+
+    def _take(self) -> Slot:
+        """A free slot of `call`'s, waiting for one; RunFailed when no node is left or the pool is stopping."""
+        assert self._free is not None
+        while True:
+            if self._stopping.is_set():
+                raise RunFailed("stopped")
+            with self._lock:
+                if not self._live:
+                    raise RunFailed(
+                        "no node of the cluster is left to run a trial; run the same command again when it has "
+                        "nodes: the finished trials are kept"
+                    )
+            with contextlib.suppress(queue.Empty):
+                return self._free.get(timeout=0.5)
+
+    def _give_back(self, slot: Slot, gone: bool) -> None:
+        assert self._free is not None
+        with self._lock:
+            if gone:  # the node left: its slots leave with it
+                self._live = [s for s in self._live if s.node.id != slot.node.id]
+            elif slot in self._live:
                 self._free.put(slot)
+
+    def stop(self) -> None:
+        """Every `call` waiting or running ends (its job cancelled) with RunFailed('stopped')."""
+        self._stopping.set()
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -37,7 +37,7 @@ from trainwise import loop, strategies
 from trainwise.config import StudyConfig, TrainConfig, TrialSpec, maximize, monitored
 from trainwise.data.prepared import TrialData, load_data
 from trainwise.distributed import Ranks, Rendezvous, all_sum, is_multiprocess, several_nodes
-from trainwise.errors import ConfigError, RunFailed
+from trainwise.errors import ConfigError, OutputFailed, RunFailed
 from trainwise.events import Checkpoint, Emit, Eval, Event, Note, Step, Warn, ignore
 from trainwise.faults import seamed
 from trainwise.files import failed, free_space, human_bytes, plain_modes, refused_by, tree_bytes, write_atomic, writing
@@ -228,19 +228,31 @@ def _optimizer_state(tensors: dict[str, torch.Tensor], rest: dict) -> dict:
 def check_shared(out: Path) -> None:
     """Every rank: refuse, on every node at once, a run over several machines whose --out is not one shared folder
     (rank 0 writes a word there that each rank must read back): a checkpoint is written by all ranks into one
-    directory that rank 0 then renames, and `--resume` reads it back on every node."""
-    word = f"{uuid.uuid4().hex}\n"
-    probe = out / ".trainwise-shared"
+    directory that rank 0 then renames, and `--resume` reads it back on every node. Every rank reaches the same
+    collectives whatever happens (a rank that raised before them would leave the others waiting)."""
+    token = uuid.uuid4().hex
+    probe = out / f".trainwise-shared-{token[:12]}"  # a name of this run's own: no stale cached entry
+    written = True
     if Ranks.from_env().main:
-        write_atomic(probe, word)
-    said = [word]
+        try:
+            write_atomic(probe, token)
+        except (OSError, OutputFailed):
+            written = False
+    said: list = [token if written else None, probe.name]
     torch.distributed.broadcast_object_list(said, src=0)
+    if said[0] is None:
+        raise failed(out, "rank 0 could not write there", RESUME_HINT)
+    probe = out / said[1]
     try:
         seen = probe.read_text() == said[0]
     except OSError:
         seen = False
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if all_sum(int(seen), world) < world:
+    every = all_sum(int(seen), world) == world
+    _barrier()  # every rank has read it: rank 0 removes it
+    if Ranks.from_env().main:
+        probe.unlink(missing_ok=True)
+    if not every:
         raise ConfigError(
             f"--out {out} is not one folder shared by every node (a rank on host {socket.gethostname()} or another "
             "cannot read what rank 0 wrote there): a run over several machines writes its checkpoints there from "

@@ -145,12 +145,16 @@ def run_tune(
         on_cluster = (pool, cluster.study_files(pool.ray, spec))
         with ThreadPoolExecutor(len(pool.slots)) as threads:
             running: set = set()
-            while len(done()) + len(running) < n_trials or running:
-                while len(running) < len(pool.slots) and len(done()) + len(running) < n_trials:
-                    running.add(threads.submit(one))
-                finished, running = wait(running, return_when=FIRST_COMPLETED)
-                for f in finished:
-                    f.result()  # a refused disk stops the search, as locally
+            try:
+                while len(done()) + len(running) < n_trials or running:
+                    while len(running) < len(pool.slots) and len(done()) + len(running) < n_trials:
+                        running.add(threads.submit(one))
+                    finished, running = wait(running, return_when=FIRST_COMPLETED)
+                    for f in finished:
+                        f.result()  # a refused disk, or no node left, stops the search
+            except BaseException:  # Ctrl-C too: the trials still running are cancelled, not waited for
+                pool.stop()
+                raise
     finally:
         pool.close()
     return _summarise(study)

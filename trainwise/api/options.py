@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import socket
 import types
 import typing
 from collections.abc import Mapping
@@ -22,7 +23,7 @@ from typing import Any, ClassVar
 
 import yaml
 
-from trainwise import cluster, quality
+from trainwise import cluster, quality, strategies
 from trainwise.advise import Constraints
 from trainwise.config import DEFAULT_LR, IMAGE_TASK, StudyConfig, TrainConfig
 from trainwise.cost import resolve_price
@@ -570,9 +571,9 @@ class TrainOptions(ModelData, Priced):
     nproc: int = take(StudyConfig, "nproc")
     nproc_per_node: int | None = option(None, "Several machines: ranks on each node (the same as --nproc).")
     nnodes: int | None = option(
-        None, "Machines the run spans (each runs this command) \\[default: $SLURM_NNODES or 1]."
+        None, "Machines the run spans (each runs this command) \\[in srun: $SLURM_NNODES; else 1]."
     )
-    node_rank: int | None = option(None, "This machine's place among them \\[default: $SLURM_NODEID or 0].")
+    node_rank: int | None = option(None, "This machine's place among them, from 0 \\[in srun: $SLURM_NODEID].")
     master_addr: str | None = option(None, "Several machines: node 0's address (static rendezvous) \\[$MASTER_ADDR].")
     master_port: int | None = option(
         None, "Several machines: a free port on node 0 \\[default: $MASTER_PORT or 29500]."
@@ -615,14 +616,16 @@ class TrainOptions(ModelData, Priced):
         """Where this run's ranks meet when it spans several machines (the options, else Slurm's and torchrun's
         environment: SLURM_NNODES, SLURM_NODEID, MASTER_ADDR, MASTER_PORT); None on one machine."""
         env = os.environ
-        nnodes = self.nnodes if self.nnodes is not None else _env_int("SLURM_NNODES", 1)
+        # Slurm's count only inside an srun step (one task per node): a batch script's own step runs on one node
+        slurm = "SLURM_STEP_ID" in env
+        nnodes = self.nnodes if self.nnodes is not None else _env_int("SLURM_NNODES", 1) if slurm else 1
         if nnodes < 1:
             raise ConfigError(f"--nnodes must be >= 1, got {nnodes}")
         if nnodes == 1:
             if self.node_rank not in (None, 0):
                 raise ConfigError(f"--node-rank {self.node_rank} with one node: give --nnodes too")
             return None
-        node_rank = self.node_rank if self.node_rank is not None else _env_int("SLURM_NODEID", None)
+        node_rank = self.node_rank if self.node_rank is not None else _env_int("SLURM_NODEID", None) if slurm else None
         if node_rank is None or not 0 <= node_rank < nnodes:
             raise ConfigError(f"--node-rank: give this machine's place, 0 to {nnodes - 1} (--nnodes {nnodes})")
         addr = self.master_addr or env.get("MASTER_ADDR")
@@ -630,12 +633,21 @@ class TrainOptions(ModelData, Priced):
             raise ConfigError(
                 "--nnodes > 1 needs --master-addr (node 0's address, the same on each node) or MASTER_ADDR"
             )
+        try:  # torchrun would retry an address it cannot resolve for its whole rendezvous timeout
+            socket.getaddrinfo(addr, None)
+        except OSError as e:
+            raise ConfigError(f"--master-addr {addr}: cannot resolve it ({e.strerror or e})") from None
         port = self.master_port if self.master_port is not None else _env_int("MASTER_PORT", 29500)
         if not 0 < port < 65536:
             raise ConfigError(f"--master-port must be a port number, got {port}")
         world = nnodes * self.ranks_here()
-        if self.batch_size % world:
-            raise ConfigError(f"--batch-size {self.batch_size} must split evenly over {world} ranks on {nnodes} nodes")
+        rows = strategies.parse_rows(self.strategies or "baseline", self.accum_steps)
+        accum = strategies.runtime(rows[0].plan, self.task, "cpu").accum_steps if len(rows) == 1 else 1
+        if (self.batch_size // accum) % world or self.batch_size % accum:
+            raise ConfigError(
+                f"--batch-size {self.batch_size}: each micro-batch of {self.batch_size // accum} must split evenly "
+                f"over {world} ranks on {nnodes} nodes; use a multiple of {accum * world}"
+            )
         return Rendezvous(nnodes, node_rank, addr, port)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwise import strategies
-from trainwise.advise import Constraints, advise
+from trainwise.advise import Constraints, advise, one_kind
 from trainwise.api import compare as compare_api
 from trainwise.api.options import CompareOptions, PlanOptions, words
 from trainwise.api.render import STDERR, Render
@@ -244,9 +244,10 @@ def memory_of(out: Path, budget: int | None, accum: int, order: list[str]):
 
 
 def study_rows(out: Path) -> list[StudyRow]:
+    """The study's rows the search reads: on a cluster of several device kinds, those of one kind (advise's)."""
     from trainwise.study.store import read_results  # heavy: trainwise.study.store
 
-    return read_results(out)
+    return one_kind(read_results(out))[0]
 
 
 def measured_rows(rows: list[StudyRow], constraints: Constraints, accum: int) -> list[Measured]:

@@ -26,6 +26,8 @@ def start(options: TrainOptions, render: Render | None = STDERR):
             "--nnodes N --node-rank R --master-addr A; under Slurm, srun --ntasks-per-node=1 trainwise train ...)"
         )
     meet = options.rendezvous()
+    if meet is not None and options.plan_study is not None:
+        raise ConfigError("--plan trains a study's row on one machine; over several, give the plan with --strategies")
     options.price()  # a bad price is said now, not after the run (the summary prices it)
     if options.plan_study is not None:
         from trainwise.api.studies import study_spec  # heavy: trainwise.api.studies loads numpy
@@ -57,8 +59,6 @@ def start(options: TrainOptions, render: Render | None = STDERR):
         else:
             render.event(event)
 
-    if meet is not None and options.plan_study is not None:
-        raise ConfigError("--plan trains a study's row on one machine; over several, give the plan with --strategies")
     return train_any(TrainJob(spec, tc, Path(options.out), options.resume, backends, meet), on_event)
 
 

@@ -27,6 +27,21 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+KIND_LABEL = "TRAINWISE_NODE_KIND"  # a machine's own name for its device kind, where its operator gives one
+
+
+def device_kind(device: str, cpus: int | None = None) -> str:
+    """The kind of device a row is measured on, what rows are compared within: the operator's label, else the GPU's
+    name, else the CPU's model with the CPUs a trial gets (`cpus`; default: those this process may run on)."""
+    if label := os.environ.get(KIND_LABEL, "").strip():
+        return label
+    if device == "cuda":
+        import torch  # heavy: torch, only for a GPU
+
+        return torch.cuda.get_device_name(0)
+    return f"{cpu_name()}, {cpus or len(os.sched_getaffinity(0))} CPUs"
+
+
 @cache
 def git_commit() -> str | None:
     repo = Path(__file__).resolve().parents[2]
@@ -75,6 +90,7 @@ def environment(device: str) -> dict[str, object]:
         "commit": git_commit(),
         "platform": platform.platform(),
         "host": platform.node(),
+        "device_kind": device_kind(device),  # rows are compared within a kind (a study over several machines)
         # a trial forked from the zygote (torch imported before the fork) or a fresh interpreter: the RSS
         # of a forked one leaves out the pages only the import touched (docs/measurement.md)
         "process": "forked" if os.environ.get("TRAINWISE_FORKED") == "1" else "fresh",
