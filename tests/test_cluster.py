@@ -42,10 +42,23 @@ def ray_cluster(tmp_path_factory):
             yield {"env": env, "address": f"{HEAD}:{port}", "worker": worker, "join": join, "home": home}
 
 
+def _study(rows: str, *more: str) -> list[str]:
+    """A tiny compare study's options (no cluster, no --out)."""
+    argv = ["compare", "--model-preset", "bert-tiny", "--strategies", rows, "--max-steps", "4", "--warmup-steps", "1"]
+    return [*argv, "--eval-samples", "16", "--device", "cpu", "--retries", "0", *more]
+
+
 def _compare(c: dict, out: Path, rows: str, *more: str) -> list[str]:
-    argv = [sys.executable, "-m", "trainwise.cli", "compare", "--model-preset", "bert-tiny", "--strategies", rows]
-    argv += ["--max-steps", "4", "--warmup-steps", "1", "--eval-samples", "16", "--device", "cpu", "--retries", "0"]
-    return [*argv, "--ray-address", c["address"], "--out", str(out), *more]
+    return [
+        sys.executable,
+        "-m",
+        "trainwise.cli",
+        *_study(rows, *more),
+        "--ray-address",
+        c["address"],
+        "--out",
+        str(out),
+    ]
 
 
 def _rows(out: Path) -> list[dict]:
@@ -120,6 +133,26 @@ def test_find_batch_probes_run_on_the_cluster(ray_cluster, tmp_path, cls_csv):
     assert run.returncode == 0, run.stderr[-3000:]
     assert "on node 127.0.0." in run.stderr, run.stderr[-2000:]
     assert json.loads((fb / "find_batch.json").read_text())["points"], "the probes measured sizes"
+
+
+def test_a_trial_spans_both_nodes_and_takes_the_steps_of_its_ranks_on_one_machine(ray_cluster, tmp_path):
+    """--nodes-per-trial 2: one trial, one rank on each node (torchrun's static rendezvous at the first), its row
+    combining both; it takes the steps of the same two ranks on one machine (--nproc 2), loss for loss."""
+    c = ray_cluster
+    out = tmp_path / "span"
+    run = subprocess.run(
+        _compare(c, out, "baseline", "--nodes-per-trial", "2", "--no-remeasure"), env=c["env"], capture_output=True,
+        text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    (row,) = _rows(out)
+    assert row["status"] == "ok" and row["world_size"] == 2, row
+    assert sorted(json.loads((out / "results.json").read_text())["rows"][0]["env"]["nodes"]) == [HEAD, WORKER]
+    one = tmp_path / "one"
+    alone = here.trainwise(*_study("baseline", "--no-remeasure", "--nproc", "2"), "--out", str(one))
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    # every step's loss (train_loss also counts the steps autorange adds, as many as each run's timing needed)
+    assert row["losses"] == pytest.approx(_rows(one)[0]["losses"], rel=1e-5)
 
 
 def test_a_study_runs_on_both_nodes_and_a_node_killed_mid_trial_is_a_row(ray_cluster, tmp_path):

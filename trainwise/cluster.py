@@ -158,6 +158,20 @@ def nodes(ray: Any, device: str, ranks: int = 1) -> list[Node]:
     return out
 
 
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def remote_port(ray: Any, node: Node) -> Any:
+    """A free port on `node` (a group's rendezvous there), asked of the node itself."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # optional: trainwise[ray]
+
+    probe = ray.remote(num_cpus=0, max_retries=0)(_port)
+    return probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node.id, soft=False)).remote()
+
+
 def alive(ray: Any) -> set[str]:
     return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
 
@@ -219,6 +233,11 @@ class Slot:
     node: Node
     index: int  # the slot's number on its node (its GPUs: index * gpus ...)
     gpus: int
+    peers: tuple[Node, ...] = ()  # a trial spanning nodes: the others (node 0 of its rendezvous is `node`)
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        return (self.node, *self.peers)
 
 
 @dataclass(frozen=True)
@@ -234,7 +253,9 @@ class Pool:
     """Runs items as Ray tasks over the cluster's slots, as many at once as there are slots, and hands each
     outcome to the caller as it arrives (in the caller's thread: the driver stores it)."""
 
-    def __init__(self, address: str | None, device: str, ranks: int = 1, env: dict[str, str] | None = None):
+    def __init__(
+        self, address: str | None, device: str, ranks: int = 1, env: dict[str, str] | None = None, span: int = 1
+    ):
         self.ray = connect(address, env)
         self.device, self.ranks = device, ranks
         self.nodes = nodes(self.ray, device, ranks)
@@ -242,11 +263,22 @@ class Pool:
             need = f"{ranks} GPU(s)" if device == "cuda" else "a CPU"
             self.close()
             raise ConfigError(f"--ray-address {address}: no node of the cluster has {need} for a trial")
-        self.slots = [
-            Slot(n, i, ranks if device == "cuda" else 0)
-            for n in self.nodes
-            for i in range(max(1, n.gpus // ranks) if device == "cuda" else 1)
-        ]
+        gpus = ranks if device == "cuda" else 0
+        if span == 1:
+            self.slots = [
+                Slot(n, i, gpus) for n in self.nodes for i in range(max(1, n.gpus // ranks) if device == "cuda" else 1)
+            ]
+        else:  # a trial spans `span` nodes of one kind: the nodes of each kind in groups (those left over idle)
+            self.slots = []
+            for kind in self.kinds():
+                same = [n for n in self.nodes if n.kind == kind]
+                self.slots += [Slot(g[0], 0, gpus, tuple(g[1:])) for g in zip(*[iter(same)] * span, strict=False)]
+            if not self.slots:
+                self.close()
+                raise ConfigError(
+                    f"--nodes-per-trial {span}: the cluster has no {span} nodes of one device kind "
+                    f"({len(self.nodes)} node(s): {', '.join(self.kinds())})"
+                )
         self._lock = threading.Lock()
         self._free: queue.Queue[Slot] | None = None  # `call`'s slots, made at its first use
         self._live = list(self.slots)  # `call`'s slots whose node is still there
@@ -261,20 +293,23 @@ class Pool:
         self,
         items: Iterable[T],
         task: Callable[..., Any],
-        args: Callable[[T, Slot], tuple],
+        args: Callable[[T, Slot, dict | None], tuple],
         on_start: Callable[[T, Slot], None],
         on_end: Callable[[T, Slot, Any], None],
         kind_of: Callable[[T], str | None] = lambda _item: None,
     ) -> list[T]:
-        """Run `task(*args(item, slot))` for every item on a free slot (of the item's kind when `kind_of` names
-        one); `on_end(item, slot, value or Lost)` as each ends. Returns the items no slot could take (every node
-        of their kind gone)."""
+        """Run `task(*args(item, slot, rendezvous))` for every item on a free slot (of the item's kind when
+        `kind_of` names one): one task, or for a slot spanning nodes one per node, each with its place in the
+        group's rendezvous (None for one node); `on_end(item, slot, value or Lost)` as each ends (a list of the
+        nodes' values for a group; its first Lost if one was lost). Returns the items no slot could take (every
+        node of their kind gone)."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # optional: trainwise[ray]
 
         ray = self.ray
         remote = ray.remote(max_calls=1, max_retries=0)(task)
         waiting, free = list(items), list(self.slots)
-        running: dict[Any, tuple[T, Slot]] = {}
+        running: dict[Any, tuple[int, int]] = {}  # a task -> (its group, its node's place in it)
+        groups: dict[int, dict] = {}
         stranded: list[T] = []
         try:
             while waiting or running:
@@ -288,28 +323,49 @@ class Pool:
                         continue
                     free.remove(slot)
                     waiting.remove(item)
-                    ref = remote.options(
-                        num_cpus=slot.node.cpus if self.device != "cuda" else 1,
-                        num_gpus=slot.gpus,
-                        scheduling_strategy=NodeAffinitySchedulingStrategy(slot.node.id, soft=False),
-                    ).remote(*args(item, slot))
-                    running[ref] = (item, slot)
+                    span = len(slot.nodes)
+                    port = ray.get(remote_port(ray, slot.node)) if span > 1 else 0
+                    gid = len(groups)
+                    groups[gid] = {"item": item, "slot": slot, "values": [None] * span, "left": span, "gone": False}
+                    for rank, node in enumerate(slot.nodes):
+                        meet = {"nnodes": span, "node_rank": rank, "addr": slot.node.ip, "port": port}
+                        ref = remote.options(
+                            num_cpus=node.cpus if self.device != "cuda" else 1,
+                            num_gpus=slot.gpus,
+                            scheduling_strategy=NodeAffinitySchedulingStrategy(node.id, soft=False),
+                        ).remote(*args(item, slot, meet if span > 1 else None))
+                        running[ref] = (gid, rank)
                     on_start(item, slot)
                 if not running:
                     continue
                 done, _ = ray.wait(list(running), num_returns=1, timeout=1.0)
                 for ref in done:
-                    item, slot = running.pop(ref)
-                    value, gone = self._outcome(ref, slot)
+                    gid, rank = running.pop(ref)
+                    g = groups[gid]
+                    node = g["slot"].nodes[rank]
+                    value, gone = self._outcome(ref, node)
+                    g["values"][rank], g["left"] = value, g["left"] - 1
                     if gone:  # the node left: its slots leave with it
-                        self.slots = [s for s in self.slots if s.node.id != slot.node.id]
-                        free = [s for s in free if s.node.id != slot.node.id]
-                    else:
+                        g["gone"] = True
+                        self.slots = [s for s in self.slots if node not in s.nodes]
+                        free = [s for s in free if node not in s.nodes]
+                    if (value is None or isinstance(value, Lost)) and g["left"]:  # a part failed: the others too
+                        for other, (o_gid, _) in list(running.items()):
+                            if o_gid == gid:
+                                with contextlib.suppress(Exception):
+                                    ray.cancel(other, force=True)
+                    if g["left"]:
+                        continue
+                    item, slot, values = g["item"], g["slot"], g["values"]
+                    if not g["gone"]:
                         free.append(slot)
-                    if value is None:  # never started (its node was gone before it was placed): placed again
+                    lost = next((v for v in values if isinstance(v, Lost)), None)
+                    if lost is None and any(v is None for v in values):  # never started: placed again
                         waiting.insert(0, item)
+                    elif lost is not None:
+                        on_end(item, slot, lost)
                     else:
-                        on_end(item, slot, value)
+                        on_end(item, slot, values if len(values) > 1 else values[0])
         except BaseException:
             for ref in running:
                 with contextlib.suppress(Exception):
@@ -317,23 +373,25 @@ class Pool:
             raise
         return stranded
 
-    def _outcome(self, ref: Any, slot: Slot) -> tuple[Any, bool]:
-        """(the task's value, a Lost, or None for a task that never started; whether the slot's node is gone)."""
+    def _outcome(self, ref: Any, node: Node) -> tuple[Any, bool]:
+        """(the task's value, a Lost, or None for a task that never started; whether its node is gone)."""
         ex = self.ray.exceptions
         try:
             return self.ray.get(ref), False
         except ex.TaskUnschedulableError:
             return None, True
+        except ex.TaskCancelledError:  # another node of its group failed first: that one says why
+            return Lost("crashed", f"cancelled on node {node.ip}: another node of the trial failed"), False
         except ex.OutOfMemoryError as e:
-            return Lost("oom", f"killed by Ray's memory monitor on node {slot.node.ip}: {_first(e)}"), False
+            return Lost("oom", f"killed by Ray's memory monitor on node {node.ip}: {_first(e)}"), False
         except ex.RayTaskError as e:  # the task itself raised (not the trial: that is a row it returns)
-            return Lost("error", f"on node {slot.node.ip}: {_first(e)}"), False
+            return Lost("error", f"on node {node.ip}: {_first(e)}"), False
         except ex.RayError as e:  # the worker or its node died
             gone = isinstance(e, ex.NodeDiedError)
             if not gone:
                 time.sleep(0.5)
-                gone = slot.node.id not in alive(self.ray)
-            where = f"node {slot.node.label()} left the cluster" if gone else f"its worker on node {slot.node.ip} died"
+                gone = node.id not in alive(self.ray)
+            where = f"node {node.label()} left the cluster" if gone else f"its worker on node {node.ip} died"
             return Lost("crashed", f"{where} during the trial ({type(e).__name__}: {_sentence(e)})"), gone
 
     def call(
@@ -383,7 +441,7 @@ class Pool:
                         halted = True
                         channel.halt.remote()
                 if done:
-                    value, gone = self._outcome(ref, slot)
+                    value, gone = self._outcome(ref, slot.node)
                     ref = None
                     if value is None:  # its node was gone before it started: another slot takes it
                         return self.call(job, files, on_event, timeout_s, on_start)

@@ -159,6 +159,10 @@ class StudyConfig:
     )
     num_workers: tuple[int, ...] = option("0", "Sweep: DataLoader worker counts, e.g. 0,1,2,4,8.", config_default=(0,))
     nproc: int = option(1, NPROC)  # data-parallel processes per trial (torchrun); ZeRO rows partition over them
+    # on a Ray cluster: the nodes a trial's ranks span (nodes x nproc ranks, torchrun's static rendezvous)
+    nodes_per_trial: int = option(
+        1, "With --ray-address: the nodes each trial spans, --nproc ranks on each (its ranks: nodes x --nproc)."
+    )
     # torch.profiler Chrome trace of every trial's training steps
     profile: bool = option(False, "A torch.profiler trace of each trial's steps (adds overhead).")
     # image folders are resized to image_size x image_size
@@ -246,6 +250,10 @@ class StudyConfig:
         if any(b <= 0 for b in self.batch_sizes):
             raise ConfigError(f"--batch-sizes must all be > 0, got {','.join(map(str, self.batch_sizes))}")
         check_nproc(self.nproc)
+        if not 1 <= self.nodes_per_trial <= 64:
+            raise ConfigError(f"--nodes-per-trial must be between 1 and 64, got {self.nodes_per_trial}")
+        if self.nodes_per_trial > 1 and self.ray_address is None:
+            raise ConfigError("--nodes-per-trial spans the nodes of a Ray cluster: give --ray-address too")
         if not self.num_workers or any(w < 0 for w in self.num_workers):
             raise ConfigError(f"--num-workers must all be >= 0, got {','.join(map(str, self.num_workers))}")
         self.rows = strategies.parse_rows(self.strategies, self.accum_steps)
@@ -517,6 +525,7 @@ class TrialSettings:
     max_grad_norm: float = 1.0
     num_workers: int = 0
     nproc: int = 1
+    nnodes: int = 1  # the nodes a trial's ranks span (a Ray cluster's; nproc ranks on each)
     profile: bool = False
     # tunables (trainwise tune); compare and train use the defaults
     weight_decay: float = 0.0

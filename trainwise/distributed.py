@@ -57,7 +57,7 @@ def is_multiprocess(spec: TrialSpec) -> bool:
     """Whether a trial runs under torchrun: several ranks, or a plan that needs a process group (DeepSpeed)."""
 
     s = spec.settings
-    return s.nproc > 1 or strategies.runtime(spec.plan, s.task, s.device).needs_ranks
+    return s.nproc > 1 or s.nnodes > 1 or strategies.runtime(spec.plan, s.task, s.device).needs_ranks
 
 
 def group_size() -> int:

@@ -364,18 +364,21 @@ class TrialJob:
 
     spec: TrialSpec
     trial_dir: Path
+    rendezvous: Rendezvous | None = None  # a trial whose ranks span nodes: this node's place among them
 
     def place(self) -> Place:
         s = self.spec.settings
         ranks = s.nproc if is_multiprocess(self.spec) else None
-        return Place(self.trial_dir / "job.json", self.trial_dir / "stderr.log", ranks, s.device)
+        return Place(self.trial_dir / "job.json", self.trial_dir / "stderr.log", ranks, s.device, self.rendezvous)
 
     def to_dict(self) -> dict:
-        return {"spec": self.spec.to_dict(), "trial_dir": str(self.trial_dir)}
+        meet = None if self.rendezvous is None else self.rendezvous.to_dict()
+        return {"spec": self.spec.to_dict(), "trial_dir": str(self.trial_dir), "rendezvous": meet}
 
     @classmethod
     def from_dict(cls, blob: dict) -> TrialJob:
-        return cls(TrialSpec.from_dict(blob["spec"]), Path(blob["trial_dir"]))
+        meet = Rendezvous.from_dict(blob.get("rendezvous"))
+        return cls(TrialSpec.from_dict(blob["spec"]), Path(blob["trial_dir"]), meet)
 
     def run(self, emit: Emit) -> TrialResult:
         """The trial, in this rank; an exception becomes an `error` row, an out-of-memory an `oom` row."""
@@ -408,7 +411,9 @@ class TrialJob:
             return TrialResult(status="timeout", message=message, wall_s=end.wall_s, **base)
         ranks = self.place().ranks
         if any(r is not None for r in results):
-            result = combine_ranks(results, ranks) if ranks is not None else results[0]
+            # this node's ranks; over several nodes each rank knows the whole group's size
+            world = None if ranks is None else ranks * (self.rendezvous.nnodes if self.rendezvous else 1)
+            result = combine_ranks(results, world) if world is not None else results[0]
             assert result is not None
             result.wall_s = end.wall_s
             return result

@@ -242,6 +242,7 @@ class CompareOptions(ModelData, Priced):
     batch_sizes: str | list[int] | None = take(StudyConfig, "batch_sizes")
     num_workers: str | int | list[int] = take(StudyConfig, "num_workers")
     nproc: int = take(StudyConfig, "nproc")
+    nodes_per_trial: int = take(StudyConfig, "nodes_per_trial")
     image_size: int = take(StudyConfig, "image_size")
     checkpoint_minutes: float = option(30.0, "Cost, low-priority: minutes between checkpoints.", role=PRICE)
     profile: bool = take(StudyConfig, "profile")

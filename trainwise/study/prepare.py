@@ -344,6 +344,7 @@ def _settings(
         eval_samples=cfg.eval_samples,
         n_train=n_train,
         nproc=cfg.nproc,
+        nnodes=cfg.nodes_per_trial,
         profile=cfg.profile,
         data_format=data_format,
     )
@@ -424,11 +425,16 @@ def _check_ranks(cfg: StudyConfig, device: str, unsupported: dict[str, str]) -> 
         if c.row.text in unsupported:
             continue
         accum = strategies.runtime(c.row.plan, cfg.task, device).accum_steps
-        micro = c.batch_size // accum
-        if micro % cfg.nproc:
+        micro, world = c.batch_size // accum, cfg.nproc * cfg.nodes_per_trial
+        if micro % world:
+            over = (
+                f"--nproc {cfg.nproc} ranks"
+                if cfg.nodes_per_trial == 1
+                else f"{world} ranks on {cfg.nodes_per_trial} nodes"
+            )
             raise ConfigError(
                 f"{c.row.text!r} at batch size {c.batch_size}: each micro-batch of {micro} must split evenly over "
-                f"--nproc {cfg.nproc} ranks; use a batch size that is a multiple of {accum * cfg.nproc}"
+                f"{over}; use a batch size that is a multiple of {accum * world}"
             )
 
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 from trainwise import cluster, projection
 from trainwise.config import StudyConfig, TrialSpec
-from trainwise.distributed import is_multiprocess
+from trainwise.distributed import Rendezvous, is_multiprocess
 from trainwise.errors import ConfigError, RunFailed
 from trainwise.events import Event, Note
 from trainwise.files import failed, refused_by
 from trainwise.measure import contention
-from trainwise.results import TrialResult
+from trainwise.results import TrialResult, combine_ranks
 from trainwise.strategies import Support
 from trainwise.study.prepare import PreparedStudy
 from trainwise.study.store import STORE, Store, Trials, hold, still_there
@@ -241,7 +241,7 @@ def _on_cluster(prepared: PreparedStudy, store: Store, on_event: Events, on_done
             if on_stored is not None:
                 on_stored(so_far())
 
-        args = lambda i, slot: (specs[i].to_dict(), retry, files)  # noqa: E731
+        args = lambda i, slot, meet: (specs[i].to_dict(), retry, files, meet)  # noqa: E731
         stranded = pool.run(todo, _on_node, args, start, end, lambda i: specs[i].extra.get(cluster.KIND))
         if stranded:
             _no_node_left([specs[i] for i in stranded])
@@ -252,10 +252,12 @@ def _on_cluster(prepared: PreparedStudy, store: Store, on_event: Events, on_done
 
 def _pool(address: str | None, spec: TrialSpec) -> cluster.Pool:
     s = spec.settings
-    return cluster.Pool(address, s.device, s.nproc if is_multiprocess(spec) else 1)
+    return cluster.Pool(address, s.device, s.nproc if is_multiprocess(spec) else 1, span=s.nnodes)
 
 
 def _placed(spec: TrialSpec, slot: cluster.Slot) -> str:
+    if slot.peers:
+        return f"{spec.row} (repeat {spec.repeat}): on nodes {', '.join(n.ip for n in slot.nodes)} ({slot.node.kind})"
     return f"{spec.row} (repeat {spec.repeat}): on node {slot.node.label()}"
 
 
@@ -268,10 +270,27 @@ def _no_node_left(specs: list[TrialSpec]) -> None:
 
 
 def _arrived(
-    spec: TrialSpec, slot: cluster.Slot, value: dict | cluster.Lost, trial_dir: Path, emit: Callable[[Event], None]
+    spec: TrialSpec,
+    slot: cluster.Slot,
+    value: dict | list[dict] | cluster.Lost,
+    trial_dir: Path,
+    emit: Callable[[Event], None],
 ) -> TrialResult:
     """A trial's row from what its task returned (its log kept in `trial_dir` here), or from how it was lost; either
-    way with the node it ran on."""
+    way with the node it ran on. A trial spanning nodes returned one value per node: its row combines their ranks
+    (time the slowest's, samples/s all of theirs, memory the largest)."""
+    if isinstance(value, list):
+        parts: list[TrialResult | None] = [TrialResult.from_dict(v["result"]) for v in value]
+        failed = next(((n, r) for n, r in enumerate(parts) if r is not None and r.status != "ok"), None)
+        if failed is not None:  # the node whose ranks failed says why
+            n, r = failed
+            combined = dataclasses.replace(r, message=f"node {n} ({slot.nodes[n].ip}): {r.message}")
+        else:
+            combined = combine_ranks(parts, spec.settings.nproc * spec.settings.nnodes)
+        logs = "".join(
+            f"---- node {n} ({node.ip})\n{v['log']}" for n, (v, node) in enumerate(zip(value, slot.nodes, strict=True))
+        )
+        value = {"result": combined.to_dict(), "notes": [line for v in value for line in v["notes"]], "log": logs}
     if isinstance(value, cluster.Lost):
         result = TrialResult(spec.row, value.status, spec.repeat, value.message, spec.plan.to_dict())
     else:
@@ -280,7 +299,9 @@ def _arrived(
             emit(Note(line))
         trial_dir.mkdir(parents=True, exist_ok=True)
         (trial_dir / "stderr.log").write_text(value["log"])
-    node = {"host": slot.node.host, "node_ip": slot.node.ip, cluster.KIND: slot.node.kind}
+    node: dict = {"host": slot.node.host, "node_ip": slot.node.ip, cluster.KIND: slot.node.kind}
+    if slot.peers:
+        node["nodes"] = [n.ip for n in slot.nodes]
     result.env = {**(result.env or {}), **node}
     return result
 
@@ -305,7 +326,7 @@ class ClusterLaunch:
         stranded = self.pool.run(
             [spec],
             _on_node,
-            lambda sp, slot: (sp.to_dict(), Retry(timeout_s), self.files),
+            lambda sp, slot, meet: (sp.to_dict(), Retry(timeout_s), self.files, meet),
             lambda sp, slot: emit(Note(_placed(sp, slot))),
             lambda sp, slot, value: got.append(_arrived(sp, slot, value, trial_dir, emit)),
         )
@@ -347,11 +368,11 @@ def per_kind(specs: list[TrialSpec], prepared: PreparedStudy, kinds: list[str]) 
     return out
 
 
-def _on_node(spec_blob: dict, cfg: Retry, files: bytes) -> dict:
+def _on_node(spec_blob: dict, cfg: Retry, files: bytes, meet: dict | None = None) -> dict:
     """On a node of the cluster, in a fresh Ray worker: the study's files unpacked here, the trial run by the local
     launcher as a child of this worker (exec'd: one trial per worker), with the CPUs Ray gave it as its threads, and
     run again while the node is loaded, as locally. Returns the result, its notes and the end of its log."""
-    from trainwise.launcher import launch  # heavy: the trial machinery, on the node only
+    from trainwise import launcher  # heavy: the trial machinery, on the node only
 
     ray = cluster.ray_module()
     root = cluster.unpack(files)
@@ -373,7 +394,11 @@ def _on_node(spec_blob: dict, cfg: Retry, files: bytes) -> dict:
             notes.append(event.text)
 
     try:
-        result = _measured(spec, trial_dir, launch, cfg, emit)
+        if meet is None:
+            result = _measured(spec, trial_dir, launcher.launch, cfg, emit)
+        else:  # this node's ranks of a trial spanning nodes (not run again under load: the group is measured once)
+            job = launcher.TrialJob(spec, trial_dir, Rendezvous.from_dict(meet))
+            result = launcher.run(job, emit, backend="exec", timeout_s=cfg.trial_timeout)
         log = (trial_dir / "stderr.log").read_bytes()[-LOG_TAIL:].decode(errors="replace")
     finally:
         shutil.rmtree(trial_dir, ignore_errors=True)
