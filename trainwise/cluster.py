@@ -297,12 +297,14 @@ class Pool:
         on_start: Callable[[T, Slot], None],
         on_end: Callable[[T, Slot, Any], None],
         kind_of: Callable[[T], str | None] = lambda _item: None,
+        failed: Callable[[Any], bool] = lambda _value: False,
     ) -> list[T]:
         """Run `task(*args(item, slot, rendezvous))` for every item on a free slot (of the item's kind when
         `kind_of` names one): one task, or for a slot spanning nodes one per node, each with its place in the
-        group's rendezvous (None for one node); `on_end(item, slot, value or Lost)` as each ends (a list of the
-        nodes' values for a group; its first Lost if one was lost). Returns the items no slot could take (every
-        node of their kind gone)."""
+        group's rendezvous (None for one node); `on_end(item, slot, value or Lost)` as each ends. A group gives the
+        list of its nodes' values, or its first failure as it came (a Lost, or a value `failed` says is one, as
+        {"part": its node's place, **value}): the others' parts are cancelled then. Returns the items no slot
+        could take (every node of their kind gone)."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # optional: trainwise[ray]
 
         ray = self.ray
@@ -324,9 +326,15 @@ class Pool:
                     free.remove(slot)
                     waiting.remove(item)
                     span = len(slot.nodes)
-                    port = ray.get(remote_port(ray, slot.node)) if span > 1 else 0
+                    try:
+                        port = ray.get(remote_port(ray, slot.node)) if span > 1 else 0
+                    except ray.exceptions.RayError:  # its first node went meanwhile: the slot goes, the item waits
+                        self.slots = [s for s in self.slots if s is not slot]
+                        waiting.insert(0, item)
+                        continue
                     gid = len(groups)
                     groups[gid] = {"item": item, "slot": slot, "values": [None] * span, "left": span, "gone": False}
+                    groups[gid] |= {"cause": None, "requeue": False}
                     for rank, node in enumerate(slot.nodes):
                         meet = {"nnodes": span, "node_rank": rank, "addr": slot.node.ip, "port": port}
                         ref = remote.options(
@@ -349,8 +357,13 @@ class Pool:
                         g["gone"] = True
                         self.slots = [s for s in self.slots if node not in s.nodes]
                         free = [s for s in free if node not in s.nodes]
-                    if (value is None or isinstance(value, Lost)) and g["left"]:  # a part failed: the others too
-                        for other, (o_gid, _) in list(running.items()):
+                    bad = value is None or isinstance(value, Lost) or (len(g["slot"].nodes) > 1 and failed(value))
+                    if bad and g["cause"] is None and not g["requeue"]:  # the first failure is the group's cause
+                        if value is None:
+                            g["requeue"] = True  # never started: placed again once its parts have ended
+                        else:
+                            g["cause"] = value if isinstance(value, Lost) else {"part": rank, **value}
+                        for other, (o_gid, _) in list(running.items()):  # the others' parts would wait for it
                             if o_gid == gid:
                                 with contextlib.suppress(Exception):
                                     ray.cancel(other, force=True)
@@ -359,11 +372,10 @@ class Pool:
                     item, slot, values = g["item"], g["slot"], g["values"]
                     if not g["gone"]:
                         free.append(slot)
-                    lost = next((v for v in values if isinstance(v, Lost)), None)
-                    if lost is None and any(v is None for v in values):  # never started: placed again
+                    if g["cause"] is not None:
+                        on_end(item, slot, g["cause"])
+                    elif g["requeue"]:
                         waiting.insert(0, item)
-                    elif lost is not None:
-                        on_end(item, slot, lost)
                     else:
                         on_end(item, slot, values if len(values) > 1 else values[0])
         except BaseException:
@@ -419,42 +431,44 @@ class Pool:
                 # beside the driver: its node outlives any trial's (soft: a driver outside the cluster is no node)
                 here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
                 self._channel = ray.remote(num_cpus=0, scheduling_strategy=here)(Channel)
-        slot = self._take()
-        gone, ref, channel = False, None, None
-        try:
-            channel = self._channel.remote()
-            ref = self._task.options(
-                num_cpus=slot.node.cpus if self.device != "cuda" else 1,
-                num_gpus=slot.gpus,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(slot.node.id, soft=False),
-            ).remote(job_blob(job), files, channel, timeout_s)
-            on_start(slot)
-            halted = False
-            while not self._stopping.is_set():
-                done, _ = ray.wait([ref], timeout=0.5)
-                try:
-                    events = ray.get(channel.take.remote())
-                except ray.exceptions.RayActorError:  # the channel's node went (a driver outside the cluster)
-                    events = []
-                for event in events:
-                    if on_event(event) is True and not halted:
-                        halted = True
-                        channel.halt.remote()
-                if done:
-                    value, gone = self._outcome(ref, slot.node)
-                    ref = None
-                    if value is None:  # its node was gone before it started: another slot takes it
-                        return self.call(job, files, on_event, timeout_s, on_start)
-                    return value
-            raise RunFailed("stopped")
-        finally:
-            if ref is not None:  # not ended: stopped, or an exception here
-                with contextlib.suppress(Exception):
-                    ray.cancel(ref, force=True)
-            if channel is not None:
-                with contextlib.suppress(Exception):
-                    ray.kill(channel)
-            self._give_back(slot, gone)
+        while True:  # a job whose node was gone before it started is placed again, on another slot
+            slot = self._take()
+            gone, ref, channel, value = False, None, None, None
+            try:
+                channel = self._channel.remote()
+                ref = self._task.options(
+                    num_cpus=slot.node.cpus if self.device != "cuda" else 1,
+                    num_gpus=slot.gpus,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(slot.node.id, soft=False),
+                ).remote(job_blob(job), files, channel, timeout_s)
+                on_start(slot)
+                halted = False
+                while not self._stopping.is_set():
+                    done, _ = ray.wait([ref], timeout=0.5)
+                    try:
+                        events = ray.get(channel.take.remote())
+                    except ray.exceptions.RayActorError:  # the channel's node went (a driver outside the cluster)
+                        events = []
+                    for event in events:
+                        if on_event(event) is True and not halted:
+                            halted = True
+                            channel.halt.remote()
+                    if done:
+                        value, gone = self._outcome(ref, slot.node)
+                        ref = None
+                        break
+                else:
+                    raise RunFailed("stopped")
+            finally:
+                if ref is not None:  # not ended: stopped, or an exception here
+                    with contextlib.suppress(Exception):
+                        ray.cancel(ref, force=True)
+                if channel is not None:
+                    with contextlib.suppress(Exception):
+                        ray.kill(channel)
+                self._give_back(slot, gone)
+            if value is not None:
+                return value
 
     def _take(self) -> Slot:
         """A free slot of `call`'s, waiting for one; RunFailed when no node is left or the pool is stopping."""
@@ -469,7 +483,10 @@ class Pool:
                         "nodes: the finished trials are kept"
                     )
             with contextlib.suppress(queue.Empty):
-                return self._free.get(timeout=0.5)
+                slot = self._free.get(timeout=0.5)
+                with self._lock:
+                    if slot in self._live:  # not a slot of a node gone meanwhile
+                        return slot
 
     def _give_back(self, slot: Slot, gone: bool) -> None:
         assert self._free is not None

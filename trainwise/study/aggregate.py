@@ -245,7 +245,8 @@ def report(
     # on a cluster of several device kinds the baseline's trials run once per kind: the study has that many more
     kinds = {k for _, r in trials if (k := (r.env or {}).get(cluster.KIND))}
     baseline = sum(1 for s in prepared.specs if any(c.row.is_baseline and c.matches(s) for c in prepared.cells))
-    total = len(prepared.specs) + (len(kinds) - 1) * baseline if len(kinds) > 1 else len(prepared.specs)
+    on_kinds = len(kinds) > 1 and prepared.config.ray_address is not None
+    total = len(prepared.specs) + (len(kinds) - 1) * baseline if on_kinds else len(prepared.specs)
     paths = write_reports(prepared.out, table, title, len(keys), total, study, keys, page)
     return Report(title, table, paths)
 

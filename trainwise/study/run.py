@@ -210,7 +210,8 @@ def _on_cluster(prepared: PreparedStudy, store: Store, on_event: Events, on_done
     pool = _pool(cfg.ray_address, first)
     try:
         on_event(first, Note(_cluster_line(pool)))
-        specs = per_kind(prepared.specs, prepared, pool.kinds())
+        # the kinds that can run a trial (with --nodes-per-trial: those with enough nodes for a group)
+        specs = per_kind(prepared.specs, prepared, list(dict.fromkeys(s.node.kind for s in pool.slots)))
         results: dict[int, TrialResult] = {}
 
         def so_far() -> Trials:
@@ -242,7 +243,8 @@ def _on_cluster(prepared: PreparedStudy, store: Store, on_event: Events, on_done
                 on_stored(so_far())
 
         args = lambda i, slot, meet: (specs[i].to_dict(), retry, files, meet)  # noqa: E731
-        stranded = pool.run(todo, _on_node, args, start, end, lambda i: specs[i].extra.get(cluster.KIND))
+        kind = lambda i: specs[i].extra.get(cluster.KIND)  # noqa: E731
+        stranded = pool.run(todo, _on_node, args, start, end, kind, _failed)
         if stranded:
             _no_node_left([specs[i] for i in stranded])
         return so_far()
@@ -269,6 +271,11 @@ def _no_node_left(specs: list[TrialSpec]) -> None:
     )
 
 
+def _failed(value: dict) -> bool:
+    """A node's part of a trial that ended without a result (its row says why)."""
+    return value["result"]["status"] != "ok"
+
+
 def _arrived(
     spec: TrialSpec,
     slot: cluster.Slot,
@@ -281,12 +288,12 @@ def _arrived(
     (time the slowest's, samples/s all of theirs, memory the largest)."""
     if isinstance(value, list):
         parts: list[TrialResult | None] = [TrialResult.from_dict(v["result"]) for v in value]
-        failed = next(((n, r) for n, r in enumerate(parts) if r is not None and r.status != "ok"), None)
-        if failed is not None:  # the node whose ranks failed says why
-            n, r = failed
-            combined = dataclasses.replace(r, message=f"node {n} ({slot.nodes[n].ip}): {r.message}")
-        else:
-            combined = combine_ranks(parts, spec.settings.nproc * spec.settings.nnodes)
+        combined = combine_ranks(parts, spec.settings.nproc * spec.settings.nnodes)
+        ok = [r for r in parts if r is not None]
+        # every rank's peak, and a load on any node (the row is as slow as its slowest rank)
+        combined.rank_peak_mem_bytes = [p for r in ok for p in (r.rank_peak_mem_bytes or [])]
+        combined.contended = True if any(r.contended for r in ok) else combined.contended
+        combined.other_cpu_share = max((r.other_cpu_share or 0.0 for r in ok), default=None)
         logs = "".join(
             f"---- node {n} ({node.ip})\n{v['log']}" for n, (v, node) in enumerate(zip(value, slot.nodes, strict=True))
         )
@@ -295,6 +302,9 @@ def _arrived(
         result = TrialResult(spec.row, value.status, spec.repeat, value.message, spec.plan.to_dict())
     else:
         result = TrialResult.from_dict(value["result"])
+        if "part" in value:  # the node of a group whose ranks failed first says why
+            n = value["part"]
+            result.message = f"node {n} ({slot.nodes[n].ip}): {result.message}"
         for line in value["notes"]:
             emit(Note(line))
         trial_dir.mkdir(parents=True, exist_ok=True)
@@ -329,6 +339,7 @@ class ClusterLaunch:
             lambda sp, slot, meet: (sp.to_dict(), Retry(timeout_s), self.files, meet),
             lambda sp, slot: emit(Note(_placed(sp, slot))),
             lambda sp, slot, value: got.append(_arrived(sp, slot, value, trial_dir, emit)),
+            failed=_failed,
         )
         if stranded:
             _no_node_left(stranded)
