@@ -134,8 +134,6 @@ def _facts(device: str, cpus: int) -> dict:
 def nodes(ray: Any, device: str, ranks: int = 1) -> list[Node]:
     """The cluster's alive nodes that can hold a trial (some CPU; for a CUDA study the GPUs of its ranks), each asked
     what it is."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # optional: trainwise[ray]
-
     found = []
     for n in ray.nodes():
         res = n.get("Resources", {})
@@ -144,10 +142,7 @@ def nodes(ray: Any, device: str, ranks: int = 1) -> list[Node]:
             found.append(Node(n["NodeID"], n["NodeManagerAddress"], cpus, gpus))
     # a fresh worker (max_calls=1): a GPU node's probe leaves no CUDA context behind in a reused worker
     probe = ray.remote(num_cpus=0, max_retries=0, max_calls=1)(_facts)
-    refs = [
-        probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n.id, soft=False)).remote(device, n.cpus)
-        for n in found
-    ]
+    refs = [probe.options(scheduling_strategy=pinned(n.id)).remote(device, n.cpus) for n in found]
     out = []
     for n, ref in zip(found, refs, strict=True):
         try:
@@ -166,10 +161,15 @@ def _port() -> int:
 
 def remote_port(ray: Any, node: Node) -> Any:
     """A free port on `node` (a group's rendezvous there), asked of the node itself."""
+    probe = ray.remote(num_cpus=0, max_retries=0)(_port)
+    return probe.options(scheduling_strategy=pinned(node.id)).remote()
+
+
+def pinned(node_id: str, soft: bool = False) -> Any:
+    """A task's or an actor's placement on one node (hard: it runs there or not at all)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # optional: trainwise[ray]
 
-    probe = ray.remote(num_cpus=0, max_retries=0)(_port)
-    return probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node.id, soft=False)).remote()
+    return NodeAffinitySchedulingStrategy(node_id, soft=soft)
 
 
 def alive(ray: Any) -> set[str]:
@@ -231,7 +231,7 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class Slot:
     node: Node
-    index: int  # the slot's number on its node (its GPUs: index * gpus ...)
+    index: int  # the slot's number on its node: a GPU node's slots are told apart by it
     gpus: int
     peers: tuple[Node, ...] = ()  # a trial spanning nodes: the others (node 0 of its rendezvous is `node`)
 
@@ -253,10 +253,8 @@ class Pool:
     """Runs items as Ray tasks over the cluster's slots, as many at once as there are slots, and hands each
     outcome to the caller as it arrives (in the caller's thread: the driver stores it)."""
 
-    def __init__(
-        self, address: str | None, device: str, ranks: int = 1, env: dict[str, str] | None = None, span: int = 1
-    ):
-        self.ray = connect(address, env)
+    def __init__(self, address: str | None, device: str, ranks: int = 1, span: int = 1):
+        self.ray = connect(address)
         self.device, self.ranks = device, ranks
         self.nodes = nodes(self.ray, device, ranks)
         if not self.nodes:
@@ -305,8 +303,6 @@ class Pool:
         list of its nodes' values, or its first failure as it came (a Lost, or a value `failed` says is one, as
         {"part": its node's place, **value}): the others' parts are cancelled then. Returns the items no slot
         could take (every node of their kind gone)."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # optional: trainwise[ray]
-
         ray = self.ray
         remote = ray.remote(max_calls=1, max_retries=0)(task)
         waiting, free = list(items), list(self.slots)
@@ -337,11 +333,9 @@ class Pool:
                     groups[gid] |= {"cause": None, "requeue": False}
                     for rank, node in enumerate(slot.nodes):
                         meet = {"nnodes": span, "node_rank": rank, "addr": slot.node.ip, "port": port}
-                        ref = remote.options(
-                            num_cpus=node.cpus if self.device != "cuda" else 1,
-                            num_gpus=slot.gpus,
-                            scheduling_strategy=NodeAffinitySchedulingStrategy(node.id, soft=False),
-                        ).remote(*args(item, slot, meet if span > 1 else None))
+                        ref = remote.options(**self._holding(node, slot)).remote(
+                            *args(item, slot, meet if span > 1 else None)
+                        )
                         running[ref] = (gid, rank)
                     on_start(item, slot)
                 if not running:
@@ -385,6 +379,11 @@ class Pool:
             raise
         return stranded
 
+    def _holding(self, node: Node, slot: Slot) -> dict:
+        """A trial's task options: on `node`, holding what the slot measures with (all the node's CPUs, or its GPUs)."""
+        cpus = node.cpus if self.device != "cuda" else 1
+        return {"num_cpus": cpus, "num_gpus": slot.gpus, "scheduling_strategy": pinned(node.id)}
+
     def _outcome(self, ref: Any, node: Node) -> tuple[Any, bool]:
         """(the task's value, a Lost, or None for a task that never started; whether its node is gone)."""
         ex = self.ray.exceptions
@@ -419,8 +418,6 @@ class Pool:
         they happen (True from it stops the job, as locally). Blocks; several threads may call at once, each
         holding a slot. Returns the job's result, or a Lost. RunFailed when no node is left, or once `stop()` was
         called (the job, running or not, is cancelled)."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # optional: trainwise[ray]
-
         ray = self.ray
         with self._lock:
             if self._free is None:
@@ -429,18 +426,16 @@ class Pool:
                     self._free.put(slot)
                 self._task = ray.remote(max_calls=1, max_retries=0)(run_job)
                 # beside the driver: its node outlives any trial's (soft: a driver outside the cluster is no node)
-                here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+                here = pinned(ray.get_runtime_context().get_node_id(), soft=True)
                 self._channel = ray.remote(num_cpus=0, scheduling_strategy=here)(Channel)
         while True:  # a job whose node was gone before it started is placed again, on another slot
             slot = self._take()
             gone, ref, channel, value = False, None, None, None
             try:
                 channel = self._channel.remote()
-                ref = self._task.options(
-                    num_cpus=slot.node.cpus if self.device != "cuda" else 1,
-                    num_gpus=slot.gpus,
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(slot.node.id, soft=False),
-                ).remote(job_blob(job), files, channel, timeout_s)
+                ref = self._task.options(**self._holding(slot.node, slot)).remote(
+                    job_blob(job), files, channel, timeout_s
+                )
                 on_start(slot)
                 halted = False
                 while not self._stopping.is_set():
@@ -524,15 +519,23 @@ class Channel:
         self.stop = True
 
 
+def settle(files: bytes, ranks: int = 1) -> Path:
+    """On a node, in a fresh Ray worker, before a job: its children exec'd (one job per worker: a zygote would be a
+    second start), each of its `ranks` with its share of the CPUs Ray gave the task as threads, and the study's
+    files unpacked here; returns where (`unpack`)."""
+    ray = ray_module()
+    threads = max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
+    os.environ["OMP_NUM_THREADS"] = str(max(1, threads // ranks))
+    os.environ["TRAINWISE_FORK"] = "0"
+    return unpack(files)
+
+
 def run_job(blob: dict, files: bytes, channel: Any, timeout_s: float | None) -> Any:
     """On a node, in a fresh Ray worker: the job rebuilt, moved onto this node's copy of the study's files, and run
     by the local launcher as a child of this worker (exec'd), with the CPUs Ray gave it as its threads; each event
     goes to the driver, whose word to stop comes back with the next."""
     ray = ray_module()
-    threads = max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    os.environ["TRAINWISE_FORK"] = "0"
-    job = job_of(blob).on_node(unpack(files))
+    job = job_of(blob).on_node(settle(files))
 
     def on_event(event: Any) -> bool:
         return bool(ray.get(channel.put.remote(event)))

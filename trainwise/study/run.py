@@ -385,14 +385,10 @@ def _on_node(spec_blob: dict, cfg: Retry, files: bytes, meet: dict | None = None
     run again while the node is loaded, as locally. Returns the result, its notes and the end of its log."""
     from trainwise import launcher  # heavy: the trial machinery, on the node only
 
-    ray = cluster.ray_module()
-    root = cluster.unpack(files)
-    spec = cluster.on_this_node(TrialSpec.from_dict(spec_blob), root)
+    spec = TrialSpec.from_dict(spec_blob)
+    root = cluster.settle(files, spec.settings.nproc if is_multiprocess(spec) else 1)  # each rank its share
+    spec = cluster.on_this_node(spec, root)
     s = spec.settings
-    threads = max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 1)))
-    ranks = s.nproc if is_multiprocess(spec) else 1
-    os.environ["OMP_NUM_THREADS"] = str(max(1, threads // ranks))  # each rank its share, as locally
-    os.environ["TRAINWISE_FORK"] = "0"
     notes: list[str] = []
     if s.model_kind == "dir" and not Path(s.model_ref).is_dir():
         why = f"the model directory {s.model_ref} is not on this node: put it at the same path on every node"
