@@ -22,7 +22,7 @@ from trainwise.api.options import CompareOptions, PlanOptions, words
 from trainwise.api.render import STDERR, Render
 from trainwise.errors import ConfigError
 from trainwise.files import human_bytes, write_atomic
-from trainwise.plan import Candidate, Measured, Search, row_text, search, split_row
+from trainwise.plan import DEFAULT_NOISE, Candidate, Measured, Search, row_text, search, split_row
 from trainwise.results import StudyRow
 from trainwise.study.store import PAGE, PLAN, PLAN_MD, Store, write_report
 from trainwise.units import parse_seconds
@@ -102,16 +102,7 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
         bigger = 2 * (batch or cfg0.batch_size)
         return bigger if options.batch_search and (n_train is None or bigger <= n_train) else None
 
-    def valid(names: frozenset[str]) -> str | None:
-        if only and not names <= only or names & never:
-            return "outside --only / --never"
-        try:
-            row = strategies.parse_row("+".join(sorted(names, key=order.index)), accum)
-        except ConfigError as e:
-            return str(e)
-        if row.wrong_task(task) or row.missing_capabilities(caps) or row.missing_packages():
-            return "this task, device or environment cannot run it"
-        return None
+    valid = validity(task, accum, caps, only, never)
 
     # what the search starts from: the single rows and `all`, and the combinations an earlier run of this search
     # measured (a resumed search); other combinations in the study are measured again as the search reaches
@@ -180,6 +171,25 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     except ConfigError as e:  # another command took the study meanwhile: the plan stands, its page waits
         render.note(f"trainwise plan: report.html not drawn again ({e}); `trainwise report {out}` draws it")
     return result
+
+
+def validity(task: str, accum: int, caps, only: frozenset[str] = frozenset(), never: frozenset[str] = frozenset()):
+    """`valid(names)`: None when the registry allows the combination on this task and device (conflicts,
+    requirements, capabilities, packages) and --only / --never admit it; else why not."""
+    order = list(strategies.REGISTRY)
+
+    def valid(names: frozenset[str]) -> str | None:
+        if only and not names <= only or names & never:
+            return "outside --only / --never"
+        try:
+            row = strategies.parse_row("+".join(sorted(names, key=order.index)), accum)
+        except ConfigError as e:
+            return str(e)
+        if row.wrong_task(task) or row.missing_capabilities(caps) or row.missing_packages():
+            return "this task, device or environment cannot run it"
+        return None
+
+    return valid
 
 
 def _train_rows(out: Path) -> int | None:
@@ -384,6 +394,16 @@ def _result(
     )
 
 
+def _own(search: dict) -> str:
+    """The study's own floor beside the search's, when the search judged by a wider one."""
+    own = search.get("study_noise")
+    return (
+        f" (the study's ±{own:.1%}; the search assumes at least ±{DEFAULT_NOISE:.0%})"
+        if own and own < search["noise"]
+        else ""
+    )
+
+
 def _signed(x: float | None) -> str:
     return "?" if x is None else f"{x:+.2f}"
 
@@ -492,7 +512,8 @@ def markdown(r: PlanResult) -> str:
         "",
         f"Time: the single rows {r.singles_s:.0f} s, the search {s['trials']} trial(s) in {s['rounds']} round(s), "
         f"{s['wall_s']:.0f} s{share}, the quality check {r.quality_s:.0f} s; "
-        f"{skipped} predicted candidate(s) never measured; noise floor ±{s['noise']:.1%}; stopped: {s['stopped']}.",
+        f"{skipped} predicted candidate(s) never measured; noise floor ±{s['noise']:.1%}{_own(s)}; "
+        f"stopped: {s['stopped']}.",
     ]
     if r.commands:
         out += ["", "## Carry it out", "", "```sh", *r.commands, "```"]

@@ -1,0 +1,82 @@
+"""The plan search's policy replayed on a study that already measured its whole space (issue 36).
+
+    .venv/bin/python benchmarks/plan_replay.py STUDY [--max-trials N]
+
+STUDY is a study that `benchmarks/plan_search.py` filled: its single rows, and every combination and batch
+size of the exhaustive space, each measured once as a row. The replay runs `trainwise.plan.search` (the code as it
+is now) with `measure` reading those rows instead of training, so search policies are compared on the same
+figures, at no trial's cost: which rows the search would have measured, in which order, where it would have
+stopped, and how its pick compares with the exhaustive best. A row the search asks for that the study does not hold
+is reported (the replay is then not complete), not invented.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from trainwise import strategies
+from trainwise.advise import Constraints
+from trainwise.api.options import CompareOptions
+from trainwise.api.plan import measured_rows, study_rows, validity
+from trainwise.plan import Measured, search, split_row
+from trainwise.study.prepare import resolve_device
+from trainwise.study.store import Store
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("study", type=Path)
+    ap.add_argument("--max-trials", type=int, default=12)
+    args = ap.parse_args()
+    out: Path = args.study
+    cfg = CompareOptions.of({}, out / "study.yaml").resolve()[0]
+    rows = study_rows(out)
+    table = {m.row: m for m in measured_rows(rows, Constraints(), cfg.accum_steps)}
+    singles = [m for m in table.values() if len(m.names) <= 1 and m.batch is None]
+    missing: list[str] = []
+
+    def measure(new: list[str]) -> list[Measured]:
+        found = []
+        for r in new:
+            if r in table:
+                found.append(table[r])
+            else:
+                missing.append(r)
+                names, batch = split_row(r)
+                found.append(Measured(r, names, None, None, status="not in the study", batch=batch))
+        return found
+
+    spec = Store.spec_of(out)
+    n_train = spec.settings.n_train if spec is not None else None
+
+    def next_batch(batch: int | None) -> int | None:
+        bigger = 2 * (batch or cfg.batch_size)
+        return bigger if n_train is None or bigger <= n_train else None
+
+    noise = next((r.noise_floor for r in rows if r.baseline and r.noise_floor is not None), None)
+    order = list(strategies.REGISTRY)
+    valid = validity(cfg.task, cfg.accum_steps, resolve_device(cfg.device)[1])
+    found = search(singles, measure, valid, order, noise=noise, max_trials=args.max_trials, next_batch=next_batch)
+    pool = {n for m in singles for n in m.names}
+    space = [m for m in table.values() if m.ok and m.names and m.names <= pool]
+    best = min(space, key=lambda m: m.rel_time or 1.0)
+    pick = table.get(found.incumbent or "")
+    print(f"study {out}: noise floor ±{noise or 0:.1%} (the search's ±{found.noise:.1%}); {len(space)} rows measured")
+    for c in found.candidates:
+        if c.trial is not None:
+            meas = f"{c.measured_time:.1%}" if c.measured_time is not None else "-"
+            print(f"  trial {c.trial} (round {c.round}): {c.row:45s} predicted {c.predicted_time:.1%} measured {meas}")
+    print(f"stopped: {found.stopped}")
+    print(f"pick: {found.incumbent} {pick.rel_time:.1%}" if pick and pick.rel_time else f"pick: {found.incumbent}")
+    print(f"exhaustive best: {best.row} {best.rel_time:.1%}")
+    if pick and pick.rel_time and best.rel_time:
+        print(f"pick / exhaustive best: {pick.rel_time / best.rel_time:.3f}")
+    beyond = [m for m in space if len(m.names) > 1 or m.batch]
+    print(f"trials: {found.trials} of the {len(beyond)} rows beyond the single rows ({found.trials / len(beyond):.0%})")
+    if missing:
+        print(f"NOT COMPLETE: the study lacks {len(missing)} row(s) the search asked for: {', '.join(missing)}")
+
+
+if __name__ == "__main__":
+    main()
