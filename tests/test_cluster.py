@@ -2,11 +2,13 @@
 on loopback addresses other than 127.0.0.1 (Ray rewrites that one to the host's address), each held to a CPU of
 its own, with a token made here (never ~/.ray); a study lands on both, a node killed mid-trial is a row and the
 study finishes; nodes of two device kinds each get the baseline and the table compares within a kind; tune's
-trials run side by side, find-batch's probes on the cluster. The test that kills a node runs last."""
+trials run side by side (random search, and PBT's members), find-batch's probes on the cluster. The test that kills
+a node runs last."""
 
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 import signal
@@ -155,10 +157,55 @@ def test_a_trial_spans_both_nodes_and_takes_the_steps_of_its_ranks_on_one_machin
     assert row["losses"] == pytest.approx(_rows(one)[0]["losses"], rel=1e-5)
 
 
+def test_pbt_runs_its_members_on_the_cluster(ray_cluster, tmp_path, cls_csv):
+    """PBT with two tiny members on the cluster (`--search pbt --ray-address`): they run there (no local Ray), every
+    member evaluates at every interval, the worse one continues from the better one's checkpoint with a mutated
+    lr, the cost is priced, and a second run into the same --out is refused. (A local Ray differs only in the
+    address given to ray.init and where members keep checkpoints: tests/test_tune.py.)"""
+    c = ray_cluster
+    space = tmp_path / "space.yaml"
+    space.write_text("lr: {low: 1.0e-4, high: 1.0e-2, log: true}\nbatch_size: {choices: [8]}\n")
+    out = tmp_path / "pbt"
+    argv = [sys.executable, "-m", "trainwise.cli", "tune", "--space", str(space), "--search", "pbt", "--trials", "2"]
+    argv += ["--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--max-length", "32"]
+    argv += ["--monitor", "eval_loss", "--max-steps", "4", "--eval-every", "2", "--eval-samples", "16"]
+    argv += ["--device", "cpu", "--price-per-hour", "3.6", "--ray-address", c["address"], "--out", str(out)]
+    sessions = set(glob.glob("/tmp/ray/session_2*"))
+    run = subprocess.run(argv, capture_output=True, text=True, env=c["env"], timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert set(glob.glob("/tmp/ray/session_2*")) == sessions, "the members ran on the cluster: no local Ray started"
+    result = json.loads((out / "tune_result.json").read_text())
+    assert [t["state"] for t in result["trials"]] == ["complete", "complete"]
+    assert [t["steps"] for t in result["trials"]] == [4, 4], "no step is run twice, none skipped"
+    assert result["curve"][-1][0] == 8
+    reports = [json.loads(line) for line in (out / "pbt_reports.jsonl").read_text().splitlines()]
+    for member in (0, 1):
+        assert sorted(r["step"] for r in reports if r["member"] == member) == [2, 4]
+    # with two members the worse one continues from the better one's checkpoint at every interval
+    # ... and none is handed a checkpoint at the last step, where it would start again with nothing to train
+    moved = result["mutations"]
+    assert moved and all(m["step"] is not None for m in moved), moved
+    for m in moved:
+        assert m["step"] == 2, ("continued from a checkpoint, not from step 0", m, reports)
+        assert m["new"]["lr"] != m["old"]["lr"] and m["new"]["batch_size"] == m["old"]["batch_size"] == 8
+        after = [r for r in reports if r["member"] == m["member"] and r["config"]["lr"] == m["new"]["lr"]]
+        assert min(r["step"] for r in after) == m["step"] + 2
+    assert "continues from member" in run.stdout and "cost $" in run.stdout
+    assert result["cost"]["usd"] == pytest.approx(result["machine_s"] / 3600 * 3.6)
+    again = here.trainwise(*argv[3:])  # refused before Ray is reached: no process of its own needed
+    assert again.returncode == 2 and "already holds a PBT study; PBT studies do not resume" in again.stderr
+    # without the token the cluster refuses the driver: one line that says where the token is looked for
+    alone = {k: v for k, v in c["env"].items() if k != "RAY_AUTH_TOKEN_PATH"}
+    refused = subprocess.run([*argv[:-1], str(tmp_path / "refused")], capture_output=True, text=True, env=alone)
+    assert refused.returncode == 2 and "RAY_AUTH_TOKEN" in refused.stderr, refused.stderr[-2000:]
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+
+
 def test_a_study_runs_on_both_nodes_and_a_node_killed_mid_trial_is_a_row(ray_cluster, tmp_path):
     c = ray_cluster
     out = tmp_path / "study"
-    argv = _compare(c, out, "baseline,dynamic_pad,smart_batch,sortish")
+    # four trials, two on each node (--no-remeasure: no baseline again last, one trial fewer)
+    argv = _compare(c, out, "baseline,dynamic_pad,smart_batch,sortish", "--no-remeasure")
     study = subprocess.Popen(argv, env=c["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     worker = c["worker"]
     # the worker node's second trial, once its process is running there: the node is killed with it

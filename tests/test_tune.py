@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import glob
 import importlib
 import json
 import os
@@ -303,54 +302,6 @@ def test_decoding_parameters_are_for_seq2seq_and_reach_generation(tmp_path, caps
     beams = dataclasses.replace(spec.settings, num_beams=3, length_penalty=0.7)
     r = run_trial(dataclasses.replace(spec, settings=beams))
     assert r.status == "ok" and seen and set(seen) == {(3, 0.7)}
-
-
-@pytest.mark.slow
-def test_pbt_runs_its_members_on_a_ray_cluster_given_by_address(tmp_path, cls_csv):
-    """PBT with two tiny members on a Ray cluster started here: they run there (no local Ray), every member
-    evaluates at every interval, the worse one continues from the better one's checkpoint with a mutated
-    lr, the cost is priced, and a second run into the same --out is refused. (A local Ray differs only in
-    the address given to ray.init and where members keep checkpoints: the test above.)"""
-    port = here.free_port()  # for the head node
-    env, home = here.ray_env(tmp_path)  # the cluster's token authentication, with a token made here
-    with here.ray_node(env, "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false"):
-        space = _space(tmp_path, "lr: {low: 1.0e-4, high: 1.0e-2, log: true}\nbatch_size: {choices: [8]}\n")
-        out = tmp_path / "pbt"
-        argv = [sys.executable, "-m", "trainwise.cli", "tune", "--space", space, "--search", "pbt", "--trials", "2"]
-        argv += ["--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--max-length", "32"]
-        argv += ["--monitor", "eval_loss", "--max-steps", "4", "--eval-every", "2", "--eval-samples", "16"]
-        argv += ["--device", "cpu", "--price-per-hour", "3.6", "--ray-address", f"127.0.0.1:{port}", "--out", str(out)]
-        sessions = set(glob.glob("/tmp/ray/session_2*"))
-        run = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
-        assert run.returncode == 0, run.stderr[-3000:]
-        # the members ran on that cluster: no local Ray (a new session) was started for them
-        assert set(glob.glob("/tmp/ray/session_2*")) == sessions
-        result = json.loads((out / "tune_result.json").read_text())
-        assert [t["state"] for t in result["trials"]] == ["complete", "complete"]
-        assert [t["steps"] for t in result["trials"]] == [4, 4], "no step is run twice, none skipped"
-        assert result["curve"][-1][0] == 8
-        reports = [json.loads(line) for line in (out / "pbt_reports.jsonl").read_text().splitlines()]
-        for member in (0, 1):
-            assert sorted(r["step"] for r in reports if r["member"] == member) == [2, 4]
-        # with two members the worse one continues from the better one's checkpoint at every interval
-        # ... and none is handed a checkpoint at the last step, where it would start again with nothing to train
-        moved = result["mutations"]
-        assert moved and all(m["step"] is not None for m in moved), moved
-        for m in moved:
-            assert m["step"] == 2, ("continued from a checkpoint, not from step 0", m, reports)
-            assert m["new"]["lr"] != m["old"]["lr"] and m["new"]["batch_size"] == m["old"]["batch_size"] == 8
-            after = [r for r in reports if r["member"] == m["member"] and r["config"]["lr"] == m["new"]["lr"]]
-            assert min(r["step"] for r in after) == m["step"] + 2
-        assert "continues from member" in run.stdout and "cost $" in run.stdout
-        assert result["cost"]["usd"] == pytest.approx(result["machine_s"] / 3600 * 3.6)
-        again = here.trainwise(*argv[3:])  # refused before Ray is reached: no process of its own needed
-        assert again.returncode == 2 and "already holds a PBT study; PBT studies do not resume" in again.stderr
-        # without the token the cluster refuses the driver: one line that says where the token is looked for
-        alone = {k: v for k, v in env.items() if k != "RAY_AUTH_TOKEN_PATH"}
-        refused = subprocess.run([*argv[:-1], str(tmp_path / "refused")], capture_output=True, text=True, env=alone)
-        assert refused.returncode == 2 and "RAY_AUTH_TOKEN" in refused.stderr, refused.stderr[-2000:]
-        assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
-        assert not (home / ".ray").exists() or not any((home / ".ray").glob("auth_token*"))
 
 
 def test_tpe_models_the_space_after_a_quarter_of_a_small_budget():
