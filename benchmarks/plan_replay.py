@@ -7,7 +7,8 @@ size of the exhaustive space, each measured once as a row. The replay runs `trai
 is now) with `measure` reading those rows instead of training, so search policies are compared on the same
 figures, at no trial's cost: which rows the search would have measured, in which order, where it would have
 stopped, and how its pick compares with the exhaustive best. A row the search asks for that the study does not hold
-is reported (the replay is then not complete), not invented.
+is reported (the replay is then not complete), not invented. The replay applies no budgets or --only/--never, and
+the registry's device checks are this machine's.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def main() -> None:
     cfg = CompareOptions.of({}, out / "study.yaml").resolve()[0]
     rows = study_rows(out)
     table = {m.row: m for m in measured_rows(rows, Constraints(), cfg.accum_steps)}
-    singles = [m for m in table.values() if len(m.names) <= 1 and m.batch is None]
+    # what `trainwise plan` starts from: the single rows and `all` (an incumbent and an anchor there too)
+    singles = [m for m in table.values() if (len(m.names) <= 1 or m.row == "all") and m.batch is None]
     missing: list[str] = []
 
     def measure(new: list[str]) -> list[Measured]:
@@ -58,11 +60,15 @@ def main() -> None:
     order = list(strategies.REGISTRY)
     valid = validity(cfg.task, cfg.accum_steps, resolve_device(cfg.device)[1])
     found = search(singles, measure, valid, order, noise=noise, max_trials=args.max_trials, next_batch=next_batch)
-    pool = {n for m in singles for n in m.names}
-    space = [m for m in table.values() if m.ok and m.names and m.names <= pool]
-    best = min(space, key=lambda m: m.rel_time or 1.0)
+    # the exhaustive space plan_search.py ran: every row with two or more strategies or a batch size of its own
+    # (whatever its status: a row that failed was a trial too), not `all`
+    space = [m for m in table.values() if m.row != "all" and (len(m.names) > 1 or m.batch)]
+    best = min((m for m in space if m.ok), key=lambda m: m.rel_time or 1.0)
     pick = table.get(found.incumbent or "")
-    print(f"study {out}: noise floor ±{noise or 0:.1%} (the search's ±{found.noise:.1%}); {len(space)} rows measured")
+    floor = f"±{noise:.1%}" if noise is not None else "none"
+    print(
+        f"study {out}: noise floor {floor} (the search's ±{found.noise:.1%}); an exhaustive space of {len(space)} rows"
+    )
     for c in found.candidates:
         if c.trial is not None:
             meas = f"{c.measured_time:.1%}" if c.measured_time is not None else "-"
@@ -72,8 +78,8 @@ def main() -> None:
     print(f"exhaustive best: {best.row} {best.rel_time:.1%}")
     if pick and pick.rel_time and best.rel_time:
         print(f"pick / exhaustive best: {pick.rel_time / best.rel_time:.3f}")
-    beyond = [m for m in space if len(m.names) > 1 or m.batch]
-    print(f"trials: {found.trials} of the {len(beyond)} rows beyond the single rows ({found.trials / len(beyond):.0%})")
+    share = f" ({found.trials / len(space):.0%})" if space else ""
+    print(f"trials: {found.trials} against the exhaustive space's {len(space)}{share}")
     if missing:
         print(f"NOT COMPLETE: the study lacks {len(missing)} row(s) the search asked for: {', '.join(missing)}")
 

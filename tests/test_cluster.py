@@ -199,13 +199,13 @@ def test_pbt_runs_its_members_on_the_cluster(ray_cluster, tmp_path, cls_csv):
     refused = subprocess.run([*argv[:-1], str(tmp_path / "refused")], capture_output=True, text=True, env=alone)
     assert refused.returncode == 2 and "RAY_AUTH_TOKEN" in refused.stderr, refused.stderr[-2000:]
     assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert not list(c["home"].glob(".ray/auth_token*")), "no test reads or writes ~/.ray"
 
 
 def test_a_study_runs_on_both_nodes_and_a_node_killed_mid_trial_is_a_row(ray_cluster, tmp_path):
     c = ray_cluster
     out = tmp_path / "study"
-    # four trials, two on each node (--no-remeasure: no baseline again last, one trial fewer)
-    argv = _compare(c, out, "baseline,dynamic_pad,smart_batch,sortish", "--no-remeasure")
+    argv = _compare(c, out, "baseline,dynamic_pad,smart_batch,sortish")
     study = subprocess.Popen(argv, env=c["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     worker = c["worker"]
     # the worker node's second trial, once its process is running there: the node is killed with it

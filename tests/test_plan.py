@@ -54,7 +54,7 @@ def valid(names: frozenset[str]) -> str | None:
     return None
 
 
-def world(noise: float = 0.03):
+def world(noise: float = 0.05):
     asked: list[str] = []
 
     def measure(rows: list[str]) -> list[Measured]:
@@ -79,7 +79,7 @@ def exhaustive() -> tuple[int, float]:
 
 def test_the_search_finds_the_exhaustive_best_with_a_third_of_its_trials_and_builds_nothing_forbidden():
     singles, measure, asked = world()
-    found = search(singles, measure, valid, ORDER, noise=0.03, max_trials=50)
+    found = search(singles, measure, valid, ORDER, noise=0.05, max_trials=50)
     combos, best = exhaustive()
     got = true_time(frozenset(found.incumbent.split("+")))
     assert got <= best * 1.03, (found.incumbent, got, best)
@@ -164,11 +164,11 @@ def test_a_fixed_cost_saving_is_credited_where_it_pays():
 
 def test_each_budget_stops_the_search():
     singles, measure, asked = world()
-    found = search(singles, measure, valid, ORDER, noise=0.03, max_trials=1)
+    found = search(singles, measure, valid, ORDER, noise=0.05, max_trials=1)
     assert found.trials == 1 == len(asked) and "--max-trials 1" in found.stopped
     ticks = iter(range(1000))
     singles, measure, asked = world()
-    found = search(singles, measure, valid, ORDER, noise=0.03, max_seconds=1.5, clock=lambda: next(ticks))
+    found = search(singles, measure, valid, ORDER, noise=0.05, max_seconds=1.5, clock=lambda: next(ticks))
     assert "--max-search-time" in found.stopped and found.trials == len(asked) == 2  # one round of BEAM
 
 
@@ -176,15 +176,15 @@ def test_a_resumed_search_keeps_its_record_and_its_budget():
     """A second run of a search that spent its --max-trials (plan.json's candidates, their rows in the study)
     measures nothing more: the budget is the search's, not one run's; its candidates stay in the record."""
     singles, measure, asked = world()
-    first = search(singles, measure, valid, ORDER, noise=0.03, max_trials=2)
+    first = search(singles, measure, valid, ORDER, noise=0.05, max_trials=2)
     done = [c for c in first.candidates if c.state == "measured"]
     assert len(done) == 2 == len(asked)
     again_singles, again_measure, again = world()
     again_singles += [Measured(c.row, frozenset(c.row.split("+")), c.measured_time, 1.0) for c in done]
-    second = search(again_singles, again_measure, valid, ORDER, noise=0.03, max_trials=2, earlier=done)
+    second = search(again_singles, again_measure, valid, ORDER, noise=0.05, max_trials=2, earlier=done)
     assert again == [] and second.trials == 2 and "--max-trials 2" in second.stopped
     assert [c.row for c in second.candidates if c.state == "measured"] == [c.row for c in done]
-    third = search(again_singles, again_measure, valid, ORDER, noise=0.03, max_trials=3, earlier=done)
+    third = search(again_singles, again_measure, valid, ORDER, noise=0.05, max_trials=3, earlier=done)
     assert len(again) == 1 and third.trials == 3  # one more trial when the budget allows one
 
 
@@ -194,7 +194,7 @@ def test_a_candidate_the_estimate_says_cannot_fit_is_pruned_before_it_trains():
     def mem_of(names, batch=None):
         return (2e9, "needs 2 GiB, more than the budget 1 GiB") if "fp16" in names else (1e8, None)
 
-    found = search(singles, measure, valid, ORDER, noise=0.03, mem_of=mem_of, max_trials=50)
+    found = search(singles, measure, valid, ORDER, noise=0.05, mem_of=mem_of, max_trials=50)
     assert not any("fp16" in r for r in asked)
     pruned = [c for c in found.candidates if c.state == "pruned"]
     assert pruned and all("fp16" in c.row and "more than the budget" in c.note for c in pruned)
@@ -224,7 +224,7 @@ def test_the_leader_is_tried_at_larger_batches_while_they_pay_and_fit():
         measure,
         valid,
         ORDER,
-        noise=0.03,
+        noise=0.05,
         mem_of=mem_of,
         max_trials=50,
         next_batch=lambda b: 2 * (b or 8),
@@ -241,7 +241,7 @@ def test_a_larger_batch_is_predicted_from_what_the_last_doubling_gained():
     (not the 0.27 of both doublings: squaring that predicted 2% where 128 measured 12%)."""
     sb = frozenset({"smart_batch"})
     measured = {sb: Measured("smart_batch", sb, 0.26, 1.0)}
-    assert batch_scale(measured, {}, 32, 0.02) == pytest.approx(0.99)  # unknown: tried once, just under
+    assert batch_scale(measured, {}, 32, 0.02) == pytest.approx(0.99)  # no figure: just under (search tries it once)
     sized = {(sb, 32): Measured("smart_batch@bs32", sb, 0.14, 1.0, batch=32)}
     assert batch_scale(measured, sized, 64, 0.02) == pytest.approx((0.14 / 0.26) ** 2)
     sized[(sb, 64)] = Measured("smart_batch@bs64", sb, 0.07, 1.0, batch=64)
@@ -277,7 +277,7 @@ def test_a_gain_inside_the_noise_floor_is_not_chased_and_the_floor_is_at_least_f
     found = search(singles, measure, valid, ORDER, noise=0.01, max_trials=50)
     assert found.noise == 0.05 and found.study_noise == 0.01
     assert asked == ["dynamic_pad+smart_batch"], asked  # not adafactor+dynamic_pad+smart_batch (0.281 vs 0.29)
-    assert found.incumbent == "dynamic_pad+smart_batch" and "beyond the noise floor ±5%" in found.stopped
+    assert found.incumbent == "dynamic_pad+smart_batch" and "beyond the noise floor ±5.0%" in found.stopped
     asked.clear()
     found = search(singles, measure, valid, ORDER, noise=0.01, max_trials=50, next_batch=lambda b: 2 * (b or 16))
     # round 1: the pair, and smart_batch at 32 (a prior: nothing measured there); then 64, predicted from 32's gain;

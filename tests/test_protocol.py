@@ -102,8 +102,10 @@ def test_a_compare_trial_returns_its_row_and_leaves_no_result_file(tmp_path, cls
     assert r.strategy == "baseline" and r.wall_s is not None and r.timed_steps > 0
     assert [e.phase for e in seen if isinstance(e, Phase)] == ["data", "model", "train", "eval", "measure"]
     # 2 steps of a tiny model are too short a window to see the machine's load: steps are added until it is
-    # long enough, and the load judged; the loss and the progress are the study's 2 steps
-    assert r.added_steps > 0 and r.timed_s >= MIN_WINDOW_S and r.contended is not None
+    # long enough, and the load judged; the loss and the progress are the study's 2 steps. (On a machine slow
+    # enough that 2 steps already fill the window none are added: it failed so once, beside another pytest.)
+    assert r.timed_s >= MIN_WINDOW_S and r.contended is not None
+    assert r.added_steps > 0 or r.timed_s >= 1.2 * MIN_WINDOW_S, r
     assert [e.step for e in seen if isinstance(e, Step)] == [1, 2]
     assert not list(trial_dir.glob("result*.json"))
 

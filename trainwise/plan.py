@@ -16,8 +16,8 @@ conflicts, requirements, tasks, packages.
 Batch size: every row runs at the study's batch size, and from the first round the search also tries the
 incumbent at the next batch (`next_batch`: twice the size) as a row of its own (`bf16+smart_batch@bs16`), while
 that is faster per sample and fits. A batch's effect is learned from what was measured at it (the median over
-the combinations measured at both sizes); before anything was, it is predicted just under the incumbent, so the
-leader is tried once, and a doubling that gained is predicted to gain as much again.
+the combinations measured at both sizes); before anything was (at that size or half of it), the leader is tried
+there once whatever the noise floor, and a doubling that gained beyond the floor is predicted to gain as much again.
 """
 
 from __future__ import annotations
@@ -114,8 +114,8 @@ def split_row(text: str) -> tuple[frozenset[str], int | None]:
 def batch_scale(measured: dict[frozenset[str], Measured], sized: dict, batch: int, noise: float) -> float:
     """What running at `batch` does to a combination's time: the median ratio over the combinations measured both
     at the study's batch and at `batch`; else, when the batch below it was measured, that batch's ratio times the
-    gain of its own doubling again (none when it gained none); else just under 1, so that the leader is tried
-    there once."""
+    gain of its own doubling again (none when it gained none); else just under 1 (no figure: `search` tries the
+    leader there once)."""
     ratios = sorted(
         m.rel_time / measured[names].rel_time
         for (names, b), m in sized.items()
@@ -170,7 +170,8 @@ def search(
     (and, when the baseline breaks a budget, the rows that save memory), prunes those the estimate says do not
     fit (`mem_of(names, batch) -> (bytes, why_not)`), and measures the BEAM best predicted to beat the incumbent (the
     fastest measured row that meets the budgets) beyond the noise floor (the study's, at least DEFAULT_NOISE).
-    Each later round proposes the incumbent plus or minus one strategy and the unmeasured combinations again,
+    The incumbent at the next batch size is tried once where nothing was run at that size or half of it. Each
+    later round proposes the incumbent plus or minus one strategy and the unmeasured combinations again,
     with predictions anchored on what was measured. It stops when nothing left is predicted to beat the incumbent
     beyond the floor, or when `max_trials` rows or `max_seconds` are spent. `earlier`: the candidates an earlier
     run of this search measured (a resumed search): they stay in its record, are not proposed again, and count
@@ -234,20 +235,19 @@ def search(
                 consider(best.names | {n}, f"{best.row} + {n}", round_, best.batch)
             for n in sorted(best.names, key=order.index):
                 consider(best.names - {n}, f"{best.row} - {n}", round_, best.batch)
+        first = None  # this round's incumbent at a doubled batch size with no figure to predict it from
         if best is not None and (bigger := next_batch(best.batch)) is not None:
-            consider(best.names, f"{best.row} at batch size {bigger}", round_, bigger)
+            doubled = consider(best.names, f"{best.row} at batch size {bigger}", round_, bigger)
+            # nothing run at that size or at half of it (a row that failed there counts: it is a figure): tried
+            # once whatever the floor; after that, the last doubling's gain predicts the next
+            if not {bigger, bigger // 2} & {b for _n, b in sized}:
+                first = doubled
         waiting = [c for c in result.candidates if c.state == "proposed"]
         for c in waiting:
             c.predicted_time = predicted(*split_row(c.row))
-        # a doubling with nothing measured at it or below it has no figure to predict from: the incumbent is tried
-        # there once (after that, the last doubling's gain predicts the next)
-        sizes = {b for _n, b in sized}
-        ahead = sorted(
-            (c for c in waiting if c.predicted_time < bar or (c.batch and not {c.batch, c.batch // 2} & sizes)),
-            key=lambda c: c.predicted_time,
-        )
+        ahead = sorted((c for c in waiting if c.predicted_time < bar or c is first), key=lambda c: c.predicted_time)
         if not ahead:
-            result.stopped = f"no candidate left is predicted to beat the incumbent beyond the noise floor ±{noise:.0%}"
+            result.stopped = f"no candidate left is predicted to beat the incumbent beyond the noise floor ±{noise:.1%}"
             break
         if result.trials >= max_trials:
             result.stopped = f"--max-trials {max_trials} spent"
