@@ -1,6 +1,6 @@
 """The plan search's policy replayed on a study that already measured its whole space (issue 36).
 
-    .venv/bin/python benchmarks/plan_replay.py STUDY [--max-trials N]
+    .venv/bin/python benchmarks/plan_replay.py STUDY [--max-trials N] [--no-batch-search]
 
 STUDY is a study that `benchmarks/plan_search.py` filled: its single rows, and every combination and batch
 size of the exhaustive space, each measured once as a row. The replay runs `trainwise.plan.search` (the code as it
@@ -29,6 +29,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("study", type=Path)
     ap.add_argument("--max-trials", type=int, default=12)
+    ap.add_argument("--no-batch-search", action="store_true", help="as `trainwise plan --no-batch-search`")
     args = ap.parse_args()
     out: Path = args.study
     cfg = CompareOptions.of({}, out / "study.yaml").resolve()[0]
@@ -54,7 +55,7 @@ def main() -> None:
 
     def next_batch(batch: int | None) -> int | None:
         bigger = 2 * (batch or cfg.batch_size)
-        return bigger if n_train is None or bigger <= n_train else None
+        return bigger if not args.no_batch_search and (n_train is None or bigger <= n_train) else None
 
     noise = next((r.noise_floor for r in rows if r.baseline and r.noise_floor is not None), None)
     order = list(strategies.REGISTRY)

@@ -34,8 +34,11 @@ HEAD, WORKER, THIRD = "127.0.0.2", "127.0.0.3", "127.0.0.4"
 
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory):
-    """Two nodes of one CPU each (the head on CPU 0, a worker on CPU 1), token authentication on."""
+    """Two nodes of one CPU each (the head on CPU 0, a worker on CPU 1), token authentication on. The head checks
+    its nodes every second and calls one dead after 3 failed checks (Ray's defaults: 3 s and 5), so the killed
+    node's trial is a row seconds after the kill, as Ray's own tests of node death do."""
     env, home = here.ray_env(tmp_path_factory.mktemp("cluster"))
+    env |= {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
     port = here.free_port(HEAD)
     head = ["--head", f"--node-ip-address={HEAD}", f"--port={port}", "--num-cpus=1", "--include-dashboard=false"]
     with here.ray_node(env, *head, cpus="0"):

@@ -446,7 +446,8 @@ def test_train_over_two_nodes_is_killed_and_resumes_to_the_loss_of_one_machine(t
     assert r["steps"] == w["steps"] == 12
     assert r["final_loss"] == pytest.approx(w["final_loss"], abs=1e-4)
     assert [e["train_loss"] for e in r["evals"]] == pytest.approx([e["train_loss"] for e in w["evals"]], abs=1e-4)
-    apart = _two_nodes(tmp_path / "a", cls_csv, outs=[tmp_path / "a", tmp_path / "b"])
+    # the check of --out comes before any training: plain DDP ranks (no DeepSpeed to import) say it as well
+    apart = _two_nodes(tmp_path / "a", cls_csv, "--strategies", "baseline", outs=[tmp_path / "a", tmp_path / "b"])
     for node in apart:
         error = [line for line in node.stderr.splitlines() if line.startswith("trainwise: error:")]
         assert node.returncode != 0 and len(error) == 1 and "is not one folder shared by every node" in error[0], (
