@@ -35,7 +35,8 @@ def main() -> None:
     cfg = CompareOptions.of({}, out / "study.yaml").resolve()[0]
     rows = study_rows(out)
     table = {m.row: m for m in measured_rows(rows, Constraints(), cfg.accum_steps)}
-    # what `trainwise plan` starts from: the single rows and `all` (an incumbent and an anchor there too)
+    # what a first `trainwise plan` on the study starts from: the single rows and `all` (an incumbent and an anchor
+    # there too); the sized single rows plan_search.py added are left out, as a first search has none
     singles = [m for m in table.values() if (len(m.names) <= 1 or m.row == "all") and m.batch is None]
     missing: list[str] = []
 
@@ -64,7 +65,9 @@ def main() -> None:
     # the exhaustive space plan_search.py ran: every row with two or more strategies or a batch size of its own
     # (whatever its status: a row that failed was a trial too), not `all`
     space = [m for m in table.values() if m.row != "all" and (len(m.names) > 1 or m.batch)]
-    best = min((m for m in space if m.ok), key=lambda m: m.rel_time or 1.0)
+    best = min((m for m in space if m.ok), key=lambda m: m.rel_time or 1.0, default=None)
+    if best is None:
+        raise SystemExit(f"{out} holds no row of an exhaustive space that finished ok: run benchmarks/plan_search.py")
     pick = table.get(found.incumbent or "")
     floor = f"±{noise:.1%}" if noise is not None else "none"
     print(

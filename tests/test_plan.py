@@ -250,13 +250,14 @@ def test_a_larger_batch_is_predicted_from_what_the_last_doubling_gained():
     assert batch_scale(measured, sized, 256, 0.02) == pytest.approx(0.12 / 0.26)  # that doubling lost: no gain
 
 
-def test_a_gain_inside_the_noise_floor_is_not_chased_and_the_floor_is_at_least_five_percent():
-    """dynamic_pad and smart_batch overlap (together 0.29, smart_batch alone 0.3); adafactor alone 0.97. The study's
-    floor from one baseline pair reads ±1%, but rows move 8-17% from trial to trial (BENCHMARKS §S1): the search
-    judges by ±5%, so +adafactor, predicted 3% faster than the pair, is not measured. The incumbent at twice its
-    batch, where nothing was measured yet, is tried once all the same; a doubling that gained is followed, one that
-    gained inside the floor is not."""
+def test_a_gain_under_half_the_noise_floor_is_not_chased_and_the_floor_is_at_least_five_percent():
+    """dynamic_pad and smart_batch overlap (together 0.295, smart_batch alone 0.3); adafactor alone 0.98. The study's
+    floor from one baseline pair reads ±1%, but rows move 6-23% from trial to trial (BENCHMARKS §S1): the search
+    judges by ±5%, and measures what is predicted ahead by half of it: +adafactor, predicted 2% faster than the
+    pair, is not measured; at 4% it is. The incumbent at twice its batch, where nothing was measured yet, is tried
+    once all the same; a doubling that gained is followed, one that gained inside the floor is not."""
     sizes = {None: 1.0, 32: 0.5, 64: 0.49}  # no figure at 128: asking for it fails the test
+    alone = {"smart_batch": 0.3, "dynamic_pad": 0.45, "adafactor": 0.98}
     asked: list[str] = []
 
     def measure(rows: list[str]) -> list[Measured]:
@@ -264,9 +265,8 @@ def test_a_gain_inside_the_noise_floor_is_not_chased_and_the_floor_is_at_least_f
         out = []
         for r in rows:
             names, batch = split_row(r)
-            alone = {"smart_batch": 0.3, "dynamic_pad": 0.45, "adafactor": 0.97}
             t = math.prod(alone[n] for n in names) * (
-                0.29 / (0.3 * 0.45) if {"dynamic_pad", "smart_batch"} <= names else 1
+                0.295 / (0.3 * 0.45) if {"dynamic_pad", "smart_batch"} <= names else 1
             )
             out.append(Measured(r, names, t * sizes[batch], 1.0, batch=batch))
         return out
@@ -276,14 +276,20 @@ def test_a_gain_inside_the_noise_floor_is_not_chased_and_the_floor_is_at_least_f
     asked.clear()
     found = search(singles, measure, valid, ORDER, noise=0.01, max_trials=50)
     assert found.noise == 0.05 and found.study_noise == 0.01
-    assert asked == ["dynamic_pad+smart_batch"], asked  # not adafactor+dynamic_pad+smart_batch (0.281 vs 0.29)
-    assert found.incumbent == "dynamic_pad+smart_batch" and "beyond the noise floor ±5.0%" in found.stopped
+    assert asked == ["dynamic_pad+smart_batch"], asked  # not adafactor+dynamic_pad+smart_batch (0.289 vs 0.295)
+    assert found.incumbent == "dynamic_pad+smart_batch" and "by half the noise floor ±5.0%" in found.stopped
     asked.clear()
     found = search(singles, measure, valid, ORDER, noise=0.01, max_trials=50, next_batch=lambda b: 2 * (b or 16))
     # round 1: the pair, and smart_batch at 32 (a prior: nothing measured there); then 64, predicted from 32's gain;
-    # not 128 (64 gained 2%, inside the floor), nor the pair at 32 or 64 (3% ahead of smart_batch there)
+    # not 128 (64 gained 2%, inside the floor), nor the pair at 32 or 64 (1.7% ahead of smart_batch there)
     assert asked == ["dynamic_pad+smart_batch", "smart_batch@bs32", "smart_batch@bs64"], asked
     assert found.incumbent == "smart_batch@bs64"
+    # 4% ahead, between half the floor and the floor: looked at (it may well measure beyond the floor)
+    alone["adafactor"] = 0.96
+    singles = [Measured("baseline", frozenset(), 1.0, 1.0), *measure(["smart_batch", "dynamic_pad", "adafactor"])]
+    asked.clear()
+    found = search(singles, measure, valid, ORDER, noise=0.01, max_trials=50)
+    assert asked == ["dynamic_pad+smart_batch", "adafactor+dynamic_pad+smart_batch"], asked
 
 
 def test_nothing_helping_beyond_the_noise_floor_means_no_search():

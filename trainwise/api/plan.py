@@ -11,6 +11,7 @@ import dataclasses
 import json
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -173,7 +174,9 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     return result
 
 
-def validity(task: str, accum: int, caps, only: frozenset[str] = frozenset(), never: frozenset[str] = frozenset()):
+def validity(
+    task: str, accum: int, caps: set[str], only: frozenset[str] = frozenset(), never: frozenset[str] = frozenset()
+) -> Callable[[frozenset[str]], str | None]:
     """`valid(names)`: None when the registry allows the combination on this task and device (conflicts,
     requirements, capabilities, packages) and --only / --never admit it; else why not."""
     order = list(strategies.REGISTRY)
