@@ -19,10 +19,9 @@ from pathlib import Path
 from trainwise import strategies
 from trainwise.advise import Constraints
 from trainwise.api.options import CompareOptions
-from trainwise.api.plan import measured_rows, study_rows, validity
+from trainwise.api.plan import doubling, measured_rows, study_noise, study_rows, validity
 from trainwise.plan import Measured, search, split_row
 from trainwise.study.prepare import resolve_device
-from trainwise.study.store import Store
 
 
 def main() -> None:
@@ -51,14 +50,8 @@ def main() -> None:
                 found.append(Measured(r, names, None, None, status="not in the study", batch=batch))
         return found
 
-    spec = Store.spec_of(out)
-    n_train = spec.settings.n_train if spec is not None else None
-
-    def next_batch(batch: int | None) -> int | None:
-        bigger = 2 * (batch or cfg.batch_size)
-        return bigger if not args.no_batch_search and (n_train is None or bigger <= n_train) else None
-
-    noise = next((r.noise_floor for r in rows if r.baseline and r.noise_floor is not None), None)
+    next_batch = doubling(out, cfg.batch_size, not args.no_batch_search)
+    noise = study_noise(rows)
     order = list(strategies.REGISTRY)
     valid = validity(cfg.task, cfg.accum_steps, resolve_device(cfg.device)[1])
     found = search(singles, measure, valid, order, noise=noise, max_trials=args.max_trials, next_batch=next_batch)

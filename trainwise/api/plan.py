@@ -96,13 +96,7 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
 
     caps = resolve_device(cfg0.device)[1]
     order = list(strategies.REGISTRY)
-    n_train = _train_rows(out)
-
-    def next_batch(batch: int | None) -> int | None:
-        """Twice the batch, while the data holds a full batch of it (off with --no-batch-search)."""
-        bigger = 2 * (batch or cfg0.batch_size)
-        return bigger if options.batch_search and (n_train is None or bigger <= n_train) else None
-
+    next_batch = doubling(out, cfg0.batch_size, options.batch_search)
     valid = validity(task, accum, caps, only, never)
 
     # what the search starts from: the single rows and `all`, and the combinations an earlier run of this search
@@ -124,7 +118,7 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     if not any(m.feasible for m in singles):
         why = next((f"{m.row}: {m.why_not}" for m in singles if m.ok and m.why_not), "no row finished ok")
         raise ConfigError(f"no row of {out} meets the constraints, so there is nothing to combine ({why})")
-    noise = next((r.noise_floor for r in rows if r.baseline and r.noise_floor is not None), None)
+    noise = study_noise(rows)
     current = [r.row_text for r in rows]
 
     def measure(new: list[str]) -> list[Measured]:
@@ -195,10 +189,22 @@ def validity(
     return valid
 
 
-def _train_rows(out: Path) -> int | None:
-    """The study's training rows (None: not recorded), which bound the batch sizes the search tries."""
+def doubling(out: Path, batch_size: int, on: bool = True) -> Callable[[int | None], int | None]:
+    """`next_batch(batch)`: twice the batch (None: the study's `batch_size`), while the study's training rows hold
+    a full batch of it; None when `on` is False (--no-batch-search)."""
     spec = Store.spec_of(out)
-    return spec.settings.n_train if spec is not None else None
+    n_train = spec.settings.n_train if spec is not None else None
+
+    def next_batch(batch: int | None) -> int | None:
+        bigger = 2 * (batch or batch_size)
+        return bigger if on and (n_train is None or bigger <= n_train) else None
+
+    return next_batch
+
+
+def study_noise(rows: list[StudyRow]) -> float | None:
+    """The study's noise floor, from its baseline row (None: it has none)."""
+    return next((r.noise_floor for r in rows if r.baseline and r.noise_floor is not None), None)
 
 
 def _searched_before(out: Path) -> list[Candidate]:
