@@ -1,13 +1,13 @@
 """The plan search's policy replayed on a study that already measured its whole space (issue 36).
 
-    .venv/bin/python benchmarks/plan_replay.py STUDY [--max-trials N] [--no-batch-search]
+    .venv/bin/python benchmarks/plan_replay.py STUDY [--max-trials N] [--no-batch-search] [--only a,b,c]
 
 STUDY is a study that `benchmarks/plan_search.py` filled: its single rows, and every combination and batch
 size of the exhaustive space, each measured once as a row. The replay runs `trainwise.plan.search` (the code as it
 is now) with `measure` reading those rows instead of training, so search policies are compared on the same
 figures, at no trial's cost: which rows the search would have measured, in which order, where it would have
 stopped, and how its pick compares with the exhaustive best. A row the search asks for that the study does not hold
-is reported (the replay is then not complete), not invented. The replay applies no budgets or --only/--never, and
+is reported (the replay is then not complete), not invented. The replay applies no budgets or --never, and
 the registry's device checks are this machine's.
 """
 
@@ -29,6 +29,7 @@ def main() -> None:
     ap.add_argument("study", type=Path)
     ap.add_argument("--max-trials", type=int, default=12)
     ap.add_argument("--no-batch-search", action="store_true", help="as `trainwise plan --no-batch-search`")
+    ap.add_argument("--only", default="", help="as `trainwise plan --only` (e.g. the exhaustive space's $SPACE)")
     args = ap.parse_args()
     out: Path = args.study
     cfg = CompareOptions.of({}, out / "study.yaml").resolve()[0]
@@ -53,7 +54,8 @@ def main() -> None:
     next_batch = doubling(out, cfg.batch_size, not args.no_batch_search)
     noise = study_noise(rows)
     order = list(strategies.REGISTRY)
-    valid = validity(cfg.task, cfg.accum_steps, resolve_device(cfg.device)[1])
+    only = frozenset(n for n in args.only.split(",") if n)
+    valid = validity(cfg.task, cfg.accum_steps, resolve_device(cfg.device)[1], only)
     found = search(singles, measure, valid, order, noise=noise, max_trials=args.max_trials, next_batch=next_batch)
     # the exhaustive space plan_search.py ran: every row with two or more strategies or a batch size of its own
     # (whatever its status: a row that failed was a trial too), not `all`

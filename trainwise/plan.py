@@ -13,6 +13,10 @@ Memory comes from `mem_of` (the driver's: `trainwise estimate` where it can buil
 that cannot fit is pruned before it trains. A combination is only built if the registry allows it (`valid`):
 conflicts, requirements, tasks, packages.
 
+When fewer than two single rows helped, round 1 has nothing to combine: the fastest single row is screened with
+each other strategy (measured, whatever is predicted) until one of these pairs beats it, since a pair can gain what
+neither gains alone (freeze_embeddings with chunked_ce on a tied-head causal LM).
+
 Batch size: every row runs at the study's batch size, and from the first round the search also tries the
 incumbent at the next batch (`next_batch`: twice the size) as a row of its own (`bf16+smart_batch@bs16`), while
 that is faster per sample and fits. A batch's effect is learned from what was measured at it (the median over
@@ -133,22 +137,38 @@ def batch_scale(measured: dict[frozenset[str], Measured], sized: dict, batch: in
     return 1 - noise / 2
 
 
-def predict(names: frozenset[str], measured: dict[frozenset[str], Measured], single: dict[str, float]) -> float:
-    """The combination's time relative to the baseline: phase by phase from its anchor (the largest subset
-    measured as a whole, else the baseline) and each added strategy's ratio on that phase, where every row
-    involved has phases; else the anchor's time times the added strategies' overall ratios."""
-    anchors = [m for s, m in measured.items() if s <= names and m.ok and (len(s) > 1 or not s)]
-    best = max(anchors, key=lambda m: (len(m.names), -(m.rel_time or 0)), default=None)
+def _compose(anchor: Measured | None, rest: frozenset[str], measured: dict, single: dict[str, float]) -> float:
+    """`anchor`'s time with the strategies of `rest` added, each by its own measured effect: phase by phase where
+    the baseline, the anchor and every added row have phases, else by the product of their overall ratios."""
     base = measured.get(frozenset())
-    rest = names - best.names if best else names
     alone = [measured.get(frozenset({n})) for n in rest]
-    if best and best.parts and base and base.parts and all(a and a.parts for a in alone):
-        phases = list(best.parts)
+    start = anchor or base
+    if start and start.parts and base and base.parts and all(a and a.parts for a in alone):
+        phases = list(start.parts)
         for a in alone:
             assert a is not None and a.parts is not None
             phases = [p * (x / b) if b > 0 else p for p, x, b in zip(phases, a.parts, base.parts, strict=True)]
         return sum(phases)
-    return ((best.rel_time or 1.0) if best else 1.0) * math.prod(single[n] for n in rest)
+    return ((anchor.rel_time or 1.0) if anchor else 1.0) * math.prod(single[n] for n in rest)
+
+
+def predict(names: frozenset[str], measured: dict[frozenset[str], Measured], single: dict[str, float]) -> float:
+    """The combination's time relative to the baseline: phase by phase from its anchor (the largest subset
+    measured as a whole, else the baseline) and each added strategy's ratio on that phase, where every row
+    involved has phases; else the anchor's time times the added strategies' overall ratios. Then each pair of its
+    strategies that was measured as a pair and is not inside the anchor adds what it did beyond its two parts
+    (its measured time over its time composed from them): freeze_embeddings with chunked_ce on SmolLM2, whose head
+    is tied, read 78% where each alone read 97% and 123% (§S11), and a triple holding that pair is predicted with it."""
+    anchors = [m for s, m in measured.items() if s <= names and m.ok and (len(s) > 1 or not s)]
+    best = max(anchors, key=lambda m: (len(m.names), -(m.rel_time or 0)), default=None)
+    inside = best.names if best else frozenset()
+    time_ = _compose(best, names - inside, measured, single)
+    for pair in map(frozenset, itertools.combinations(sorted(names), 2)):
+        both = measured.get(pair)
+        if pair <= inside or both is None or not both.ok or not both.rel_time or not pair <= single.keys():
+            continue
+        time_ *= both.rel_time / _compose(None, pair, measured, single)
+    return time_
 
 
 def search(
@@ -165,17 +185,19 @@ def search(
     earlier: list[Candidate] | tuple[Candidate, ...] = (),
     next_batch: Callable[[int | None], int | None] = lambda _batch: None,
 ) -> Search:
-    """Search combinations of the strategies in `singles` (one-strategy rows already measured; the baseline's
-    rel_time is 1). Round 1 predicts every valid combination of the rows that helped beyond the noise floor
-    (and, when the baseline breaks a budget, the rows that save memory), prunes those the estimate says do not
-    fit (`mem_of(names, batch) -> (bytes, why_not)`), and measures the BEAM best predicted to beat the incumbent (the
-    fastest measured row that meets the budgets) by half the noise floor (the study's, at least DEFAULT_NOISE).
-    The incumbent at the next batch size is tried once where nothing was run at that size or half of it. Each
-    later round proposes the incumbent plus or minus one strategy and the unmeasured combinations again,
-    with predictions anchored on what was measured. It stops when nothing left is predicted to beat the incumbent
-    by half the floor, or when `max_trials` rows or `max_seconds` are spent. `earlier`: the candidates an earlier
-    run of this search measured (a resumed search): they stay in its record, are not proposed again, and count
-    against `max_trials` (the budget is the search's, not a run's).
+    """Search combinations of the strategies in `singles` (one-strategy rows already measured; the baseline's rel_time
+    is 1). Round 1 predicts every valid combination of the rows that helped beyond the noise floor (and, when the
+    baseline breaks a budget, the rows that save memory), prunes those the estimate says do not fit (`mem_of(names,
+    batch) -> (bytes, why_not)`), and measures the BEAM best predicted to beat the incumbent (the fastest measured
+    row that meets the budgets) by half the noise floor (the study's, at least DEFAULT_NOISE). The incumbent at the
+    next batch size is tried once where nothing was run at that size or half of it. When fewer than two rows helped
+    (nothing to combine), the fastest single row is screened: measured with each other strategy, BEAM a round in the
+    order predicted, until one of these pairs beats it. Each later round proposes the incumbent plus or minus one
+    strategy and the unmeasured combinations again, with predictions anchored on what was measured (and on each
+    measured pair's gain beyond its parts). It stops when nothing left is predicted to beat the incumbent by half
+    the floor, or when `max_trials` rows or `max_seconds` are spent. `earlier`: the candidates an earlier run of
+    this search measured (a resumed search): they stay in its record, are not proposed again, and count against
+    `max_trials` (the budget is the search's, not a run's).
     `next_batch(batch)`: the batch size to try the incumbent at after `batch` (None: the study's), None for none;
     `mem_of(names, batch)` then prices it at that size."""
     began = clock()
@@ -196,6 +218,14 @@ def search(
     helpers = sorted((n for n in single if single[n] < 1 - noise), key=lambda n: single[n])
     savers = [] if base_fits else [n for n in single if (measured[frozenset({n})].rel_mem or 1) < 1 - noise]
     pool = list(dict.fromkeys([*helpers, *savers]))[:POOL]
+    # fewer than two rows helped: nothing to combine, so the search screens the fastest single row's pairs
+    lead = None
+    if len(pool) < 2:
+        lead = min(
+            (m for m in measured.values() if len(m.names) == 1 and m.feasible),
+            key=lambda m: m.rel_time or 1.0,
+            default=None,
+        )
     seen: dict[str, Candidate] = {c.row: c for c in earlier}
     result.candidates += list(earlier)
     result.trials = len(earlier)
@@ -247,10 +277,23 @@ def search(
         for c in waiting:
             c.predicted_time = predicted(*split_row(c.row))
         ahead = sorted((c for c in waiting if c.predicted_time < bar or c is first), key=lambda c: c.predicted_time)
+        if not ahead and lead is not None and best is not None and best.row == lead.row:
+            # the screen: the single rows left nothing to combine, so the fastest of them is measured with each other
+            # strategy, whatever is predicted, until one of these pairs beats it; a pair can gain what neither part
+            # gains alone (a tied head frozen spares chunked_ce its weight gradient), and from the pair that beat it
+            # the search goes on as from any incumbent, its predictions anchored on the pairs measured
+            for n in sorted(set(single) - lead.names, key=order.index):
+                pair = consider(lead.names | {n}, f"screen: {lead.row} + {n}", round_)
+                if pair is not None and pair.state == "proposed":
+                    pair.reason = f"screen: {lead.row} + {n}"
+                    ahead.append(pair)
+            ahead.sort(key=lambda c: c.predicted_time)
         if not ahead:
             result.stopped = (
                 f"no candidate left is predicted to beat the incumbent by half the noise floor ±{noise:.1%}"
             )
+            if lead is not None and best is not None and best.row == lead.row:
+                result.stopped += f", and {lead.row} was measured with each other strategy it may take"
             break
         if result.trials >= max_trials:
             result.stopped = f"--max-trials {max_trials} spent"
