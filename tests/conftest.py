@@ -95,11 +95,19 @@ def _cache(tmp_path_factory):
         os.environ["TRAINWISE_CACHE"] = str(tmp_path_factory.mktemp("cache"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_autorange():
+    """Trials, in this process or in one of their own, take no steps beyond their --max-steps to reach a timed
+    window that contention can judge (TRAINWISE_AUTORANGE=0; ~0.6 s a trial, hundreds of trials): no test reads
+    their timing but those that ask for the autorange with the `autorange` fixture."""
+    if "TRAINWISE_AUTORANGE" not in os.environ:
+        os.environ["TRAINWISE_AUTORANGE"] = "0"
+
+
 @pytest.fixture
-def no_autorange(monkeypatch):
-    """In-process trials whose timing no test reads: no steps added to reach a window contention can judge
-    (~0.5 s a trial; test_protocol and test_contention test the autorange itself)."""
-    monkeypatch.setattr("trainwise.trial._autorange", lambda *a, **k: ())
+def autorange(monkeypatch):
+    """Trials time steps until their window can be judged, as a study does (test_protocol, test_device)."""
+    monkeypatch.delenv("TRAINWISE_AUTORANGE", raising=False)
 
 
 @pytest.fixture(scope="session")

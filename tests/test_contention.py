@@ -129,7 +129,7 @@ def test_a_busy_process_beside_the_measured_one_is_seen():
 # (test_a_trial_contended_by_a_busy_process_is_measured_again, whose first run is loaded)
 
 
-def test_steps_added_to_judge_the_load_that_fail_leave_the_studys_steps_standing(monkeypatch):
+def test_steps_added_to_judge_the_load_that_fail_leave_the_studys_steps_standing(monkeypatch, autorange):
     """An added step that fails (an OOM on a longer batch) must not fail a trial whose own steps all ran: the
     added ones are dropped, the counts restored, the load judged on the study's window alone."""
     from types import SimpleNamespace
@@ -146,5 +146,7 @@ def test_steps_added_to_judge_the_load_that_fail_leave_the_studys_steps_standing
         raise RuntimeError("CUDA out of memory (injected)")
 
     monkeypatch.setattr(trial.loop, "run", oom)
+    ran = []
+    monkeypatch.setattr(trial.contention, "sample", lambda: ran.append(1))  # the added window was begun
     assert trial._autorange(SimpleNamespace(world=1, step=4), None, timer, counts, 1) == ()
-    assert len(timer.steps) == 4 and counts == {"samples": 24, "real": 100, "padded": 200}
+    assert ran and len(timer.steps) == 4 and counts == {"samples": 24, "real": 100, "padded": 200}

@@ -27,7 +27,6 @@ from trainwise.trial import run_trial
 
 from .conftest import in_process_rows, tiny_study
 
-pytestmark = pytest.mark.usefixtures("no_autorange")  # the trials' timing is not what is tested
 TEXT = in_process_rows("classification") + list(strategies.ALIASES)
 CUDA_ONLY = [r for r in in_process_rows("classification", "cuda") if r not in TEXT]
 IMAGE = in_process_rows("image-classification")

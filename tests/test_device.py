@@ -380,7 +380,7 @@ def test_wait_quiet_returns_once_a_busy_process_stops():
 
 
 @pytest.mark.slow
-def test_a_trial_contended_by_a_busy_process_is_measured_again(tmp_path, cls_csv):
+def test_a_trial_contended_by_a_busy_process_is_measured_again(tmp_path, cls_csv, autorange):
     """A real busy process during the first run of the trial, stopped after it: the first run is flagged as
     timed under load (in results, the table and its notes), the study waits for quiet, runs it again, keeps the
     clean run and counts the discarded one."""

@@ -27,7 +27,6 @@ SETTINGS = RunSettings(
     max_steps=100,
     row="all",
 )
-pytestmark = pytest.mark.usefixtures("no_autorange")  # the trials' timing is not what is tested
 
 
 @pytest.mark.parametrize("row", ["baseline", "bf16", "grad_ckpt", "adafactor", "grad_accum", "smart_batch", "all"])

@@ -26,7 +26,6 @@ from .conftest import write_csv
 from .test_causal_lm import pairs
 from .test_chat import IM_END, conversations
 
-pytestmark = pytest.mark.usefixtures("no_autorange")  # the trials' timing is not what is tested
 STEPS = 4
 # what third-party libraries print into a script's output unless it silences them first (DeepSpeed on a CPU, peft
 # on transformers 5, bitsandbytes on a CPU): none may show

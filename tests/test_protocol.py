@@ -93,7 +93,7 @@ def test_torchrun_ranks_each_send_their_result_and_the_parent_combines_them(tmp_
 
 
 @pytest.mark.parametrize("backend", ["fork", "exec"])
-def test_a_compare_trial_returns_its_row_and_leaves_no_result_file(tmp_path, cls_csv, backend):
+def test_a_compare_trial_returns_its_row_and_leaves_no_result_file(tmp_path, cls_csv, backend, autorange):
     spec = tiny_study(tmp_path / "s", cls_csv, "classification", ["baseline"], max_steps=2).specs[0]
     trial_dir = tmp_path / "trial"
     seen: list = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,9 +200,11 @@ def _autorange(parts: loop.Parts, stream: loop.Stream, timer: StepTimer, counts:
     (contention.MIN_WINDOW_S, with a margin), as timeit's autorange adds loops: the window of a tiny model's
     few steps lasts a fraction of a second, too short to see another process take the CPUs. They run after the
     evaluation, on the run's next batches, and count in the step time, not in the loss. One process only: the
-    ranks of a data-parallel trial would have to agree on the count. Returns the added window's samples."""
+    ranks of a data-parallel trial would have to agree on the count. TRAINWISE_AUTORANGE=0 adds none (a smoke run
+    whose timing nobody reads, such as the test suite's: `contended` is then null on a short window). Returns the
+    added window's samples."""
     goal = 1.2 * contention.MIN_WINDOW_S
-    if parts.world > 1 or len(timer.steps) <= warmup:
+    if parts.world > 1 or len(timer.steps) <= warmup or os.environ.get("TRAINWISE_AUTORANGE") == "0":
         return ()
 
     def on_step(_loss: float, micro: list) -> None:
