@@ -357,6 +357,7 @@ def options(csv, out) -> dict:
         "eval_samples": 8,
         "device": "cpu",
         "retries": 0,
+        "remeasure": False,  # the search's floor is at least ±5% whatever the study's: no baseline again last
         "out": str(out),
         "quality_check": False,
         "max_trials": 3,

@@ -396,7 +396,7 @@ def test_a_study_grows_by_rows_and_is_replaced_only_when_asked(tmp_path, cls_csv
     replaced = compare(max_steps=3, strategies="baseline", replace=True)
     assert ran == [("baseline", False)] and "the report it had is in" in notes[0]
     row = replaced.rows[0]
-    assert [r.strategy for r in replaced.rows] == ["baseline"] and row.timed_steps - row.added_steps == 2
+    assert [r.strategy for r in replaced.rows] == ["baseline"] and row.timed_steps - (row.added_steps or 0) == 2
     assert (out / "replaced" / "1" / "report.md").read_text() == report
     store = Store.of(out)
     assert store.spec("baseline").steps == 3, "the trial the report shows, not the first stored"
