@@ -4,6 +4,7 @@ re-running a stored trial, and the CLI's plan read again equal to the API's."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -316,7 +317,7 @@ def test_when_no_single_row_helps_the_fastest_is_screened_with_each_other_strate
 
     def measure(rows: list[str]) -> list[Measured]:
         asked.extend(rows)
-        return [Measured(r, split_row(r)[0], time_of(split_row(r)[0]), 1.0) for r in rows]
+        return [Measured(r, split_row(r)[0], time_of(split_row(r)[0]), 1.0, batch=split_row(r)[1]) for r in rows]
 
     singles = [Measured("baseline", frozenset(), 1.0, 1.0), *measure(list(alone))]
     asked.clear()
@@ -337,6 +338,18 @@ def test_when_no_single_row_helps_the_fastest_is_screened_with_each_other_strate
     assert triple.state == "measured" and triple.predicted_time == pytest.approx(triple.measured_time)
     # with one pair per strategy, no pair's gain: the same predictions as before
     assert predict(frozenset({"smart_batch", "chunked_ce"}), {}, alone) == pytest.approx(1.13 * 1.23)
+    # freeze_embeddings at twice the batch leads (90% of its time per sample): the screen is of its pairs there
+    asked.clear()
+    scaled = lambda rows: [  # noqa: E731
+        dataclasses.replace(m, rel_time=m.rel_time * (0.9 if m.batch else 1.0)) for m in measure(rows)
+    ]
+    found = search(singles, scaled, lm_valid, ORDER, noise=0.023, max_trials=50, next_batch=lambda b: None if b else 8)
+    assert asked[:3] == [
+        "freeze_embeddings@bs8",
+        "smart_batch+freeze_embeddings@bs8",
+        "freeze_embeddings+chunked_ce@bs8",
+    ]
+    assert found.incumbent == "smart_batch+freeze_embeddings+chunked_ce@bs8" and len(asked) == 4, asked
 
 
 # ---- one real search on the tiny preset ---------------------------------------------------------------------

@@ -30,7 +30,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 # the least noise the search assumes, relative to the baseline's time. A study's floor comes from one pair of
 # baseline runs (or one run's step-to-step spread), which underestimates how far a row moves from one trial to the
@@ -218,7 +218,8 @@ def search(
     helpers = sorted((n for n in single if single[n] < 1 - noise), key=lambda n: single[n])
     savers = [] if base_fits else [n for n in single if (measured[frozenset({n})].rel_mem or 1) < 1 - noise]
     pool = list(dict.fromkeys([*helpers, *savers]))[:POOL]
-    # fewer than two rows helped: nothing to combine, so the search screens the fastest single row's pairs
+    # fewer than two rows helped: nothing to combine, so the search screens the pairs of the fastest single row
+    # (or of the single row leading at a larger batch size) while no combination leads
     lead = None
     if len(pool) < 2:
         lead = min(
@@ -231,8 +232,16 @@ def search(
     result.trials = len(earlier)
 
     def predicted(names: frozenset[str], batch: int | None) -> float:
-        alone = predict(names, measured, single) if names not in measured else measured[names].rel_time or 1.0
-        return alone * (batch_scale(measured, sized, batch, noise) if batch else 1.0)
+        if not batch:
+            return predict(names, measured, single) if names not in measured else measured[names].rel_time or 1.0
+        scale = batch_scale(measured, sized, batch, noise)
+        # what was measured at this size, brought back to the study's by the size's scale, anchors and informs a
+        # prediction there as rows at the study's size do: a pair screened at a doubled size carries its gain
+        known = dict(measured)
+        for (n, b), m in sized.items():
+            if b == batch and n not in known and m.ok and m.rel_time:
+                known[n] = replace(m, rel_time=m.rel_time / scale, parts=None, batch=None)
+        return (predict(names, known, single) if names not in known else known[names].rel_time or 1.0) * scale
 
     def consider(names: frozenset[str], reason: str, round_: int, batch: int | None = None) -> Candidate | None:
         text = row_text(names, order, batch)
@@ -277,23 +286,26 @@ def search(
         for c in waiting:
             c.predicted_time = predicted(*split_row(c.row))
         ahead = sorted((c for c in waiting if c.predicted_time < bar or c is first), key=lambda c: c.predicted_time)
-        if not ahead and lead is not None and best is not None and best.row == lead.row:
-            # the screen: the single rows left nothing to combine, so the fastest of them is measured with each other
-            # strategy, whatever is predicted, until one of these pairs beats it; a pair can gain what neither part
-            # gains alone (a tied head frozen spares chunked_ce its weight gradient), and from the pair that beat it
-            # the search goes on as from any incumbent, its predictions anchored on the pairs measured
-            for n in sorted(set(single) - lead.names, key=order.index):
-                pair = consider(lead.names | {n}, f"screen: {lead.row} + {n}", round_)
+        screen = None  # the single row whose pairs are screened (while no combination leads)
+        if lead is not None and best is not None and len(best.names) <= 1:
+            screen = best if best.names else lead
+        if not ahead and screen is not None:
+            # the screen: the single rows left nothing to combine, so the fastest of them (at the batch size it
+            # leads at) is measured with each other strategy, whatever is predicted, until a pair beats it; a pair
+            # can gain what neither part gains alone (a tied head frozen spares chunked_ce its weight gradient), and
+            # from the pair that beat it the search goes on as from any incumbent, anchored on the pairs measured
+            for n in sorted(set(single) - screen.names, key=order.index):
+                pair = consider(screen.names | {n}, f"screen: {screen.row} + {n}", round_, screen.batch)
                 if pair is not None and pair.state == "proposed":
-                    pair.reason = f"screen: {lead.row} + {n}"
+                    pair.reason = f"screen: {screen.row} + {n}"
                     ahead.append(pair)
             ahead.sort(key=lambda c: c.predicted_time)
         if not ahead:
             result.stopped = (
                 f"no candidate left is predicted to beat the incumbent by half the noise floor ±{noise:.1%}"
             )
-            if lead is not None and best is not None and best.row == lead.row:
-                result.stopped += f", and {lead.row} was measured with each other strategy it may take"
+            if screen is not None:
+                result.stopped += f", and {screen.row} was measured with each other strategy it may take"
             break
         if result.trials >= max_trials:
             result.stopped = f"--max-trials {max_trials} spent"
