@@ -293,10 +293,27 @@ def test_a_gain_under_half_the_noise_floor_is_not_chased_and_the_floor_is_at_lea
     assert asked == ["dynamic_pad+smart_batch", "adafactor+dynamic_pad+smart_batch"], asked
 
 
-def test_nothing_helping_beyond_the_noise_floor_means_no_search():
+def test_nothing_helping_beyond_the_noise_floor_means_no_search_but_the_screen_of_the_fastest_rows_pairs():
     singles = [Measured("baseline", frozenset(), 1.0, 1.0), Measured("adafactor", frozenset({"adafactor"}), 0.98, 1.0)]
     found = search(singles, lambda rows: pytest.fail(f"measured {rows}"), valid, ORDER, noise=0.05)
     assert found.trials == 0 and found.incumbent == "adafactor" and "predicted to beat" in found.stopped
+    assert "screened" not in found.stopped  # one strategy: no pair to screen
+    # two that do not help, the baseline the fastest: the faster of them is screened with the other, once
+    singles += [Measured("freeze_embeddings", frozenset({"freeze_embeddings"}), 1.1, 1.0)]
+    singles[1] = Measured("adafactor", frozenset({"adafactor"}), 1.02, 1.0)
+    asked: list[str] = []
+
+    def measure(rows: list[str]) -> list[Measured]:
+        asked.extend(rows)
+        return [Measured(r, split_row(r)[0], 1.15, 1.0) for r in rows]
+
+    found = search(singles, measure, valid, ORDER, noise=0.05)
+    assert asked == ["adafactor+freeze_embeddings"] and found.incumbent == "baseline"
+    assert "adafactor was screened with each other strategy" in found.stopped
+    # a row the measure returns nothing for is a failed candidate, not asked for again
+    asked.clear()
+    found = search(singles, lambda rows: asked.extend(rows) or [], valid, ORDER, noise=0.05)
+    assert asked == ["adafactor+freeze_embeddings"] and found.candidates[0].note == "no result"
 
 
 def test_when_no_single_row_helps_the_fastest_is_screened_with_each_other_strategy_until_a_pair_beats_it():
@@ -336,8 +353,18 @@ def test_when_no_single_row_helps_the_fastest_is_screened_with_each_other_strate
     # the triple, predicted from its pairs' measured gains over their parts, is exact in this world
     triple = next(c for c in found.candidates if c.row == "smart_batch+freeze_embeddings+chunked_ce")
     assert triple.state == "measured" and triple.predicted_time == pytest.approx(triple.measured_time)
-    # with one pair per strategy, no pair's gain: the same predictions as before
-    assert predict(frozenset({"smart_batch", "chunked_ce"}), {}, alone) == pytest.approx(1.13 * 1.23)
+    # a pair's gain goes only to the combinations that hold it: smart_batch+chunked_ce holds neither measured pair
+    rows = {m.names: m for m in [*singles, *measure(list(asked[:2]))]}
+    assert predict(frozenset({"smart_batch", "chunked_ce"}), rows, alone) == pytest.approx(1.13 * 1.23)
+    # a search stopped by its budget inside the screen continues, with a larger one, from the pair that leads
+    asked.clear()
+    first = search(singles, measure, lm_valid, ORDER, noise=0.023, max_trials=2)
+    done = [c for c in first.candidates if c.state == "measured"]
+    assert first.incumbent == "freeze_embeddings+chunked_ce" and len(done) == 2 and "--max-trials 2" in first.stopped
+    more = [*singles, *measure([c.row for c in done])]
+    asked.clear()
+    again = search(more, measure, lm_valid, ORDER, noise=0.023, max_trials=12, earlier=done)
+    assert asked == ["smart_batch+freeze_embeddings+chunked_ce"] and again.incumbent == asked[0], asked
     # freeze_embeddings at twice the batch leads (90% of its time per sample): the screen is of its pairs there
     asked.clear()
     scaled = lambda rows: [  # noqa: E731

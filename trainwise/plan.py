@@ -14,8 +14,8 @@ that cannot fit is pruned before it trains. A combination is only built if the r
 conflicts, requirements, tasks, packages.
 
 When fewer than two single rows helped, round 1 has nothing to combine: the fastest single row is screened with
-each other strategy (measured, whatever is predicted) until one of these pairs beats it, since a pair can gain what
-neither gains alone (freeze_embeddings with chunked_ce on a tied-head causal LM).
+each other strategy (measured, whatever is predicted, when nothing else is predicted ahead) until a combination
+leads, since a pair can gain what neither gains alone (freeze_embeddings with chunked_ce on a tied-head causal LM).
 
 Batch size: every row runs at the study's batch size, and from the first round the search also tries the
 incumbent at the next batch (`next_batch`: twice the size) as a row of its own (`bf16+smart_batch@bs16`), while
@@ -167,7 +167,8 @@ def predict(names: frozenset[str], measured: dict[frozenset[str], Measured], sin
         both = measured.get(pair)
         if pair <= inside or both is None or not both.ok or not both.rel_time or not pair <= single.keys():
             continue
-        time_ *= both.rel_time / _compose(None, pair, measured, single)
+        if (parts := _compose(None, pair, measured, single)) > 0:
+            time_ *= both.rel_time / parts
     return time_
 
 
@@ -192,7 +193,7 @@ def search(
     row that meets the budgets) by half the noise floor (the study's, at least DEFAULT_NOISE). The incumbent at the
     next batch size is tried once where nothing was run at that size or half of it. When fewer than two rows helped
     (nothing to combine), the fastest single row is screened: measured with each other strategy, BEAM a round in the
-    order predicted, until one of these pairs beats it. Each later round proposes the incumbent plus or minus one
+    order predicted, until a combination leads. Each later round proposes the incumbent plus or minus one
     strategy and the unmeasured combinations again, with predictions anchored on what was measured (and on each
     measured pair's gain beyond its parts). It stops when nothing left is predicted to beat the incumbent by half
     the floor, or when `max_trials` rows or `max_seconds` are spent. `earlier`: the candidates an earlier run of
@@ -239,7 +240,8 @@ def search(
         # prediction there as rows at the study's size do: a pair screened at a doubled size carries its gain
         known = dict(measured)
         for (n, b), m in sized.items():
-            if b == batch and n not in known and m.ok and m.rel_time:
+            # (phases at another size are not the study's: such an anchor composes by the ratios' product)
+            if b == batch and (n not in known or not known[n].ok) and m.ok and m.rel_time and scale > 0:
                 known[n] = replace(m, rel_time=m.rel_time / scale, parts=None, batch=None)
         return (predict(names, known, single) if names not in known else known[names].rel_time or 1.0) * scale
 
@@ -270,7 +272,7 @@ def search(
         # (a prediction misses by more than that). Asking for the whole floor stopped a causal-LM search at 1.27x
         # its best; asking for any gain took it 6 trials where half the floor took 4 to the same pick (§S11).
         bar = (best.rel_time or 1.0) * (1 - noise / 2) if best else math.inf
-        if best is not None and round_ > 1:
+        if best is not None and (round_ > 1 or earlier):  # a continued search refines from its first round
             for n in sorted(set(single) - best.names, key=order.index):
                 consider(best.names | {n}, f"{best.row} + {n}", round_, best.batch)
             for n in sorted(best.names, key=order.index):
@@ -290,10 +292,11 @@ def search(
         if lead is not None and best is not None and len(best.names) <= 1:
             screen = best if best.names else lead
         if not ahead and screen is not None:
-            # the screen: the single rows left nothing to combine, so the fastest of them (at the batch size it
-            # leads at) is measured with each other strategy, whatever is predicted, until a pair beats it; a pair
-            # can gain what neither part gains alone (a tied head frozen spares chunked_ce its weight gradient), and
-            # from the pair that beat it the search goes on as from any incumbent, anchored on the pairs measured
+            # the screen: the single rows left nothing to combine, so when nothing else is predicted ahead the fastest
+            # of them (at the batch size it leads at; even when the baseline leads) is measured with each other
+            # strategy, whatever is predicted, until a combination leads; a pair can gain what neither part gains
+            # alone (a tied head frozen spares chunked_ce its weight gradient), and from the pair that leads the
+            # search goes on as from any incumbent, anchored on the pairs measured
             for n in sorted(set(single) - screen.names, key=order.index):
                 pair = consider(screen.names | {n}, f"screen: {screen.row} + {n}", round_, screen.batch)
                 if pair is not None and pair.state == "proposed":
@@ -304,8 +307,8 @@ def search(
             result.stopped = (
                 f"no candidate left is predicted to beat the incumbent by half the noise floor ±{noise:.1%}"
             )
-            if screen is not None:
-                result.stopped += f", and {screen.row} was measured with each other strategy it may take"
+            if screen is not None and any(c.reason.startswith(f"screen: {screen.row} + ") for c in result.candidates):
+                result.stopped += f", and {screen.row} was screened with each other strategy it may take"
             break
         if result.trials >= max_trials:
             result.stopped = f"--max-trials {max_trials} spent"
@@ -316,6 +319,8 @@ def search(
         chosen = ahead[: min(BEAM, max_trials - result.trials)]
         for i, c in enumerate(chosen, start=result.trials + 1):
             c.trial = i
+        for c in chosen:  # one the measure returned no row for is not asked for again
+            c.state, c.note = "failed", "no result"
         for m in measure([c.row for c in chosen]):
             if m.batch:
                 sized[(m.names, m.batch)] = m
