@@ -508,7 +508,7 @@ def markdown(r: PlanResult) -> str:
         "|---|---|---|---|---|---|",
     ]
     for c in s["candidates"]:
-        if c["state"] in ("measured", "failed", "pruned") or c["round"] > 1:
+        if c["state"] in ("measured", "failed", "pruned") or c["round"] > 1 or c["reason"].startswith("screen:"):
             meas = _pct(c["measured_time"]) if c["measured_time"] is not None else "-"
             note = f" ({c['note']})" if c["note"] else ""
             out.append(
