@@ -106,7 +106,9 @@ def _no_autorange():
 
 @pytest.fixture
 def autorange(monkeypatch):
-    """Trials time steps until their window can be judged, as a study does (test_protocol, test_device)."""
+    """Trials time steps until their window can be judged, as a study does: the autorange's own tests
+    (test_protocol, test_contention), the contention re-measure (test_device), and a study killed at random moments
+    that must last as long as one does (test_lifeline)."""
     monkeypatch.delenv("TRAINWISE_AUTORANGE", raising=False)
 
 

@@ -137,11 +137,12 @@ def test_a_killed_study_keeps_readable_reports_says_it_is_partial_and_resumes(tm
 
 
 @pytest.mark.slow
-def test_killed_at_random_moments_and_resumed_the_study_ends_as_if_never_killed(tmp_path, cls_csv):
+def test_killed_at_random_moments_and_resumed_the_study_ends_as_if_never_killed(tmp_path, cls_csv, autorange):
     """Issue 17: SIGKILL of the process group and SIGTERM of the command, in turn, at random moments;
     each time the same command resumes. The finished study has the rows an uninterrupted one has, no
     trial ran again after it was stored, and no process outlived a kill. (benchmarks/reliability.py
-    runs the same with many more kills.)"""
+    runs the same with many more kills.) The trials take their autorange steps, as a study does: without them the
+    resumed study ended before the second kill's moment (2-9 s after a start)."""
     from .killing import kill_until_done
 
     def argv(out):

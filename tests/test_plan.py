@@ -379,6 +379,32 @@ def test_when_no_single_row_helps_the_fastest_is_screened_with_each_other_strate
     assert found.incumbent == "smart_batch+freeze_embeddings+chunked_ce@bs8" and len(asked) == 4, asked
 
 
+def test_where_nothing_helped_a_combination_that_leads_is_refined_and_rows_at_a_larger_size_anchor_there():
+    """A combination among the starting rows (`all`) leads rows that left nothing to combine: it is refined from
+    round 1 (the screen is of a single row's pairs). A pair that failed at the study's size but ran at 8 anchors
+    the predictions at 8 by its own time there, brought back by the size's scale."""
+    row = lambda text, t, **kw: Measured(text, split_row(text)[0], t, 1.0, batch=split_row(text)[1], **kw)  # noqa: E731
+    singles = [row("baseline", 1.0), row("adafactor", 1.02), row("freeze_embeddings", 1.1), row("dynamic_pad", 0.97)]
+    singles.append(row("adafactor+freeze_embeddings", 0.8))
+    asked: list[str] = []
+
+    def measure(rows: list[str]) -> list[Measured]:
+        asked.extend(rows)
+        return [row(r, 0.7) for r in rows]
+
+    found = search(singles, measure, valid, ORDER, noise=0.05)
+    assert asked[0] == "adafactor+dynamic_pad+freeze_embeddings", asked  # predicted 0.8 x 0.97, under 0.8 x 0.975
+    alone = {"freeze_embeddings": 0.97, "smart_batch": 1.13, "chunked_ce": 1.23}
+    singles = [row("baseline", 1.0), *(row(n, t) for n, t in alone.items()), row("freeze_embeddings@bs8", 0.873)]
+    singles += [
+        row("freeze_embeddings+chunked_ce", None, status="crashed"),
+        row("freeze_embeddings+chunked_ce@bs8", 0.702),
+    ]
+    found = search(singles, lambda rows: [], lambda names: None, ORDER, noise=0.023, max_trials=1)
+    triple = next(c for c in found.candidates if c.row == "smart_batch+freeze_embeddings+chunked_ce@bs8")
+    assert triple.predicted_time == pytest.approx(0.702 / 0.9 * 1.13 * 0.9, rel=1e-3)  # not 0.97 x 1.23 x 1.13 x 0.9
+
+
 # ---- one real search on the tiny preset ---------------------------------------------------------------------
 
 # no baseline in the list: the plan runs it anyway (every figure of the search is relative to it)

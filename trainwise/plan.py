@@ -13,9 +13,10 @@ Memory comes from `mem_of` (the driver's: `trainwise estimate` where it can buil
 that cannot fit is pruned before it trains. A combination is only built if the registry allows it (`valid`):
 conflicts, requirements, tasks, packages.
 
-When fewer than two single rows helped, round 1 has nothing to combine: the fastest single row is screened with
-each other strategy (measured, whatever is predicted, when nothing else is predicted ahead) until a combination
-leads, since a pair can gain what neither gains alone (freeze_embeddings with chunked_ce on a tied-head causal LM).
+When fewer than two single rows helped, round 1 has nothing to combine: the fastest single row is screened with each
+other strategy (measured, whatever is predicted, when nothing else is predicted ahead; at the batch size it leads
+at) until a combination leads, since a pair can gain what neither gains alone (freeze_embeddings with chunked_ce on
+a tied-head causal LM).
 
 Batch size: every row runs at the study's batch size, and from the first round the search also tries the
 incumbent at the next batch (`next_batch`: twice the size) as a row of its own (`bf16+smart_batch@bs16`), while
@@ -193,7 +194,8 @@ def search(
     row that meets the budgets) by half the noise floor (the study's, at least DEFAULT_NOISE). The incumbent at the
     next batch size is tried once where nothing was run at that size or half of it. When fewer than two rows helped
     (nothing to combine), the fastest single row is screened: measured with each other strategy, BEAM a round in the
-    order predicted, until a combination leads. Each later round proposes the incumbent plus or minus one
+    order predicted, when nothing else is predicted ahead and at the batch size it leads at, until a combination
+    leads. Each later round proposes the incumbent plus or minus one
     strategy and the unmeasured combinations again, with predictions anchored on what was measured (and on each
     measured pair's gain beyond its parts). It stops when nothing left is predicted to beat the incumbent by half
     the floor, or when `max_trials` rows or `max_seconds` are spent. `earlier`: the candidates an earlier run of
@@ -236,14 +238,16 @@ def search(
         if not batch:
             return predict(names, measured, single) if names not in measured else measured[names].rel_time or 1.0
         scale = batch_scale(measured, sized, batch, noise)
+        scale = scale if scale > 0 else 1 - noise / 2  # (a row of no time: no figure)
         # what was measured at this size, brought back to the study's by the size's scale, anchors and informs a
         # prediction there as rows at the study's size do: a pair screened at a doubled size carries its gain
         known = dict(measured)
         for (n, b), m in sized.items():
             # (phases at another size are not the study's: such an anchor composes by the ratios' product)
-            if b == batch and (n not in known or not known[n].ok) and m.ok and m.rel_time and scale > 0:
+            if b == batch and (n not in known or not known[n].ok) and m.ok and m.rel_time:
                 known[n] = replace(m, rel_time=m.rel_time / scale, parts=None, batch=None)
-        return (predict(names, known, single) if names not in known else known[names].rel_time or 1.0) * scale
+        own = known.get(names)
+        return (own.rel_time if own is not None and own.ok and own.rel_time else predict(names, known, single)) * scale
 
     def consider(names: frozenset[str], reason: str, round_: int, batch: int | None = None) -> Candidate | None:
         text = row_text(names, order, batch)
@@ -272,7 +276,9 @@ def search(
         # (a prediction misses by more than that). Asking for the whole floor stopped a causal-LM search at 1.27x
         # its best; asking for any gain took it 6 trials where half the floor took 4 to the same pick (§S11).
         bar = (best.rel_time or 1.0) * (1 - noise / 2) if best else math.inf
-        if best is not None and (round_ > 1 or earlier):  # a continued search refines from its first round
+        # from round 2 on; from the first in a continued search, or where a combination (`all`) leads singles that
+        # left nothing to combine (the screen is only of a single row's pairs)
+        if best is not None and (round_ > 1 or earlier or (lead is not None and len(best.names) > 1)):
             for n in sorted(set(single) - best.names, key=order.index):
                 consider(best.names | {n}, f"{best.row} + {n}", round_, best.batch)
             for n in sorted(best.names, key=order.index):
