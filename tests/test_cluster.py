@@ -156,7 +156,7 @@ def test_a_trial_spans_both_nodes_and_takes_the_steps_of_its_ranks_on_one_machin
     one = tmp_path / "one"
     alone = here.trainwise(*_study("baseline", "--no-remeasure", "--nproc", "2"), "--out", str(one))
     assert alone.returncode == 0, alone.stderr[-2000:]
-    # every step's loss (train_loss also counts the steps autorange adds, as many as each run's timing needed)
+    # every step's loss, not train_loss (a study's one-process trials count autorange's added steps in it)
     assert row["losses"] == pytest.approx(_rows(one)[0]["losses"], rel=1e-5)
 
 
