@@ -151,8 +151,10 @@ def plan(o: api.PlanOptions, as_json: bool) -> None:
     first (compare's, or --study's; a combination given as a row is measured alone too), then rounds of
     combinations allowed by the registry and the leader at larger batches, predicted from the rows measured so
     far, pruned by memory, measured as rows of the same study (it resumes), refined by adding or dropping one
-    strategy, until none is predicted to beat the best or a budget is spent; then the plan's quality against the
-    baseline over seeds. Writes OUT/plan.md, OUT/plan.json and the study's report.html with the search's path.
+    strategy, until none is predicted to beat the best or a budget is spent (when fewer than two rows helped, the
+    fastest is first measured with each other strategy: a pair can gain what neither gains alone); then the
+    plan's quality against the baseline over seeds. Writes OUT/plan.md, OUT/plan.json and the study's report.html
+    with the search's path.
     """
     from trainwise.api import plan as plan_api  # heavy: the study machinery
     from trainwise.report import terminal  # start-up: rich
