@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -55,13 +56,26 @@ def valid(names: frozenset[str]) -> str | None:
     return None
 
 
-def world(noise: float = 0.05):
+def row(text: str, rel_time: float | None, **kw) -> Measured:
+    """A made-up measured row: its strategies and own batch size read from its text, its time relative to the
+    baseline's."""
+    names, batch = split_row(text)
+    return Measured(text, names, rel_time, 1.0, batch=batch, **kw)
+
+
+def recorder(time_of: Callable[[frozenset[str], int | None], float]) -> tuple[Callable, list[str]]:
+    """A made-up `measure`, each row taking `time_of(names, batch)`, and the rows it was asked for, in order."""
     asked: list[str] = []
 
     def measure(rows: list[str]) -> list[Measured]:
         asked.extend(rows)
-        return [Measured(r, frozenset(r.split("+")), true_time(frozenset(r.split("+"))), 1.0) for r in rows]
+        return [row(r, time_of(*split_row(r))) for r in rows]
 
+    return measure, asked
+
+
+def world(noise: float = 0.05):
+    measure, asked = recorder(lambda names, _batch: true_time(names))
     singles = [Measured("baseline", frozenset(), 1.0, 1.0)]
     singles += [Measured(n, frozenset({n}), t, 1.0) for n, t in ALONE.items()]
     return singles, measure, asked
@@ -152,10 +166,9 @@ def test_a_fixed_cost_saving_is_credited_where_it_pays():
     """The demo on an AVX2 EPYC (BENCHMARKS §S11): freeze_embeddings alone read 102% (its optimizer saving,
     0.14 -> 0.05 s, hidden in a 2.1 s padded step), smart_batch 23%; together 16%. Phase by phase the pair is
     predicted from the phases each changed: the data wait, forward/backward, optimizer and the rest."""
-    row = lambda text, rel, parts: Measured(text, frozenset(text.split("+")) - {"baseline"}, rel, 1.0, parts=parts)  # noqa: E731
-    base = row("baseline", 1.0, (0.0004, 0.907, 0.068, 0.025))
-    freeze = row("freeze_embeddings", 1.024, (0.0005, 0.966, 0.026, 0.033))
-    smart = row("smart_batch", 0.234, (0.0005, 0.126, 0.078, 0.030))
+    base = row("baseline", 1.0, parts=(0.0004, 0.907, 0.068, 0.025))
+    freeze = row("freeze_embeddings", 1.024, parts=(0.0005, 0.966, 0.026, 0.033))
+    smart = row("smart_batch", 0.234, parts=(0.0005, 0.126, 0.078, 0.030))
     seen = {m.names: m for m in (base, freeze, smart)}
     single = {"freeze_embeddings": 1.024, "smart_batch": 0.234}
     got = predict(frozenset({"freeze_embeddings", "smart_batch"}), seen, single)
@@ -206,15 +219,7 @@ def test_the_leader_is_tried_at_larger_batches_while_they_pay_and_fit():
     """Per sample, a doubled batch takes 80% of the time, and doubled again 70%; at 64 the estimate says it does
     not fit the budget. The plan ends at @bs32 with the exhaustive best's strategies, 64 is pruned, never run."""
     gain = {None: 1.0, 16: 0.8, 32: 0.7, 64: 0.5}
-    asked: list[str] = []
-
-    def measure(rows: list[str]) -> list[Measured]:
-        asked.extend(rows)
-        found = []
-        for r in rows:
-            names, batch = split_row(r)
-            found.append(Measured(r, names, true_time(names) * gain[batch], 1.0, batch=batch))
-        return found
+    measure, asked = recorder(lambda names, batch: true_time(names) * gain[batch])
 
     def mem_of(names, batch=None):
         return (9e9, "more than --memory-budget") if batch == 64 else (1e8, None)
@@ -259,18 +264,14 @@ def test_a_gain_under_half_the_noise_floor_is_not_chased_and_the_floor_is_at_lea
     once all the same; a doubling that gained is followed, one that gained inside the floor is not."""
     sizes = {None: 1.0, 32: 0.5, 64: 0.49}  # no figure at 128: asking for it fails the test
     alone = {"smart_batch": 0.3, "dynamic_pad": 0.45, "adafactor": 0.98}
-    asked: list[str] = []
-
-    def measure(rows: list[str]) -> list[Measured]:
-        asked.extend(rows)
-        out = []
-        for r in rows:
-            names, batch = split_row(r)
-            t = math.prod(alone[n] for n in names) * (
-                0.295 / (0.3 * 0.45) if {"dynamic_pad", "smart_batch"} <= names else 1
-            )
-            out.append(Measured(r, names, t * sizes[batch], 1.0, batch=batch))
-        return out
+    overlap = 0.295 / (0.3 * 0.45)
+    measure, asked = recorder(
+        lambda names, batch: (
+            math.prod(alone[n] for n in names)
+            * (overlap if {"dynamic_pad", "smart_batch"} <= names else 1)
+            * sizes[batch]
+        )
+    )
 
     singles = [Measured("baseline", frozenset(), 1.0, 1.0)]
     singles += measure(["smart_batch", "dynamic_pad", "adafactor"])
@@ -301,11 +302,7 @@ def test_nothing_helping_beyond_the_noise_floor_means_no_search_but_the_screen_o
     # two that do not help, the baseline the fastest: the faster of them is screened with the other, once
     singles += [Measured("freeze_embeddings", frozenset({"freeze_embeddings"}), 1.1, 1.0)]
     singles[1] = Measured("adafactor", frozenset({"adafactor"}), 1.02, 1.0)
-    asked: list[str] = []
-
-    def measure(rows: list[str]) -> list[Measured]:
-        asked.extend(rows)
-        return [Measured(r, split_row(r)[0], 1.15, 1.0) for r in rows]
+    measure, asked = recorder(lambda _names, _batch: 1.15)
 
     found = search(singles, measure, valid, ORDER, noise=0.05)
     assert asked == ["adafactor+freeze_embeddings"] and found.incumbent == "baseline"
@@ -327,14 +324,11 @@ def test_when_no_single_row_helps_the_fastest_is_screened_with_each_other_strate
         frozenset({"freeze_embeddings", "chunked_ce"}): 0.78 / (0.97 * 1.23),
         frozenset({"freeze_embeddings", "smart_batch"}): 0.88 / (0.97 * 1.13),
     }
-    asked: list[str] = []
 
     def time_of(names: frozenset[str]) -> float:
         return math.prod(alone[n] for n in names) * math.prod(f for p, f in pairs.items() if p <= names)
 
-    def measure(rows: list[str]) -> list[Measured]:
-        asked.extend(rows)
-        return [Measured(r, split_row(r)[0], time_of(split_row(r)[0]), 1.0, batch=split_row(r)[1]) for r in rows]
+    measure, asked = recorder(lambda names, _batch: time_of(names))
 
     singles = [Measured("baseline", frozenset(), 1.0, 1.0), *measure(list(alone))]
     asked.clear()
@@ -383,14 +377,9 @@ def test_where_nothing_helped_a_combination_that_leads_is_refined_and_rows_at_a_
     """A combination among the starting rows (`all`) leads rows that left nothing to combine: it is refined from
     round 1 (the screen is of a single row's pairs). A pair that failed at the study's size but ran at 8 anchors
     the predictions at 8 by its own time there, brought back by the size's scale."""
-    row = lambda text, t, **kw: Measured(text, split_row(text)[0], t, 1.0, batch=split_row(text)[1], **kw)  # noqa: E731
     singles = [row("baseline", 1.0), row("adafactor", 1.02), row("freeze_embeddings", 1.1), row("dynamic_pad", 0.97)]
     singles.append(row("adafactor+freeze_embeddings", 0.8))
-    asked: list[str] = []
-
-    def measure(rows: list[str]) -> list[Measured]:
-        asked.extend(rows)
-        return [row(r, 0.7) for r in rows]
+    measure, asked = recorder(lambda _names, _batch: 0.7)
 
     found = search(singles, measure, valid, ORDER, noise=0.05)
     assert asked[0] == "adafactor+dynamic_pad+freeze_embeddings", asked  # predicted 0.8 x 0.97, under 0.8 x 0.975

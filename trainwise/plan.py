@@ -195,12 +195,12 @@ def search(
     next batch size is tried once where nothing was run at that size or half of it. When fewer than two rows helped
     (nothing to combine), the fastest single row is screened: measured with each other strategy, BEAM a round in the
     order predicted, when nothing else is predicted ahead and at the batch size it leads at, until a combination
-    leads. Each later round proposes the incumbent plus or minus one
-    strategy and the unmeasured combinations again, with predictions anchored on what was measured (and on each
-    measured pair's gain beyond its parts). It stops when nothing left is predicted to beat the incumbent by half
-    the floor, or when `max_trials` rows or `max_seconds` are spent. `earlier`: the candidates an earlier run of
-    this search measured (a resumed search): they stay in its record, are not proposed again, and count against
-    `max_trials` (the budget is the search's, not a run's).
+    leads. Each later round proposes the incumbent plus or minus one strategy and the unmeasured combinations again,
+    with predictions anchored on what was measured (and on each measured pair's gain beyond its parts). It stops
+    when nothing left is predicted to beat the incumbent by half the floor, or when `max_trials` rows or
+    `max_seconds` are spent. `earlier`: the candidates an earlier run of this search measured (a resumed search):
+    they stay in its record, are not proposed again, and count against `max_trials` (the budget is the search's, not
+    a run's).
     `next_batch(batch)`: the batch size to try the incumbent at after `batch` (None: the study's), None for none;
     `mem_of(names, batch)` then prices it at that size."""
     began = clock()
