@@ -1,6 +1,7 @@
 """Reliability figures (BENCHMARKS.md §R1, issue 17): bad inputs per verb and how many are clean
-(one line, exit 2, no traceback, nothing written), and a study killed at random moments many times
-(SIGKILL of its process group / SIGTERM of the command, in turn) and resumed until done: rows lost,
+(one line, exit 2, no traceback, nothing written), and a study killed many times at moments it
+reaches (a trial up, a row stored, in turn, plus a random delay of up to 2 s; SIGKILL of its process group /
+SIGTERM of the command, in turn) and resumed until done: rows lost,
 trials re-run after they were stored, and processes left behind.
 
     .venv/bin/python benchmarks/reliability.py --kills 20 --seeds 3
@@ -66,7 +67,7 @@ def main() -> None:
         studies = []
         for seed in range(args.seeds):
             out = root / f"killed-{seed}"
-            r = kill_until_done(argv(out), out, args.kills, seed, window=(1.0, 12.0))
+            r = kill_until_done(argv(out), out, args.kills, seed, delay=2.0)
             lost = [row for row in whole if row not in r.rows]
             studies.append(
                 {

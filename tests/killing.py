@@ -57,23 +57,57 @@ def finished_rows(out: Path) -> list[tuple[str, str]]:
     return [(r["strategy"], r["status"]) for r in read_rows(out / "results.json")]
 
 
-def kill_until_done(argv: list[str], out: Path, kills: int, seed: int, window=(1.0, 10.0)) -> KillReport:
-    """Start `argv` (a compare into `out`); kill it after a random delay in `window` seconds — the
-    process group with SIGKILL, or the command with SIGTERM, in turn — `kills` times (fewer when it
-    finishes first); then run it to the end. Records orphans and trials re-run after they were stored."""
+def is_trial(p: psutil.Process) -> bool:
+    """A trial's process: exec'd as trainwise.worker (a torchrun rank), or forked by the zygote."""
+    try:
+        command, parent = " ".join(p.cmdline()), p.parent()
+        return "trainwise.worker" in command or (
+            parent is not None and "trainwise.zygote" in " ".join(parent.cmdline())
+        )
+    except psutil.Error:
+        return False
+
+
+# the moments a kill waits for, in turn: a trial of this run is up (the kill lands inside it), a row of this run was
+# stored (the kill lands between a store and the next trial, or during the reports' rewrite)
+MOMENTS = ("trial started", "row stored")
+
+
+def _reached(moment: str, proc: subprocess.Popen, out: Path, before: dict[str, float]) -> bool:
+    if moment == "row stored":
+        return any(before.get(key) != at for key, at in stored(out).items())
+    try:
+        return any(is_trial(p) for p in psutil.Process(proc.pid).children(recursive=True))
+    except psutil.Error:
+        return False
+
+
+def kill_until_done(argv: list[str], out: Path, kills: int, seed: int, delay: float = 0.3) -> KillReport:
+    """Start `argv` (a compare into `out`); kill it `kills` times (fewer when it finishes first), each at a moment it
+    can be seen to reach (MOMENTS in turn: a trial of this run is up, a row of this run is stored) plus a random
+    delay of up to `delay` seconds — the process group with SIGKILL, or the command with SIGTERM, in turn; then run
+    it to the end. Records orphans and trials re-run after they were stored. The kills wait for what the command
+    does, not for the clock, so a fast machine and a slow one are killed at the same points (a kill at a
+    wall-clock moment once missed a study that had already finished on a faster machine)."""
     rng = random.Random(seed)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     report = KillReport()
     seen: dict[str, float] = {}
     for i in range(kills + 1):
         last = i == kills
+        before = stored(out)
         proc = subprocess.Popen(
             argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
         )
         report.runs += 1
-        try:
-            proc.wait(timeout=900 if last else rng.uniform(*window))
-        except subprocess.TimeoutExpired:
+        if last:
+            proc.wait(timeout=900)
+        else:
+            moment, deadline = MOMENTS[i % len(MOMENTS)], time.monotonic() + 600
+            while proc.poll() is None and not _reached(moment, proc, out, before) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(rng.uniform(0.0, delay))
+        if proc.poll() is None and not last:
             how = "SIGKILL of the group" if i % 2 == 0 else "SIGTERM"
             descendants = psutil.Process(proc.pid).children(recursive=True)
             if how == "SIGTERM":
