@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -279,25 +280,36 @@ def test_a_gain_under_half_the_noise_floor_is_not_chased_and_the_floor_is_at_lea
     found = search(singles, measure, valid, ORDER, noise=0.01, max_trials=50)
     assert found.noise == 0.05 and found.study_noise == 0.01
     assert asked == ["dynamic_pad+smart_batch"], asked  # not adafactor+dynamic_pad+smart_batch (0.289 vs 0.295)
-    assert found.incumbent == "dynamic_pad+smart_batch" and "by half the noise floor ±5.0%" in found.stopped
+    assert found.fastest == "dynamic_pad+smart_batch" and "by half the noise floor ±5.0%" in found.stopped
+    assert found.incumbent == "smart_batch"  # the pair's 1.7% is inside the floor: the simpler row is the pick
     asked.clear()
     found = search(singles, measure, valid, ORDER, noise=0.01, max_trials=50, next_batch=lambda b: 2 * (b or 16))
-    # round 1: the pair, and smart_batch at 32 (a prior: nothing measured there); then 64, predicted from 32's gain;
-    # not 128 (64 gained 2%, inside the floor), nor the pair at 32 or 64 (1.7% ahead of smart_batch there)
-    assert asked == ["dynamic_pad+smart_batch", "smart_batch@bs32", "smart_batch@bs64"], asked
-    assert found.incumbent == "smart_batch@bs64"
+    # round 1: the pair (the greedy stack); then the pair at 32 (a prior: nothing measured there), and 64, predicted
+    # from 32's gain; not 128 (64 gained 2%, inside the floor); last, is dynamic_pad needed at 64? (predicted within
+    # the floor without it: measured, and the simpler row is the pick)
+    want = [
+        "dynamic_pad+smart_batch",
+        "dynamic_pad+smart_batch@bs32",
+        "dynamic_pad+smart_batch@bs64",
+        "smart_batch@bs64",
+    ]
+    assert asked == want, asked
+    assert found.incumbent == "smart_batch@bs64" and found.fastest == "dynamic_pad+smart_batch@bs64"
     # 4% ahead, between half the floor and the floor: looked at (it may well measure beyond the floor)
     alone["adafactor"] = 0.96
     singles = [Measured("baseline", frozenset(), 1.0, 1.0), *measure(["smart_batch", "dynamic_pad", "adafactor"])]
     asked.clear()
     found = search(singles, measure, valid, ORDER, noise=0.01, max_trials=50)
-    assert asked == ["dynamic_pad+smart_batch", "adafactor+dynamic_pad+smart_batch"], asked
+    assert asked[:2] == ["dynamic_pad+smart_batch", "adafactor+dynamic_pad+smart_batch"], asked
+    # then, the triple leading: is dynamic_pad needed beside the other two? (predicted within the floor without it)
+    assert asked[2:] == ["adafactor+smart_batch"], asked
 
 
 def test_nothing_helping_beyond_the_noise_floor_means_no_search_but_the_screen_of_the_fastest_rows_pairs():
     singles = [Measured("baseline", frozenset(), 1.0, 1.0), Measured("adafactor", frozenset({"adafactor"}), 0.98, 1.0)]
     found = search(singles, lambda rows: pytest.fail(f"measured {rows}"), valid, ORDER, noise=0.05)
-    assert found.trials == 0 and found.incumbent == "adafactor" and "predicted to beat" in found.stopped
+    assert found.trials == 0 and "predicted to beat" in found.stopped
+    assert found.fastest == "adafactor" and found.incumbent == "baseline"  # 2% faster, inside the floor: not a plan
     assert "screened" not in found.stopped  # one strategy: no pair to screen
     # two that do not help, the baseline the fastest: the faster of them is screened with the other, once
     singles += [Measured("freeze_embeddings", frozenset({"freeze_embeddings"}), 1.1, 1.0)]
@@ -547,3 +559,64 @@ def test_the_estimate_prices_a_combination_before_it_trains(searched):
     need_small, why = memory_of(out, 2**20, 4, ORDER)(pair)
     assert need_small > 2**20 and "more than --memory-budget 1.00 MiB" in why
     assert memory_of(out, None, 4, ORDER)(pair) == (None, None)
+
+
+# ---- the H200 study replayed (../shared/measurements/h200-2026-11-27, trainwise b66a641) ----------------------------
+
+
+def h200_rows() -> list[Measured]:
+    """The single rows of SmolLM2-135M's shape on 1,547 prompt/response pairs, batch 16, length 512, on one H200, as the
+    search reads them (phases per sample): packing 12% (its step took the baseline's 0.25 s with 8x the samples),
+    bf16 49%, tf32 50%, chunked_ce 88%, liger 93%, adamw_fused 98%, grad_ckpt 123%, cce an error (run in fp32)."""
+    from trainwise.advise import Constraints
+    from trainwise.api.plan import measured_rows
+    from trainwise.results import StudyRow
+
+    data = json.loads((Path(__file__).parent / "data" / "h200_plan_study.json").read_text())
+    rows = [StudyRow.from_dict(r) for r in data["rows"] if "@bs" not in r["row"]]  # a first search has no sized rows
+    return measured_rows(rows, Constraints(), 4)
+
+
+def on_h200(names: frozenset[str]) -> str | None:
+    """The registry's verdict on an H200 (CUDA, bf16, fp16), whatever this machine has installed."""
+    try:
+        row = strategies.parse_row("+".join(sorted(names, key=ORDER.index)), 4)
+    except ConfigError as e:
+        return str(e)
+    return (
+        "not on this device"
+        if row.wrong_task("causal-lm") or row.missing_capabilities({"cuda", "bf16", "fp16"})
+        else None
+    )
+
+
+def test_the_h200_rows_predict_bf16_with_packing_per_sample_and_measure_them_together_first():
+    """Issue 53: packing changes what a step carries, bf16 what it costs; per sample the two multiply. Per step (the
+    search before) bf16+packing was predicted at 46%, worse than packing's 12%, and never measured: the plan was fp32
+    packing, 1.67x slower than a plain bf16 loop. The first trial is the greedy stack, which holds both."""
+    singles = h200_rows()
+    by = {m.row: m for m in singles}
+    assert by["packing"].rel_time == pytest.approx(0.123, abs=0.001)
+    assert sum(by["packing"].parts) == pytest.approx(by["packing"].rel_time, rel=1e-3)  # phases per sample
+    measured = {m.names: m for m in singles}
+    single = {n: m.rel_time for m in singles if len(m.names) == 1 and m.ok for n in m.names}
+    both = predict(frozenset({"bf16", "packing"}), measured, single)
+    assert both == pytest.approx(by["bf16"].rel_time * by["packing"].rel_time, rel=0.1), both
+
+    # a made-up truth for what was never measured: each strategy's effect multiplies, bf16 and tf32 overlap (under
+    # autocast the matmuls are bf16: tf32 adds nothing)
+    def truth(names: frozenset[str], batch: int | None) -> float:
+        t = math.prod(single[n] for n in names)
+        return t / single["tf32"] if {"bf16", "tf32"} <= names else t
+
+    measure, asked = recorder(truth)
+    found = search(singles, measure, on_h200, ORDER, noise=0.0115, max_trials=8)
+    assert {"bf16", "packing"} <= split_row(asked[0])[0], asked
+    assert "cce" not in asked[0] and "tf32" in asked[0]  # cce failed alone (fp32); the stack holds every helper
+    pick = split_row(found.incumbent)[0]
+    assert {"bf16", "packing"} <= pick and "tf32" not in pick, found.incumbent  # tf32 adds nothing beside bf16
+    assert truth(pick, None) <= 0.123 * 0.49 * 1.05
+    # every measured candidate records how far its prediction missed
+    assert all(c.miss is not None for c in found.candidates if c.state == "measured" and c.trial)
+    stack = next(c for c in found.candidates if c.trial == 1)
+    assert stack.miss == pytest.approx(truth(split_row(stack.row)[0], None) / stack.predicted_time)

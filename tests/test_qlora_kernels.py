@@ -91,26 +91,38 @@ def test_qlora_conflicts_are_data(row, conflict):
 def test_the_cuda_kernels_say_needs_cuda_on_a_cpu_and_nothing_on_a_gpu():
     cpu = DeviceFacts("cpu", "Intel Xeon", frozenset({"avx512_bf16"}))
     gpu = DeviceFacts("cuda", "H100", frozenset(), (9, 0))
-    for name in ("liger", "cce"):
-        plan = strategies.parse_row(name, 4).plan
+    for name, row in (("liger", "liger"), ("cce", "bf16+cce")):
+        plan = strategies.parse_row(row, 4).plan
         verdict = strategies.support(plan, cpu)["lm_loss"]
         assert (
             verdict.status == "unsupported"
             and verdict.line() == f"{name} unsupported on CPU: needs CUDA (Triton kernels)"
         )
         assert "lm_loss" not in strategies.support(plan, gpu)
-        assert strategies.parse_row(name, 4).missing_capabilities({"bf16"}) == ["cuda"]
-    for row in ("liger+chunked_ce", "cce+chunked_ce", "liger+cce"):
+        assert strategies.parse_row(row, 4).missing_capabilities({"bf16"}) == ["cuda"]
+    for row in ("liger+chunked_ce", "bf16+cce+chunked_ce", "bf16+liger+cce"):
         with pytest.raises(ConfigError, match="conflict"):
             strategies.parse_row(row, 4)
 
 
+def test_cce_alone_is_refused_in_one_line_it_runs_beside_a_16_bit_precision():
+    """On an H200, cce alone (fp32) failed every step: "Backwards requires embeddings to be bf16 or fp16" (issue 53).
+    It is invalid alone, before any trial; beside bf16 or fp16 it parses."""
+    with pytest.raises(ConfigError) as e:
+        strategies.parse_row("cce", 4)
+    assert str(e.value) == (
+        "'cce' in 'cce' runs only beside bf16 or bf16_pure or fp16 (its kernels take 16-bit embeddings): write bf16+cce"
+    )
+    for row in ("bf16+cce", "fp16+cce", "bf16_pure+cce@bs32"):
+        assert strategies.parse_row(row, 4).plan.value("lm_loss") == "cce"
+
+
 def test_a_cpu_study_records_the_cuda_kernels_unsupported_and_runs_the_rest(tmp_path, pr_csv, capsys):
     out = tmp_path / "s"
-    assert main([*LM, "--train-file", str(pr_csv), "--strategies", "baseline,liger,cce", "--out", str(out)]) == 0
+    assert main([*LM, "--train-file", str(pr_csv), "--strategies", "baseline,liger,bf16+cce", "--out", str(out)]) == 0
     rows = {r["strategy"]: r for r in read_rows(out / "results.json")}
     assert rows["baseline"]["status"] == "ok"
-    for name in ("liger", "cce"):
+    for name in ("liger", "bf16+cce"):
         assert rows[name]["status"] == "unsupported" and "needs cuda" in rows[name]["message"], rows[name]
     # only a CUDA-only row: nothing ran, said in one line (exit 1: the study ran, no row could)
     assert main([*LM, "--train-file", str(pr_csv), "--strategies", "liger", "--out", str(tmp_path / "t")]) == 1
@@ -142,6 +154,6 @@ def test_export_qlora_and_cce_write_snippets_that_load_and_patch_the_model(tmp_p
         # a preset: built from its config, then saved and reloaded quantized (from_config cannot quantize)
         assert text.index("from_config(config") < text.index('from_pretrained("preset_base", quantization_config=')
         assert text.index("quantization_config=") < text.index("get_peft_model(")
-    write_export(strategies.parse_row("cce", 2).plan, PRESET, tmp_path / "c")
+    write_export(strategies.parse_row("bf16+cce", 2).plan, PRESET, tmp_path / "c")
     text = (tmp_path / "c" / "train_snippet.py").read_text()
     assert "model = cce_patch(model)" in text and "git+https://github.com/apple/ml-cross-entropy" in text

@@ -66,7 +66,7 @@ MESSAGES_COLUMN = (
 )
 ROWS_HELP = (
     "Comma list of rows; '+' combines strategies in a row (bf16+grad_ckpt); 'all' is the seed studies' All Applied "
-    "row. See `trainwise strategies`."
+    "row. causal-lm and image-classification default to rows of their own. See `trainwise strategies`."
 )
 LR = (
     "Peak learning rate (linear decay to 0) \\[default: 5e-05 (fine-tuning text), 0.002 (image-classification, "
@@ -256,9 +256,15 @@ class StudyConfig:
             raise ConfigError("--nodes-per-trial spans the nodes of a Ray cluster: give --ray-address too")
         if not self.num_workers or any(w < 0 for w in self.num_workers):
             raise ConfigError(f"--num-workers must all be >= 0, got {','.join(map(str, self.num_workers))}")
+        given = [s.strip() for s in self.strategies]
+        if self.task in strategies.TASK_DEFAULTS and given[: len(strategies.DEFAULT_ROWS)] == list(
+            strategies.DEFAULT_ROWS
+        ):
+            # the text tasks' default rows on a task with its own: that task's (rows added after them stay)
+            self.strategies = [*strategies.default_rows(self.task), *given[len(strategies.DEFAULT_ROWS) :]]
         self.rows = strategies.parse_rows(self.strategies, self.accum_steps)
         if self.fit_to_device is None:
-            self.fit_to_device = set(strategies.DEFAULT_ROWS) <= {s.strip() for s in self.strategies}
+            self.fit_to_device = set(strategies.default_rows(self.task)) <= {s.strip() for s in self.strategies}
         for size in self.batch_sizes or (self.batch_size,):
             for row in self.rows:
                 check_accum(row, row.batch_size or size)

@@ -40,6 +40,10 @@ from dataclasses import asdict, dataclass, field, replace
 DEFAULT_NOISE = 0.05
 BEAM = 2  # candidates measured per round
 POOL = 7  # at most this many strategies combined in the first round (2^7 subsets predicted, not measured)
+# a floor wider than this does not raise the bar further: a study whose baseline moved ±25% between its two runs
+# still measures a candidate predicted 5% ahead (a wide floor is a reason to measure, not to stop; the search
+# stopped after one trial at 1.45x the exhaustive best on such a study)
+WIDE = 0.10
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,8 @@ class Candidate:
     note: str = ""
     batch: int | None = None  # its own batch size (None: the study's)
     trial: int | None = None  # its place among the search's trials (1: measured first); None: not measured
+    gap: int = 0  # strategies (and a batch size) its prediction composes beyond what was measured as a whole
+    miss: float | None = None  # measured / predicted time (> 1: the prediction was optimistic); None: not measured
 
 
 @dataclass
@@ -97,6 +103,10 @@ class Search:
     wall_s: float = 0.0
     rounds: int = 0
     study_noise: float | None = None  # the study's own noise floor (None: it has none)
+    # how far the predictions missed, per strategy composed (log of measured / predicted), where they said slower
+    # than measured: a candidate predicted within that of the incumbent is measured (0: no such miss yet)
+    error: float = 0.0
+    fastest: str | None = None  # the fastest feasible row measured (the pick is the simplest within the floor of it)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -153,15 +163,22 @@ def _compose(anchor: Measured | None, rest: frozenset[str], measured: dict, sing
     return ((anchor.rel_time or 1.0) if anchor else 1.0) * math.prod(single[n] for n in rest)
 
 
+def anchor(names: frozenset[str], measured: dict[frozenset[str], Measured]) -> Measured | None:
+    """The largest subset of `names` measured as a whole (a combination, or the baseline), the fastest of equals."""
+    anchors = [m for s, m in measured.items() if s <= names and m.ok and (len(s) > 1 or not s)]
+    return max(anchors, key=lambda m: (len(m.names), -(m.rel_time or 0)), default=None)
+
+
 def predict(names: frozenset[str], measured: dict[frozenset[str], Measured], single: dict[str, float]) -> float:
     """The combination's time relative to the baseline: phase by phase from its anchor (the largest subset
     measured as a whole, else the baseline) and each added strategy's ratio on that phase, where every row
     involved has phases; else the anchor's time times the added strategies' overall ratios. Then each pair of its
     strategies that was measured as a pair and is not inside the anchor adds what it did beyond its two parts
     (its measured time over its time composed from them): freeze_embeddings with chunked_ce on SmolLM2, whose head
-    is tied, read 78% where each alone read 97% and 123% (§S11), and a triple holding that pair is predicted with it."""
-    anchors = [m for s, m in measured.items() if s <= names and m.ok and (len(s) > 1 or not s)]
-    best = max(anchors, key=lambda m: (len(m.names), -(m.rel_time or 0)), default=None)
+    is tied, read 78% where each alone read 97% and 123% (§S11), and a triple holding that pair is predicted with it.
+    Phases are per sample (`trainwise.api.plan.phases`): what a strategy does to a step's cost (bf16) and what it
+    does to the samples a step carries (packing, a batch size) multiply."""
+    best = anchor(names, measured)
     inside = best.names if best else frozenset()
     time_ = _compose(best, names - inside, measured, single)
     for pair in map(frozenset, itertools.combinations(sorted(names), 2)):
@@ -171,6 +188,31 @@ def predict(names: frozenset[str], measured: dict[frozenset[str], Measured], sin
         if (parts := _compose(None, pair, measured, single)) > 0:
             time_ *= both.rel_time / parts
     return time_
+
+
+def greedy(pool: list[str], valid: Callable[[frozenset[str]], str | None]) -> frozenset[str]:
+    """The stack an engineer writes first: every strategy of `pool` (the fastest first) that the registry lets
+    join the ones before it."""
+    stack: frozenset[str] = frozenset()
+    for n in pool:
+        if valid(stack | {n}) is None:
+            stack |= {n}
+    return stack
+
+
+def simplest(rows: Iterable[Measured], noise: float, floor_of: Measured | None = None) -> Measured | None:
+    """The pick among measured rows that meet the budgets: the fewest strategies among those within the noise floor
+    of the fastest (a strategy is in a plan only where it pays beyond the floor), then the faster; never slower
+    than `floor_of` (the ecosystem's default, when measured)."""
+    fits = [m for m in rows if m.feasible]
+    fastest = min(fits, key=lambda m: (m.rel_time, m.rel_mem or 1.0), default=None)
+    if fastest is None:
+        return None
+    limit = (fastest.rel_time or 1.0) * (1 + noise)
+    if floor_of is not None and floor_of.feasible and floor_of.rel_time:
+        limit = min(limit, floor_of.rel_time)
+    close = [m for m in fits if (m.rel_time or 1.0) <= limit] or [fastest]
+    return min(close, key=lambda m: (len(m.names), m.rel_time, m.rel_mem or 1.0))
 
 
 def search(
@@ -186,21 +228,30 @@ def search(
     clock: Callable[[], float] = time.monotonic,
     earlier: list[Candidate] | tuple[Candidate, ...] = (),
     next_batch: Callable[[int | None], int | None] = lambda _batch: None,
+    default: str | None = None,
+    savers: Callable[[frozenset[str]], list[str]] | None = None,
 ) -> Search:
     """Search combinations of the strategies in `singles` (one-strategy rows already measured; the baseline's rel_time
-    is 1). Round 1 predicts every valid combination of the rows that helped beyond the noise floor (and, when the
-    baseline breaks a budget, the rows that save memory), prunes those the estimate says do not fit (`mem_of(names,
-    batch) -> (bytes, why_not)`), and measures the BEAM best predicted to beat the incumbent (the fastest measured
-    row that meets the budgets) by half the noise floor (the study's, at least DEFAULT_NOISE). The incumbent at the
-    next batch size is tried once where nothing was run at that size or half of it. When fewer than two rows helped
-    (nothing to combine), the fastest single row is screened: measured with each other strategy, BEAM a round in the
-    order predicted, when nothing else is predicted ahead and at the batch size it leads at, until a combination
-    leads. Each later round proposes the incumbent plus or minus one strategy and the unmeasured combinations again,
-    with predictions anchored on what was measured (and on each measured pair's gain beyond its parts). It stops
-    when nothing left is predicted to beat the incumbent by half the floor, or when `max_trials` rows or
-    `max_seconds` are spent. `earlier`: the candidates an earlier run of this search measured (a resumed search):
-    they stay in its record, are not proposed again, and count against `max_trials` (the budget is the search's, not
-    a run's).
+    is 1). Round 1 measures the greedy stack first (every row that helped beyond the noise floor, the fastest first,
+    minus those the registry forbids beside it), predicts every other valid combination of those rows (and, when
+    the baseline breaks a budget, of the rows that save memory), prunes those the estimate says do not fit
+    (`mem_of(names, batch) -> (bytes, why_not)`), and measures the best predicted to beat the incumbent (the
+    fastest measured row that meets the budgets) by half the noise floor (the study's, at least DEFAULT_NOISE and
+    at most WIDE for this purpose), BEAM a round. Every prediction that misses is recorded; where predictions said
+    slower than measured, a candidate predicted within that miss (per strategy composed) of the bar is measured too.
+    The incumbent at the next batch size is tried once where nothing was run at that size or half of it; where it
+    runs out of memory there, it is tried with each strategy that saves memory (`savers(names)`) instead. When
+    fewer than two rows helped (nothing to combine), the fastest single row is screened: measured with each other
+    strategy, BEAM a round in the order predicted, when nothing else is predicted ahead and at the batch size it
+    leads at, until a combination leads. Each later round proposes the incumbent plus or minus one strategy and the
+    unmeasured combinations again, with predictions anchored on what was measured (and on each measured pair's gain
+    beyond its parts). When nothing is left ahead, the incumbent without each strategy whose single row is inside
+    the floor is measured where that is predicted within the floor (is it needed?). It stops when nothing left is
+    worth measuring, or when `max_trials` rows or `max_seconds` are spent. The pick (`incumbent`) is then the
+    simplest measured row within the noise floor of the fastest, never slower than `default` (the row text of the
+    ecosystem's default, when it is among `singles`). `earlier`: the candidates an earlier run of this search
+    measured (a resumed search): they stay in its record, are not proposed again, and count against `max_trials`
+    (the budget is the search's, not a run's).
     `next_batch(batch)`: the batch size to try the incumbent at after `batch` (None: the study's), None for none;
     `mem_of(names, batch)` then prices it at that size."""
     began = clock()
@@ -211,16 +262,21 @@ def search(
     single = {
         n: m.rel_time for m in singles if m.ok and len(m.names) == 1 and m.rel_time and m.batch is None for n in m.names
     }
+    base_row = next((m for m in singles if m.row == default), None) if default else None
     result = Search(noise, None, study_noise=study_noise)
+    bar_noise = min(noise, max(WIDE, DEFAULT_NOISE))
+
+    def everything() -> list[Measured]:
+        return [*measured.values(), *sized.values()]
 
     def incumbent() -> Measured | None:
-        fits = [m for m in [*measured.values(), *sized.values()] if m.feasible]
+        fits = [m for m in everything() if m.feasible]
         return min(fits, key=lambda m: (m.rel_time, m.rel_mem or 1.0), default=None)
 
     base_fits = any(m.feasible and not m.names for m in measured.values())
     helpers = sorted((n for n in single if single[n] < 1 - noise), key=lambda n: single[n])
-    savers = [] if base_fits else [n for n in single if (measured[frozenset({n})].rel_mem or 1) < 1 - noise]
-    pool = list(dict.fromkeys([*helpers, *savers]))[:POOL]
+    saving = [] if base_fits else [n for n in single if (measured[frozenset({n})].rel_mem or 1) < 1 - noise]
+    pool = list(dict.fromkeys([*helpers, *saving]))[:POOL]
     # fewer than two rows helped: nothing to combine, so the search screens the pairs of the fastest single row
     # (or of the single row leading at a larger batch size) while no combination leads
     lead = None
@@ -234,9 +290,13 @@ def search(
     result.candidates += list(earlier)
     result.trials = len(earlier)
 
-    def predicted(names: frozenset[str], batch: int | None) -> float:
+    def predicted(names: frozenset[str], batch: int | None) -> tuple[float, int]:
+        """The prediction, and how many strategies (and a batch size) it composes beyond what was measured."""
         if not batch:
-            return predict(names, measured, single) if names not in measured else measured[names].rel_time or 1.0
+            if names in measured and measured[names].ok:
+                return measured[names].rel_time or 1.0, 0
+            found = anchor(names, measured)
+            return predict(names, measured, single), len(names - (found.names if found else frozenset()))
         scale = batch_scale(measured, sized, batch, noise)
         scale = scale if scale > 0 else 1 - noise / 2  # (a row of no time: no figure)
         # what was measured at this size, brought back to the study's by the size's scale, anchors and informs a
@@ -247,7 +307,10 @@ def search(
             if b == batch and (n not in known or not known[n].ok) and m.ok and m.rel_time:
                 known[n] = replace(m, rel_time=m.rel_time / scale, parts=None, batch=None)
         own = known.get(names)
-        return (own.rel_time if own is not None and own.ok and own.rel_time else predict(names, known, single)) * scale
+        if own is not None and own.ok and own.rel_time:
+            return own.rel_time * scale, 1
+        found = anchor(names, known)
+        return predict(names, known, single) * scale, 1 + len(names - (found.names if found else frozenset()))
 
     def consider(names: frozenset[str], reason: str, round_: int, batch: int | None = None) -> Candidate | None:
         text = row_text(names, order, batch)
@@ -256,7 +319,8 @@ def search(
             return seen.get(text)
         if valid(names) is not None:
             return None  # the registry forbids it: never built, never shown as a candidate
-        c = Candidate(text, round_, reason, predicted(names, batch), batch=batch)
+        time_, gap = predicted(names, batch)
+        c = Candidate(text, round_, reason, time_, batch=batch, gap=gap)
         c.predicted_bytes, over = mem_of(names, batch)
         if over is not None:
             c.state, c.note = "pruned", over
@@ -264,18 +328,29 @@ def search(
         result.candidates.append(c)
         return c
 
+    def band(c: Candidate) -> float:
+        """How much slower than the bar a candidate may be predicted and still be measured: the misses where
+        predictions said slower than measured, per strategy composed, times its own composed strategies."""
+        return math.exp(result.error * max(1, c.gap))
+
+    stack = greedy(pool, valid) if len(pool) >= 2 else frozenset()
+    forced: list[Candidate] = []  # measured in round 1 whatever is predicted: the stack an engineer writes first
+    if len(stack) >= 2 and (top := consider(stack, "the greedy stack: every row that helped, minus conflicts", 1)):
+        forced.append(top)
     for size in range(2, len(pool) + 1):
         for combo in itertools.combinations(pool, size):
             consider(frozenset(combo), "a combination of rows that helped", 1)
 
+    unpriced: set[str] = set()
     round_ = 1
+    pruning = False  # the last rounds: is each strategy of the incumbent inside the floor needed?
     while True:
         best = incumbent()
         # measured when predicted to beat the incumbent by half the noise floor: a gain predicted smaller would not
         # be told from noise once measured, even if real; one predicted at half the floor may measure beyond it
         # (a prediction misses by more than that). Asking for the whole floor stopped a causal-LM search at 1.27x
         # its best; asking for any gain took it 6 trials where half the floor took 4 to the same pick (§S11).
-        bar = (best.rel_time or 1.0) * (1 - noise / 2) if best else math.inf
+        bar = (best.rel_time or 1.0) * (1 - bar_noise / 2) if best else math.inf
         # from round 2 on; from the first in a continued search, or where a combination (`all`) leads singles that
         # left nothing to combine (the screen is only of a single row's pairs)
         if best is not None and (round_ > 1 or earlier or (lead is not None and len(best.names) > 1)):
@@ -283,21 +358,36 @@ def search(
                 consider(best.names | {n}, f"{best.row} + {n}", round_, best.batch)
             for n in sorted(best.names, key=order.index):
                 consider(best.names - {n}, f"{best.row} - {n}", round_, best.batch)
-        first = None  # this round's incumbent at a doubled batch size with no figure to predict it from
-        if best is not None and (bigger := next_batch(best.batch)) is not None:
+        first = []  # this round's incumbent at a doubled batch size with no figure to predict it from
+        # (not beside the greedy stack: it is measured to become the incumbent, and the doubling follows it)
+        if best is not None and not forced and (bigger := next_batch(best.batch)) is not None:
             doubled = consider(best.names, f"{best.row} at batch size {bigger}", round_, bigger)
             # nothing run at that size or at half of it (a row that failed there counts: it is a figure): tried
             # once whatever the floor; after that, the last doubling's gain predicts the next
-            if not {bigger, bigger // 2} & {b for _n, b in sized}:
-                first = doubled
+            if not {bigger, bigger // 2} & {b for _n, b in sized} and doubled is not None:
+                first.append(doubled)
+                unpriced.add(doubled.row)  # its figure is a prior, not a prediction: its miss says nothing
+            # out of memory there: the incumbent with each strategy that saves memory, at that size (the batch
+            # search goes on until memory binds with every saving it can take, not at the first OOM)
+            oom = sized.get((best.names, bigger))
+            if oom is not None and oom.status == "oom" and savers is not None:
+                for n in savers(best.names):
+                    c = consider(
+                        best.names | {n}, f"{best.row} + {n} (saves memory) at batch size {bigger}", round_, bigger
+                    )
+                    if c is not None and c.state == "proposed" and c not in first:
+                        first.append(c)
         waiting = [c for c in result.candidates if c.state == "proposed"]
         for c in waiting:
-            c.predicted_time = predicted(*split_row(c.row))
-        ahead = sorted((c for c in waiting if c.predicted_time < bar or c is first), key=lambda c: c.predicted_time)
+            c.predicted_time, c.gap = predicted(*split_row(c.row))
+        ahead = sorted(
+            (c for c in waiting if c.predicted_time < bar * band(c) or c in first or c in forced),
+            key=lambda c: (c not in forced, c not in first[:1], c.predicted_time),
+        )
         screen = None  # the single row whose pairs are screened (while no combination leads)
         if lead is not None and best is not None and len(best.names) <= 1:
             screen = best if best.names else lead
-        if not ahead and screen is not None:
+        if not ahead and screen is not None and not pruning:
             # the screen: the single rows left nothing to combine, so when nothing else is predicted ahead the fastest
             # of them (at the batch size it leads at; even when the baseline leads) is measured with each other
             # strategy, whatever is predicted, until a combination leads; a pair can gain what neither part gains
@@ -309,10 +399,26 @@ def search(
                     pair.reason = f"screen: {screen.row} + {n}"
                     ahead.append(pair)
             ahead.sort(key=lambda c: c.predicted_time)
+        if not ahead and best is not None and len(best.names) > 1:
+            # is each strategy of the incumbent needed? The incumbent without it is measured where that is predicted
+            # within the floor of the incumbent (the pick is the simplest row within the floor of the fastest: a
+            # strategy is in only where it pays beyond it; tf32 beside bf16 pays nothing, whatever it does alone)
+            for n in sorted(best.names, key=order.index):
+                c = consider(best.names - {n}, f"{best.row} - {n}", round_, best.batch)
+                if c is not None and c.state == "proposed" and c.predicted_time <= (best.rel_time or 1.0) * (1 + noise):
+                    c.reason = f"{best.row} - {n}: is {n} needed? (predicted within the floor without it)"
+                    ahead.append(c)
+            pruning = pruning or bool(ahead)
         if not ahead:
-            result.stopped = (
-                f"no candidate left is predicted to beat the incumbent by half the noise floor ±{noise:.1%}"
+            result.stopped = "no candidate left is predicted to beat the incumbent by half the noise floor " + (
+                f"±{noise:.1%}"
+                if bar_noise == noise
+                else f"(±{bar_noise:.1%} of its ±{noise:.1%}: a wide floor is no reason to stop)"
             )
+            if result.error:
+                result.stopped += (
+                    f", within the predictions' measured miss ({math.exp(result.error) - 1:.0%} per strategy)"
+                )
             if screen is not None and any(c.reason.startswith(f"screen: {screen.row} + ") for c in result.candidates):
                 result.stopped += f", and {screen.row} was screened with each other strategy it may take"
             break
@@ -322,7 +428,7 @@ def search(
         if max_seconds is not None and clock() - began >= max_seconds:
             result.stopped = f"--max-search-time {max_seconds:g} s spent"
             break
-        chosen = ahead[: min(BEAM, max_trials - result.trials)]
+        chosen = ahead[: min(max(BEAM, len(forced)), max_trials - result.trials)]
         for i, c in enumerate(chosen, start=result.trials + 1):
             c.trial = i
         for c in chosen:  # one the measure returned no row for is not asked for again
@@ -335,16 +441,29 @@ def search(
             c = seen[m.row]
             c.state = "measured" if m.ok else "failed"
             c.measured_time, c.measured_mem, c.note = m.rel_time, m.rel_mem, m.why_not or ("" if m.ok else m.status)
+            if m.ok and m.rel_time and c.predicted_time > 0 and c.row not in unpriced:
+                c.miss = m.rel_time / c.predicted_time
+        forced = []
+        result.error = _error(result.candidates)
         result.trials += len(chosen)
         result.rounds = round_
         after = incumbent()
         result.incumbent = after.row if after else None
         on_round(result)
         round_ += 1
-    final = incumbent()
+    fastest = incumbent()
+    final = simplest(everything(), noise, base_row)
+    result.fastest = fastest.row if fastest else None
     result.incumbent = final.row if final else None
     result.wall_s = clock() - began
     for c in result.candidates:
         if c.state == "proposed":
             c.state = "skipped"
     return result
+
+
+def _error(candidates: list[Candidate]) -> float:
+    """The median miss per strategy composed (log), over the predictions that said slower than measured (those that
+    said faster widen nothing: a candidate predicted a little behind the incumbent is not likely ahead)."""
+    misses = sorted(-math.log(c.miss) / max(1, c.gap) for c in candidates if c.miss is not None and c.miss < 1)
+    return misses[(len(misses) - 1) // 2] if misses else 0.0  # the lower median: two misses take the smaller

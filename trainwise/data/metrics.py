@@ -22,6 +22,17 @@ def accuracy(pred: list[int], gold: list[int]) -> float:
     return sum(int(p == g) for p, g in zip(pred, gold, strict=True)) / len(gold)
 
 
+# what text_metrics imports (rouge-score stems with nltk's Porter stemmer), by import name and pip name
+TEXT_METRIC_PACKAGES = {"rouge_score": "rouge-score", "nltk": "nltk", "sacrebleu": "sacrebleu"}
+
+
+def missing_text_metric_packages() -> list[str]:
+    """The pip names of the packages text_metrics needs that this environment cannot import (empty: none)."""
+    import importlib.util
+
+    return [pip for name, pip in TEXT_METRIC_PACKAGES.items() if importlib.util.find_spec(name) is None]
+
+
 def text_metrics(pred: list[str], gold: list[str]) -> dict[str, float]:
     """ROUGE F1 x100 (mean over samples, stemmed), corpus BLEU, and BLEU-1..4 (cumulative: the geometric
     mean of the 1..n-gram precisions with the brevity penalty, seed 002's columns), all x100."""

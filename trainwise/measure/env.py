@@ -44,10 +44,12 @@ def device_kind(device: str, cpus: int | None = None) -> str:
 
 @cache
 def git_commit() -> str | None:
+    """The commit of trainwise's own checkout (None where trainwise is not run from one: an installed package whose
+    folder lies inside another repository, a user's project with its .venv, records no commit of that project)."""
     repo = Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "--short=12", "HEAD"],
+            ["git", "-C", str(repo), "rev-parse", "--show-toplevel", "--short=12", "HEAD"],
             capture_output=True,
             text=True,
             timeout=5,
@@ -55,8 +57,10 @@ def git_commit() -> str | None:
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    if out.returncode != 0:
+    lines = out.stdout.split()
+    if out.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != repo:
         return None
+    out.stdout = lines[1]
     dirty = subprocess.run(
         # "-dirty" means the code differs from the commit; edits to docs do not count
         ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no", "--", "trainwise"],

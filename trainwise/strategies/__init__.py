@@ -66,6 +66,22 @@ ALIASES: dict[str, str] = {"all": "bf16+grad_accum+grad_ckpt+adafactor+dynamic_p
 
 DEFAULT_STRATEGIES = "baseline,bf16,fp16,grad_accum,grad_ckpt,adafactor,dynamic_pad,smart_batch,freeze_embeddings,all"
 DEFAULT_ROWS = tuple(DEFAULT_STRATEGIES.split(","))
+# each task's own default rows where the text tasks' do not fit it: a causal LM's speed strategies (packing, the losses
+# without full logits, the CUDA kernels and precisions, recorded 'unsupported' where the device lacks them), and an
+# image model's (no padding, no embeddings: channels_last instead). cce's kernels need 16-bit embeddings: its row
+# brings bf16.
+TASK_DEFAULTS = {
+    "causal-lm": "baseline,bf16,fp16,tf32,grad_ckpt,adamw_fused,dynamic_pad,smart_batch,packing,chunked_ce,liger,"
+    "bf16+cce,freeze_embeddings",
+    "image-classification": "baseline,bf16,fp16,tf32,channels_last,grad_accum,grad_ckpt,adafactor,adamw_fused",
+}
+
+
+def default_rows(task: str) -> tuple[str, ...]:
+    """The rows a study of `task` runs when --strategies is not given."""
+    return tuple(TASK_DEFAULTS.get(task, DEFAULT_STRATEGIES).split(","))
+
+
 ESTIMATE_STRATEGIES = "baseline,bf16,grad_ckpt,adafactor,grad_accum,bf16+grad_ckpt"  # `trainwise estimate`'s rows
 
 
@@ -154,6 +170,13 @@ def parse_row(text: str, accum_steps: int) -> Row:
         clash = s.conflicts & set(names)
         if clash:
             raise ConfigError(f"strategies {s.name!r} and {sorted(clash)[0]!r} conflict in {text!r}")
+        if s.with_one_of and not s.with_one_of & set(names):
+            one = " or ".join(sorted(s.with_one_of, key=list(REGISTRY).index))
+            first = sorted(s.with_one_of, key=list(REGISTRY).index)[0]
+            raise ConfigError(
+                f"{s.name!r} in {text!r} runs only beside {one} (its kernels take 16-bit embeddings): write "
+                f"{first}+{body}"
+            )
     return Row(text, tuple(parts), _plan(parts, text), batch)
 
 
@@ -284,12 +307,21 @@ def markdown() -> str:
             default = "--accum-steps" if s.default_value is None else str(s.default_value)
             sets.append(f"{s.takes}=N (`{s.name}=N`, default {default})")
         needs = sorted(s.requires) + [f"`trainwise[{PACKAGE_EXTRAS[p]}]`" for p in sorted(s.packages)]
+        if s.with_one_of:
+            needs.append(" or ".join(f"`{n}`" for n in sorted(s.with_one_of, key=list(REGISTRY).index)) + " beside it")
         if s.tasks != ALL_TASKS:
             needs.append("/".join(sorted(s.tasks)))
         cells = [f"`{s.name}`", s.summary, ", ".join(sets) or "-", ", ".join(sorted(s.conflicts)) or "-"]
         lines.append("| " + " | ".join([*cells, ", ".join(needs) or "-"]) + " |")
     for alias, spec in ALIASES.items():
         lines.append(f"| `{alias}` | the seed studies' 'All Applied' row: `{spec}` | - | - | - |")
+    lines += ["", "## Default rows", "", "What a study runs when --strategies is not given:", ""]
+    lines.append(f"- classification, seq2seq: `{DEFAULT_STRATEGIES}`")
+    lines += [f"- {task}: `{rows}`" for task, rows in TASK_DEFAULTS.items()]
+    lines.append(
+        "- rows the device cannot run (fp16, tf32, liger, cce on a CPU) are recorded 'unsupported', also with an "
+        "explicit --device; a row you name that it cannot run is an error"
+    )
     lines += [
         "",
         "## Knobs",

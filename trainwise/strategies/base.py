@@ -213,6 +213,8 @@ class Strategy:
     requires: frozenset[str] = frozenset()  # device capabilities
     packages: frozenset[str] = frozenset()  # import names, each a key of PACKAGE_EXTRAS
     tasks: frozenset[str] = ALL_TASKS
+    # strategies one of which its row must hold (cce's kernels take 16-bit embeddings: bf16 or fp16 beside it)
+    with_one_of: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         unknown = self.requires - set(CAPABILITIES)

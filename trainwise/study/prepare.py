@@ -127,7 +127,7 @@ def _fit_to_device(cfg: StudyConfig, device: str, caps: set[str], facts: DeviceF
         return verdicts, recorded, row_notes
     for i, row in enumerate(cfg.rows):
         verdict = verdicts.get(row.text)
-        if verdict is None or verdict.status != "emulated" or row.text not in strategies.DEFAULT_ROWS:
+        if verdict is None or verdict.status != "emulated" or row.text not in strategies.default_rows(cfg.task):
             continue
         if row.text not in strategies.ALIASES:
             if (verdict.ratio or SLOW_RATIO) >= SLOW_RATIO:
@@ -162,7 +162,9 @@ def prepare_study(cfg: StudyConfig, on_note: Callable[[str], None] = lambda _lin
         if not missing:
             continue
         reason = f"needs {', '.join(missing)}; this device ({device}) lacks it"
-        if cfg.device != "auto":  # asked explicitly for a device that cannot run it: bad input
+        # asked explicitly for a device that cannot run a row the user named: bad input (a default row the device
+        # cannot run is recorded 'unsupported', as with auto: the user never chose it)
+        if cfg.device != "auto" and not (cfg.fit_to_device and row.text in strategies.default_rows(cfg.task)):
             raise ConfigError(f"strategy {row.text!r} {reason}; drop it or use a device that supports it")
         unsupported[row.text] = reason
     for row in cfg.rows:
@@ -200,6 +202,7 @@ def prepare_study(cfg: StudyConfig, on_note: Callable[[str], None] = lambda _lin
     )
     if cfg.task == CAUSAL_LM and source.kind != "preset":
         check_eos(source)
+    check_metric_packages(cfg, data.data_format)
     train, evals, labels = data.train, data.evals, data.labels
     notes = [f"trainwise: data: {note}" for note in data.notes()]  # rows not used: said, never silent
     n_train = len(train)  # training samples; raw text is cut into blocks once the tokenizer is known
@@ -268,6 +271,21 @@ def prepare_study(cfg: StudyConfig, on_note: Callable[[str], None] = lambda _lin
     prepared = _specs(cfg, settings, fingerprint, unsupported, out)
     return dataclasses.replace(
         prepared, verdicts=verdicts, recorded=recorded, row_notes=row_notes, n_eval=len(evals), notes=tuple(notes)
+    )
+
+
+def check_metric_packages(cfg: StudyConfig, data_format: str) -> None:
+    """Generated text is scored with ROUGE and BLEU (seq2seq, and a causal LM's prompt/response or chat data): where
+    their packages cannot be imported, every evaluated trial would fail on the import one by one, so the study
+    says so once, before any (an H200 whose image lacked rouge-score failed every prompt/response trial so)."""
+    from trainwise.data.metrics import missing_text_metric_packages
+
+    scores_text = cfg.task == "seq2seq" or (cfg.task == CAUSAL_LM and data_format in ("prompt_response", "chat"))
+    if not scores_text or cfg.eval_samples == 0 or not (missing := missing_text_metric_packages()):
+        return
+    raise ConfigError(
+        f"evaluating {cfg.task} scores generated text with ROUGE and BLEU, and {', '.join(missing)} cannot be "
+        f"imported here: pip install {' '.join(missing)}, or pass --eval-samples 0 (no evaluation)"
     )
 
 
