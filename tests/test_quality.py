@@ -10,7 +10,7 @@ import pytest
 from trainwise.advise import Constraints, advise, with_quality
 from trainwise.api.quality import candidates
 from trainwise.cli import main
-from trainwise.quality import NOT_SIGNIFICANT, QualityVerdicts, quality_config, verdicts
+from trainwise.quality import INCONCLUSIVE, NOT_SIGNIFICANT, QualityVerdicts, quality_config, verdicts
 from trainwise.results import StudyRow, TrialResult
 
 from .conftest import tiny_study
@@ -45,7 +45,7 @@ def test_verdicts_call_a_difference_only_outside_the_seeds_ranges(tmp_path, cls_
     made = {"baseline": [40, 44], "bf16": [43, 46], "smart_batch": [50, 52], "grad_accum": [30, 35]}
     found = {r.strategy: r for r in verdicts(_trials(study, made), random_init=True)}
     assert found["baseline"].verdict == "reference" and found["baseline"].mean == 42
-    assert found["bf16"].verdict == NOT_SIGNIFICANT and found["bf16"].delta == pytest.approx(2.5)
+    assert found["bf16"].verdict == INCONCLUSIVE and found["bf16"].delta == pytest.approx(2.5)  # 2 seeds can't say
     assert found["smart_batch"].verdict == "better" and found["grad_accum"].verdict == "worse"
     assert found["bf16"].eval_loss == pytest.approx(1.5) and (found["bf16"].low, found["bf16"].high) == (43, 46)
     one = tiny_study(tmp_path / "one", cls_csv, "classification", rows[:2], eval_samples=0)
@@ -83,7 +83,7 @@ def test_a_phase_that_learned_nothing_says_its_verdicts_compare_nothing(tmp_path
     for _, r in trials:
         r.metrics["majority_accuracy"] = 40.0
     found = verdicts(trials, random_init=False)
-    assert found[0].majority == 40.0 and found[1].verdict == NOT_SIGNIFICANT
+    assert found[0].majority == 40.0 and found[1].verdict == INCONCLUSIVE
     quality_table(found, 2)
     assert "no candidate beats always answering the commonest class (40.0%)" in capsys.readouterr().out
     assert unlearned([40.0, 52.0], 40.0) is None, "one row learned: the verdicts mean something"

@@ -62,6 +62,9 @@ class Measured:
     # not measured
     parts: tuple[float, ...] | None = None
     batch: int | None = None  # the row's own batch size (`row@bsN`); None: the study's
+    # a strategy's effect read off a row that holds it with what it needs beside it (cce's off bf16+cce): it informs
+    # predictions as a single row does, and is never a plan itself (no such row runs)
+    derived: bool = False
 
     @property
     def ok(self) -> bool:
@@ -69,7 +72,7 @@ class Measured:
 
     @property
     def feasible(self) -> bool:
-        return self.ok and self.why_not is None
+        return self.ok and self.why_not is None and not self.derived
 
 
 @dataclass

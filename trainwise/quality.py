@@ -7,9 +7,11 @@ initialisation, dropout and the data order), each run a trial of the same loop i
 evaluated on the held-out rows: a study of its own in `--out/quality`, resumable like any other.
 
 Each row gets its metric and evaluation loss over the seeds (mean and range) and a verdict against the
-baseline, "better"/"worse" or "no significant difference". With 2 seeds a difference is called only
-when the seeds' ranges do not overlap (a coarse test, and the table says so); with 3 or more seeds per
-row, by Welch's t-test at the 5% level (two-sided; the seeds' variances need not be equal). The verdicts are
+baseline, "better"/"worse", "no significant difference" or "inconclusive". With 2 seeds a difference is called only
+when the seeds' ranges do not overlap (a coarse test, and the table says so); ranges that overlap are
+"inconclusive", not "no significant difference": two seeds cannot tell an equal row from a worse one (a digits plan
+at 6.25 and 11.88 against the baseline's 23.13 and 11.88 only touched). With 3 or more seeds per row, by Welch's
+t-test at the 5% level (two-sided; the seeds' variances need not be equal). The verdicts are
 written to `--out/quality/quality.json` (by trainwise.study.store), which `advise` reads instead of the speed
 trials' quality.
 """
@@ -17,6 +19,7 @@ trials' quality.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -27,6 +30,7 @@ from trainwise.strategies.plan import TrialPlan
 
 QUALITY_DIR = "quality"
 NOT_SIGNIFICANT = "no significant difference"
+INCONCLUSIVE = "inconclusive"  # 2 seeds whose ranges overlap: more seeds would decide
 
 
 @dataclass
@@ -38,7 +42,7 @@ class QualityRow:
     steps: int
     random_init: bool
     delta: float | None = None  # mean metric - the baseline's
-    verdict: str = ""  # "reference" | NOT_SIGNIFICANT | "better" | "worse" | "one seed: no verdict"
+    verdict: str = ""  # "reference" | NOT_SIGNIFICANT | INCONCLUSIVE | "better" | "worse" | "one seed: no verdict"
     test: str = ""  # how the verdict was reached (range overlap with 2 seeds, Welch's t-test with 3 or more)
     majority: float | None = None  # accuracy: what always answering the commonest held-out class scores
 
@@ -111,7 +115,7 @@ def compare(row: list[float], baseline: list[float]) -> tuple[str, str]:
     test = "seeds' ranges overlap?"
     if min(row) > max(baseline):
         return "better", test
-    return ("worse" if max(row) < min(baseline) else NOT_SIGNIFICANT), test
+    return ("worse" if max(row) < min(baseline) else INCONCLUSIVE), test
 
 
 def check(steps: int | None, seeds: int) -> None:
@@ -138,16 +142,28 @@ def quality_config(cfg: StudyConfig, rows: list[str], steps: int, seeds: int) ->
     )
 
 
-def equal_samples(prepared) -> None:
+def equal_samples(prepared) -> dict[str, str]:
     """A row at its own batch size (`row@bsN`) trains on as many samples as the baseline, not for as many steps:
-    fewer, larger steps are what it would train with, and more samples would flatter its quality."""
+    fewer, larger steps are what it would train with, and more samples would flatter its quality. It trains the way
+    a user would train at that batch: the learning rate scaled by the square root of the batch's ratio (the rule for
+    Adam-family optimizers, Malladi et al. 2022, "On the SDEs and Scaling Rules for Adaptive Gradient Algorithms"),
+    not held to the study's rate with a quarter of its steps. Returns each sized row's rule, in words."""
     cfg = prepared.config
-    prepared.specs[:] = [
-        dataclasses.replace(t, steps=max(cfg.warmup_steps + 1, round(t.steps * cfg.batch_size / t.settings.batch_size)))
-        if t.steps and t.settings.batch_size != cfg.batch_size  # a quality study sweeps no batch: a sized row
-        else t
-        for t in prepared.specs
-    ]
+    rules: dict[str, str] = {}
+    specs = []
+    for t in prepared.specs:
+        if t.steps and t.settings.batch_size != cfg.batch_size:  # a quality study sweeps no batch: a sized row
+            ratio = t.settings.batch_size / cfg.batch_size
+            lr = t.settings.lr * math.sqrt(ratio)
+            steps = max(cfg.warmup_steps + 1, round(t.steps / ratio))
+            rules[t.row] = (
+                f"lr {lr:.3g} (the study's {t.settings.lr:g} x sqrt({t.settings.batch_size}/{cfg.batch_size}): the "
+                "square-root rule for Adam-family optimizers)"
+            )
+            t = dataclasses.replace(t, steps=steps, settings=dataclasses.replace(t.settings, lr=lr))
+        specs.append(t)
+    prepared.specs[:] = specs
+    return rules
 
 
 def verdicts(trials: list, random_init: bool) -> list[QualityRow]:

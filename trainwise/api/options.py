@@ -252,6 +252,13 @@ class CompareOptions(ModelData, Priced):
     quality_steps: int | None = option(None, "Then train the Pareto rows this long for quality.", role=QUALITY)
     seeds: int = option(2, "Quality phase: seeds per row (the spread of the verdicts).", role=QUALITY)
 
+    def __post_init__(self) -> None:
+        # the text tasks' default rows on a task with rows of its own: that task's, before anything reads them (a
+        # resumed study adds the rows it is missing: the task's, not the text tasks')
+        given = [r.strip() for r in words(self.strategies)]
+        if self.task in strategies.TASK_DEFAULTS and given == list(strategies.DEFAULT_ROWS):
+            object.__setattr__(self, "strategies", ",".join(strategies.default_rows(self.task)))
+
     def resolve(self) -> tuple[StudyConfig, Any, tuple[int, int] | None]:
         """(the StudyConfig, the price or None, (quality steps, seeds) or None), every value validated."""
         quality.check(self.quality_steps, self.seeds)
@@ -322,6 +329,11 @@ class CompareOptions(ModelData, Priced):
 
     def _of_role(self, role: str) -> list[dataclasses.Field]:
         return [f for f in fields(self) if f.metadata.get("role") == role]
+
+
+def _needs_company(name: str) -> bool:
+    found = strategies.REGISTRY.get(name.partition("=")[0].strip())
+    return found is not None and bool(found.with_one_of)
 
 
 def _env_int(name: str, default: Any) -> Any:
@@ -400,6 +412,14 @@ class PlanOptions(CompareOptions):
     batch_search: bool = option(
         True, "Also try the leader at twice its batch size while that is faster per sample and fits (`row@bsN`)."
     )
+    ecosystem_default: bool = option(
+        True,
+        "Also measure what you get without trainwise (TRL's SFTConfig defaults for causal-lm, the HF Trainer's "
+        "otherwise) as a row; the plan is never slower than it.",
+    )
+    run_epochs: float = option(
+        1.0, "The run you plan, in epochs of the data: a one-time cost (torch.compile) is charged once against it."
+    )
 
     def constraints(self) -> Constraints:
         if self.objective == "quality":
@@ -416,7 +436,8 @@ class PlanOptions(CompareOptions):
             # the search combines single rows: a combination given (seed 004's dynamic_pad+smart_batch) is measured
             # as given, and each of its strategies alone too, so the search can combine them with the others
             parts = [n.strip() for r in rows if "+" in r for n in r.partition("@bs")[0].split("+")]
-            parts = [n for n in parts if n and n != "baseline"]
+            # (not a strategy that runs only beside another: cce is measured as bf16+cce, its effect read off it)
+            parts = [n for n in parts if n and n != "baseline" and not _needs_company(n)]
             rows += [n for i, n in enumerate(parts) if n not in rows and n not in parts[:i]]
             # every figure of the search is relative to the baseline: a --strategies list without it still runs it
             values["strategies"] = rows if "baseline" in rows else ["baseline", *rows]

@@ -23,8 +23,10 @@ from trainwise.api.options import CompareOptions, PlanOptions, words
 from trainwise.api.render import STDERR, Render
 from trainwise.errors import ConfigError
 from trainwise.files import human_bytes, write_atomic
-from trainwise.plan import DEFAULT_NOISE, Candidate, Measured, Search, row_text, search, split_row
+from trainwise.plan import DEFAULT_NOISE, WIDE, Candidate, Measured, Search, row_text, search, simplest, split_row
+from trainwise.quality import INCONCLUSIVE
 from trainwise.results import StudyRow
+from trainwise.search import ecosystem
 from trainwise.study.store import PAGE, PLAN, PLAN_MD, Store, write_report
 from trainwise.units import parse_seconds
 
@@ -35,19 +37,22 @@ UNMEASURED = "out: not measured (not among the study's rows)"
 class Line:
     """A row of the plan's summary: its time and memory relative to the baseline, as measured."""
 
-    label: str  # plan | best single row | all | baseline
+    label: str  # plan | fastest measured | best single row | ecosystem default | all | baseline
     row: str
     rel_time: float | None
     rel_mem: float | None
     samples_per_s: float | None
     peak_mem_bytes: float | None
     epoch_time_s: float | None
+    tokens_per_s: float | None = None
+    compile_s: float | None = None  # a one-time cost (torch.compile), charged once against the planned run
+    flops_per_s: float | None = None  # counted FLOPs per second of its steps
 
 
 @dataclass
 class PlanResult:
     """What `trainwise plan` found (OUT/plan.json): the plan, the rows it is measured against, every strategy
-    in or out with its reason, the search's candidates and cost, the quality check, and the commands."""
+    in or out with its reason, the search's candidates and cost, the quality checks, and the commands."""
 
     study: str
     plan: str | None  # the recommended row (None: nothing beat the baseline within the constraints)
@@ -59,8 +64,17 @@ class PlanResult:
     commands: list[str]
     notes: list[str] = field(default_factory=list)
     singles_s: float = 0.0  # wall time of the single rows (run, or read back from the store)
-    quality_s: float = 0.0  # wall time of the quality check
-    rejected: str | None = None  # why the fastest row is not the plan: its quality check found a real loss
+    quality_s: float = 0.0  # wall time of the quality checks
+    rejected: str | None = None  # why no row is recommended: each candidate checked lost quality for real
+    # the configuration the user gets without trainwise, measured as a row of the study (None: --no-ecosystem-default)
+    ecosystem: dict | None = None
+    checked: list[dict] = field(default_factory=list)  # each quality check, in order: {row, verdict, passed, why}
+    peak: dict | None = None  # the best matmul peak measured in the study: {flops_per_s, mode, row}
+    run_epochs: float = 1.0  # the planned run a one-time cost is charged against
+    random_init: bool = False  # a size preset's random weights: a short run's quality says little
+    headline: list[str] = field(default_factory=list)  # plan.md's opening lines
+    # a wide floor's leaders measured again, longer (OUT/confirm): {out, steps, noise, times, pick, said}
+    confirmed: dict | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -79,6 +93,8 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     budget_s = parse_seconds(options.max_search_time, "--max-search-time") if options.max_search_time else None
     if options.max_trials < 1:
         raise ConfigError(f"--max-trials must be >= 1, got {options.max_trials}")
+    if options.run_epochs <= 0:
+        raise ConfigError(f"--run-epochs must be > 0, got {options.run_epochs:g}")
     base = options.compare_options()
     cfg0, _price, _phase = base.resolve()
     if cfg0.batch_sizes or len(cfg0.num_workers) > 1:
@@ -87,29 +103,47 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
         )
     only, never = _names(options.only, "--only"), _names(options.never, "--never")
     out = Path(base.out)
-
-    compare_api.start(base, render)  # the single rows: run, or resumed from the store
-    singles_s = time.monotonic() - began
-    rows = study_rows(out)
-    task, accum = cfg0.task, cfg0.accum_steps
     from trainwise.study.prepare import resolve_device  # heavy: trainwise.study.prepare loads numpy (and torch)
 
-    caps = resolve_device(cfg0.device)[1]
+    device, caps = resolve_device(cfg0.device)
+    task, accum = cfg0.task, cfg0.accum_steps
+    rows0 = [r.strip() for r in words(base.strategies)]
+    extra: list[str] = []
+    if device == "cuda" and options.study is None and _default_rows(options):
+        extra.append("compile")  # on a GPU a candidate like any other; its compile is charged once (--run-epochs)
+    eco = None
+    if options.ecosystem_default:
+        eco = ecosystem.default_for(task, device, lambda row: _runnable(row, task, accum, caps))
+        if eco.row != "baseline":
+            extra.append(eco.row)
+    base = dataclasses.replace(base, strategies=[*rows0, *(r for r in extra if r not in rows0)])
+
+    shown: list[Any] = []  # the last table a compare call drew: printed once, at the end (not after every round)
+    said: set[str] = set()
+
+    def once(line: str) -> None:  # a note each round's compare repeats (the model's, the data's) is said once
+        if line not in said:
+            said.add(line)
+            render.note(line)
+
+    quiet = dataclasses.replace(render, table=shown.append, note=once)
+    compare_api.start(base, quiet)  # the single rows (and the ecosystem's default): run, or resumed from the store
+    singles_s = time.monotonic() - began
+    rows = study_rows(out)
     order = list(strategies.REGISTRY)
     next_batch = doubling(out, cfg0.batch_size, options.batch_search)
     valid = validity(task, accum, caps, only, never)
+    run_s = _run_seconds(rows, options.run_epochs)
 
-    # what the search starts from: the single rows and `all`, and the combinations an earlier run of this search
-    # measured (a resumed search); other combinations in the study are measured again as the search reaches
-    # them (read back from the store), so a search's path does not depend on rows it did not choose
+    # what the search starts from: the single rows, `all` and the ecosystem's default, and the combinations an earlier
+    # run of this search measured (a resumed search); other combinations in the study are measured again as the
+    # search reaches them (read back from the store), so a search's path does not depend on rows it did not choose
     present = {r.row_text for r in rows}
     earlier = [c for c in _searched_before(out) if c.row in present]
-    own = {c.row for c in earlier}
-    singles = [
-        m
-        for m in measured_rows(rows, constraints, accum)
-        if (len(m.names) <= 1 or m.row in own | {"all"}) and (options.batch_search or m.batch is None)
-    ]
+    own = {c.row for c in earlier} | {"all"} | ({eco.row} if eco else set())
+    table = measured_rows(rows, constraints, accum, run_s)
+    singles = [m for m in table if (len(m.names) <= 1 or m.row in own) and (options.batch_search or m.batch is None)]
+    singles += _derived(table, singles)
     if not any(r.baseline and r.status == "ok" for r in rows):
         raise ConfigError(
             f"{out} has no baseline row that finished ok: the search measures every combination against it "
@@ -125,8 +159,8 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
         nonlocal current
         render.note(f"trainwise plan: measuring {', '.join(new)}")
         current = [*current, *(r for r in new if r not in current)]
-        compare_api.start(dataclasses.replace(base, strategies=current), render)
-        got = {m.row: m for m in measured_rows(study_rows(out), constraints, accum)}
+        compare_api.start(dataclasses.replace(base, strategies=current), quiet)
+        got = {m.row: m for m in measured_rows(study_rows(out), constraints, accum, run_s)}
         return [got[r] for r in new if r in got]
 
     def on_round(s: Search) -> None:
@@ -144,19 +178,31 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
         max_seconds=None if budget_s is None else max(0.0, budget_s - (time.monotonic() - began)),
         on_round=on_round,
         earlier=earlier,
+        default=eco.row if eco else None,
+        savers=_savers(singles, valid, max(noise or 0.0, DEFAULT_NOISE)),
     )
+    if shown:
+        render.table(shown[-1])  # the study's whole table, once
     rows = study_rows(out)
-    result = _result(options, base, rows, found, constraints, valid, only, never)
+    pick, confirmed = found.incumbent, None
+    if found.noise > WIDE and pick not in (None, "baseline"):
+        # a floor too wide to tell the leaders apart: they are measured again, longer, in a study of their own
+        confirmed = _confirm(base, rows, found, constraints, eco, run_s, quiet)
+        pick = confirmed["pick"] or pick
+    result = _result(options, base, rows, found, constraints, valid, only, never, pick, eco, run_s)
+    result.confirmed = confirmed
+    if confirmed is not None:
+        result.notes.append(confirmed["said"])
     result.singles_s = singles_s
     checked = time.monotonic()
     if options.quality_check and result.plan and result.plan != "baseline":
-        result.quality = _quality(options, base, result.plan, render)
-        judge_quality(result, options.max_quality_drop)
+        result = _checked(options, base, rows, found, constraints, valid, only, never, eco, run_s, result, render)
     result.quality_s = time.monotonic() - checked
     result.search = found.to_dict()
     plan_line = next((ln for ln in result.lines if ln.label == "plan"), None)
     if plan_line and plan_line.epoch_time_s:
         result.search_share_of_epoch = found.wall_s / plan_line.epoch_time_s
+    result.headline = headline(result)
     write_atomic(out / PLAN, json.dumps(result.to_dict(), indent=1))
     write_atomic(out / PLAN_MD, markdown(result))
     from trainwise.api.report import render as draw  # heavy: the page's figures (matplotlib)
@@ -166,6 +212,145 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     except ConfigError as e:  # another command took the study meanwhile: the plan stands, its page waits
         render.note(f"trainwise plan: report.html not drawn again ({e}); `trainwise report {out}` draws it")
     return result
+
+
+CONFIRM_STEPS = 3  # a wide floor's leaders are measured again with this many times the study's steps
+CONFIRM_ROWS = 3  # at most this many leaders (and the ecosystem's default) in the confirmation
+
+
+def _confirm(
+    base: CompareOptions,
+    rows: list[StudyRow],
+    found: Search,
+    constraints: Constraints,
+    eco: ecosystem.Default | None,
+    run_s: float | None,
+    render: Render,
+) -> dict:
+    """The leaders of a search whose noise floor is too wide to decide between them (past WIDE), measured again with
+    CONFIRM_STEPS times the study's steps, beside the baseline (first and again last) and the ecosystem's default, in
+    OUT/confirm (a study of its own: it resumes). The pick is then the simplest row within that study's floor (at
+    least DEFAULT_NOISE) of its fastest, never slower than the ecosystem's default there. On a 2-core CPU a study's
+    4 timed steps of SmolLM2 moved ±10-32% between identical rows; a window three times longer is what a wide floor
+    asks for before a choice, not a reason to stop choosing."""
+    measured = [m for m in measured_rows(rows, constraints, base.accum_steps, run_s) if m.feasible and m.names]
+    fastest = min(measured, key=lambda m: m.rel_time or 1.0)
+    close = sorted(
+        (m for m in measured if (m.rel_time or 1.0) <= (fastest.rel_time or 1.0) * (1 + found.noise)),
+        key=lambda m: (m.rel_time or 1.0, len(m.names)),
+    )
+    leaders = [m.row for m in close[:CONFIRM_ROWS]]
+    if found.incumbent and found.incumbent not in leaders:
+        leaders.append(found.incumbent)
+    extra = [eco.row] if eco is not None and eco.row not in (*leaders, "baseline") else []
+    steps = CONFIRM_STEPS * (base.max_steps or 16)
+    where = Path(base.out) / "confirm"
+    options = dataclasses.replace(
+        base,
+        out=str(where),
+        strategies=["baseline", *leaders, *extra],
+        max_steps=steps,
+        repeat=1,
+        remeasure=True,
+        replace=False,
+    )
+    render.note(
+        f"trainwise plan: the noise floor ±{found.noise:.1%} cannot tell {', '.join(leaders)} apart: measuring them "
+        f"again over {steps} steps in {where}"
+    )
+    compare_api.start(options, render)
+    again = study_rows(where)
+    noise = max(study_noise(again) or 0.0, DEFAULT_NOISE)
+    table = [m for m in measured_rows(again, constraints, base.accum_steps, run_s) if m.row in leaders]
+    default = next(
+        (m for m in measured_rows(again, constraints, base.accum_steps, run_s) if eco and m.row == eco.row), None
+    )
+    chosen = simplest(table, noise, default)
+    times = {m.row: m.rel_time for m in table}
+    said = (
+        f"confirmed over {steps} steps in {where} (its floor ±{noise:.1%}): "
+        + ", ".join(f"{r} {_pct(t)}" for r, t in times.items())
+        + (f"; the pick: {chosen.row}" if chosen else "; none of them ran ok: the search's pick stands")
+    )
+    return {
+        "out": str(where),
+        "steps": steps,
+        "noise": noise,
+        "times": times,
+        "pick": chosen.row if chosen else None,
+        "said": said,
+    }
+
+
+def _default_rows(options: PlanOptions) -> bool:
+    """Whether the plan runs the default rows (--strategies not given)."""
+    given = [r.strip() for r in words(options.strategies)]
+    return given == list(strategies.DEFAULT_ROWS) or given == list(strategies.default_rows(options.task))
+
+
+def _runnable(row: str, task: str, accum: int, caps: set[str]) -> str | None:
+    """Why `row` cannot run on this task, device and environment (None: it can)."""
+    try:
+        parsed = strategies.parse_row(row, accum)
+    except ConfigError as e:
+        return str(e)
+    if (wrong := parsed.wrong_task(task)) is not None:
+        return f"{wrong.name} is not for {task}"
+    if missing := parsed.missing_capabilities(caps):
+        return f"needs {', '.join(missing)}"
+    if packages := parsed.missing_packages():
+        return f"needs {', '.join(packages)}"
+    return None
+
+
+def _run_seconds(rows: list[StudyRow], epochs: float) -> float | None:
+    """The planned run at the baseline's pace, in seconds (what a one-time cost is charged against)."""
+    base = next((r for r in rows if r.baseline and r.status == "ok" and r.epoch_time_s), None)
+    return base.epoch_time_s * epochs if base is not None and base.epoch_time_s else None
+
+
+def _derived(table: list[Measured], singles: list[Measured]) -> list[Measured]:
+    """A strategy that runs only beside another (cce beside bf16 or fp16) has no row of its own: its effect is read
+    off the row that holds it with one of them (bf16+cce over bf16), as a single row the search combines, never
+    picks."""
+    alone = {m.names: m for m in singles if m.ok and len(m.names) == 1 and m.batch is None}
+    base = alone.get(frozenset()) or next((m for m in table if not m.names and m.ok), None)
+    found = []
+    for m in table:
+        if not m.ok or m.batch is not None or len(m.names) != 2:
+            continue
+        for name in m.names:
+            needs = strategies.REGISTRY[name].with_one_of
+            other = m.names - {name}
+            if not needs or not other <= needs or frozenset({name}) in alone or other not in alone:
+                continue
+            with_ = alone[other]
+            if not with_.rel_time or not m.rel_time:
+                continue
+            parts = None
+            if m.parts and with_.parts and base is not None and base.parts:
+                parts = tuple(
+                    p * b / w if w > 0 else p for p, b, w in zip(m.parts, base.parts, with_.parts, strict=True)
+                )
+            rel_mem = m.rel_mem / with_.rel_mem if m.rel_mem and with_.rel_mem else None
+            rel = m.rel_time / with_.rel_time
+            found.append(Measured(name, frozenset({name}), rel, rel_mem, m.peak_bytes, parts=parts, derived=True))
+            alone[frozenset({name})] = found[-1]
+    return found
+
+
+def _savers(singles: list[Measured], valid, noise: float):
+    """`savers(names)`: the strategies whose single row used less memory than the baseline beyond the floor, that
+    the registry lets join `names`, the most saving first (what lets a batch that ran out of memory fit)."""
+    saving = sorted(
+        (m for m in singles if len(m.names) == 1 and m.ok and m.rel_mem is not None and m.rel_mem < 1 - noise),
+        key=lambda m: m.rel_mem or 1.0,
+    )
+
+    def of(names: frozenset[str]) -> list[str]:
+        return [n for m in saving for n in m.names if n not in names and valid(names | {n}) is None]
+
+    return of
 
 
 def validity(
@@ -269,18 +454,24 @@ def study_rows(out: Path) -> list[StudyRow]:
     return one_kind(read_results(out))[0]
 
 
-def measured_rows(rows: list[StudyRow], constraints: Constraints, accum: int) -> list[Measured]:
-    """The study's rows as the search reads them, with advise's feasibility under the constraints."""
+def measured_rows(
+    rows: list[StudyRow], constraints: Constraints, accum: int, run_s: float | None = None
+) -> list[Measured]:
+    """The study's rows as the search reads them, with advise's feasibility under the constraints. `run_s`: the
+    planned run at the baseline's pace, in seconds; a row's one-time cost (torch.compile's compile) is charged once
+    against it (its time relative to the baseline's per sample, plus the cost over that run)."""
     ranked = {v.strategy: v for v in advise(rows, constraints).verdicts}
     base = next((r for r in rows if r.baseline and r.status == "ok" and r.step_time_s), None)
     found = []
     for r in rows:
         text = r.row_text
-        row = strategies.parse_row(text, accum)
+        row = strategies.parse_row(text, accum, stored=True)
         names = frozenset() if r.baseline else frozenset(s.name for s, _ in row.parts)
         v = ranked.get(r.strategy)
         why = None if v is None or v.feasible or r.status != "ok" else v.reason
         rel = r.rel_time if r.status == "ok" else None
+        if rel is not None and r.compile_s and run_s:
+            rel += r.compile_s / run_s
         found.append(
             Measured(text, names, rel, r.rel_mem, r.peak_mem_bytes, r.status, why, phases(r, base), row.batch_size)
         )
@@ -311,7 +502,19 @@ def _samples_per_step(r: StudyRow) -> float | None:
 def _line(label: str, r: StudyRow | None) -> Line | None:
     if r is None:
         return None
-    return Line(label, r.row_text, r.rel_time, r.rel_mem, r.samples_per_s, r.peak_mem_bytes, r.epoch_time_s)
+    flops = r.flops_per_step / r.step_time_s if r.flops_per_step and r.step_time_s else None
+    return Line(
+        label,
+        r.row_text,
+        r.rel_time,
+        r.rel_mem,
+        r.samples_per_s,
+        r.peak_mem_bytes,
+        r.epoch_time_s,
+        r.tokens_per_s,
+        r.compile_s,
+        flops,
+    )
 
 
 def _result(
@@ -323,15 +526,19 @@ def _result(
     valid,
     only: frozenset[str],
     never: frozenset[str],
+    chosen: str | None,
+    eco: ecosystem.Default | None = None,
+    run_s: float | None = None,
 ) -> PlanResult:
     by_row = {r.row_text: r for r in rows}
-    measured = {m.row: m for m in measured_rows(rows, constraints, base.accum_steps)}
-    chosen = found.incumbent
+    measured = {m.row: m for m in measured_rows(rows, constraints, base.accum_steps, run_s)}
     singles = [m for m in measured.values() if len(m.names) == 1 and m.feasible and m.batch is None]
     best_single = min(singles, key=lambda m: m.rel_time or 1.0, default=None)
     lines = [
         _line("plan", by_row.get(chosen or "")),
+        _line("fastest measured", by_row.get(found.fastest or "")) if found.fastest not in (chosen, None) else None,
         _line("best single row", by_row.get(best_single.row) if best_single else None),
+        _line("ecosystem default", by_row.get(eco.row)) if eco is not None else None,
         _line("all", by_row.get("all")),
         _line("baseline", next((r for r in rows if r.baseline), None)),
     ]
@@ -344,15 +551,13 @@ def _result(
             continue
         alone = measured.get(name)
         if name in plan_names:
-            reasons.append(
-                {
-                    "strategy": name,
-                    "in": True,
-                    "reason": f"in: alone {_pct(alone.rel_time)} time, {_pct(alone.rel_mem)} memory"
-                    if alone and alone.ok
-                    else "in",
-                }
+            without = measured.get(row_text(plan_names - {name}, list(strategies.REGISTRY), plan_batch) or "baseline")
+            said = (
+                f"in: alone {_pct(alone.rel_time)} time, {_pct(alone.rel_mem)} memory" if alone and alone.ok else "in"
             )
+            if without is not None and without.ok and plan_row is not None and plan_row.rel_time:
+                said += f"; the plan without it measured {_pct(without.rel_time)} (beyond the floor ±{noise:.1%})"
+            reasons.append({"strategy": name, "in": True, "reason": said})
             continue
         if alone is None:
             why = (
@@ -399,17 +604,50 @@ def _result(
             f"trainwise train --plan {q(str(Path(base.out).resolve()))} --strategies {q(chosen)} --out runs/train",
         ]
     notes = [f"search stopped: {found.stopped}"]
+    if found.fastest and chosen and found.fastest != chosen and chosen in measured and found.fastest in measured:
+        notes.append(
+            f"the plan is the simplest row within the noise floor ±{noise:.1%} of the fastest measured, "
+            f"{found.fastest} ({_pct(measured[found.fastest].rel_time)} against {_pct(measured[chosen].rel_time)}): "
+            "a strategy is in only where it pays beyond the floor"
+        )
     if plan_row and plan_batch:
         at_study = measured.get(row_text(plan_names, list(strategies.REGISTRY)))
         was = f"{_pct(at_study.rel_time)} at {base.batch_size}, " if at_study and at_study.ok else ""
         notes.append(
             f"batch size {plan_batch}, not the study's {base.batch_size}: {was}{_pct(plan_row.rel_time)} of "
-            "the baseline's time per sample at it; its quality check trains on as many samples as the baseline's"
+            "the baseline's time per sample at it"
+        )
+    compiled = by_row.get(chosen or "")
+    if compiled is not None and compiled.compile_s and run_s:
+        notes.append(
+            f"compile: {compiled.compile_s:.0f} s once, charged against a planned run of {options.run_epochs:g} "
+            f"epoch(s) ({run_s:.0f} s at the baseline's pace; --run-epochs says how long yours is)"
         )
     if chosen == "baseline" or chosen is None:
         notes.append("no strategy or combination beat the baseline beyond the noise floor within the constraints")
+    if eco is not None:
+        notes += [f"ecosystem default ({eco.source}): {n}" for n in eco.notes]
+    peaks = [r for r in rows if r.status == "ok" and r.peak_flops_per_s]
+    top = max(peaks, key=lambda r: r.peak_flops_per_s or 0.0, default=None)
+    peak = {"flops_per_s": top.peak_flops_per_s, "mode": top.peak_mode, "row": top.row_text} if top else None
+    setting = Store.spec_of(Path(base.out))
+    random_init = (
+        setting is not None and setting.settings.model_kind == "preset" and base.task != "image-classification"
+    )
     return PlanResult(
-        str(base.out), chosen, [ln for ln in lines if ln], reasons, found.to_dict(), None, None, commands, notes
+        str(base.out),
+        chosen,
+        [ln for ln in lines if ln],
+        reasons,
+        found.to_dict(),
+        None,
+        None,
+        commands,
+        notes,
+        ecosystem=eco.to_dict() if eco is not None else None,
+        peak=peak,
+        run_epochs=options.run_epochs,
+        random_init=random_init,
     )
 
 
@@ -431,22 +669,119 @@ def _pct(x: float | None) -> str:
     return "?" if x is None else f"{x:.0%}"
 
 
-def _quality(options: PlanOptions, base: CompareOptions, row: str, render: Render) -> dict | None:
-    """The plan against the baseline, trained longer over seeds (compare's quality phase on two rows)."""
+MAX_CHECKS = 3  # candidates whose quality is checked, in turn, before the search says no plan keeps it
+MORE_SEEDS = 4  # an inconclusive 2-seed verdict is decided over this many (Welch's t-test)
+
+
+def _checked(
+    options: PlanOptions,
+    base: CompareOptions,
+    rows: list[StudyRow],
+    found: Search,
+    constraints: Constraints,
+    valid,
+    only: frozenset[str],
+    never: frozenset[str],
+    eco: ecosystem.Default | None,
+    run_s: float | None,
+    result: PlanResult,
+    render: Render,
+) -> PlanResult:
+    """The plan's quality against the baseline, over seeds; where it loses beyond --max-quality-drop, the next-fastest
+    candidates in turn (MAX_CHECKS in all), and the user gets the fastest that keeps quality. An inconclusive
+    verdict (2 seeds whose ranges overlap) is decided over MORE_SEEDS. A size preset's random weights train too
+    little in a check to say anything of fine-tuning: its verdict is shown, never a reason to reject."""
+    noise = found.noise
+    measured = [m for m in measured_rows(rows, constraints, base.accum_steps, run_s) if m.feasible and m.names]
+    order = [result.plan] + [
+        m.row
+        for m in sorted(measured, key=lambda m: (m.rel_time or 1.0, len(m.names)))
+        if m.row != result.plan and (m.rel_time or 1.0) < 1 - noise
+    ]
+    checks: list[dict] = []
+    for row in order[:MAX_CHECKS]:
+        assert row is not None
+        q = _quality(options, base, row, render, max(2, options.seeds))
+        if q and q.get("verdict") == INCONCLUSIVE and max(2, options.seeds) < MORE_SEEDS:
+            render.note(f"trainwise plan: 2 seeds cannot decide {row}'s quality: {MORE_SEEDS} seeds")
+            q = _quality(options, base, row, render, MORE_SEEDS)
+        why = rejection(row, q, options.max_quality_drop, result.random_init)
+        checks.append({"row": row, "quality": q, "passed": why is None, "why": why or ""})
+        if why is None:
+            new = (
+                result
+                if row == result.plan
+                else _result(options, base, rows, found, constraints, valid, only, never, row, eco, run_s)
+            )
+            new.quality, new.checked, new.singles_s = q, checks, result.singles_s
+            if row != result.plan:
+                new.notes.append(
+                    f"{len(checks) - 1} faster candidate(s) lost quality in the check: {row} is the fastest that "
+                    "keeps it"
+                )
+            return new
+        render.note(f"trainwise plan: {why}")
+    said = "; ".join(c["why"] for c in checks)
+    result.quality, result.checked = (checks[0]["quality"] if checks else None), checks
+    result.rejected = said
+    result.notes.append(said)
+    result.commands = []  # nothing to carry out: the export and train commands were a rejected row's
+    result.lines = [
+        dataclasses.replace(ln, label="fastest, not recommended") if ln.label == "plan" else ln for ln in result.lines
+    ]
+    result.plan = None
+    return result
+
+
+def rejection(row: str, q: dict | None, drop: float | None, random_init: bool = False) -> str | None:
+    """Why a checked row is not recommended: its quality check found a loss the seeds say is real, beyond
+    --max-quality-drop (or any, without one); None when it passes (a random-init preset's check never rejects)."""
+    q = q or {}
+    lost = -q["delta"] if q.get("delta") is not None else None
+    if random_init or lost is None or q.get("verdict") != "worse" or (drop is not None and lost <= drop):
+        return None
+    bound = f"more than --max-quality-drop {drop:g}" if drop is not None else "and no --max-quality-drop allows it"
+    said = f"{row} lost {lost:.2f} {q.get('metric_name', '')} against the baseline over seeds, {bound}"
+    if split_row(row)[1]:  # a row at its own batch: as many samples, fewer optimizer steps, the rate scaled
+        said += f" (at batch {split_row(row)[1]}: as many samples in fewer steps, {q.get('lr_rule', 'its rate')})"
+    return said
+
+
+def judge_quality(result: PlanResult, drop: float | None) -> None:
+    """A plan whose quality check found a loss the seeds say is real is not recommended (`result.plan` None, a note
+    says why): beyond --max-quality-drop, or any loss without one; never for a random-init preset."""
+    if result.plan is None:
+        return
+    said = rejection(result.plan, result.quality, drop, result.random_init)
+    if said is None:
+        return
+    said += ": not recommended"
+    result.notes.append(said)
+    result.rejected = said
+    result.commands = []
+    result.lines = [
+        dataclasses.replace(ln, label="fastest, not recommended") if ln.label == "plan" else ln for ln in result.lines
+    ]
+    result.plan = None
+
+
+def _quality(options: PlanOptions, base: CompareOptions, row: str, render: Render, seeds: int) -> dict | None:
+    """`row` against the baseline, trained longer over seeds (compare's quality phase on two rows). A row at a larger
+    batch trains on as many samples, in fewer steps, at the rate a user would scale it to (quality.equal_samples)."""
     from trainwise import quality  # heavy: numpy (the statistics)
     from trainwise.launcher import launch  # heavy: the trial machinery, only when a check runs
     from trainwise.study.prepare import prepare_study  # heavy: trainwise.study.prepare loads numpy (and torch)
     from trainwise.study.run import run_study  # heavy: trainwise.study.run loads numpy
 
     steps = options.quality_steps or 4 * (base.max_steps or 16)
-    seeds = max(2, options.seeds)
     cfg, _price, _q = base.resolve()
     prepared = prepare_study(quality.quality_config(cfg, ["baseline", row], steps, seeds))
-    quality.equal_samples(prepared)  # a plan at its own batch size: as many samples as the baseline
+    rules = quality.equal_samples(prepared)  # a plan at its own batch size: as many samples as the baseline
     own = next((t for t in prepared.specs if t.row == row), None)
     if own and own.settings.batch_size != cfg.batch_size:
         render.note(
-            f"trainwise plan: {row} trains {own.steps} steps: the baseline's {steps} x {cfg.batch_size} samples"
+            f"trainwise plan: {row} trains {own.steps} steps: the baseline's {steps} x {cfg.batch_size} samples, "
+            f"{rules.get(row, 'at the study rate')}"
         )
     render.note(f"trainwise plan: quality check: {row} against the baseline, {steps} steps x {seeds} seeds")
     with render.progress(prepared) as (on_event, on_done):
@@ -454,29 +789,68 @@ def _quality(options: PlanOptions, base: CompareOptions, row: str, render: Rende
     s = prepared.specs[0].settings
     found = quality.verdicts(trials, s.model_kind == "preset" and s.task != "image-classification")
     mine = next((q for q in found if q.strategy == row), None)
-    return mine.to_dict() if mine else None
+    if mine is None:
+        return None
+    return {**mine.to_dict(), "lr_rule": rules.get(row, "")}
 
 
-def judge_quality(result: PlanResult, drop: float | None) -> None:
-    """A plan whose quality check found a loss the seeds say is real is not recommended (`result.plan` None, a note
-    says why): beyond --max-quality-drop, or any loss without one."""
-    q = result.quality or {}
-    lost = -q["delta"] if q.get("delta") is not None else None
-    if result.plan is None or lost is None or q.get("verdict") != "worse" or (drop is not None and lost <= drop):
-        return
-    bound = f"more than --max-quality-drop {drop:g}" if drop is not None else "and no --max-quality-drop allows it"
-    said = f"{result.plan} lost {lost:.2f} {q.get('metric_name', '')} against the baseline over seeds, {bound}: "
-    said += "not recommended"
-    if split_row(result.plan)[1]:  # a plan at its own batch: as many samples, fewer optimizer steps
-        said += f" (at batch {split_row(result.plan)[1]} it took fewer optimizer steps on as many samples: raise --lr, "
-        said += "or pass --no-batch-search)"
-    result.notes.append(said)
-    result.rejected = said
-    result.commands = []  # nothing to carry out: the export and train commands were the rejected row's
-    result.lines = [
-        dataclasses.replace(ln, label="fastest, not recommended") if ln.label == "plan" else ln for ln in result.lines
+def headline(r: PlanResult) -> list[str]:
+    """plan.md's opening lines: the plan against the baseline and the ecosystem's default (time, memory, quality),
+    its throughput and MFU beside the measured peak, and the search's cost where it exceeds an epoch of the plan."""
+    lines = {ln.label: ln for ln in r.lines}
+    plan = lines.get("plan")
+    if plan is None or not plan.rel_time:
+        return []
+    out = [
+        f"{1 / plan.rel_time:.2f}x the baseline's speed ({_pct(plan.rel_time)} of its time per sample), "
+        f"{_pct(plan.rel_mem)} of its memory"
     ]
-    result.plan = None
+    eco = lines.get("ecosystem default")
+    if eco is not None and eco.rel_time and r.ecosystem:
+        faster = eco.rel_time / plan.rel_time
+        mem = (
+            f", {plan.peak_mem_bytes / eco.peak_mem_bytes:.0%} of its memory"
+            if eco.peak_mem_bytes and plan.peak_mem_bytes
+            else ""
+        )
+        out.append(
+            f"{faster:.2f}x the speed of what you get without trainwise, {r.ecosystem['source']} "
+            f"(`{eco.row}`, measured in this study){mem}"
+        )
+    q = r.quality
+    if q and r.random_init:
+        out.append(
+            f"quality: {q['metric_name']} {q['mean']:.2f} vs the baseline's {q['mean'] - (q['delta'] or 0):.2f} over "
+            f"{len(q['values'])} seeds x {q['steps']} steps ({q['verdict']}); random weights (a size preset): so short "
+            "a run says little of fine-tuning, so the plan is recommended on time and memory"
+        )
+    elif q:
+        out.append(
+            f"quality: {q['metric_name']} {q['mean']:.2f} (delta {_signed(q['delta'])} vs the baseline) over "
+            f"{len(q['values'])} seeds x {q['steps']} steps: {q['verdict']}"
+        )
+    if plan.tokens_per_s:
+        out.append(f"{plan.tokens_per_s:,.0f} non-pad tokens/s, {plan.samples_per_s or 0:,.1f} samples/s")
+    if plan.flops_per_s and r.peak and r.peak.get("flops_per_s"):
+        top = r.peak["flops_per_s"]
+        out.append(
+            f"{plan.flops_per_s / 1e12:.3g} TFLOP/s (counted FLOPs): {plan.flops_per_s / top:.1%} of the device's "
+            f"best measured matmul peak here, {top / 1e12:.3g} TFLOP/s ({r.peak.get('mode')}, measured by "
+            f"{r.peak.get('row')})"
+        )
+    if r.confirmed and r.confirmed.get("times"):
+        c = r.confirmed
+        out.append(
+            f"measured again over {c['steps']} steps (the study's floor was too wide to choose; this one's "
+            f"±{c['noise']:.1%}): " + ", ".join(f"{row} {_pct(t)}" for row, t in c["times"].items())
+        )
+    share = r.search_share_of_epoch
+    if share is not None and share > 1:
+        out.append(
+            f"the search cost more than a projected epoch of the plan ({share:.0%}): it pays for a run of at least "
+            f"{share:.0f} epochs of this data"
+        )
+    return out
 
 
 def markdown(r: PlanResult) -> str:
@@ -491,13 +865,42 @@ def markdown(r: PlanResult) -> str:
         else ("**No plan beat the baseline.**"),
         "",
     ]
-    out += ["| | row | time % | mem % | samples/s | peak mem | epoch (s) |", "|---|---|---|---|---|---|---|"]
+    if r.headline:
+        out += [*(f"- {h}" for h in r.headline), ""]
+    out += [
+        "| | row | time % | mem % | samples/s | tokens/s | peak mem | epoch (s) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for ln in r.lines:
+        tokens = f"{ln.tokens_per_s:,.0f}" if ln.tokens_per_s else "-"
         out.append(
             f"| {ln.label} | `{ln.row}` | {_pct(ln.rel_time)} | {_pct(ln.rel_mem)} | "
-            f"{ln.samples_per_s or 0:.1f} | {human_bytes(ln.peak_mem_bytes or 0)} | {ln.epoch_time_s or 0:.1f} |"
+            f"{ln.samples_per_s or 0:.1f} | {tokens} | {human_bytes(ln.peak_mem_bytes or 0)} | "
+            f"{ln.epoch_time_s or 0:.1f} |"
         )
-    if r.quality:
+    if r.ecosystem:
+        e = r.ecosystem
+        fields_ = "; ".join(f"{k} {v}" for k, v in e["fields"].items())
+        out += ["", f"The ecosystem default is {e['source']} read from the installed library: {fields_}."]
+    if r.checked:
+        out += ["", "## Quality", ""]
+        for c in r.checked:
+            q = c["quality"] or {}
+            if q:
+                rule = f", {q['lr_rule']}" if q.get("lr_rule") else ""
+                out.append(
+                    f"- `{c['row']}`: {q['metric_name']} {q['mean']:.2f} (delta {_signed(q['delta'])} vs the "
+                    f"baseline) over {len(q['values'])} seeds x {q['steps']} steps{rule}: {q['verdict']}"
+                    + ("" if c["passed"] else f": rejected ({c['why']})")
+                )
+            else:
+                out.append(f"- `{c['row']}`: no verdict (its check finished no trial)")
+        if r.random_init:
+            out.append(
+                "- random weights (a size preset): a check this short says little of fine-tuning; its verdict is "
+                "shown, never a reason to reject"
+            )
+    elif r.quality:
         q = r.quality
         out += [
             "",
@@ -514,25 +917,35 @@ def markdown(r: PlanResult) -> str:
         "",
         "## Candidates",
         "",
-        "| round | row | why | predicted time % | measured time % | state |",
-        "|---|---|---|---|---|---|",
+        "Every candidate the search proposed, in the order proposed; `miss` is measured / predicted time (above 1: "
+        "the prediction was optimistic).",
+        "",
+        "| round | trial | row | why | predicted time % | measured time % | miss | state |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for c in s["candidates"]:
-        if c["state"] in ("measured", "failed", "pruned") or c["round"] > 1 or c["reason"].startswith("screen:"):
-            meas = _pct(c["measured_time"]) if c["measured_time"] is not None else "-"
-            note = f" ({c['note']})" if c["note"] else ""
-            out.append(
-                f"| {c['round']} | `{c['row']}` | {c['reason']} | {_pct(c['predicted_time'])} | {meas} | "
-                f"{c['state']}{note} |"
-            )
+        meas = _pct(c["measured_time"]) if c["measured_time"] is not None else "-"
+        miss = f"{c['miss']:.2f}" if c.get("miss") is not None else "-"
+        note = f" ({c['note']})" if c["note"] else ""
+        out.append(
+            f"| {c['round']} | {c.get('trial') or '-'} | `{c['row']}` | {c['reason']} | {_pct(c['predicted_time'])} | "
+            f"{meas} | {miss} | {c['state']}{note} |"
+        )
     skipped = sum(c["state"] == "skipped" for c in s["candidates"])
+    misses = sorted(c["miss"] for c in s["candidates"] if c.get("miss") is not None)
+    predicted = (
+        f"predictions missed by {misses[len(misses) // 2]:.2f}x at the median (from {misses[0]:.2f}x to "
+        f"{misses[-1]:.2f}x over {len(misses)} measured); "
+        if misses
+        else ""
+    )
     share = f", {r.search_share_of_epoch:.1%} of one projected epoch of the plan" if r.search_share_of_epoch else ""
     out += [
         "",
         f"Time: the single rows {r.singles_s:.0f} s, the search {s['trials']} trial(s) in {s['rounds']} round(s), "
         f"{s['wall_s']:.0f} s{share}, the quality check {r.quality_s:.0f} s; "
-        f"{skipped} predicted candidate(s) never measured; noise floor ±{s['noise']:.1%}{_own(s)}; "
-        f"stopped: {s['stopped']}.",
+        f"{skipped} predicted candidate(s) never measured (listed above); {predicted}"
+        f"noise floor ±{s['noise']:.1%}{_own(s)}; stopped: {s['stopped']}.",
     ]
     if r.commands:
         out += ["", "## Carry it out", "", "```sh", *r.commands, "```"]

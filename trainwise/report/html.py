@@ -35,6 +35,8 @@ tr.baseline td { background: #fdf1f1; }
 .partial { background: #fff4d6; border: 1px solid #e0b000; padding: 0.5em 1em; }
 figure { margin: 1.5em 0; } figcaption { font-size: 0.9em; color: #444; margin-top: 0.3em; }
 pre { background: #f5f5f5; padding: 0.5em; overflow-x: auto; }
+.scroll { overflow-x: auto; max-width: 100%; }
+.plan { background: #eef7ee; border: 1px solid #7cb87c; padding: 0.5em 1em; }
 """
 
 
@@ -54,9 +56,16 @@ def report_html(
     `estimates` of its rows (row -> `trainwise estimate`'s MemoryEstimate as a dict: `trainwise report --estimate`
     writes them), a `plan` search (plan.json) and a `batch_search` (find-batch's find_batch.json); `not_read`: a
     line for each such file that could not be read, said under the figures."""
+    if plan is not None:  # a study a plan searched: the page is the plan's, its study's table below
+        title = f"trainwise plan: {plan.get('plan') or 'no plan recommended'} ({title})"
     parts = [f"<h1>{_e(title)}</h1>"]
     if partial:
         parts.append(f'<p class="partial">{_e(partial)}</p>')
+    if plan is not None:
+        said = plan.get("headline") or []
+        lead = f"Plan: {plan['plan']}" if plan.get("plan") else f"No plan recommended: {plan.get('rejected') or ''}"
+        parts += [f'<div class="plan"><p><strong>{_e(lead)}</strong></p>', "<ul>"]
+        parts += [f"<li>{_e(line)}</li>" for line in said] + ["</ul></div>"]
     parts += _settings(study)
     rows = table_cells(table)
     parts += ["<h2>Results</h2>", _html_table(headers(table), rows, ["baseline" if e.baseline else "" for e in table])]
@@ -118,7 +127,9 @@ def _html_table(cols: list[str], rows: list[list[str]], classes: list[str] | Non
     for row, css in zip(rows, classes or [""] * len(rows), strict=True):
         attr = f' class="{css}"' if css else ""
         body.append(f"<tr{attr}>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>" + "".join(body) + "</tbody></table>"
+    # a wide table scrolls inside the page (a plan's study has a row for every candidate and 20 columns)
+    table = f"<table><thead><tr>{head}</tr></thead><tbody>" + "".join(body) + "</tbody></table>"
+    return f'<div class="scroll">{table}</div>'
 
 
 def _e(text: Any) -> str:

@@ -133,11 +133,12 @@ class Row:
         ]
 
 
-def parse_row(text: str, accum_steps: int) -> Row:
+def parse_row(text: str, accum_steps: int, stored: bool = False) -> Row:
     """Parse one row ("bf16+grad_ckpt", "freeze_layers=4", "all", "bf16@bs32"); raise ConfigError if it is invalid.
 
     `accum_steps` is the study's --accum-steps: the N of a `grad_accum` written without one. `@bsN` runs the row at
-    its own batch size N instead of the study's."""
+    its own batch size N instead of the study's. `stored`: a row a study already holds, read back (a rule added since,
+    such as cce's need of a 16-bit precision beside it, does not make an old study unreadable)."""
     text = text.strip()
     if not text:
         raise ConfigError(f"empty strategy name; valid names: {valid_names()}")
@@ -170,7 +171,7 @@ def parse_row(text: str, accum_steps: int) -> Row:
         clash = s.conflicts & set(names)
         if clash:
             raise ConfigError(f"strategies {s.name!r} and {sorted(clash)[0]!r} conflict in {text!r}")
-        if s.with_one_of and not s.with_one_of & set(names):
+        if s.with_one_of and not s.with_one_of & set(names) and not stored:
             one = " or ".join(sorted(s.with_one_of, key=list(REGISTRY).index))
             first = sorted(s.with_one_of, key=list(REGISTRY).index)[0]
             raise ConfigError(

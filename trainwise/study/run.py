@@ -152,11 +152,21 @@ class Retry:
         return cls(cfg.trial_timeout, cfg.retries, cfg.quiet_wait_s)
 
 
+# what a row that compiles (torch.compile) is allowed beyond --trial-timeout: its compile is a one-time cost the
+# plan charges once against the planned run (SmolLM2-135M's took about 80 s on an H200), not a reason to time out
+COMPILE_ALLOWANCE_S = 600.0
+
+
+def timeout_for(spec: TrialSpec, timeout_s: float) -> float:
+    """The trial's timeout: --trial-timeout, plus COMPILE_ALLOWANCE_S for a row that compiles."""
+    return timeout_s + (COMPILE_ALLOWANCE_S if spec.plan.value("compile") else 0.0)
+
+
 def _measured(spec: TrialSpec, trial_dir: Path, launch: Launch, cfg: Retry, emit: Callable) -> TrialResult:
     """The trial, run again (up to cfg.retries times, once the machine is quiet) while other processes
     took a large share of the CPUs during its timed steps: the row keeps the clean run and counts the
     runs it discarded; when no clean run could be had, the last one stays flagged `contended`."""
-    result = launch(spec, trial_dir, cfg.trial_timeout, emit)
+    result = launch(spec, trial_dir, timeout_for(spec, cfg.trial_timeout), emit)
     discarded = 0
     while result.status == "ok" and result.contended and discarded < cfg.retries:
         discarded += 1
@@ -171,7 +181,7 @@ def _measured(spec: TrialSpec, trial_dir: Path, launch: Launch, cfg: Retry, emit
         quiet = contention.wait_quiet(cfg.quiet_wait_s)
         if not quiet:
             emit(Note(f"still busy after {cfg.quiet_wait_s:.0f} s: measuring anyway"))
-        again = launch(spec, trial_dir, cfg.trial_timeout, emit)
+        again = launch(spec, trial_dir, timeout_for(spec, cfg.trial_timeout), emit)
         if not quiet and again.status == "ok" and not again.contended:
             # the machine was busy when it started: a window too short to judge (contended None), or one the
             # others' load happened to miss, does not make it clean (a search would chase its noise)
@@ -405,7 +415,7 @@ def _on_node(spec_blob: dict, cfg: Retry, files: bytes, meet: dict | None = None
             result = _measured(spec, trial_dir, launcher.launch, cfg, emit)
         else:  # this node's ranks of a trial spanning nodes (not run again under load: the group is measured once)
             job = launcher.TrialJob(spec, trial_dir, Rendezvous.from_dict(meet))
-            result = launcher.run(job, emit, backend="exec", timeout_s=cfg.trial_timeout)
+            result = launcher.run(job, emit, backend="exec", timeout_s=timeout_for(spec, cfg.trial_timeout))
         log = (trial_dir / "stderr.log").read_bytes()[-LOG_TAIL:].decode(errors="replace")
     finally:
         shutil.rmtree(trial_dir, ignore_errors=True)
