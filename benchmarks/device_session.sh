@@ -10,6 +10,12 @@
 # - doctor, pytest (the gpu-marked tests), studies (gpu.sh's seed 001 and HF docs' studies).
 # - plan: `trainwise plan` on the bert-base preset (PLAN_PRESET) over the GPU's single rows, with its
 #   quality check (issue 36 on a GPU); OUTDIR/plan.log, plan.md and plan.json.
+# - reference: benchmarks/reference_loop.py, the hand-written loop (fp32, bf16 + fused AdamW, bf16 + compile) on
+#   the smollm2-135m shape, REF_BATCH x REF_LENGTH (16 x 512) packed tokens; OUTDIR/reference.json (issue 53).
+# - lmplan: `trainwise plan` on the same shape and prompt/response pairs it never saw (LM_DATA, default
+#   .bench/man.csv: `benchmarks/man_pairs.py .bench/man.csv` makes it here, and `carry` takes .bench there), the
+#   causal-lm default rows (compile added on a GPU), the ecosystem default measured beside them; OUTDIR/lmplan.md
+#   and lmplan.json. Run `STEPS="wheels reference lmplan"` for issue 53's comparison in one call.
 # DOCTOR_LIMIT (seconds, default SECONDS) stops a hung doctor early enough for the steps after it.
 # - .venv: when this checkout has none, .venv/bin/{python,trainwise} run python3 with this checkout on its
 #   path, no download. The versions that differ from requirements.lock are
@@ -99,6 +105,26 @@ if step plan; then
     --max-trials 6 --quality-steps "${PLAN_QUALITY_STEPS:-120}" --seeds 2 2>&1 | tee "$RESULTS/plan.log"
   echo "=== device_session: plan exit ${PIPESTATUS[0]}"
   cp "$RESULTS"/plan/plan.md "$RESULTS"/plan/plan.json "$OUTDIR"/ 2>/dev/null
+fi
+if step reference; then
+  echo "=== device_session: the hand-written reference loop"
+  timeout -k 10 "${REF_LIMIT:-240}" .venv/bin/python benchmarks/reference_loop.py --device "$DEVICE" \
+    --batch "${REF_BATCH:-16}" --length "${REF_LENGTH:-512}" --steps "${REF_STEPS:-20}" --warmup "${REF_WARMUP:-5}" \
+    --json "$OUTDIR/reference.json" 2>&1 | tee "$RESULTS/reference.log"
+  echo "=== device_session: reference exit ${PIPESTATUS[0]}"
+fi
+if step lmplan; then
+  left=$((LIMIT - ($(date +%s) - START)))
+  [ "$left" -gt 60 ] || exit 1
+  echo "=== device_session: trainwise plan, causal-lm ($(wc -l <"${LM_DATA:-.bench/man.csv}") lines of pairs), ${left} s left"
+  timeout -s INT -k 20 "$left" .venv/bin/trainwise plan --task causal-lm --model-preset smollm2-135m \
+    --train-file "${LM_DATA:-.bench/man.csv}" --prompt-column description --response-column summary \
+    --device "$DEVICE" --out "$RESULTS/lmplan" --batch-size "${REF_BATCH:-16}" --max-length "${REF_LENGTH:-512}" \
+    --max-steps "${LM_STEPS:-30}" --warmup-steps 5 --eval-samples 0 --max-trials "${LM_TRIALS:-8}" \
+    --no-quality-check 2>&1 | tee "$RESULTS/lmplan.log"
+  echo "=== device_session: lmplan exit ${PIPESTATUS[0]}"
+  cp "$RESULTS"/lmplan/plan.md "$OUTDIR"/lmplan.md 2>/dev/null
+  cp "$RESULTS"/lmplan/plan.json "$OUTDIR"/lmplan.json 2>/dev/null
 fi
 if step studies; then
   left=$((LIMIT - ($(date +%s) - START)))

@@ -95,7 +95,16 @@ def test_image_strategies_take_the_same_steps_in_compare_and_train(tmp_path, row
 
 
 # causal LM (issue 26): the rows only a causal LM has, LoRA on its projections, and all of them together
-LM = ["baseline", "bf16", "grad_ckpt", "lora", "packing", "chunked_ce", "bf16+grad_ckpt+lora+packing+chunked_ce"]
+LM = [
+    "baseline",
+    "bf16",
+    "grad_ckpt",
+    "lora",
+    "packing",
+    "padding_free",
+    "chunked_ce",
+    "bf16+grad_ckpt+lora+packing+chunked_ce",
+]
 
 
 @pytest.fixture(scope="module")

@@ -220,3 +220,38 @@ def test_train_mode_with_the_config_cache_default_crosses_examples_until_the_con
         finally:
             model.config.use_cache = True
             model.eval()
+
+
+# ---- padding_free: a batch's examples flattened into one row ---------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2"])
+def test_a_padding_free_batch_is_one_row_whose_loss_is_the_examples_alone_as_the_transformers_collator_builds_it(
+    family,
+):
+    """padding_free (issue 53, compared with packing where the data forces a padded length): the batch's examples one
+    after another in one row, position ids restarting, no attention mask, the first label of each -100; its loss is
+    the token-weighted mean of the examples alone, and its tensors are those of transformers' DataCollatorWithFlattening
+    (what the export's train_snippet.py collates with)."""
+    from transformers import DataCollatorWithFlattening
+
+    from trainwise.data.tasks import Collator
+
+    model, exs = tiny(family), examples(seed=3)
+    batch = Collator("causal-lm", PAD, "none", 16, 8)(exs)
+    hf = DataCollatorWithFlattening()([{"input_ids": ids, "labels": labels} for ids, labels in exs])
+    assert set(batch.inputs) == {"input_ids", "position_ids"} and batch.inputs["input_ids"].shape[0] == 1
+    for key in ("input_ids", "position_ids"):
+        assert batch.inputs[key].tolist() == hf[key].tolist()
+    assert batch.labels.tolist() == hf["labels"].tolist()
+    real = sum(len(ids) for ids, _ in exs)
+    assert (batch.n_samples, batch.real_tokens, batch.padded_tokens) == (len(exs), real, real)  # no padding
+    with torch.no_grad():
+        flat = model(**batch.inputs, labels=batch.labels, use_cache=False).loss
+        sums, items = 0.0, 0
+        for ids, labels in exs:
+            logits = model(torch.tensor([ids]), use_cache=False).logits[0, :-1]
+            target = torch.tensor(labels[1:])
+            sums += float(F.cross_entropy(logits, target, ignore_index=IGNORE_INDEX, reduction="sum"))
+            items += int((target != IGNORE_INDEX).sum())
+    assert items == batch.loss_items and float(flat) == pytest.approx(sums / items, abs=1e-5)

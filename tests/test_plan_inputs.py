@@ -161,11 +161,11 @@ def test_a_batch_that_runs_out_of_memory_is_tried_again_with_each_strategy_that_
 
 def test_a_missing_metric_package_is_said_once_before_any_trial(tmp_path, s2s_csv, monkeypatch):
     """Every prompt/response trial of an H200 study failed, one by one, on `No module named 'rouge_score'`."""
-    from trainwise.data import metrics
+    from trainwise.study import prepare
 
     from .conftest import tiny_study
 
-    monkeypatch.setattr(metrics, "missing_text_metric_packages", lambda: ["rouge-score"])
+    monkeypatch.setattr(prepare, "missing_text_metric_packages", lambda: ["rouge-score"])
     with pytest.raises(ConfigError) as e:
         tiny_study(tmp_path / "s", s2s_csv, "seq2seq", ["baseline"])
     assert "rouge-score cannot be imported here: pip install rouge-score, or pass --eval-samples 0" in str(e.value)
@@ -201,3 +201,30 @@ def test_a_row_that_compiles_is_allowed_its_compile_beyond_the_trial_timeout():
     spec = TrialSpec("bf16", 0, plain, None)  # type: ignore[arg-type]  # the settings are not read
     assert timeout_for(spec, 100.0) == 100.0
     assert timeout_for(dataclasses.replace(spec, plan=compiled), 100.0) == 100.0 + COMPILE_ALLOWANCE_S
+
+
+def test_the_incumbent_is_tried_once_at_the_estimates_largest_fitting_batch_beside_its_doubling():
+    """On a GPU memory, not a doubling at a time, bounds the batch: where the estimate says a batch past the next
+    doubling fits, the incumbent is tried there once (packing@bs128 ran out of memory on an H200 while @bs64 fit)."""
+    singles = [
+        Measured("baseline", frozenset(), 1.0, 1.0),
+        Measured("packing", frozenset({"packing"}), 0.12, 1.0),
+        Measured("bf16", frozenset({"bf16"}), 0.5, 0.8),
+    ]
+    asked: list[str] = []
+
+    def measure(rows):
+        asked.extend(rows)
+        return [
+            Measured(r, split_row(r)[0], 0.05 if split_row(r)[1] else 0.06, 1.0, batch=split_row(r)[1]) for r in rows
+        ]
+
+    def largest(names, batch):
+        return 128 if (batch or 16) < 128 else None
+
+    found = search(
+        singles, measure, lambda _n: None, ORDER, noise=0.02, next_batch=lambda b: 2 * (b or 16), largest=largest
+    )
+    assert asked[0] == "bf16+packing" and "bf16+packing@bs128" in asked[1:3], asked
+    assert sum(r.endswith("@bs128") for r in asked) == 1  # once per combination
+    assert split_row(found.incumbent)[1] is not None

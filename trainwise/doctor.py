@@ -58,8 +58,19 @@ PRESETS = {"classification": "bert-tiny", IMAGE_TASK: "resnext-tiny", "causal-lm
 
 
 def rows_for(task: str) -> list[str]:
-    """Every registry strategy that applies to `task` (the baseline first)."""
-    return [name for name, s in strategies.REGISTRY.items() if task in s.tasks]
+    """A row for every registry strategy that applies to `task` (the baseline first); a strategy that runs only
+    beside another is checked with the first of them (cce as bf16+cce: `strategy_of` reads its name back)."""
+    order = list(strategies.REGISTRY)
+    rows = []
+    for name, s in strategies.REGISTRY.items():
+        if task in s.tasks:
+            rows.append(f"{sorted(s.with_one_of, key=order.index)[0]}+{name}" if s.with_one_of else name)
+    return rows
+
+
+def strategy_of(row: str) -> str:
+    """The strategy a doctor row checks: its last part (bf16+cce checks cce)."""
+    return row.split("+")[-1]
 
 
 def doctor_config(out: Path, device: str, task: str, rows: list[str]) -> StudyConfig:
@@ -85,14 +96,15 @@ def doctor_config(out: Path, device: str, task: str, rows: list[str]) -> StudyCo
 
 
 def verdict(task: str, r: TrialResult) -> Check:
+    name = strategy_of(r.strategy)
     if r.status == "unsupported":
-        return Check(r.strategy, task, "unsupported", r.message)
+        return Check(name, task, "unsupported", r.message)
     if r.status != "ok":
-        return Check(r.strategy, task, "failed", f"{r.status}: {r.message}")
+        return Check(name, task, "failed", f"{r.status}: {r.message}")
     note = r.support_note
     verdict = "emulated" if " emulated " in note else "inert" if " inert " in note else "ok"
     detail = note or f"{r.step_time_s:.3f} s/step"
-    return Check(r.strategy, task, verdict, detail, r.step_time_s)
+    return Check(name, task, verdict, detail, r.step_time_s)
 
 
 def measure_device(device: str) -> tuple[dict[str, float], dict[str, float]]:

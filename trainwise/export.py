@@ -751,7 +751,8 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         offload=cfg.offload,
     )
     row = parsed.parsed[0]
-    if source is not None and source.kind != "preset" and task == CAUSAL_LM and row.plan.value("packing"):
+    flattened = row.plan.value("packing") or row.plan.value("padding") == "none"  # packing, padding_free
+    if source is not None and source.kind != "preset" and task == CAUSAL_LM and flattened:
         _check_packable(source)  # (a study's packing trial has run: its model packs)
     if cfg.device == "cpu" and "cuda" in row.requires:
         names = ", ".join(s.name for s, _ in row.parts if "cuda" in s.requires)

@@ -233,6 +233,7 @@ def search(
     next_batch: Callable[[int | None], int | None] = lambda _batch: None,
     default: str | None = None,
     savers: Callable[[frozenset[str]], list[str]] | None = None,
+    largest: Callable[[frozenset[str], int | None], int | None] | None = None,
 ) -> Search:
     """Search combinations of the strategies in `singles` (one-strategy rows already measured; the baseline's rel_time
     is 1). Round 1 measures the greedy stack first (every row that helped beyond the noise floor, the fastest first,
@@ -256,7 +257,9 @@ def search(
     measured (a resumed search): they stay in its record, are not proposed again, and count against `max_trials`
     (the budget is the search's, not a run's).
     `next_batch(batch)`: the batch size to try the incumbent at after `batch` (None: the study's), None for none;
-    `mem_of(names, batch)` then prices it at that size."""
+    `mem_of(names, batch)` then prices it at that size. `largest(names, batch)`: the largest batch the estimate
+    says fits the device (None: no figure); where it is past the next doubling, the incumbent is tried there once
+    too, beside the doubling (a GPU's memory, not a doubling at a time, is what bounds the batch)."""
     began = clock()
     study_noise = noise
     noise = DEFAULT_NOISE if noise is None else max(noise, DEFAULT_NOISE)
@@ -345,6 +348,7 @@ def search(
             consider(frozenset(combo), "a combination of rows that helped", 1)
 
     unpriced: set[str] = set()
+    leapt: set[frozenset[str]] = set()  # the combinations already tried at the estimate's largest fitting batch
     round_ = 1
     pruning = False  # the last rounds: is each strategy of the incumbent inside the floor needed?
     while True:
@@ -370,6 +374,13 @@ def search(
             if not {bigger, bigger // 2} & {b for _n, b in sized} and doubled is not None:
                 first.append(doubled)
                 unpriced.add(doubled.row)  # its figure is a prior, not a prediction: its miss says nothing
+            most = largest(best.names, best.batch) if largest is not None else None
+            if most is not None and most > bigger and best.names not in leapt:
+                leapt.add(best.names)
+                far = consider(best.names, f"{best.row} at the estimate's largest fitting batch {most}", round_, most)
+                if far is not None and far.state == "proposed":
+                    first.append(far)
+                    unpriced.add(far.row)
             # out of memory there: the incumbent with each strategy that saves memory, at that size (the batch
             # search goes on until memory binds with every saving it can take, not at the first OOM)
             oom = sized.get((best.names, bigger))

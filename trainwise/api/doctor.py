@@ -16,7 +16,16 @@ from trainwise import launcher, strategies
 from trainwise.api.options import DoctorOptions
 from trainwise.api.render import STDERR, Render
 from trainwise.config import DEVICES, IMAGE_TASK
-from trainwise.doctor import LIBRARIES, Check, DoctorReport, doctor_config, measure_device, rows_for, verdict
+from trainwise.doctor import (
+    LIBRARIES,
+    Check,
+    DoctorReport,
+    doctor_config,
+    measure_device,
+    rows_for,
+    strategy_of,
+    verdict,
+)
 from trainwise.errors import ConfigError
 from trainwise.events import Event, Phase
 from trainwise.files import write_atomic
@@ -84,7 +93,7 @@ def _run(device: str, out: Path, on_event, on_done) -> DoctorReport:
         prepared = prepare_study(doctor_config(out, resolved, task, runnable))
         trials = run_study(prepared, launch, partial(on_event, task), partial(on_done, task))
         report.checks += [verdict(task, r) for _, r in trials]
-        report.checks += [Check(name, task, "unsupported", why) for name, why in missing.items()]
+        report.checks += [Check(strategy_of(name), task, "unsupported", why) for name, why in missing.items()]
     order = list(strategies.REGISTRY)
     report.checks.sort(key=lambda c: (order.index(c.strategy), c.task))
     report.wall_s = time.perf_counter() - began

@@ -180,6 +180,9 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
         earlier=earlier,
         default=eco.row if eco else None,
         savers=_savers(singles, valid, max(noise or 0.0, DEFAULT_NOISE)),
+        largest=largest_fitting(out, _capacity(device, constraints), accum, order, _n_train(out))
+        if options.batch_search
+        else None,
     )
     if shown:
         render.table(shown[-1])  # the study's whole table, once
@@ -280,6 +283,23 @@ def _confirm(
         "pick": chosen.row if chosen else None,
         "said": said,
     }
+
+
+def _capacity(device: str, constraints: Constraints) -> int | None:
+    """The memory a GPU plan's batch may fill: the device's, or --memory-budget when smaller (None on a CPU: its RAM
+    does not bind a batch the way a GPU's memory does, and a batch as large as it allows would take minutes a step)."""
+    if device != "cuda":
+        return None
+    import torch  # heavy: torch
+
+    total = int(torch.cuda.get_device_properties(0).total_memory)
+    budget = constraints.memory_budget_bytes
+    return min(total, budget) if budget else total
+
+
+def _n_train(out: Path) -> int | None:
+    spec = Store.spec_of(out)
+    return spec.settings.n_train if spec is not None else None
 
 
 def _default_rows(options: PlanOptions) -> bool:
@@ -443,6 +463,42 @@ def memory_of(out: Path, budget: int | None, accum: int, order: list[str]):
         if need > budget:
             return need, f"the estimate needs {human_bytes(need)}, more than --memory-budget {human_bytes(budget)}"
         return need, None
+
+    return of
+
+
+def largest_fitting(out: Path, capacity: int | None, accum: int, order: list[str], cap: int | None = None):
+    """`largest(names, batch)`: the largest power-of-two multiple of `batch` (the study's when None) at which
+    `trainwise estimate`'s peak of the combination fits `capacity` (90% of it: the allocator's fragmentation and
+    the CUDA context), at most `cap` (the training rows); None where the estimate cannot say or nothing larger
+    fits. What bounds a GPU's batch is its memory: a search that only doubles spends a trial a size to get there."""
+
+    def nothing(_names: frozenset[str], _batch: int | None = None) -> int | None:
+        return None
+
+    if capacity is None:
+        return nothing
+    from trainwise.api.studies import estimate_basis, price  # heavy: the estimate (torch, transformers)
+
+    found = estimate_basis(out)
+    if found is None:
+        return nothing
+
+    def of(names: frozenset[str], batch: int | None = None) -> int | None:
+        plan = strategies.parse_row("+".join(sorted(names, key=order.index)), accum).plan
+        size, best = batch or found[0].batch_size, None
+        while cap is None or 2 * size <= cap:
+            size *= 2
+            try:
+                est = price(found, plan, size)
+            except ConfigError:
+                return best
+            if est.peak_bytes + est.overhead_bytes > 0.9 * capacity:
+                return best
+            best = size
+            if size >= 1 << 16:
+                return best
+        return best
 
     return of
 

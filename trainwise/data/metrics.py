@@ -8,6 +8,7 @@ process (its start, ~7 s on 2 cores, is paid once per trial, not per evaluation)
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -28,8 +29,6 @@ TEXT_METRIC_PACKAGES = {"rouge_score": "rouge-score", "nltk": "nltk", "sacrebleu
 
 def missing_text_metric_packages() -> list[str]:
     """The pip names of the packages text_metrics needs that this environment cannot import (empty: none)."""
-    import importlib.util
-
     return [pip for name, pip in TEXT_METRIC_PACKAGES.items() if importlib.util.find_spec(name) is None]
 
 

@@ -170,12 +170,14 @@ def _pad(seqs: list[list[int]], width: int, value: int) -> torch.Tensor:
 class Collator:
     task: str
     pad_id: int
-    padding: str  # "max_length" | "longest"
+    padding: str  # "max_length" | "longest" | "none" (causal LM: one row per batch)
     max_length: int
     max_target_length: int
 
     def __call__(self, items: list[tuple[list[int], object]]) -> Batch:
         ids = [x for x, _ in items]
+        if self.padding == "none":  # padding_free (causal LM): the batch is one row of its examples
+            return _flattened(items, self.pad_id)  # type: ignore[arg-type]
         width = self.max_length if self.padding == "max_length" else max(len(x) for x in ids)
         input_ids = _pad(ids, width, self.pad_id)
         mask = (torch.arange(width)[None, :] < torch.tensor([len(x) for x in ids])[:, None]).long()
@@ -194,6 +196,24 @@ class Collator:
             padded += len(targets) * t_width
             loss_items = int((labels != IGNORE_INDEX).sum())
         return Batch({"input_ids": input_ids, "attention_mask": mask}, labels, len(items), real, padded, loss_items)
+
+
+def _flattened(items: list[tuple[list[int], list[int]]], pad_id: int) -> Batch:
+    """A causal LM's batch with no padding: its examples one after another in ONE row, position ids restarting at 0
+    for each, no attention mask (transformers keeps the examples apart from the position ids, as for packed rows:
+    trainwise.data.packing), and the label at each example's first position -100 (no loss across a boundary)."""
+    row = [t for x, _ in items for t in x] or [pad_id]
+    labels, positions = [], []
+    for x, y in items:
+        labels += [IGNORE_INDEX, *y[1:]] if x else []
+        positions += list(range(len(x)))
+    labels = labels or [IGNORE_INDEX]
+    positions = positions or [0]
+    input_ids = torch.tensor([row], dtype=torch.long)
+    target = torch.tensor([labels], dtype=torch.long)
+    inputs = {"input_ids": input_ids, "position_ids": torch.tensor([positions], dtype=torch.long)}
+    real = sum(len(x) for x, _ in items)
+    return Batch(inputs, target, len(items), real, real, int((target[:, 1:] != IGNORE_INDEX).sum()))
 
 
 class EncodedDataset(torch.utils.data.Dataset):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from trainwise.strategies.base import NA, TEXT_TASKS, ExportDoc, Knob, MemoryTerms, Runtime, Strategy, Support
+from trainwise.strategies.lm import packable
 
 if TYPE_CHECKING:
     from trainwise.measure.device import DeviceFacts
@@ -12,9 +13,20 @@ if TYPE_CHECKING:
 
 def _padding_runtime(value: str, rt: Runtime) -> None:
     rt.padding = value
+    if value == "none":  # a batch is one row of its examples: they must not see each other (the packing check)
+        rt.model_edits.append(packable)
 
 
 def _padding_export(value: str, doc: ExportDoc) -> None:
+    if value == "none":  # causal LM only (padding_free's task): a batch's examples flattened into one row
+        doc.collator = "DataCollatorWithFlattening()"
+        doc.sft["padding_free"] = True
+        doc.notes.append(
+            "padding_free: no TrainingArguments field; sft_train.py sets SFTConfig(padding_free=True) and "
+            "train_snippet.py collates with transformers' DataCollatorWithFlattening: each batch's examples in one "
+            "row, position ids restarting per example, no attention mask, no padding"
+        )
+        return
     if doc.task == "causal-lm":  # ids and labels built by the snippet; the collator pads both (labels with -100)
         width = f', padding="max_length", max_length={doc.max_length}' if value == "max_length" else ""
         doc.collator = f"DataCollatorForSeq2Seq(tokenizer{width})"
@@ -36,17 +48,19 @@ def _padding_export(value: str, doc: ExportDoc) -> None:
 
 
 def _padding_memory(value: str, terms: MemoryTerms) -> None:
-    terms.padding = value  # the estimate takes the data's longest sample when it has the data
+    # the estimate takes the data's longest sample when it has the data; a padding-free batch holds no more tokens
+    # than the batch padded to its longest (an upper bound)
+    terms.padding = "longest" if value == "none" else value
 
 
 PADDING = Knob(
     "padding",
     "max_length",
-    "pad every batch to --max-length, or to its longest sample",
+    "pad every batch to --max-length, or to its longest sample, or not at all (causal LM: a batch is one row)",
     _padding_runtime,
     _padding_export,
     _padding_memory,
-    choices=("max_length", "longest"),
+    choices=("max_length", "longest", "none"),
 )
 
 

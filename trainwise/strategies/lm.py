@@ -18,10 +18,10 @@ def _packing_runtime(value: bool, rt: Runtime) -> None:
     if not value:
         return
     rt.packing = True
-    rt.model_edits.append(_packable)
+    rt.model_edits.append(packable)
 
 
-def _packable(model):
+def packable(model):
     """Packed rows keep their examples apart only for the families checked, without a cache (see data/packing)."""
     from trainwise.data.packing import can_pack  # heavy: torch (the CLI imports the registry at start-up)
 
@@ -175,6 +175,15 @@ STRATEGIES = [
         {"packing": True},
         tasks=LM_TASKS,
         conflicts=frozenset({"dynamic_pad", "smart_batch", "sortish"}),
+    ),
+    Strategy(
+        "padding_free",
+        "each batch's examples flattened into one row, position ids restarting, no padding at all (TRL's "
+        "padding_free, transformers' DataCollatorWithFlattening); no padding compute with as many examples a step "
+        "as the batch size, attention masked across examples (flash-attention's varlen path on a GPU)",
+        {"padding": "none"},
+        tasks=LM_TASKS,
+        conflicts=frozenset({"packing", "dynamic_pad", "smart_batch", "sortish"}),
     ),
     Strategy(
         "chunked_ce",

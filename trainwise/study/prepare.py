@@ -25,6 +25,7 @@ from trainwise.config import (
     TrialSpec,
 )
 from trainwise.data.chat import chat_notes, check_chat_template, encode_chat
+from trainwise.data.metrics import missing_text_metric_packages
 from trainwise.data.sources import read_task_data, tokenizer_corpus
 from trainwise.errors import ConfigError
 from trainwise.files import write_atomic, writing
@@ -278,8 +279,6 @@ def check_metric_packages(cfg: StudyConfig, data_format: str) -> None:
     """Generated text is scored with ROUGE and BLEU (seq2seq, and a causal LM's prompt/response or chat data): where
     their packages cannot be imported, every evaluated trial would fail on the import one by one, so the study
     says so once, before any (an H200 whose image lacked rouge-score failed every prompt/response trial so)."""
-    from trainwise.data.metrics import missing_text_metric_packages
-
     scores_text = cfg.task == "seq2seq" or (cfg.task == CAUSAL_LM and data_format in ("prompt_response", "chat"))
     if not scores_text or cfg.eval_samples == 0 or not (missing := missing_text_metric_packages()):
         return
