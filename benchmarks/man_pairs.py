@@ -29,11 +29,11 @@ def _text(lines: list[str]) -> str:
 def page(path: Path) -> tuple[str, str] | None:
     """(description, summary) of one troff man page, or None when it has no such sections."""
     try:
-        raw = (
-            gzip.open(path, "rt", encoding="utf-8", errors="replace").read()
-            if path.suffix == ".gz"
-            else path.read_text()
-        )
+        if path.suffix == ".gz":
+            with gzip.open(path, "rt", encoding="utf-8", errors="replace") as f:
+                raw = f.read()
+        else:
+            raw = path.read_text(encoding="utf-8", errors="replace")
     except (OSError, EOFError):
         return None
     sections: dict[str, list[str]] = {}

@@ -20,6 +20,7 @@ benchmarks/device_session.sh runs it beside `trainwise plan` on the same shape (
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -125,9 +126,6 @@ def run(form: str, args: argparse.Namespace) -> dict:
         "wall_s": time.perf_counter() - began,
         "peak_allocated_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else None,
     }
-    del model, step_model, opt
-    if device == "cuda":
-        torch.cuda.empty_cache()
     return out
 
 
@@ -148,6 +146,9 @@ def main() -> None:
     found = []
     for form in args.forms.split(","):
         r = run(form, args)
+        gc.collect()  # the form's model and optimizer, before the next one's
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
         r["mfu_vs_bf16_peak"] = r["tflops"] * 1e12 / peak
         found.append(r)
         print(json.dumps(r), flush=True)

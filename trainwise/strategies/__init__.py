@@ -71,8 +71,8 @@ DEFAULT_ROWS = tuple(DEFAULT_STRATEGIES.split(","))
 # image model's (no padding, no embeddings: channels_last instead). cce's kernels need 16-bit embeddings: its row
 # brings bf16.
 TASK_DEFAULTS = {
-    "causal-lm": "baseline,bf16,fp16,tf32,grad_ckpt,adamw_fused,dynamic_pad,smart_batch,packing,padding_free,chunked_ce,"
-    "liger,bf16+cce,freeze_embeddings",
+    "causal-lm": "baseline,bf16,fp16,tf32,grad_ckpt,adamw_fused,dynamic_pad,smart_batch,packing,padding_free,"
+    "chunked_ce,liger,bf16+cce,freeze_embeddings",
     "image-classification": "baseline,bf16,fp16,tf32,channels_last,grad_accum,grad_ckpt,adafactor,adamw_fused",
 }
 
