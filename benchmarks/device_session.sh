@@ -120,7 +120,7 @@ if step lmplan; then
   timeout -s INT -k 20 "$left" .venv/bin/trainwise plan --task causal-lm --model-preset smollm2-135m \
     --train-file "${LM_DATA:-.bench/man.csv}" --prompt-column description --response-column summary \
     --device "$DEVICE" --out "$RESULTS/lmplan" --batch-size "${REF_BATCH:-16}" --max-length "${REF_LENGTH:-512}" \
-    --max-steps "${LM_STEPS:-30}" --warmup-steps 5 --eval-samples 0 --max-trials "${LM_TRIALS:-8}" \
+    --max-steps "${LM_STEPS:-30}" --warmup-steps "${LM_WARMUP:-5}" --eval-samples 0 --max-trials "${LM_TRIALS:-8}" \
     --no-quality-check 2>&1 | tee "$RESULTS/lmplan.log"
   echo "=== device_session: lmplan exit ${PIPESTATUS[0]}"
   cp "$RESULTS"/lmplan/plan.md "$OUTDIR"/lmplan.md 2>/dev/null
