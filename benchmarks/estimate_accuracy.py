@@ -34,11 +34,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from trainwise.api.estimate import run_estimate  # noqa: E402
-from trainwise.config import StudyConfig  # noqa: E402
-from trainwise.estimate import EstimateConfig, estimate  # noqa: E402
-from trainwise.models import ModelSource  # noqa: E402
+from trainwise.core.config import StudyConfig  # noqa: E402
+from trainwise.search.memory import EstimateConfig, estimate  # noqa: E402
 from trainwise.study.prepare import prepare_study  # noqa: E402
-from trainwise.trial import run_trial  # noqa: E402
+from trainwise.training.models import ModelSource  # noqa: E402
+from trainwise.training.trial import run_trial  # noqa: E402
 
 # (model, task, row spec, batch, max_length, max_target_length)
 CASES = [

@@ -23,10 +23,10 @@ def plain_loop(spec, steps: int, warmup: int) -> float:
     """Median step time of a textbook loop over the same batches the harness would see."""
     from transformers import get_linear_schedule_with_warmup
 
-    from trainwise.data.prepared import read_prepared
-    from trainwise.data.samplers import make_batches
-    from trainwise.data.tasks import Collator, EncodedDataset, encode
-    from trainwise.models import ModelSource, build_model, load_tokenizer
+    from trainwise.strategies.batching.samplers import make_batches
+    from trainwise.training.data.prepared import read_prepared
+    from trainwise.training.data.tasks import Collator, EncodedDataset, encode
+    from trainwise.training.models import ModelSource, build_model, load_tokenizer
 
     s = spec.settings
     source = ModelSource(s.model_kind, s.model_ref)
@@ -61,8 +61,8 @@ def plain_loop(spec, steps: int, warmup: int) -> float:
 def child(kind: str, spec_path: str) -> None:
     import json
 
-    from trainwise.config import TrialSpec
-    from trainwise.trial import run_trial
+    from trainwise.core.config import TrialSpec
+    from trainwise.training.trial import run_trial
 
     with open(spec_path) as f:
         spec = TrialSpec.from_dict(json.load(f))
@@ -99,9 +99,9 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=128)
     args = ap.parse_args()
 
-    from trainwise.config import StudyConfig
-    from trainwise.measure.env import environment
+    from trainwise.core.config import StudyConfig
     from trainwise.study.prepare import prepare_study
+    from trainwise.training.measure.env import environment
 
     out = tempfile.mkdtemp(prefix="trainwise-overhead-")
     cfg = StudyConfig(
@@ -119,7 +119,7 @@ def main() -> None:
     spec_path = os.path.join(out, "spec.json")
     with open(spec_path, "w") as f:
         json.dump(spec.to_dict(), f)
-    from trainwise.trial import run_trial
+    from trainwise.training.trial import run_trial
 
     def once(kind: str) -> float:
         if args.fresh:

@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/plan_replay.py STUDY [--max-trials N] [--no-batch-search] [--only a,b,c]
 
 STUDY is a study that `benchmarks/plan_search.py` filled: its single rows, and every combination and batch
-size of the exhaustive space, each measured once as a row. The replay runs `trainwise.plan.search` (the code as it
+size of the exhaustive space, each measured once as a row. The replay runs `trainwise.search.policy.search` (the code
+as it
 is now) with `measure` reading those rows instead of training, so search policies are compared on the same
 figures, at no trial's cost: which rows the search would have measured, in which order, where it would have
 stopped, and how its pick compares with the exhaustive best. A row the search asks for that the study does not hold
@@ -17,10 +18,10 @@ import argparse
 from pathlib import Path
 
 from trainwise import strategies
-from trainwise.advise import Constraints
 from trainwise.api.options import CompareOptions
 from trainwise.api.plan import doubling, measured_rows, study_noise, study_rows, validity
-from trainwise.plan import Measured, search, split_row
+from trainwise.search.policy import Measured, search, split_row
+from trainwise.search.ranking import Constraints
 from trainwise.study.prepare import resolve_device
 
 

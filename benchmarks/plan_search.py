@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from trainwise import strategies
-from trainwise.errors import ConfigError
+from trainwise.core.errors import ConfigError
 from trainwise.study.store import read_results
 
 

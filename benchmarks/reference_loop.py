@@ -38,7 +38,7 @@ def build(preset: str, device: str, seed: int):
     """The preset's architecture with random weights (trainwise's own preset table), sdpa attention, in fp32."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from trainwise.models import preset_config_kwargs
+    from trainwise.training.models import preset_config_kwargs
 
     family, kwargs = preset_config_kwargs(preset)
     config = AutoConfig.for_model(family, **kwargs)

@@ -26,10 +26,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from trainwise.distributed import Ranks
-from trainwise.events import Emit, Step
-from trainwise.launcher import Exit, Place
-from trainwise.results import TrialResult, combine_ranks
+from trainwise.core.results import TrialResult, combine_ranks
+from trainwise.run.events import Emit, Step
+from trainwise.run.launcher import Exit, Place
+from trainwise.run.ranks import Ranks
 
 
 def say(event: dict) -> None:

@@ -123,7 +123,7 @@ def s2s_csv(tmp_path_factory) -> Path:
 
 
 def tiny_study(out: Path, data: Path, task: str, strategies: list[str], **kw):
-    from trainwise.config import StudyConfig
+    from trainwise.core.config import StudyConfig
     from trainwise.study.prepare import prepare_study
 
     preset = "bert-tiny" if task == "classification" else "t5-tiny"
@@ -166,8 +166,8 @@ def s2s_study(tmp_path_factory, s2s_csv):
 @pytest.fixture(scope="session")
 def smollm2_cache(tmp_path_factory) -> Path:
     """A trainwise cache of this session's own holding SmolLM2-135M-Instruct dequantized from the installed
-    GGUF (trainwise.gguf; ~10 s once); tests that need the real model set TRAINWISE_CACHE to it."""
-    from trainwise import gguf
+    GGUF (trainwise.training.gguf; ~10 s once); tests that need the real model set TRAINWISE_CACHE to it."""
+    from trainwise.training import gguf
 
     found = gguf.smollm2_gguf()
     if found is None:
@@ -182,7 +182,7 @@ def smollm2_cache(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_dir(smollm2_cache) -> Path:
     """The model directory made from the installed GGUF (in `smollm2_cache`)."""
-    from trainwise import gguf
+    from trainwise.training import gguf
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRAINWISE_CACHE", str(smollm2_cache))

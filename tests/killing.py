@@ -58,11 +58,11 @@ def finished_rows(out: Path) -> list[tuple[str, str]]:
 
 
 def is_trial(p: psutil.Process) -> bool:
-    """A trial's process: exec'd as trainwise.worker (a torchrun rank), or forked by the zygote."""
+    """A trial's process: exec'd as trainwise.run.worker (a torchrun rank), or forked by the zygote."""
     try:
         command, parent = " ".join(p.cmdline()), p.parent()
-        return "trainwise.worker" in command or (
-            parent is not None and "trainwise.zygote" in " ".join(parent.cmdline())
+        return "trainwise.run.worker" in command or (
+            parent is not None and "trainwise.run.zygote" in " ".join(parent.cmdline())
         )
     except psutil.Error:
         return False

@@ -11,10 +11,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from trainwise.config import TrialSpec
-from trainwise.events import Step
-from trainwise.train import TrainConfig, TrainJob, run_train
-from trainwise.trial import run_trial
+from trainwise.core.config import TrialSpec
+from trainwise.run.events import Step
+from trainwise.training.fit import TrainConfig, TrainJob, run_train
+from trainwise.training.trial import run_trial
 
 
 def main(specs_path: str, out_path: str) -> None:

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from trainwise.advise import Constraints, advise
 from trainwise.cli import main
-from trainwise.errors import ConfigError
-from trainwise.results import StudyRow
+from trainwise.core.errors import ConfigError
+from trainwise.core.results import StudyRow
+from trainwise.core.units import parse_bytes
+from trainwise.search.ranking import Constraints, advise
 from trainwise.study.store import read_rows
-from trainwise.units import parse_bytes
 
 GiB = 1024**3
 
@@ -90,7 +90,7 @@ def test_memory_budget_and_quality_drop_exclude_rows():
 def test_the_budget_is_compared_with_tensors_plus_runtime_like_the_estimates_total():
     """Issue 14: one basis. A row's measured peak of live tensors plus its runtime (CPU: the process's RSS
     before the model; CUDA: the context) against the budget, as `estimate`'s total is."""
-    from trainwise.advise import needs
+    from trainwise.search.ranking import needs
 
     cpu = {**row("grad_ckpt", 7.3, 3.5), "mem_kind": "cpu_allocated", "rss_before_model_bytes": GiB}
     cuda = {**row("grad_ckpt", 7.3, 3.5), "mem_kind": "cuda_allocated"}
@@ -137,10 +137,10 @@ def test_a_pick_that_lost_quality_in_short_trials_is_cautioned_towards_the_quali
     """Issue 27: advise recommended a row 8.75 accuracy points below the baseline, measured by a few-step
     speed trial, without a word. Beyond the held-out noise it says so and points to compare --quality-steps;
     within the noise, for the baseline itself, or with a quality-phase verdict, it does not."""
-    from trainwise.api.studies import advise_study
-    from trainwise.config import TrialSettings, TrialSpec
-    from trainwise.results import TrialResult
-    from trainwise.strategies.plan import TrialPlan
+    from trainwise.api.estimates import advise_study
+    from trainwise.core.config import TrialSettings, TrialSpec
+    from trainwise.core.results import TrialResult
+    from trainwise.strategies.knobs import TrialPlan
     from trainwise.study.store import Store
 
     def rows(bf16_metric, **extra):
@@ -341,9 +341,9 @@ def test_advise_runs_the_study_on_the_fly_and_adds_batch_hints(tmp_path, cls_csv
 def test_a_batch_hint_never_contradicts_a_measured_row(tmp_path, cls_csv, monkeypatch):
     """Issue 15, part 3: the hints come from the estimate, but a row measured within the budget at the
     study's batch is never said to fit only below it ("fits up to ~0" beside a feasible row)."""
-    import trainwise.api.studies
-    from trainwise.advise import needs
-    from trainwise.api.studies import advise_study
+    import trainwise.api.estimates
+    from trainwise.api.estimates import advise_study
+    from trainwise.search.ranking import needs
 
     out = tmp_path / "study"
     argv = ["compare", "--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--device", "cpu"]
@@ -352,7 +352,7 @@ def test_a_batch_hint_never_contradicts_a_measured_row(tmp_path, cls_csv, monkey
     assert main([*argv, "--warmup-steps", "1", "--eval-samples", "0", "--out", str(out)]) == 0
     rows = read_rows(out / "results.json")
     budget = max(needs(r) for r in typed(rows)) + 1  # every row measured within it
-    monkeypatch.setattr(trainwise.api.studies, "largest_batch", lambda *a, **k: 0)  # an estimate that disagrees
+    monkeypatch.setattr(trainwise.api.estimates, "largest_batch", lambda *a, **k: 0)  # an estimate that disagrees
     advice = advise_study(out, Constraints(memory_budget_bytes=budget))
     assert all(v.feasible for v in advice.verdicts)
     reasons = " ".join(v.reason for v in advice.verdicts)

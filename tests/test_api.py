@@ -12,7 +12,7 @@ import pytest
 
 import trainwise
 from trainwise.cli import main
-from trainwise.errors import ConfigError
+from trainwise.core.errors import ConfigError
 from trainwise.study.store import read_rows
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -30,7 +30,7 @@ def pages(tmp_path_factory) -> dict[str, Path]:
     """The demo-shaped page with every figure a study can have but a sweep's (the quality phase's, the memory
     estimate's bars, a plan search's and a find-batch search's too), the page `trainwise report` draws for a real
     study an earlier release wrote (its quality phase too), and a find-batch search's own page."""
-    from trainwise.find_batch import SearchResult
+    from trainwise.search.batch_size import SearchResult
 
     if browser.chromium() is None:
         pytest.fail(browser.HOW, pytrace=False)

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from trainwise.cli import main
-from trainwise.data.tasks import IGNORE_INDEX, Collator, encode_lm, prompt_response, text_blocks
-from trainwise.errors import ConfigError
-from trainwise.loop import loss_sum
-from trainwise.models import ModelSource, build_model, load_tokenizer, resolve_model, train_tokenizer
+from trainwise.core.errors import ConfigError
+from trainwise.training.data.tasks import IGNORE_INDEX, Collator, encode_lm, prompt_response, text_blocks
+from trainwise.training.loop import loss_sum
+from trainwise.training.models import ModelSource, build_model, load_tokenizer, resolve_model, train_tokenizer
 
 from .conftest import WORDS, write_csv
 
@@ -120,7 +120,7 @@ def test_raw_text_blocks_lose_no_token(tokenizer):
 
 
 def test_stdlib_instruct_is_signatures_and_docstrings():
-    from trainwise.data.builtin import INSTRUCTION, load_builtin
+    from trainwise.training.data.builtin import INSTRUCTION, load_builtin
 
     train, evals = load_builtin("stdlib-instruct")
     assert len(train) > 1000 and 0.05 < len(evals) / (len(train) + len(evals)) < 0.15
@@ -143,8 +143,8 @@ def test_a_model_that_is_not_decoder_only_is_refused(tmp_path):
 
 
 def test_the_default_model_is_the_pretrained_smollm2_and_says_it_was_quantized(smollm2_cache, monkeypatch, capsys):
-    from trainwise import gguf
-    from trainwise.models import SMOLLM2_LABEL
+    from trainwise.training import gguf
+    from trainwise.training.models import SMOLLM2_LABEL
 
     monkeypatch.setenv("TRAINWISE_CACHE", str(smollm2_cache))
     source = resolve_model(None, None, "causal-lm", (64, 8))
@@ -202,7 +202,7 @@ def test_train_writes_a_model_that_text_generation_loads(tmp_path, pr_csv, row):
 
 
 def test_packed_rows_keep_every_example_token_and_restart_positions(tokenizer):
-    from trainwise.data.prepared import packed_rows
+    from trainwise.training.data.prepared import packed_rows
 
     rows = [{"text": r["question"], "target": r["answer"]} for r in pairs(40)]
     enc = encode_lm(rows, tokenizer, "prompt_response", 32)
@@ -226,7 +226,7 @@ def test_chunked_ce_in_the_loop_is_the_full_loss_and_its_gradients():
     """The chunked_ce row's runtime (a head passing hidden states through, the chunked loss over its weight)
     gives the loop's own loss and the same gradient on every parameter, tied embeddings included."""
     from trainwise import strategies
-    from trainwise.loop import apply_plan
+    from trainwise.training.loop import apply_plan
 
     rt = strategies.runtime(strategies.parse_row("chunked_ce", 2).plan, "causal-lm", "cpu")
     assert rt.lm_loss is not None
@@ -235,7 +235,7 @@ def test_chunked_ce_in_the_loop_is_the_full_loss_and_its_gradients():
     labels = ids.clone()
     labels[:, :6] = IGNORE_INDEX
     labels[2, 15:] = IGNORE_INDEX
-    from trainwise.data.tasks import Batch
+    from trainwise.training.data.tasks import Batch
 
     batch = Batch({"input_ids": ids}, labels, 3, 60, 60, int((labels[:, 1:] != IGNORE_INDEX).sum()))
     grads, losses = [], []
@@ -260,7 +260,7 @@ def test_chunked_ce_in_the_loop_is_the_full_loss_and_its_gradients():
 def test_tune_and_train_watch_a_causal_lms_eval_loss_not_its_answers_rouge():
     """A causal LM's evaluation record holds neg_eval_loss (its metric) and, for prompt/response data, the
     greedy answers' rougeL: `--monitor metric` (train's best checkpoint, tune's objective) watches the loss."""
-    from trainwise.config import METRICS, maximize, monitor_name, monitored
+    from trainwise.core.config import METRICS, maximize, monitor_name, monitored
 
     record = {"neg_eval_loss": -2.5, "eval_loss": 2.5, "perplexity": 12.18, "rougeL": 31.0}
     assert METRICS["causal-lm"] == "neg_eval_loss" and monitored(record, "metric") == -2.5 and maximize("metric")
@@ -273,9 +273,9 @@ def test_tune_and_train_watch_a_causal_lms_eval_loss_not_its_answers_rouge():
 def test_the_loss_token_share_counts_the_whole_training_set_as_the_shifted_loss_scores_it():
     """Two examples: (prompt 3 + response 2) and raw text of 4. HF's shifted loss never scores an example's first
     token, and a packed row labels that position -100, so both count the same 2 + 3 of 9 tokens."""
-    from trainwise.data.packing import PackedCollator, PackedDataset
-    from trainwise.data.prepared import loss_token_share
-    from trainwise.data.tasks import Encoded
+    from trainwise.strategies.lm.packing import PackedCollator, PackedDataset
+    from trainwise.training.data.prepared import loss_token_share
+    from trainwise.training.data.tasks import Encoded
 
     ignore = IGNORE_INDEX
     enc = Encoded([[5, 6, 7, 8, 2], [9, 10, 11, 2]], [[ignore, ignore, ignore, 8, 2], [9, 10, 11, 2]])
@@ -288,7 +288,7 @@ def test_the_loss_token_share_counts_the_whole_training_set_as_the_shifted_loss_
 def test_prompt_response_pairs_cut_at_max_length_are_said_as_chat_conversations_are(tokenizer):
     """--max-length below the pairs' lengths: a note says how many pairs lost their prompt's beginning and how many
     their response's end, as prompt_response cuts them; nothing is said when every pair fits."""
-    from trainwise.data.tasks import pair_notes
+    from trainwise.training.data.tasks import pair_notes
 
     rows = [{"text": r["question"], "target": r["answer"]} for r in pairs(12, seed=3)]
     tokenize = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731

@@ -18,8 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from trainwise.data.chat import IGNORE_INDEX, assistant_labels, conversation_text, encode_chat, read_conversation
-from trainwise.errors import ConfigError
+from trainwise.core.errors import ConfigError
+from trainwise.training.data.chat import (
+    IGNORE_INDEX,
+    assistant_labels,
+    conversation_text,
+    encode_chat,
+    read_conversation,
+)
 
 from .conftest import WORDS
 
@@ -121,7 +127,7 @@ def test_a_conversation_is_a_list_of_role_content_messages():
 
 
 def test_chat_files_read_alike_bad_conversations_are_counted_and_messages_is_found(tmp_path):
-    from trainwise.data.sources import read_task_data
+    from trainwise.training.data.sources import read_task_data
 
     convs = conversations(40)
     with open(tmp_path / "chat.csv", "w", newline="", encoding="utf-8") as f:
@@ -152,8 +158,8 @@ def test_chat_files_read_alike_bad_conversations_are_counted_and_messages_is_fou
 
 
 def test_packed_chat_rows_keep_the_assistant_labels(chat_tokenizer):
-    from trainwise.data.prepared import packed_rows
-    from trainwise.data.tasks import Collator, encode_lm
+    from trainwise.training.data.prepared import packed_rows
+    from trainwise.training.data.tasks import Collator, encode_lm
 
     rows = [{"text": conversation_text(m), "target": ""} for m in conversations(24)]
     enc = encode_lm(rows, chat_tokenizer, "chat", 128)
@@ -192,7 +198,7 @@ def test_compare_and_train_on_chat_data(tiny_chat_model, chat_jsonl, tmp_path, c
     spec = json.loads((out / "data" / "origin.json").read_text())
     assert spec["messages_column"] is None and spec["source"].endswith("chat.jsonl")
 
-    result = trainwise.train(
+    result = trainwise.training.fit(
         task="causal-lm",
         model=str(tiny_chat_model),
         train_file=str(chat_jsonl),

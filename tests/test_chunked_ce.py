@@ -9,9 +9,9 @@ import torch.nn.functional as F
 import transformers
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from trainwise.data.packing import PackedCollator
-from trainwise.data.tasks import IGNORE_INDEX
-from trainwise.lm_loss import can_chunk, chunked_causal_lm_loss, chunked_lm_loss, kept_logits_lm_loss
+from trainwise.strategies.lm.loss import can_chunk, chunked_causal_lm_loss, chunked_lm_loss, kept_logits_lm_loss
+from trainwise.strategies.lm.packing import PackedCollator
+from trainwise.training.data.tasks import IGNORE_INDEX
 
 B, T, H, V = 3, 17, 16, 50
 

@@ -1,4 +1,4 @@
-"""A study's trials on a Ray cluster (`--ray-address`, trainwise.cluster): a local cluster of two nodes started here
+"""A study's trials on a Ray cluster (`--ray-address`, trainwise.run.cluster): a local cluster of two nodes started here
 on loopback addresses other than 127.0.0.1 (Ray rewrites that one to the host's address), each held to a CPU of
 its own, with a token made here (never ~/.ray); a study lands on both, a node killed mid-trial is a row and the
 study finishes; nodes of two device kinds each get the baseline and the table compares within a kind; tune's
@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 
 from tests import here
-from trainwise import cluster
-from trainwise.config import TrialSpec
-from trainwise.measure.env import KIND_LABEL
-from trainwise.results import TrialResult
+from trainwise.core.config import TrialSpec
+from trainwise.core.results import TrialResult
+from trainwise.run import cluster
 from trainwise.study.aggregate import aggregate
 from trainwise.study.run import per_kind
+from trainwise.training.measure.env import KIND_LABEL
 
 pytestmark = pytest.mark.slow
 
@@ -217,7 +217,7 @@ def test_a_study_runs_on_both_nodes_and_a_node_killed_mid_trial_is_a_row(ray_clu
         done_there = (
             sum(r["env"].get("node_ip") == WORKER for r in _rows(out)) if (out / "results.json").is_file() else 0
         )
-        trial = [p for p in _trials_running("trainwise.worker") if _ran_under(p, worker.pid)]
+        trial = [p for p in _trials_running("trainwise.run.worker") if _ran_under(p, worker.pid)]
         if done_there >= 1 and trial:
             os.killpg(worker.pid, signal.SIGKILL)
             killed = True
@@ -233,7 +233,7 @@ def test_a_study_runs_on_both_nodes_and_a_node_killed_mid_trial_is_a_row(ray_clu
     assert f"node {WORKER}" in lost[0]["message"] and "left the cluster" in lost[0]["message"], lost[0]["message"]
     assert all(r["status"] == "ok" for r in rows if r is not lost[0]), "the study went on on the node left"
     time.sleep(2)
-    assert not any(p in _trials_running("trainwise.worker") for p in trial), "the killed node's trial is gone too"
+    assert not any(p in _trials_running("trainwise.run.worker") for p in trial), "the killed node's trial is gone too"
     # the same command with --retry-failed runs the lost trial again, on the node that is left; the rest are kept
     again = subprocess.run([*argv, "--retry-failed"], env=c["env"], capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]

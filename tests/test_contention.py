@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from trainwise.measure.contention import CONTENDED_SHARE, CpuSample, between
+from trainwise.training.measure.contention import CONTENDED_SHARE, CpuSample, between
 
 
 def _s(at, busy, steal=0.0, own=0.0):
@@ -49,8 +49,8 @@ def test_a_difference_the_others_load_could_explain_is_uncertain_not_a_verdict()
     """11% of the CPUs taken (under the 25% flag) can slow a one-thread step by 12%: a row at 110% is uncertain,
     one at 150% is not; a row at 90% on a quiet machine is judged as measured. (Rows that record no threads: the
     step's threads on two CPUs, below.)"""
+    from trainwise.core.results import StudyRow
     from trainwise.report.format import _time_cell, notes
-    from trainwise.results import StudyRow
     from trainwise.study.aggregate import _relative
 
     base = StudyRow("baseline", status="ok", baseline=True, samples_per_s=100.0, other_cpu_share=0.0)
@@ -71,7 +71,7 @@ def test_on_two_cores_the_others_share_lands_on_one_and_the_whole_step_waits_for
     """seed 004's grad_accum @w2 (BENCHMARKS §S12): 21% of 2 CPUs taken by others, 129% of the baseline while the
     same row at 0 workers read 85%. Its threads wait for the loaded core at every operator: uncertain, not a
     verdict (one thread on shared CPUs, s / (1 - s), would have allowed 26%)."""
-    from trainwise.results import StudyRow
+    from trainwise.core.results import StudyRow
     from trainwise.study.aggregate import _relative, load_bound
 
     two = {"device": "cpu", "cpu_count": 2, "torch_threads": 2}
@@ -96,12 +96,12 @@ def test_the_cpu_clock_at_the_start_and_the_end_is_kept():
     """A clock that fell between the start and the end of the timed steps (throttling) is on record."""
     from dataclasses import replace
 
-    from trainwise.measure.contention import cpu_mhz, sample
+    from trainwise.training.measure.contention import cpu_mhz, sample
 
     r = between(replace(_s(0, 0.0), mhz=3000.0), replace(_s(10, 10.0, own=10.0), mhz=2100.0), cpus=2)
     assert r["cpu_mhz"] == [3000.0, 2100.0]
+    from trainwise.core.results import StudyRow
     from trainwise.report.format import notes
-    from trainwise.results import StudyRow
 
     row = StudyRow("baseline", status="ok", baseline=True, cpu_mhz=[3000.0, 2100.0])
     assert any("clock fell" in line and "3000 -> 2100 MHz" in line for line in notes([row]))
@@ -116,7 +116,7 @@ def test_a_busy_process_beside_the_measured_one_is_seen():
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         code = (
-            "import json, time; from trainwise.measure.contention import sample, between; "
+            "import json, time; from trainwise.training.measure.contention import sample, between; "
             "a = sample(); time.sleep(1.5); print(json.dumps(between(a, sample())))"
         )
         seen = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout)
@@ -134,8 +134,8 @@ def test_steps_added_to_judge_the_load_that_fail_leave_the_studys_steps_standing
     added ones are dropped, the counts restored, the load judged on the study's window alone."""
     from types import SimpleNamespace
 
-    from trainwise import trial
-    from trainwise.measure.timing import StepTimer, StepTimes
+    from trainwise.training import trial
+    from trainwise.training.measure.timing import StepTimer, StepTimes
 
     timer = StepTimer(lambda: None)
     timer.steps += [StepTimes(compute_s=0.05) for _ in range(4)]  # 1 warm-up and 3 timed steps of 50 ms

@@ -16,14 +16,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainwise import loop, strategies
-from trainwise.errors import ConfigError
-from trainwise.events import Step
-from trainwise.models import ModelSource, build_model
+from trainwise import strategies
+from trainwise.core.errors import ConfigError
+from trainwise.run.events import Step
 from trainwise.strategies.freezing import apply_lora, frozen_parameters, layer_stack, lower_layer_parameters
 from trainwise.strategies.optim import OPTIMIZERS
-from trainwise.train import TrainConfig, TrainJob, run_train
-from trainwise.trial import run_trial
+from trainwise.training import loop
+from trainwise.training.fit import TrainConfig, TrainJob, run_train
+from trainwise.training.models import ModelSource, build_model
+from trainwise.training.trial import run_trial
 
 from .conftest import in_process_rows, tiny_study
 
@@ -85,7 +86,7 @@ def test_compile_with_inductor_takes_the_same_steps_in_compare_and_train(cls_stu
 # torch.compile on images: 17.6 s of a fresh clone's compiling (its text row, the same seam, stays in CI): `make bench`
 @pytest.mark.parametrize("row", [pytest.param(r, marks=pytest.mark.bench) if r in SLOW else r for r in IMAGE])
 def test_image_strategies_take_the_same_steps_in_compare_and_train(tmp_path, row):
-    from trainwise.config import StudyConfig
+    from trainwise.core.config import StudyConfig
     from trainwise.study.prepare import prepare_study
 
     kw = {"batch_size": 32, "max_steps": 2, "warmup_steps": 1, "eval_samples": 32, "device": "cpu"}
@@ -109,7 +110,7 @@ LM = [
 
 @pytest.fixture(scope="module")
 def lm_study(tmp_path_factory):
-    from trainwise.config import StudyConfig
+    from trainwise.core.config import StudyConfig
     from trainwise.study.prepare import prepare_study
 
     from .conftest import make_rows, write_csv
@@ -226,8 +227,8 @@ def test_lora_adapts_only_the_attention_projections_and_the_head():
 def test_lora_on_a_model_peft_cannot_target_is_one_line_before_training(tmp_path, cls_csv):
     from transformers import DistilBertConfig, DistilBertForSequenceClassification
 
-    from trainwise.errors import ConfigError
-    from trainwise.models import train_tokenizer
+    from trainwise.core.errors import ConfigError
+    from trainwise.training.models import train_tokenizer
 
     model_dir = tmp_path / "distil"
     train_tokenizer(["a few words"] * 10, "bert-tiny", model_dir)
@@ -270,8 +271,8 @@ def test_state_bytes_count_weights_grads_and_optimizer_state(tmp_path, cls_csv):
 
 def test_bf16_pure_keeps_no_fp32_copy(cls_study):
     """bf16_pure: weights, gradients and AdamW state in bf16, no autocast, no fp32 master; half the state."""
-    from trainwise.data.prepared import load_data
-    from trainwise.estimate import state_parts, terms_of
+    from trainwise.search.memory import state_parts, terms_of
+    from trainwise.training.data.prepared import load_data
 
     from .test_estimate import _shape
 
@@ -292,7 +293,7 @@ def test_bf16_pure_keeps_no_fp32_copy(cls_study):
     ada = terms_of(strategies.parse_row("bf16_pure+adafactor", 4).plan, "cpu")
     assert state_parts(shape, ada)[0]["optimizer"] == 4 * 150 and not terms.autocast_copies
     # export: the snippet loads the model in bf16 and says why TrainingArguments cannot
-    from trainwise.export import RunSettings, export_doc
+    from trainwise.exporting.scripts import RunSettings, export_doc
 
     doc = export_doc(strategies.parse_row("bf16_pure", 4).plan, RunSettings("m", "classification", 8, 16, 8, 1e-4, 2))
     assert doc.model_kwargs == {"dtype": "torch.bfloat16"} and doc.args["bf16"] is False
@@ -338,7 +339,7 @@ def test_profile_writes_a_chrome_trace_with_the_loop_phases(tmp_path, cls_csv):
 
 
 def test_the_optimizer_steps_in_one_place():
-    """One loop: `optimizer.step()` appears in trainwise/loop.py and nowhere else in the package."""
+    """One loop: `optimizer.step()` appears in trainwise/training/loop.py and nowhere else in the package."""
     root = Path(loop.__file__).parent
     places = [str(p.relative_to(root)) for p in sorted(root.rglob("*.py")) if "optimizer.step()" in p.read_text()]
     assert places == ["loop.py"]

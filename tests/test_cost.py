@@ -7,10 +7,10 @@ import json
 import pytest
 
 from trainwise.cli import main
-from trainwise.cost import Price, resolve_price
-from trainwise.errors import ConfigError
+from trainwise.core.errors import ConfigError
+from trainwise.core.results import StudyRow
 from trainwise.report.format import add_cost, headers
-from trainwise.results import StudyRow
+from trainwise.search.cost import Price, resolve_price
 from trainwise.study.store import read_rows
 
 
@@ -77,7 +77,7 @@ def test_compare_reports_cost_per_row(tmp_path, cls_csv, capsys):
 
 def test_a_sku_for_other_hardware_than_the_study_ran_on_is_said_in_the_note():
     """Issue 17: a GPU SKU's price applied to a CPU run (or a V100's to an H100 run) says so."""
-    from trainwise.cost import resolve_price
+    from trainwise.search.cost import resolve_price
 
     sku = resolve_price(None, "ND40rs_v2")
     assert sku is not None and sku.hardware == "8x V100 32GB (seed 000)"

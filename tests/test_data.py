@@ -9,12 +9,12 @@ import json
 import pytest
 import torch
 
-from trainwise.data.builtin import load_builtin
-from trainwise.data.samplers import LengthGroupedBatches, RandomBatches
-from trainwise.data.sources import load_rows
-from trainwise.data.tasks import IGNORE_INDEX, Collator
-from trainwise.errors import ConfigError
+from trainwise.core.errors import ConfigError
+from trainwise.strategies.batching.samplers import LengthGroupedBatches, RandomBatches
 from trainwise.study.store import read_rows
+from trainwise.training.data.builtin import load_builtin
+from trainwise.training.data.sources import load_rows
+from trainwise.training.data.tasks import IGNORE_INDEX, Collator
 
 from .conftest import make_rows, write_csv
 
@@ -75,7 +75,7 @@ def test_unusable_rows_are_counted_by_reason_with_their_first_line(tmp_path):
     """Issue 27: an empty text or a record without the target key was dropped silently. Now each file's
     rows read, kept and skipped by reason, with the first line of each (a CSV's header is line 1; a
     quoted text may span lines), come back beside the rows."""
-    from trainwise.data.sources import Skip, Skipped
+    from trainwise.training.data.sources import Skip, Skipped
 
     holes = {15: {"text": "", "target": "a"}, 30: {"text": "x"}, 31: {"text": "y"}, 40: {"text": "  ", "target": "b"}}
     rows = make_rows(100, "classification")
@@ -116,8 +116,8 @@ def test_more_than_five_percent_unusable_is_one_error_naming_file_share_reason_a
 
 
 def test_the_data_origin_names_the_builtin_corpus_and_round_trips_what_was_skipped(tmp_path):
-    from trainwise.config import DataOrigin, StudyConfig
-    from trainwise.data.sources import read_task_data
+    from trainwise.core.config import DataOrigin, StudyConfig
+    from trainwise.training.data.sources import read_task_data
 
     data = read_task_data("classification", "stdlib-topic", None, None, None, None, max_train_samples=64)
     assert data.source == "builtin:stdlib-topic" and data.reads == ()
@@ -196,7 +196,7 @@ def test_length_grouped_batches_cut_padding_and_keep_the_samples():
 
 
 def test_sortish_puts_the_longest_batch_first_and_keeps_the_samples():
-    from trainwise.data.samplers import SortishBatches
+    from trainwise.strategies.batching.samplers import SortishBatches
 
     lengths = [(i * 37) % 101 + 1 for i in range(400)]
     for epoch in range(3):
@@ -217,7 +217,7 @@ def test_a_checkpoint_with_another_head_gets_a_new_head_and_one_line(tmp_path, c
     """Issue 17: a local classifier saved with 2 labels, fine-tuned on data with more: the head is
     re-initialised and said so in one line (it used to be an error row per trial)."""
     from trainwise.cli import main
-    from trainwise.models import PRESETS, train_tokenizer
+    from trainwise.training.models import PRESETS, train_tokenizer
 
     model_dir = tmp_path / "two-label-bert"
     train_tokenizer(["some words to learn a vocabulary from"] * 20, "bert-tiny", model_dir)

@@ -11,11 +11,11 @@ import time
 import pytest
 
 from trainwise import strategies
-from trainwise.measure import device as dev
-from trainwise.measure import flops
-from trainwise.measure.device import DeviceFacts
-from trainwise.measure.timing import StepTimes, summarize_steps
-from trainwise.results import TrialResult, combine_ranks
+from trainwise.core.results import TrialResult, combine_ranks
+from trainwise.training.measure import device as dev
+from trainwise.training.measure import flops
+from trainwise.training.measure.device import DeviceFacts
+from trainwise.training.measure.timing import StepTimes, summarize_steps
 
 from .conftest import tiny_study
 
@@ -200,7 +200,7 @@ def test_the_probe_grows_until_a_run_takes_tens_of_milliseconds(monkeypatch):
 
 
 def test_the_peak_is_cached_per_device_and_mode(tmp_path, monkeypatch):
-    from trainwise.measure import contention
+    from trainwise.training.measure import contention
 
     monkeypatch.setenv("TRAINWISE_CACHE", str(tmp_path))
     quiet = {"other_cpu_share": 0.0, "steal_share": 0.0, "contended": False}
@@ -214,7 +214,7 @@ def test_the_peak_is_cached_per_device_and_mode(tmp_path, monkeypatch):
 
 
 def test_a_probe_taken_under_load_is_not_cached(tmp_path, monkeypatch):
-    from trainwise.measure import contention
+    from trainwise.training.measure import contention
 
     monkeypatch.setenv("TRAINWISE_CACHE", str(tmp_path))
     loaded = {"other_cpu_share": 0.5, "steal_share": 0.0, "contended": True}
@@ -260,7 +260,7 @@ def _row(name: str, steps: list[float], batch: int, n_train: int = 1000) -> Tria
 def test_a_slow_step_moves_no_column_of_the_row_away_from_the_others():
     """A step 10x slower among quiet ones: step (s), samples/s, epoch and time % still agree exactly
     (all from the totals: a median step beside a total-over-total rate read 2.689 s/step, 6.4 samples/s)."""
-    from trainwise.config import Cell
+    from trainwise.core.config import Cell
     from trainwise.strategies import parse_row
     from trainwise.study.aggregate import aggregate
 
@@ -300,7 +300,7 @@ def _busy(n: int = 2) -> list[subprocess.Popen]:
 
 
 def test_the_noise_floor_and_verdicts_use_clean_runs_only():
-    from trainwise.config import Cell
+    from trainwise.core.config import Cell
     from trainwise.study.aggregate import aggregate
 
     class Spec:
@@ -322,8 +322,8 @@ def test_the_noise_floor_and_verdicts_use_clean_runs_only():
 
 
 def test_a_failed_re_run_keeps_the_run_measured_under_load(tmp_path, cls_csv, monkeypatch):
-    from trainwise.measure import contention
     from trainwise.study.run import run_study
+    from trainwise.training.measure import contention
 
     monkeypatch.setattr(contention, "wait_quiet", lambda *_a, **_k: True)
     prepared = tiny_study(tmp_path, cls_csv, "classification", ["baseline"], retries=2)
@@ -341,8 +341,8 @@ def test_a_failed_re_run_keeps_the_run_measured_under_load(tmp_path, cls_csv, mo
 def test_a_re_run_measured_while_still_busy_stays_flagged(tmp_path, cls_csv, monkeypatch):
     """Issue 36: re-runs taken while the machine was 'still busy after 120 s: measuring anyway' were accepted as
     clean when their timed window was too short to judge (contended None)."""
-    from trainwise.measure import contention
     from trainwise.study.run import run_study
+    from trainwise.training.measure import contention
 
     monkeypatch.setattr(contention, "wait_quiet", lambda *_a, **_k: False)
     prepared = tiny_study(tmp_path, cls_csv, "classification", ["baseline"], retries=1)
@@ -362,7 +362,7 @@ def test_wait_quiet_returns_once_a_busy_process_stops():
     import os
     import signal
 
-    from trainwise.measure import contention
+    from trainwise.training.measure import contention
 
     if not contention.wait_quiet(20.0, window_s=1.0):
         pytest.skip("the machine is busy with other work: quiet cannot be told from busy here")
@@ -384,13 +384,13 @@ def test_a_trial_contended_by_a_busy_process_is_measured_again(tmp_path, cls_csv
     """A real busy process during the first run of the trial, stopped after it: the first run is flagged as
     timed under load (in results, the table and its notes), the study waits for quiet, runs it again, keeps the
     clean run and counts the discarded one."""
-    from trainwise import zygote
-    from trainwise.events import Note
-    from trainwise.launcher import launch
-    from trainwise.measure.contention import CONTENDED_SHARE
     from trainwise.report.format import cells, notes
+    from trainwise.run import zygote
+    from trainwise.run.events import Note
+    from trainwise.run.launcher import launch
     from trainwise.study.aggregate import aggregate
     from trainwise.study.run import run_study
+    from trainwise.training.measure.contention import CONTENDED_SHARE
 
     # 4 steps: the loaded run's window (~1 s a step with two spinning processes on 2 cores) is long enough to
     # judge, and the clean run's is lengthened to one by the trial's autorange
@@ -472,9 +472,9 @@ def test_doctor_gives_every_registry_strategy_a_verdict_on_this_cpu(tmp_path, mo
     import json
 
     from trainwise.cli import main
-    from trainwise.doctor import VERDICTS
     from trainwise.study import prepare as study
     from trainwise.study import run
+    from trainwise.study.device_checks import VERDICTS
 
     if real is not None:  # the doctor's driver (trainwise.api.doctor) takes run_study from its module when it runs
         monkeypatch.setattr(run, "run_study", _trials_only_for(real, run.run_study))
@@ -505,7 +505,7 @@ def test_doctor_gives_every_registry_strategy_a_verdict_on_this_cpu(tmp_path, mo
 def test_a_tf32_row_is_probed_and_labelled_apart_from_fp32(monkeypatch):
     """On an H200 the tf32 row's probe read 403 TFLOP/s against fp32's 51: both were labelled `fp32` in the MFU
     note (2026-11-26). The label is the probe's cache key: fp32 with TF32 matmuls on a GPU is `fp32-tf32`."""
-    from trainwise.measure import flops
+    from trainwise.training.measure import flops
 
     monkeypatch.setattr(flops, "_tf32_on", lambda: True)
     assert flops.probe_mode("cuda", "fp32") == "fp32-tf32"

@@ -12,10 +12,10 @@ import torch
 import torch.multiprocessing as mp
 
 from trainwise import strategies
-from trainwise.data.samplers import RandomBatches, RankShard
-from trainwise.errors import ConfigError
-from trainwise.launcher import launch
-from trainwise.results import TrialResult, combine_ranks
+from trainwise.core.errors import ConfigError
+from trainwise.core.results import TrialResult, combine_ranks
+from trainwise.run.launcher import launch
+from trainwise.strategies.batching.samplers import RandomBatches, RankShard
 
 from .conftest import tiny_study
 
@@ -68,14 +68,14 @@ def test_unwrap_takes_the_model_out_of_its_wrappers_and_keeps_compile_on_top():
     import subprocess
     import sys
 
-    from trainwise.distributed import unwrap
+    from trainwise.run.ranks import unwrap
 
     inner = torch.nn.Linear(2, 2)
     assert unwrap(inner) is inner
     assert unwrap(torch.nn.DataParallel(torch.nn.DataParallel(inner))) is inner
     compiled = torch.compile(torch.nn.DataParallel(inner))
     assert unwrap(compiled) is compiled and compiled._orig_mod is inner
-    code = "import sys, torch; from trainwise.distributed import unwrap; unwrap(torch.nn.Linear(2, 2)); "
+    code = "import sys, torch; from trainwise.run.ranks import unwrap; unwrap(torch.nn.Linear(2, 2)); "
     code += "print('deepspeed' in sys.modules)"
     seen = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert seen.strip() == "False"
@@ -116,7 +116,7 @@ def _window(rank: int, world: int, task: str, accum: int) -> dict:
     """The loss and gradients of one window of 8 samples, this rank's share of them (world 1: all, no group)."""
     from types import SimpleNamespace
 
-    from trainwise import loop
+    from trainwise.training import loop
 
     model, batches = _model_and_batches(task)
     plan = strategies.parse_row("grad_accum" if accum > 1 else "baseline", accum).plan
@@ -134,13 +134,13 @@ def _window(rank: int, world: int, task: str, accum: int) -> dict:
 
 
 def _collate(task):
-    from trainwise.data.tasks import Collator
+    from trainwise.training.data.tasks import Collator
 
     return Collator(task, 0, "longest", 64, 8)
 
 
 def _model_and_batches(task):
-    from trainwise.models import ModelSource, build_model
+    from trainwise.training.models import ModelSource, build_model
 
     preset = "bert-tiny" if task == "classification" else "t5-tiny"
     off = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0} if task == "classification" else None

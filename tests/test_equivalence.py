@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainwise.data.tasks import Collator
-from trainwise.loop import accumulate_step
-from trainwise.models import ModelSource, build_model
-from trainwise.trial import run_trial
+from trainwise.training.data.tasks import Collator
+from trainwise.training.loop import accumulate_step
+from trainwise.training.models import ModelSource, build_model
+from trainwise.training.trial import run_trial
 
 
 def _grads(model):
@@ -90,7 +90,7 @@ def test_the_loops_lr_schedule_is_transformers_linear_warmup_decay():
     import torch
     from transformers import get_linear_schedule_with_warmup
 
-    from trainwise.loop import linear_warmup_decay
+    from trainwise.training.loop import linear_warmup_decay
 
     for warmup, total in [(0, 10), (3, 10), (1, 1), (5, 5), (2, 7), (0, 0)]:
         layer = torch.nn.Linear(2, 2)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trainwise import strategies
-from trainwise.estimate import (
+from trainwise.search.memory import (
     FEATURES,
     Calibration,
     Shape,
@@ -21,9 +21,9 @@ from trainwise.estimate import (
     step_temporaries,
     terms_of,
 )
-from trainwise.models import ModelSource, build_model, model_config
+from trainwise.strategies.knobs import TrialPlan
 from trainwise.strategies.optim import OPTIMIZERS
-from trainwise.strategies.plan import TrialPlan
+from trainwise.training.models import ModelSource, build_model, model_config
 
 
 def plan_of(text: str, accum: int = 4) -> TrialPlan:
@@ -159,8 +159,8 @@ def test_estimate_predicts_the_memory_compare_shows(tmp_path, cls_csv):
     tensors: within 10% per row, and grad_ckpt's saving within 10 points. dynamic_pad's batch is as wide
     as the data's longest row, which the estimate reads from the data (the rows are shorter than 64)."""
     from trainwise.api.estimate import run_estimate
-    from trainwise.estimate import EstimateConfig
-    from trainwise.trial import run_trial
+    from trainwise.search.memory import EstimateConfig
+    from trainwise.training.trial import run_trial
 
     from .conftest import tiny_study
 
@@ -193,9 +193,9 @@ def test_unknown_family_falls_back_to_probing_its_own_config(tmp_path, capsys, m
     """A family with no tiny-config recipe (ELECTRA) is probed on its own config, cached, and the CLI says so."""
     from transformers import ElectraConfig, ElectraForSequenceClassification
 
-    est = importlib.import_module("trainwise.estimate")  # trainwise.estimate: the API's call
+    est = importlib.import_module("trainwise.search.memory")  # trainwise.search.memory: the API's call
     from trainwise.cli import main
-    from trainwise.models import train_tokenizer
+    from trainwise.training.models import train_tokenizer
 
     # a quarter of the design (its own cache: the shorter fit stays out of the session's): the fallback, not the fit
     monkeypatch.setenv("TRAINWISE_CACHE", str(tmp_path / "cache"))
@@ -221,7 +221,7 @@ def test_unknown_family_falls_back_to_probing_its_own_config(tmp_path, capsys, m
 def test_calibration_is_cached_and_says_which_it_was(tmp_path, monkeypatch, capsys):
     """The probe runs once per family and plan; the estimate says "calibrated now" when this command
     measured it and "cached" only when it was read from the cache (issue 27)."""
-    est = importlib.import_module("trainwise.estimate")  # trainwise.estimate: the API's call
+    est = importlib.import_module("trainwise.search.memory")  # trainwise.search.memory: the API's call
     from trainwise.cli import main
 
     monkeypatch.setenv("TRAINWISE_CACHE", str(tmp_path))
@@ -274,7 +274,7 @@ def test_cli_table_json_and_fit(capsys):
 
 @pytest.mark.probe
 def test_cli_impossible_budget_says_so_and_what_would_fit(capsys, monkeypatch, tmp_path):
-    est = importlib.import_module("trainwise.estimate")  # trainwise.estimate: the API's call
+    est = importlib.import_module("trainwise.search.memory")  # trainwise.search.memory: the API's call
     from trainwise.cli import main
 
     # what is said, not the fit: a quarter of the design, in a cache of its own (bf16's probe is emulated on an
@@ -332,7 +332,7 @@ def test_cli_bad_input_is_one_line_exit_2(capsys, args, expected):
 
 
 def test_largest_batch_is_the_edge_of_the_estimate():
-    from trainwise.estimate import largest_batch
+    from trainwise.search.memory import largest_batch
 
     cal = _cal()
     s = _shape(n_params=10, n_trainable=10, largest_trainable=10)
@@ -356,8 +356,8 @@ def test_estimate_says_which_rows_of_the_data_it_skipped(tmp_path, cls_csv):
     """Issue 27: estimate reads the data as compare does, and says what it left out as compare does."""
     import csv
 
-    from trainwise.estimate import DataFacts, EstimateConfig
-    from trainwise.models import resolve_model
+    from trainwise.search.memory import DataFacts, EstimateConfig
+    from trainwise.training.models import resolve_model
 
     with open(cls_csv, encoding="utf-8") as f:
         rows = list(csv.DictReader(f))

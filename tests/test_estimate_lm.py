@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 from trainwise import strategies
-from trainwise.estimate import _tiny_config, features, shape_of, terms_of
-from trainwise.models import auto_class, model_config, resolve_model
+from trainwise.search.memory import _tiny_config, features, shape_of, terms_of
+from trainwise.strategies.knobs import TrialPlan
 from trainwise.strategies.lm import CHUNK_TOKENS
-from trainwise.strategies.plan import TrialPlan
+from trainwise.training.models import auto_class, model_config, resolve_model
 
 from .conftest import write_csv
 from .test_causal_lm import pairs
@@ -84,8 +84,8 @@ def test_tiny_probe_configs_keep_the_family_and_build(preset):
 def _predicted_and_measured(tmp_path, rows: list[str]) -> tuple[dict[str, int], dict[str, int]]:
     """Per row: the peak estimate predicts from compare's data, and the peak of live tensors compare measures."""
     from trainwise.api.estimate import run_estimate
-    from trainwise.estimate import EstimateConfig
-    from trainwise.trial import run_trial
+    from trainwise.search.memory import EstimateConfig
+    from trainwise.training.trial import run_trial
 
     from .conftest import tiny_study
 
@@ -137,7 +137,7 @@ def test_qlora_base_weights_are_counted_in_four_bits():
     """qlora's base Linear layers hold NF4 weights (0.5 byte + double-quantized scales); embeddings, norms and the
     output head stay fp32; the adapters train as lora's do."""
     pytest.importorskip("bitsandbytes")
-    from trainwise.estimate import state_parts
+    from trainwise.search.memory import state_parts
     from trainwise.strategies.freezing import NF4_BYTES
 
     config = config_of("smollm2-135m")

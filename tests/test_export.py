@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trainwise import strategies
-from trainwise.export import RunSettings, export_doc, snippet, training_arguments, write_export
+from trainwise.exporting.scripts import RunSettings, export_doc, snippet, training_arguments, write_export
 from trainwise.strategies.optim import OPTIMIZERS
 
 
@@ -138,9 +138,9 @@ def csv_study(tmp_path_factory):
     16 training rows and a batch of 16, so the Trainer's sample order cannot change a step's loss."""
     from transformers import AutoModelForSequenceClassification
 
-    from trainwise.config import StudyConfig
-    from trainwise.models import _preset_config, train_tokenizer
+    from trainwise.core.config import StudyConfig
     from trainwise.study.prepare import prepare_study
+    from trainwise.training.models import _preset_config, train_tokenizer
 
     from .conftest import make_rows, write_csv
 
@@ -174,10 +174,10 @@ def csv_study(tmp_path_factory):
 
 def _trial_of(study, row: str) -> tuple:
     """Run the study's trial of `row` (its per-step losses) and store it, so export --study finds it."""
-    from trainwise.events import Step
-    from trainwise.results import TrialResult
+    from trainwise.core.results import TrialResult
+    from trainwise.run.events import Step
     from trainwise.study.store import Store
-    from trainwise.trial import run_trial
+    from trainwise.training.trial import run_trial
 
     spec = next(s for s in study.specs if s.row == row)
     losses: list[float] = []
@@ -195,8 +195,8 @@ def test_the_exported_trainer_snippet_as_written_reproduces_the_losses(tmp_path,
     """compare's trial vs the HF Trainer running export's train_snippet.py unchanged (its data, labels, model
     edits, collator and TrainingArguments), step by step. transformers 5.x logs the loss multiplied by
     gradient_accumulation_steps (num_items_in_batch); the optimisation is the same (documented in docs/export.md)."""
-    from trainwise.data.prepared import read_labels
-    from trainwise.export import ExportConfig, export_plan
+    from trainwise.exporting.scripts import ExportConfig, export_plan
+    from trainwise.training.data.prepared import read_labels
 
     study, data = csv_study
     spec, ours = _trial_of(study, row)
@@ -226,10 +226,10 @@ def test_the_seq2seq_snippet_as_written_reproduces_the_losses(tmp_path, monkeypa
     (targets padded with -100, the decoder's inputs shifted from them by T5)."""
     from transformers import AutoModelForSeq2SeqLM
 
-    from trainwise.config import StudyConfig
-    from trainwise.export import ExportConfig, export_plan
-    from trainwise.models import _preset_config, train_tokenizer
+    from trainwise.core.config import StudyConfig
+    from trainwise.exporting.scripts import ExportConfig, export_plan
     from trainwise.study.prepare import prepare_study
+    from trainwise.training.models import _preset_config, train_tokenizer
 
     from .conftest import make_rows, write_csv
 
@@ -261,8 +261,8 @@ def test_the_seq2seq_snippet_as_written_reproduces_the_losses(tmp_path, monkeypa
 def test_export_from_a_study_takes_its_settings_and_advises_the_plan(tmp_path, capsys):
     """--study: model and settings from the study's store, the plan from advise (objective time)."""
     from trainwise.cli import main
-    from trainwise.config import TrialSettings, TrialSpec
-    from trainwise.results import TrialResult
+    from trainwise.core.config import TrialSettings, TrialSpec
+    from trainwise.core.results import TrialResult
     from trainwise.study.store import Store
 
     study = tmp_path / "study"
@@ -327,7 +327,7 @@ def test_accelerate_launch_runs_the_exported_config_and_snippet(tmp_path, csv_st
     import subprocess
     import sys
 
-    from trainwise.export import ExportConfig, export_plan
+    from trainwise.exporting.scripts import ExportConfig, export_plan
 
     study, _ = csv_study
     row = "grad_accum"
@@ -366,7 +366,7 @@ def test_the_exported_train_command_as_written_trains_the_study_csv_to_the_same_
     import shlex
 
     from trainwise.cli import main
-    from trainwise.export import ExportConfig, export_plan
+    from trainwise.exporting.scripts import ExportConfig, export_plan
 
     study, data = csv_study
     row = "grad_accum"
@@ -386,8 +386,8 @@ def test_a_preset_snippet_runs_offline_as_written(tmp_path, monkeypatch, request
     find, nothing to download) and the study's trained tokenizer; run unchanged, the Trainer trains it."""
     import dataclasses
 
-    from trainwise.data.prepared import read_labels
-    from trainwise.models import PRESETS
+    from trainwise.training.data.prepared import read_labels
+    from trainwise.training.models import PRESETS
 
     s = request.getfixturevalue(fixture).specs[0].settings
     labels = tuple(read_labels(s.data_dir)) if s.task == "classification" else ()
@@ -426,10 +426,10 @@ def test_the_exported_train_command_names_where_its_run_goes(tmp_path):
 
 def test_an_image_study_is_refused_in_one_line(tmp_path):
     """An image-classification study trained trainwise's own ResNeXt: no transformers script can reproduce it."""
-    from trainwise.config import StudyConfig
-    from trainwise.errors import ConfigError
-    from trainwise.export import ExportConfig, export_plan
-    from trainwise.results import TrialResult
+    from trainwise.core.config import StudyConfig
+    from trainwise.core.errors import ConfigError
+    from trainwise.core.results import TrialResult
+    from trainwise.exporting.scripts import ExportConfig, export_plan
     from trainwise.study.prepare import prepare_study
     from trainwise.study.store import Store
 
@@ -457,7 +457,7 @@ def test_the_train_command_carries_only_the_plan_s_own_settings(row, accum):
     import dataclasses
     import shlex
 
-    from trainwise.export import train_command
+    from trainwise.exporting.scripts import train_command
 
     argv = shlex.split(train_command(dataclasses.replace(SETTINGS, task="causal-lm", row=row, accum_steps=4)))
     assert (argv[argv.index("--accum-steps") + 1] if "--accum-steps" in argv else None) == accum

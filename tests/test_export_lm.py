@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from trainwise import strategies
-from trainwise.export import RunSettings, export_doc, sft_arguments, write_export
+from trainwise.exporting.scripts import RunSettings, export_doc, sft_arguments, write_export
 
 from .conftest import write_csv
 from .test_causal_lm import pairs
@@ -39,7 +39,7 @@ def plan_of(text: str):
 def _lm_study(root: Path, data: Path, rows: list[str], model_preset: str | None = "llama-tiny", **kw):
     """A causal-lm study (of llama-tiny unless `model` is given) on `data` (also its held-out file), every step the
     same seed and lr."""
-    from trainwise.config import StudyConfig
+    from trainwise.core.config import StudyConfig
     from trainwise.study.prepare import prepare_study
 
     common = dict(task="causal-lm", model_preset=model_preset, max_steps=STEPS, warmup_steps=1, lr=3e-3)
@@ -64,8 +64,8 @@ _TRIALS: dict[tuple[Path, str], tuple] = {}  # (study, row) -> (spec, losses): e
 def _trial_of(study, row: str) -> tuple:
     """Run the study's trial of `row` (its per-step losses; once, then remembered) and store it, so export --study
     finds it."""
-    from trainwise.events import Step
-    from trainwise.trial import run_trial
+    from trainwise.run.events import Step
+    from trainwise.training.trial import run_trial
 
     if (study.out, row) not in _TRIALS:
         spec, losses = _spec_of(study, row), []
@@ -78,7 +78,7 @@ def _trial_of(study, row: str) -> tuple:
 
 def _store(study, spec) -> None:
     """The trial of `spec` stored as run, so export --study finds it."""
-    from trainwise.results import TrialResult
+    from trainwise.core.results import TrialResult
     from trainwise.study.store import Store
 
     store = Store(study.out / "study.sqlite")
@@ -90,7 +90,7 @@ def _store(study, spec) -> None:
 def _spec_of(study, row: str):
     """The study's trial of `row`. A packing trial's batch is its number of packed rows, raw text's its number of
     blocks: every step then trains on every example, as the exported run's does."""
-    from trainwise.data.prepared import load_data
+    from trainwise.training.data.prepared import load_data
 
     if row == "packing":  # a study refuses packing rows fewer than its batch: the baseline's spec, packed
         base = next(s for s in study.specs if s.row == "baseline")
@@ -108,7 +108,7 @@ def _spec_of(study, row: str):
 
 
 def _export(study, row: str, out: Path) -> None:
-    from trainwise.export import ExportConfig, export_plan
+    from trainwise.exporting.scripts import ExportConfig, export_plan
 
     export_plan(ExportConfig(study=str(study.out), strategies=row, device="cpu"), out)
 
@@ -217,8 +217,8 @@ def test_chat_sft_train_py_reproduces_the_trial_on_the_assistant_turns(tmp_path,
     TRL's assistant_only_loss cannot): the trial's losses."""
     from transformers import AutoTokenizer
 
-    from trainwise.data.chat import encode_chat
-    from trainwise.data.prepared import read_prepared
+    from trainwise.training.data.chat import encode_chat
+    from trainwise.training.data.prepared import read_prepared
 
     spec, ours = _trial_of(chat_study, "baseline")
     out = tmp_path / "export"
@@ -242,7 +242,7 @@ def test_a_packed_chat_export_hands_trl_trainwise_s_packed_rows(tmp_path, monkey
     """packing on chat data: the SFTTrainer that sft_train.py builds (as written; not trained here: TRL's packed
     training is compared with trainwise's step by step on prompt/response data below) holds trainwise's packed rows,
     the same examples binned the same way, their labels the assistant turns."""
-    from trainwise.data.prepared import load_data
+    from trainwise.training.data.prepared import load_data
 
     spec = _spec_of(chat_study, "packing")
     _store(chat_study, spec)
@@ -283,9 +283,9 @@ def test_a_chat_template_with_generation_markers_hands_trl_the_conversations(
 
     from transformers import AutoTokenizer
 
-    from trainwise.data.chat import encode_chat, trl_labels_as_ours
-    from trainwise.data.prepared import read_prepared
-    from trainwise.export import chat_form
+    from trainwise.exporting.scripts import chat_form
+    from trainwise.training.data.chat import encode_chat, trl_labels_as_ours
+    from trainwise.training.data.prepared import read_prepared
 
     marked = tmp_path / "marked"
     shutil.copytree(tiny_chat_model, marked)
@@ -415,10 +415,10 @@ def test_sft_config_json_is_accepted_by_trl(tmp_path, row):
 def test_raw_text_and_prompt_response_scripts_tokenize_as_trainwise(tmp_path, lm_export_study):
     """Both scripts' data lines, run against the study's tokenizer, give trainwise's own encoding: raw text
     concatenated with EOS and cut into blocks (every token a label), prompt/response with -100 on the prompt."""
-    from trainwise.data.prepared import read_prepared
-    from trainwise.data.tasks import IGNORE_INDEX, encode_lm
-    from trainwise.export import _lm_data_lines
-    from trainwise.models import ModelSource, load_tokenizer
+    from trainwise.exporting.scripts import _lm_data_lines
+    from trainwise.training.data.prepared import read_prepared
+    from trainwise.training.data.tasks import IGNORE_INDEX, encode_lm
+    from trainwise.training.models import ModelSource, load_tokenizer
 
     s = lm_export_study.specs[0].settings
     tokenizer = load_tokenizer(ModelSource("preset", "llama-tiny"), s.tokenizer_dir)
@@ -449,8 +449,8 @@ def test_chat_script_lines_label_the_assistant_turns_as_trainwise(tmp_path, chat
     assistant token left out (at 40 tokens: 5 of 6 cut, 3 of them left out)."""
     from datasets import Dataset
 
-    from trainwise.data.chat import IGNORE_INDEX, conversation_text, encode_chat
-    from trainwise.export import _lm_data_lines
+    from trainwise.exporting.scripts import _lm_data_lines
+    from trainwise.training.data.chat import IGNORE_INDEX, conversation_text, encode_chat
 
     rows = [{"text": conversation_text(m), "target": ""} for m in conversations(6, seed=1)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -478,9 +478,9 @@ def test_a_pretrained_model_s_new_weights_come_from_trainwise_s_seed(tiny_chat_m
     (LoRA's) are the trial's: unseeded, a chat model's LoRA run moved the losses by 8e-4 from step 2."""
     import torch
 
-    from trainwise.export import _model_part
-    from trainwise.loop import apply_plan
-    from trainwise.models import ModelSource, build_model
+    from trainwise.exporting.scripts import _model_part
+    from trainwise.training.loop import apply_plan
+    from trainwise.training.models import ModelSource, build_model
 
     run = dataclasses.replace(LM, model=str(tiny_chat_model), row="lora", seed=3)
     lines = _model_part(export_doc(plan_of("lora"), run), run, "AutoModelForCausalLM", {})
@@ -509,7 +509,7 @@ def test_a_script_that_cannot_train_the_plan_is_not_written(tmp_path):
     """The HF Trainer cannot pack: a packing plan's export writes sft_train.py and no train_snippet.py (a note says
     why and what to run), and an earlier export's train_snippet.py in the same directory goes too, so that no script
     there trains something else. With no script left (no TRL script for a classifier), export refuses in one line."""
-    from trainwise.errors import ConfigError
+    from trainwise.core.errors import ConfigError
 
     write_export(plan_of("lora"), LM, tmp_path)
     assert (tmp_path / "train_snippet.py").is_file()

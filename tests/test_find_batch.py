@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainwise.find_batch import search
-from trainwise.results import TrialResult
+from trainwise.core.results import TrialResult
+from trainwise.search.batch_size import search
 
 GiB = 2**30
 

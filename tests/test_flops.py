@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainwise.measure import flops
+from trainwise.training.measure import flops
 
 
 def test_a_matmul_is_counted_as_2mnk_flops():

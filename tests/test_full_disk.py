@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from tests import here
-from trainwise.errors import OutputFailed
-from trainwise.files import OUTPUT_EXIT, exit_line, refusal, write_atomic, writing
-from trainwise.results import StudyRow, TrialResult
+from trainwise.core.errors import OutputFailed
+from trainwise.core.files import OUTPUT_EXIT, exit_line, refusal, write_atomic, writing
+from trainwise.core.results import StudyRow, TrialResult
 
 BERT = ["--model-preset", "bert-tiny", "--batch-size", "8", "--max-length", "32", "--eval-samples", "8"]
 
@@ -184,7 +184,7 @@ def test_reports_that_cannot_be_written_leave_the_previous_set_whole(tmp_path, m
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before, "no half set, no temporary file"
 
 
-OURS = "trainwise.errors.OutputFailed: permission denied writing /o/trials/k/job.json; choose a writable --out"
+OURS = "trainwise.core.errors.OutputFailed: permission denied writing /o/trials/k/job.json; choose a writable --out"
 SHM = "RuntimeError: unable to write to file </torch_1_2>: No space left on device (28)"
 
 
@@ -203,7 +203,7 @@ SHM = "RuntimeError: unable to write to file </torch_1_2>: No space left on devi
 def test_a_trial_the_disk_refused_stops_the_study_instead_of_becoming_a_row(
     tmp_path, monkeypatch, status, message, free, refused
 ):
-    from trainwise import files
+    from trainwise.core import files
     from trainwise.study import run as study
 
     monkeypatch.setattr(files, "free_space", lambda _p: free)

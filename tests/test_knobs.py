@@ -11,9 +11,9 @@ import dataclasses
 import pytest
 
 from trainwise import strategies
-from trainwise.export import RunSettings, export_doc
+from trainwise.exporting.scripts import RunSettings, export_doc
 from trainwise.strategies.base import NA, PROBED, MemoryTerms
-from trainwise.strategies.plan import TrialPlan
+from trainwise.strategies.knobs import TrialPlan
 
 SETTINGS = RunSettings("bert-base-uncased", "classification", 32, 128, 48, 5e-5, 100, nproc=2)
 # every value a strategy gives a knob, with the strategy that gives it
@@ -88,7 +88,7 @@ def test_the_estimate_models_every_value_or_says_why_not(name, value, strategy):
 
 
 def test_export_prints_the_reasons_and_the_snippet_applies_what_arguments_cannot(tmp_path):
-    from trainwise.export import write_export
+    from trainwise.exporting.scripts import write_export
 
     row = strategies.parse_row("sortish+freeze_embeddings+eager_attn", 4)
     paths, notes = write_export(row.plan, SETTINGS, tmp_path)

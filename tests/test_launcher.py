@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from trainwise.launcher import run_child
+from trainwise.run.launcher import run_child
 
 from .killing import alive_after
 
@@ -84,7 +84,7 @@ def test_a_child_killed_from_outside_names_the_signal_and_who_may_have_sent_it(t
 def test_a_forked_child_has_the_callers_environment_and_directory_and_exec_is_the_fallback(tmp_path, monkeypatch):
     """The zygote forks one-process children on Linux; each gets the environment and directory of the call
     (not the zygote's, which started earlier); TRAINWISE_FORK=0, or a zygote that cannot serve, execs."""
-    from trainwise import zygote
+    from trainwise.run import zygote
 
     def where() -> dict:
         seen: list[dict] = []
@@ -110,7 +110,7 @@ def test_a_forked_child_has_the_callers_environment_and_directory_and_exec_is_th
 def test_a_warm_zygote_imports_before_the_first_trial_and_a_probe_waits_for_it(tmp_path, monkeypatch):
     """`launcher.warm()` starts the zygote at once (its imports overlap the command's preparation) and returns
     without waiting; `settle()`, which every timed probe calls first, returns once it says it is ready."""
-    from trainwise import launcher, zygote
+    from trainwise.run import launcher, zygote
 
     monkeypatch.setattr(zygote, "_zygote", None)  # this test's own, not one an earlier test started
     began = time.monotonic()
@@ -126,7 +126,7 @@ def test_a_warm_zygote_imports_before_the_first_trial_and_a_probe_waits_for_it(t
 def test_a_zygote_started_in_another_directory_imports_from_the_callers(tmp_path, monkeypatch):
     """A zygote warmed early may start in another directory (a notebook's, a test's); its child runs
     `python -m module` as if exec'd from the caller's directory: that directory first on its path."""
-    from trainwise import zygote
+    from trainwise.run import zygote
 
     started, caller = tmp_path / "started", tmp_path / "caller"
     started.mkdir(), caller.mkdir()
@@ -144,7 +144,7 @@ def test_a_zygote_that_ends_without_reading_a_request_is_unavailable_at_once(tmp
     """A zygote that refuses to serve (CUDA initialised by an import: it returns before its first read) resets
     the connection under the caller's request; the caller must see it gone, not wait for a fork (on an H200
     a doctor waited so until it was killed)."""
-    from trainwise import zygote
+    from trainwise.run import zygote
 
     gone = zygote.Zygote([sys.executable, "-c", "import sys, time; time.sleep(1)"])  # never reads the socket
     began = time.monotonic()
@@ -213,7 +213,7 @@ def test_a_child_killed_before_it_leads_its_own_group_is_still_killed():
     was once waited for, for ever: `tune --trial-timeout 0.5` with a cold zygote)."""
     import threading
 
-    from trainwise.launcher import _kill_group
+    from trainwise.run.launcher import _kill_group
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # in this test's group
     killer = threading.Thread(target=_kill_group, args=(child,), daemon=True)

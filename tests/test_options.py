@@ -12,12 +12,12 @@ import typer
 
 from trainwise.api import options as api
 from trainwise.cli import app
-from trainwise.config import StudyConfig, TrainConfig
-from trainwise.estimate import EstimateConfig
-from trainwise.export import ExportConfig
-from trainwise.find_batch import FindBatchConfig
-from trainwise.option import declared, option, take
-from trainwise.tune import TuneConfig
+from trainwise.core.config import StudyConfig, TrainConfig
+from trainwise.core.option import declared, option, take
+from trainwise.exporting.scripts import ExportConfig
+from trainwise.search.batch_size import FindBatchConfig
+from trainwise.search.hyperparams import TuneConfig
+from trainwise.search.memory import EstimateConfig
 
 CONFIGS = (StudyConfig, TrainConfig, EstimateConfig, ExportConfig, TuneConfig, FindBatchConfig)
 VERBS = {

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from trainwise.data.packing import CROSSES, PACKABLE, PackedCollator, PackedDataset, can_pack, pack
-from trainwise.data.tasks import IGNORE_INDEX
+from trainwise.strategies.lm.packing import CROSSES, PACKABLE, PackedCollator, PackedDataset, can_pack, pack
+from trainwise.training.data.tasks import IGNORE_INDEX
 
 VOCAB, PAD = 1000, 0
 _ATTN = dict(num_hidden_layers=2, num_attention_heads=4, vocab_size=VOCAB, max_position_embeddings=128)
@@ -235,7 +235,7 @@ def test_a_padding_free_batch_is_one_row_whose_loss_is_the_examples_alone_as_the
     (what the export's train_snippet.py collates with)."""
     from transformers import DataCollatorWithFlattening
 
-    from trainwise.data.tasks import Collator
+    from trainwise.training.data.tasks import Collator
 
     model, exs = tiny(family), examples(seed=3)
     batch = Collator("causal-lm", PAD, "none", 16, 8)(exs)

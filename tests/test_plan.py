@@ -22,8 +22,8 @@ import trainwise
 from tests import here
 from trainwise import strategies
 from trainwise.api.render import Render
-from trainwise.errors import ConfigError
-from trainwise.plan import Measured, Search, batch_scale, predict, search, split_row
+from trainwise.core.errors import ConfigError
+from trainwise.search.policy import Measured, Search, batch_scale, predict, search, split_row
 from trainwise.study.store import read_results, read_trial_keys
 
 from .conftest import tiny_study
@@ -159,7 +159,7 @@ def test_a_plan_whose_quality_check_finds_a_real_loss_is_not_recommended(verdict
 
 def _rows(times: dict[str, float], sps: float = 100.0) -> list:
     """Made-up study rows: each row's time relative to the baseline (samples/s from it), its batch from its text."""
-    from trainwise.results import StudyRow
+    from trainwise.core.results import StudyRow
 
     out = []
     for text, rel in times.items():
@@ -188,9 +188,9 @@ def test_a_rejected_plan_falls_back_to_the_next_fastest_that_keeps_quality(monke
     plan recommended". Now the next-fastest are checked in turn and the user gets the fastest that keeps quality; an
     inconclusive 2-seed verdict is decided over 4 seeds; a random-init preset's check never rejects."""
     import trainwise.api.plan as plan_api
-    from trainwise.advise import Constraints
     from trainwise.api.options import PlanOptions
-    from trainwise.quality import INCONCLUSIVE, NOT_SIGNIFICANT
+    from trainwise.search.ranking import Constraints
+    from trainwise.search.verdicts import INCONCLUSIVE, NOT_SIGNIFICANT
 
     rows = _rows({"baseline": 1.0, "bf16+smart_batch@bs64": 0.07, "smart_batch@bs64": 0.09, "smart_batch": 0.3})
     asked: list[tuple[str, int]] = []
@@ -540,7 +540,7 @@ def searched(tmp_path_factory, cls_csv):
     cli.wait(timeout=60)
     assert any("trainwise plan: measuring" in s for s in said), "".join(said)[-2000:]
     before = read_trial_keys(out)
-    result = trainwise.plan(render=None, **opts)
+    result = trainwise.search.policy(render=None, **opts)
     return out, opts, before, result
 
 
@@ -575,10 +575,12 @@ def test_the_cli_gives_the_api_plan_and_runs_no_trial_again(searched):
 def test_the_leader_at_twice_its_batch_is_a_row_of_the_same_study_and_exports_at_that_size(tmp_path, cls_csv):
     """One helping row: the search's first round tries it at batch 16 (the study's 8) as a row of the same study,
     relative to the same baseline per sample; export then writes the plan at 16."""
-    from trainwise.export import ExportConfig, export_plan
+    from trainwise.exporting.scripts import ExportConfig, export_plan
 
     out = tmp_path / "study"
-    result = trainwise.plan(render=None, **{**options(cls_csv, out), "strategies": "smart_batch", "max_trials": 1})
+    result = trainwise.search.policy(
+        render=None, **{**options(cls_csv, out), "strategies": "smart_batch", "max_trials": 1}
+    )
     rows = {r.row_text: r for r in read_results(out)}
     bigger = rows["smart_batch@bs16"]
     assert bigger.status == "ok" and bigger.batch_size == 16 and rows["smart_batch"].batch_size == 8
@@ -590,7 +592,9 @@ def test_the_leader_at_twice_its_batch_is_a_row_of_the_same_study_and_exports_at
     assert "--batch-size 16" in (tmp_path / "export" / "train_command.txt").read_text()
     # --no-batch-search: the sized row stays in the study, out of the search (nothing new is measured)
     keys = read_trial_keys(out)
-    again = trainwise.plan(render=None, **{**options(cls_csv, out), "strategies": "smart_batch", "batch_search": False})
+    again = trainwise.search.policy(
+        render=None, **{**options(cls_csv, out), "strategies": "smart_batch", "batch_search": False}
+    )
     assert again.plan == "smart_batch" and read_trial_keys(out) == keys
     assert not any(c["batch"] for c in again.search["candidates"] if c["state"] == "proposed")
 
@@ -604,7 +608,7 @@ def test_a_floor_too_wide_to_choose_measures_the_leaders_again_longer(tmp_path, 
     monkeypatch.setattr(plan_api, "WIDE", 0.0)
     out = tmp_path / "study"
     opts = {**options(cls_csv, out), "strategies": "smart_batch,dynamic_pad", "max_trials": 1}
-    result = trainwise.plan(render=None, **opts)
+    result = trainwise.search.policy(render=None, **opts)
     c = result.confirmed
     assert c is not None and c["steps"] == 3 * opts["max_steps"] and Path(c["out"]) == out / "confirm"
     again = {r.row_text: r for r in read_results(out / "confirm")}
@@ -621,7 +625,7 @@ def test_a_floor_too_wide_to_choose_measures_the_leaders_again_longer(tmp_path, 
 
 def test_a_quality_study_trains_a_sized_row_on_as_many_samples(tmp_path, cls_csv):
     """Compare's quality phase and the plan's check: 8 steps of 8 for the baseline, 4 of 16 for `smart_batch@bs16`."""
-    from trainwise import quality
+    from trainwise.search import verdicts as quality
 
     prepared = tiny_study(tmp_path, cls_csv, "classification", ["baseline", "smart_batch@bs16"], max_steps=8)
     lr = prepared.specs[0].settings.lr
@@ -678,9 +682,9 @@ def h200_rows() -> list[Measured]:
     """The single rows of SmolLM2-135M's shape on 1,547 prompt/response pairs, batch 16, length 512, on one H200, as the
     search reads them (phases per sample): packing 12% (its step took the baseline's 0.25 s with 8x the samples),
     bf16 49%, tf32 50%, chunked_ce 88%, liger 93%, adamw_fused 98%, grad_ckpt 123%, cce an error (run in fp32)."""
-    from trainwise.advise import Constraints
     from trainwise.api.plan import measured_rows
-    from trainwise.results import StudyRow
+    from trainwise.core.results import StudyRow
+    from trainwise.search.ranking import Constraints
 
     data = json.loads((Path(__file__).parent / "data" / "h200_plan_study.json").read_text())
     rows = [StudyRow.from_dict(r) for r in data["rows"] if "@bs" not in r["row"]]  # a first search has no sized rows

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from trainwise import strategies
-from trainwise.errors import ConfigError
-from trainwise.plan import Measured, search, split_row
+from trainwise.core.errors import ConfigError
 from trainwise.search import ecosystem
+from trainwise.search.policy import Measured, search, split_row
 
 ORDER = list(strategies.REGISTRY)
 
@@ -184,16 +184,16 @@ def test_the_commit_recorded_is_trainwises_own_checkouts_never_an_enclosing_repo
     env = {"GIT_AUTHOR_NAME": "x", "GIT_AUTHOR_EMAIL": "x@y", "GIT_COMMITTER_NAME": "x", "GIT_COMMITTER_EMAIL": "x@y"}
     for cmd in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "user's project"]):
         subprocess.run(["git", "-C", str(project), *cmd], check=True, env={**env, "PATH": "/usr/bin:/bin"})
-    code = "from trainwise.measure.env import git_commit; print(git_commit())"
+    code = "from trainwise.training.measure.env import git_commit; print(git_commit())"
     done = subprocess.run([sys.executable, "-c", code], cwd=site, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "None", done.stdout
-    from trainwise.measure.env import git_commit
+    from trainwise.training.measure.env import git_commit
 
     assert git_commit() is None or len(git_commit().split("-")[0]) == 12  # this checkout's own, when it is one
 
 
 def test_a_row_that_compiles_is_allowed_its_compile_beyond_the_trial_timeout():
-    from trainwise.config import TrialSpec
+    from trainwise.core.config import TrialSpec
     from trainwise.study.run import COMPILE_ALLOWANCE_S, timeout_for
 
     plain = strategies.parse_row("bf16", 4).plan

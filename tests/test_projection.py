@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from trainwise import projection
-from trainwise.events import Phase, Projection, Step
-from trainwise.projection import Clock, Pace, Shape, note, remaining_s
+from trainwise.run.events import Phase, Projection, Step
 from trainwise.strategies import DEFAULT_ROWS as DEFAULT
+from trainwise.study import projection
+from trainwise.study.projection import Clock, Pace, Shape, note, remaining_s
 
 
 def test_a_trial_is_its_start_up_and_its_steps():
@@ -94,8 +94,8 @@ def test_the_clock_says_the_projection_once_at_the_first_timed_step():
 def test_the_study_says_its_projection_where_the_user_sees_it(tmp_path, cls_csv, capsys):
     """run_study passes the projection on as the study's event, after the first timed step of the first trial
     it launches (not a stored one); the terminal prints its note and shows the time left on the study bar."""
+    from trainwise.core.results import TrialResult
     from trainwise.report import terminal
-    from trainwise.results import TrialResult
     from trainwise.study.run import run_study
 
     from .conftest import tiny_study
@@ -127,8 +127,8 @@ def test_the_study_says_its_projection_where_the_user_sees_it(tmp_path, cls_csv,
 def test_a_training_runs_progress_line_has_its_rate_and_the_time_left():
     """train's live line: step i/N, loss, samples/s at the median of the last steps' wall time (an evaluation
     between two steps is not a slow step), and the time left at that pace; a step that goes back is another run."""
-    from trainwise.events import Step
-    from trainwise.projection import TrainLine
+    from trainwise.run.events import Step
+    from trainwise.study.projection import TrainLine
 
     progress = TrainLine()
     assert progress.line(Step(1, 10, 2.5, samples=8), now=100.0) == "step 1/10  loss 2.5000"  # nothing to time yet

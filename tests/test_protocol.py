@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from trainwise import launcher
-from trainwise.events import (
+from trainwise.core.results import TrainResult, TrialResult, TuneTrialResult
+from trainwise.run import launcher
+from trainwise.run.events import (
     PIPE_BUF,
     Checkpoint,
     Eval,
@@ -26,8 +27,7 @@ from trainwise.events import (
     event_of,
     lines,
 )
-from trainwise.measure.contention import MIN_WINDOW_S
-from trainwise.results import TrainResult, TrialResult, TuneTrialResult
+from trainwise.training.measure.contention import MIN_WINDOW_S
 
 from .child import EchoJob
 from .conftest import tiny_study
@@ -119,9 +119,9 @@ def test_a_killed_compare_trial_is_a_crashed_row_naming_the_signal(tmp_path, cls
 
 def test_a_tune_trial_and_a_training_run_come_back_typed(tmp_path, cls_csv):
     """A tune trial in a forked process; a training run in this process and as a group of one rank."""
-    from trainwise.config import TrainConfig
-    from trainwise.train import TrainJob
-    from trainwise.tune import TuneTrial
+    from trainwise.core.config import TrainConfig
+    from trainwise.search.hyperparams import TuneTrial
+    from trainwise.training.fit import TrainJob
 
     spec = tiny_study(tmp_path / "s", cls_csv, "classification", ["baseline"], eval_samples=16).specs[0]
     tc = TrainConfig(epochs=10, max_steps=4, eval_every=2, save_every=4, monitor="eval_loss", checkpoints=False)

@@ -15,12 +15,12 @@ import torch
 
 from trainwise import strategies
 from trainwise.cli import main
-from trainwise.errors import ConfigError
-from trainwise.export import RunSettings, write_export
-from trainwise.loop import apply_plan, loss_sum
-from trainwise.measure.device import DeviceFacts
-from trainwise.models import ModelSource, build_model, meta_model, model_config
+from trainwise.core.errors import ConfigError
+from trainwise.exporting.scripts import RunSettings, write_export
 from trainwise.study.store import read_rows
+from trainwise.training.loop import apply_plan, loss_sum
+from trainwise.training.measure.device import DeviceFacts
+from trainwise.training.models import ModelSource, build_model, meta_model, model_config
 
 from .conftest import write_csv
 from .test_causal_lm import pairs

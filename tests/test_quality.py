@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from trainwise.advise import Constraints, advise, with_quality
 from trainwise.api.quality import candidates
 from trainwise.cli import main
-from trainwise.quality import INCONCLUSIVE, NOT_SIGNIFICANT, QualityVerdicts, quality_config, verdicts
-from trainwise.results import StudyRow, TrialResult
+from trainwise.core.results import StudyRow, TrialResult
+from trainwise.search.ranking import Constraints, advise, with_quality
+from trainwise.search.verdicts import INCONCLUSIVE, NOT_SIGNIFICANT, QualityVerdicts, quality_config, verdicts
 
 from .conftest import tiny_study
 
@@ -54,7 +54,7 @@ def test_verdicts_call_a_difference_only_outside_the_seeds_ranges(tmp_path, cls_
 
 def test_three_seeds_or_more_are_judged_by_welchs_t_test(tmp_path, cls_csv):
     stats = pytest.importorskip("scipy.stats")
-    from trainwise.quality import compare, welch
+    from trainwise.search.verdicts import compare, welch
 
     # ranges overlap (the 2-seed rule would say nothing) but the means are 5 sd apart: Welch calls it
     base, lean = [40.0, 41.0, 42.0, 41.5], [42.5, 43.0, 44.0, 43.5]
@@ -74,9 +74,9 @@ def test_three_seeds_or_more_are_judged_by_welchs_t_test(tmp_path, cls_csv):
 def test_a_phase_that_learned_nothing_says_its_verdicts_compare_nothing(tmp_path, cls_csv, capsys):
     """On a 40-class CSV of package descriptions, 120 steps x 3 seeds left every candidate at 40.0%: the
     commonest class's share. The verdicts ('no significant difference') were true and meaningless."""
-    from trainwise.quality import unlearned
     from trainwise.report.format import majority_note
     from trainwise.report.terminal import quality_table
+    from trainwise.search.verdicts import unlearned
 
     study = tiny_study(tmp_path, cls_csv, "classification", ["baseline", "bf16"], eval_samples=0, repeat=2)
     trials = _trials(study, {"baseline": [40.0, 40.0], "bf16": [40.0, 40.0]})

@@ -10,9 +10,9 @@ import subprocess
 import pytest
 
 from tests import here
-from trainwise import recipes
+from trainwise.api import recipes
 from trainwise.api.options import CompareOptions, TuneOptions
-from trainwise.errors import ConfigError
+from trainwise.core.errors import ConfigError
 
 OPTIONS = {"compare": CompareOptions, "tune": TuneOptions}
 
@@ -135,10 +135,10 @@ def test_the_estimate_knows_distilberts_shapes(tmp_path, monkeypatch):
 
     from transformers import DistilBertConfig
 
-    from trainwise.estimate import calibrate
-    from trainwise.strategies.plan import TrialPlan
+    from trainwise.search.memory import calibrate
+    from trainwise.strategies.knobs import TrialPlan
 
-    est = importlib.import_module("trainwise.estimate")
+    est = importlib.import_module("trainwise.search.memory")
     monkeypatch.setenv("TRAINWISE_CACHE", str(tmp_path))  # a quarter of the design, in a cache of its own: the
     monkeypatch.setattr(est, "PROBE_DESIGN", est.PROBE_DESIGN[::4])  # shapes the probe builds, not the fit
 
@@ -152,7 +152,7 @@ def test_a_dataset_saved_by_datasets_and_a_hub_name_with_its_configuration(tmp_p
     `NAME:CONFIG` names a hub dataset's configuration; offline, a hub name says what to pass instead."""
     import datasets
 
-    from trainwise.data.sources import data_source, hub_name, load_rows
+    from trainwise.training.data.sources import data_source, hub_name, load_rows
 
     def split(n: int, start: int) -> datasets.Dataset:
         return datasets.Dataset.from_dict(
@@ -184,8 +184,8 @@ def test_pin_memory_is_a_choice_inert_on_a_cpu_and_exported_as_measured():
     """Seed 004 measured pin_memory: a strategy (the baseline leaves batches unpinned, as PyTorch's DataLoader
     does), recorded inert on a machine without a GPU, exported as the Trainer's dataloader_pin_memory."""
     from trainwise import strategies
-    from trainwise.measure.device import facts
     from trainwise.strategies.base import ExportDoc, Runtime
+    from trainwise.training.measure.device import facts
 
     pinned = strategies.parse_row("pin_memory", 1).plan
     verdict = strategies.support(pinned, facts("cpu"))["pin_memory"]

@@ -14,8 +14,8 @@ import pytest
 from matplotlib.transforms import Bbox
 
 from tests import here
+from trainwise.core.results import StudyRow
 from trainwise.report import html as page
-from trainwise.results import StudyRow
 from trainwise.study.store import read_results
 
 OLD = Path(__file__).parent / "data" / "study_e874211"  # a real study of the last release before the study package
@@ -67,7 +67,7 @@ def demo_rows() -> list[StudyRow]:
 
 def demo_verdicts():
     """The quality phase's verdicts for three of the demo's rows, three seeds each."""
-    from trainwise.quality import QualityRow, QualityVerdicts
+    from trainwise.search.verdicts import QualityRow, QualityVerdicts
 
     def row(name, values, verdict):
         return QualityRow(name, "accuracy", values, [1.0, 1.1, 0.9], 120, False, verdict=verdict)

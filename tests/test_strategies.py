@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from trainwise import strategies
-from trainwise.errors import ConfigError
-from trainwise.strategies.plan import TrialPlan
+from trainwise.core.errors import ConfigError
+from trainwise.strategies.knobs import TrialPlan
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "strategies.md"
 
@@ -30,7 +30,7 @@ def test_no_effect_text_claims_a_speed_on_this_device_that_it_did_not_measure():
     """Issue 27: `strategies` once said bf16 was ~25% faster "on this CPU", where it measured 19x slower. A
     speed-up in a summary names the hardware it holds on; a verdict about this device says its facts (flags,
     compute capability), and its speed only as the measured ratio that `Support.line` adds."""
-    from trainwise.measure.device import DeviceFacts
+    from trainwise.training.measure.device import DeviceFacts
 
     hardware = ("GPU", "CUDA", "Ampere", "AMX", "tensor-core", "where ")
     for s in strategies.REGISTRY.values():
@@ -123,7 +123,7 @@ def test_a_row_at_its_own_batch_size_is_one_cell_at_that_size(tmp_path):
     """`trainwise plan` tries the leader at a larger batch as a row of the same study: `bf16+smart_batch@bs32`
     has the plan of `bf16+smart_batch`, runs once at 32 whatever the study's size or sweep, and is named as
     written (no sweep label added)."""
-    from trainwise.config import StudyConfig
+    from trainwise.core.config import StudyConfig
 
     row = strategies.parse_row("bf16+smart_batch@bs32", 4)
     assert row.batch_size == 32 and row.plan == strategies.parse_row("bf16+smart_batch", 4).plan
@@ -135,7 +135,7 @@ def test_a_row_at_its_own_batch_size_is_one_cell_at_that_size(tmp_path):
     ]
     with pytest.raises(ConfigError, match="multiple of the accumulation steps"):
         StudyConfig(out=str(tmp_path), strategies=["baseline", "grad_accum=3@bs32"], batch_size=6)
-    from trainwise.train import check_one_process
+    from trainwise.training.fit import check_one_process
 
     with pytest.raises(ConfigError, match="leave out @bs32"):  # tune samples its batch size itself
         check_one_process(StudyConfig(out=str(tmp_path), strategies=["bf16@bs32"]), "tune")

@@ -10,8 +10,8 @@ import sqlite3
 import pytest
 
 from trainwise.cli import main
-from trainwise.launcher import launch
 from trainwise.report.write import caption
+from trainwise.run.launcher import launch
 from trainwise.study.aggregate import aggregate
 from trainwise.study.run import run_study
 from trainwise.study.store import read_rows
@@ -177,9 +177,9 @@ def test_time_epoch_and_cost_of_a_row_come_from_one_repeat_and_agree(tmp_path, c
     """Issue 14, part 3: with repeats, every timing column and what derives from it (time %, epoch time,
     $/epoch) is the median-throughput repeat's, never each column's own median (which mixed repeats: a
     row could read slower per step yet cheaper per epoch)."""
-    from trainwise.cost import Price
+    from trainwise.core.results import TrialResult
     from trainwise.report.format import add_cost
-    from trainwise.results import TrialResult
+    from trainwise.search.cost import Price
 
     study = tiny_study(tmp_path, cls_csv, "classification", ["baseline", "grad_ckpt"], eval_samples=0, repeat=3)
     n = 600  # training samples: epoch = n / throughput
@@ -205,8 +205,8 @@ def test_rows_inside_the_noise_read_as_such(tmp_path, cls_csv):
     """Issue 14, part 1: with --repeat 3 the baseline's repeats give the noise floor (their spread); a row
     whose time % is inside it reads '≈ baseline', one outside keeps its percentage; with one repeat the
     floor comes from the baseline's step-to-step variation, and says so."""
+    from trainwise.core.results import TrialResult
     from trainwise.report.format import cells, notes
-    from trainwise.results import TrialResult
 
     study = tiny_study(
         tmp_path, cls_csv, "classification", ["baseline", "bf16", "grad_accum"], eval_samples=0, repeat=3
@@ -239,7 +239,7 @@ def test_rows_inside_the_noise_read_as_such(tmp_path, cls_csv):
 def test_one_repeat_runs_the_baseline_again_last_for_the_noise_floor(tmp_path, cls_csv):
     """--repeat 1 (the default): the baseline runs first and again as the last trial; the noise floor is the
     spread of those two runs, and says so. Not with --no-remeasure, --repeat 2, or a lone row."""
-    from trainwise.results import TrialResult
+    from trainwise.core.results import TrialResult
 
     rows = ["baseline", "bf16", "grad_accum"]
     study = tiny_study(tmp_path / "a", cls_csv, "classification", rows, eval_samples=0, remeasure=True)
@@ -268,9 +268,9 @@ def test_quality_from_random_weights_is_said_to_be_so(tmp_path, cls_csv):
     "random init: quality not meaningful". A pretrained model's (a local directory) are not marked."""
     import dataclasses
 
-    from trainwise.advise import Constraints, advise
+    from trainwise.core.results import TrialResult
     from trainwise.report.format import cells, headers, notes
-    from trainwise.results import TrialResult
+    from trainwise.search.ranking import Constraints, advise
 
     study = tiny_study(tmp_path, cls_csv, "classification", ["baseline", "bf16"], eval_samples=0)
     made = lambda s: TrialResult(  # noqa: E731
@@ -363,7 +363,7 @@ def test_a_study_grows_by_rows_and_is_replaced_only_when_asked(tmp_path, cls_csv
 
     import trainwise
     from trainwise.api.render import Render
-    from trainwise.errors import ConfigError
+    from trainwise.core.errors import ConfigError
     from trainwise.study.store import Store
 
     out = tmp_path / "study"
@@ -405,7 +405,7 @@ def test_a_study_grows_by_rows_and_is_replaced_only_when_asked(tmp_path, cls_csv
     store = Store.of(out)
     assert store.spec("baseline").steps == 3, "the trial the report shows, not the first stored"
     store.close()
-    assert trainwise.export(study=str(out), out=str(tmp_path / "export")).row == "baseline"
+    assert trainwise.exporting.scripts(study=str(out), out=str(tmp_path / "export")).row == "baseline"
     assert '"max_steps": 3' in (tmp_path / "export" / "training_args.json").read_text()
 
     monkeypatch.setenv("TRAINWISE_FAULT", "baseline:raise@1")

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 
 import trainwise
-from trainwise.advise import Constraints
+from trainwise.api.estimates import advise_study
 from trainwise.api.options import CompareOptions
-from trainwise.api.studies import advise_study
-from trainwise.config import TrialSpec
-from trainwise.errors import ConfigError
-from trainwise.quality import QualityVerdicts
+from trainwise.core.config import TrialSpec
+from trainwise.core.errors import ConfigError
+from trainwise.search.ranking import Constraints
+from trainwise.search.verdicts import QualityVerdicts
 from trainwise.study import store
 
 OLD = Path(__file__).parent / "data" / "study_e874211"
@@ -128,4 +128,4 @@ def test_advise_opens_no_file():
              if isinstance(n, ast.Call)}  # fmt: skip
     assert not calls & {"open", "read_text", "read_bytes", "read_json", "is_file", "exists"}
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert not any(m and (m.startswith("trainwise.study") or m == "trainwise.files") for m in imported)
+    assert not any(m and (m.startswith("trainwise.study") or m == "trainwise.core.files") for m in imported)

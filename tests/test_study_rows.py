@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from trainwise.advise import Constraints, advise
+from trainwise.api.estimates import advise_study
 from trainwise.api.quality import candidates
-from trainwise.api.studies import advise_study
 from trainwise.api.study import Study
+from trainwise.core.results import StudyRow
 from trainwise.report import terminal
 from trainwise.report.write import markdown
-from trainwise.results import StudyRow
+from trainwise.search.ranking import Constraints, advise
 from trainwise.study.aggregate import Report
 from trainwise.study.store import read_results, read_rows, write_reports
 

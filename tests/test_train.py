@@ -11,8 +11,8 @@ import pytest
 
 from tests import here
 from trainwise.cli import main
-from trainwise.errors import ConfigError
-from trainwise.train import EarlyStopping, TrainConfig, find_resumable, verify
+from trainwise.core.errors import ConfigError
+from trainwise.training.fit import EarlyStopping, TrainConfig, find_resumable, verify
 
 
 def test_early_stopping_triggers_on_a_plateau():
@@ -150,7 +150,7 @@ def test_train_bad_input_is_one_line(tmp_path, cls_csv, capsys):
 def test_the_command_export_writes_is_accepted_by_train(tmp_path, capsys):
     import shlex
 
-    from trainwise.export import RunSettings, train_command
+    from trainwise.exporting.scripts import RunSettings, train_command
 
     run = RunSettings("t5-small", "seq2seq", 8, 64, 16, 1e-4, 10, model_is_preset=True, row="bf16+grad_ckpt")
     argv = shlex.split(train_command(run))[1:]
@@ -164,8 +164,8 @@ def _run(tmp_path, cls_csv, name, adopt=None, max_steps=8, **settings):
     import dataclasses
     from pathlib import Path
 
-    from trainwise.events import Step
-    from trainwise.train import TrainJob, run_train
+    from trainwise.run.events import Step
+    from trainwise.training.fit import TrainJob, run_train
 
     from .conftest import tiny_study
 
@@ -184,7 +184,7 @@ def test_early_stopping_watches_the_evaluation_loss_when_asked(tmp_path, cls_csv
     import dataclasses
     from pathlib import Path
 
-    from trainwise.train import TrainJob, run_train
+    from trainwise.training.fit import TrainJob, run_train
 
     from .conftest import tiny_study
 
@@ -279,7 +279,7 @@ def test_train_plan_takes_advises_pick_and_the_settings_of_a_compare_study(tmp_p
     compare += ["--batch-size", "4", "--max-length", "24", "--max-steps", "3", "--warmup-steps", "1"]
     compare += ["--eval-samples", "8", "--device", "cpu", "--no-remeasure"]
     assert main([*compare, "--out", str(study)]) == 0
-    from trainwise.advise import Constraints, advise
+    from trainwise.search.ranking import Constraints, advise
     from trainwise.study.store import read_results
 
     pick = advise(read_results(study), Constraints()).recommended
@@ -291,8 +291,8 @@ def test_train_plan_takes_advises_pick_and_the_settings_of_a_compare_study(tmp_p
     err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
     assert f"{pick!r}, the plan advise recommends in {study}" in err
     # the study's model and batch: the checkpoint's fingerprint is the one of the study's trial spec
-    from trainwise.api.studies import study_spec
-    from trainwise.train import fingerprint
+    from trainwise.api.estimates import study_spec
+    from trainwise.training.fit import fingerprint
 
     manifest = json.loads((tmp_path / "r" / "checkpoints" / f"ckpt-{2:08d}" / "extra.json").read_text())
     spec = study_spec(study, pick, print)
@@ -468,7 +468,7 @@ def test_train_over_zero3_ranks_gathers_the_partitioned_weights_into_a_usable_mo
 
 
 def test_a_failed_rank_is_reported_by_its_cause_not_torchruns_banner(tmp_path):
-    from trainwise.launcher import rank_failure
+    from trainwise.run.launcher import rank_failure
 
     banner = "=" * 53
     report = [
@@ -498,7 +498,7 @@ def test_several_machines_take_slurms_and_torchruns_variables_when_the_options_a
     """Under `srun --ntasks-per-node=1 trainwise train ...` each node's command finds its place in Slurm's
     variables and the master in MASTER_ADDR / MASTER_PORT; the options, when given, win."""
     from trainwise.api.options import TrainOptions
-    from trainwise.distributed import Rendezvous
+    from trainwise.run.ranks import Rendezvous
 
     monkeypatch.setenv("SLURM_STEP_ID", "0")  # inside an srun step (a batch script's own step is one node)
     monkeypatch.setenv("SLURM_NNODES", "4")

@@ -17,9 +17,9 @@ import pytest
 from tests import here
 from tests.killing import alive_after
 from trainwise.cli import main
-from trainwise.errors import ConfigError
-from trainwise.pbt import summarise as summarise_pbt
-from trainwise.tune import _summarise, load_space, make_sampler
+from trainwise.core.errors import ConfigError
+from trainwise.search.hyperparams import _summarise, load_space, make_sampler
+from trainwise.search.pbt import summarise as summarise_pbt
 
 
 def _space(tmp_path, text):
@@ -89,7 +89,7 @@ def test_tune_cli_bad_input_is_one_line(tmp_path, capsys):
 
 def test_a_search_whose_every_trial_scored_the_same_says_it_ranked_nothing():
     """seed 000's recipe: ROUGE-L 0.0 for every trial of a random-init BART after 40 steps."""
-    from trainwise.tune import tie_note
+    from trainwise.search.hyperparams import tie_note
 
     def trial(v, state="complete"):
         return {"value": v, "state": state}
@@ -132,8 +132,8 @@ def test_tune_ends_with_the_train_command_of_its_best_trial(tmp_path, cls_study,
     tune_result.json; tuned values train has no option for are named."""
     import shlex
 
-    tw = importlib.import_module("trainwise.tune")  # trainwise.tune: the API's call
-    from trainwise.config import DataOrigin
+    tw = importlib.import_module("trainwise.search.hyperparams")  # trainwise.search.hyperparams: the API's call
+    from trainwise.core.config import DataOrigin
     from trainwise.report import terminal
 
     spec = next(s for s in cls_study.specs if s.row == "baseline")
@@ -252,8 +252,8 @@ def test_a_tune_trial_past_its_timeout_is_killed_and_recorded(tmp_path, cls_csv)
     )
     [trial] = json.loads((out / "tune_result.json").read_text())["trials"]
     assert trial["state"] == "fail"
-    # the trial was forked by this session's zygote (or exec'd as trainwise.worker where it cannot fork): gone
-    from trainwise import zygote
+    # the trial was forked by this session's zygote (or exec'd as trainwise.run.worker where it cannot fork): gone
+    from trainwise.run import zygote
 
     def command(p: psutil.Process) -> str:
         with contextlib.suppress(psutil.Error):  # a zombie an earlier test left unreaped has no command line
@@ -261,14 +261,14 @@ def test_a_tune_trial_past_its_timeout_is_killed_and_recorded(tmp_path, cls_csv)
         return ""
 
     forked = psutil.Process(zygote._zygote.proc.pid).children() if zygote._zygote is not None else []
-    execd = [p for p in psutil.Process().children(recursive=True) if "trainwise.worker" in command(p)]
+    execd = [p for p in psutil.Process().children(recursive=True) if "trainwise.run.worker" in command(p)]
     assert alive_after(forked + execd) == [], "the timed-out trial was killed"
 
 
 def test_pbt_members_train_under_out_here_and_in_the_nodes_temp_on_a_cluster(tmp_path):
     """Where PBT's members keep their checkpoints: under --out with a local Ray (the default), in this
     user's folder of the node's temporary directory on a cluster (its nodes may not see --out)."""
-    from trainwise.pbt import member_scratch
+    from trainwise.search.pbt import member_scratch
 
     assert member_scratch(tmp_path, None) == tmp_path / "pbt-members"
     assert member_scratch(tmp_path, "127.0.0.1:6379").name == f"trainwise-pbt-{os.getuid()}"
@@ -279,7 +279,7 @@ def test_decoding_parameters_are_for_seq2seq_and_reach_generation(tmp_path, caps
 
     import transformers
 
-    from trainwise.trial import run_trial
+    from trainwise.training.trial import run_trial
 
     space = _space(tmp_path, "num_beams: {choices: [1, 4]}\nlength_penalty: {low: 0.6, high: 1.4}\n")
     names = [p.name for p in load_space(space)]
@@ -336,7 +336,7 @@ def test_a_tune_trial_shows_its_steps_on_the_status_line(tmp_path, cls_csv):
 
     render = Render(status=lambda _text: contextlib.nullcontext(Status()))
     space = _space(tmp_path, "lr: {low: 1.0e-4, high: 3.0e-3, log: true}\n")
-    trainwise.tune(
+    trainwise.search.hyperparams(
         space=space, search="random", trials=1, model_preset="bert-tiny", train_file=str(cls_csv), max_length=32,
         batch_size=8, max_steps=4, eval_every=2, eval_samples=16, device="cpu", out=str(tmp_path / "t"), render=render,
     )  # fmt: skip

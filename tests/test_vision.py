@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from trainwise.cli import main
-from trainwise.config import StudyConfig
-from trainwise.errors import ConfigError
+from trainwise.core.config import StudyConfig
+from trainwise.core.errors import ConfigError
 from trainwise.study.prepare import prepare_study
 from trainwise.study.store import read_rows
-from trainwise.trial import run_trial
-from trainwise.vision import ResNeXt, load_image_data
+from trainwise.training.trial import run_trial
+from trainwise.training.vision import ResNeXt, load_image_data
 
 
 def _study(tmp_path, rows, **kw):

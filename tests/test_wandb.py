@@ -91,8 +91,8 @@ def test_train_logs_its_curves_and_result(tmp_path, cls_csv, offline):
 
 
 def test_a_resumed_training_run_continues_its_wandb_run(tmp_path, offline, monkeypatch):
-    from trainwise.events import Step
-    from trainwise.tracking import Tracker
+    from trainwise.report.tracking import Tracker
+    from trainwise.run.events import Step
 
     for k, v in offline.items():
         monkeypatch.setenv(k, v)
@@ -118,8 +118,8 @@ def test_a_resumed_training_run_continues_its_wandb_run(tmp_path, offline, monke
 
 
 def test_a_wandb_failure_is_a_warning_and_the_run_goes_on(tmp_path, offline, monkeypatch):
-    from trainwise import tracking
-    from trainwise.events import Step
+    from trainwise.report import tracking
+    from trainwise.run.events import Step
 
     def down(*a, **k):
         raise TimeoutError("the W&B server did not answer")
@@ -135,7 +135,7 @@ def test_a_wandb_failure_is_a_warning_and_the_run_goes_on(tmp_path, offline, mon
 
 @pytest.mark.slow
 def test_a_compare_whose_wandb_fails_says_it_once_and_stores_every_trial(tmp_path, cls_csv, offline, monkeypatch):
-    from trainwise import tracking
+    from trainwise.report import tracking
 
     calls = []
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import sys
-import types
 import warnings
 from typing import Any
 
@@ -55,23 +53,8 @@ __all__ = [
     "train",
     "tune",
 ]
-# each trainwise.api.<verb>.<verb>
+# each trainwise.api.<verb>.<verb>: a verb exists only there, so no module of the package shadows one of these names
 _VERBS = {"advise", "compare", "doctor", "env", "estimate", "export", "find_batch", "plan", "train", "tune"}
-
-
-class _Package(types.ModuleType):
-    """`trainwise.estimate` (and advise, train, tune, export, find_batch, doctor) is the API's call, though the library
-    has modules of those names: importing `trainwise.estimate` would set the package's attribute to the
-    module, so that one attribute is not set; code reaches the modules with `from trainwise.estimate
-    import ...` or `importlib.import_module`."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _VERBS and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:
@@ -83,7 +66,7 @@ def __getattr__(name: str) -> Any:
 
         return open_study
     if name == "recipe":  # a shipped study file by name: trainwise.compare(config=trainwise.recipe("seed-001"))
-        from trainwise.recipes import recipe  # on first use: `import trainwise` stays light
+        from trainwise.api.recipes import recipe  # on first use: `import trainwise` stays light
 
         return lambda name, verb=None: recipe(name, verb).path
     raise AttributeError(f"module 'trainwise' has no attribute {name!r}")

@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainwise.advise import Advice
 from trainwise.api import compare
+from trainwise.api.estimates import advise_study
 from trainwise.api.options import AdviseOptions
 from trainwise.api.render import STDERR, Render, probes
-from trainwise.api.studies import advise_study
+from trainwise.search.ranking import Advice
 from trainwise.study.store import partial_note
 
 

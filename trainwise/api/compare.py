@@ -14,16 +14,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from trainwise import launcher, tracking
 from trainwise.api.options import CompareOptions
 from trainwise.api.render import STDERR, Render
 from trainwise.api.study import Study
-from trainwise.config import IMAGE_TASK, StudyConfig
-from trainwise.errors import ConfigError
-from trainwise.launcher import launch
+from trainwise.core.config import IMAGE_TASK, StudyConfig
+from trainwise.core.errors import ConfigError
+from trainwise.report import tracking
 from trainwise.report.format import headers, table_cells
+from trainwise.report.tracking import compare_report_to
+from trainwise.run import launcher
+from trainwise.run.launcher import launch
 from trainwise.study.store import PAGE, RESULTS, STUDY_FILE, Store, keep_reports, read_results, write_report
-from trainwise.tracking import compare_report_to
 
 
 def run(
@@ -165,8 +166,8 @@ def _stored_options(options: CompareOptions) -> CompareOptions | None:
     spec = Store.spec_of(out)
     if spec is None:
         return None
-    # heavy: trainwise.models resolves the model (a study without its file only)
-    from trainwise.models import resolve_model
+    # heavy: trainwise.training.models resolves the model (a study without its file only)
+    from trainwise.training.models import resolve_model
 
     s = spec.settings
     same = ("task", "accum_steps", "max_length", "warmup_steps", "lr", "seed", "eval_samples", "nproc")

@@ -1,7 +1,7 @@
 """`trainwise doctor` as a call: every registry strategy tried for 2 steps on a tiny preset (text rows on
 bert-tiny, image rows on resnext-tiny, causal-LM rows on llama-tiny, each trial in its own process, as
 compare runs it), beside the device's facts, its measured peaks and the libraries' versions; written to
-OUT/doctor.json and returned (the parts are `trainwise.doctor`)."""
+OUT/doctor.json and returned (the parts are `trainwise.study.device_checks`)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,16 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from trainwise import launcher, strategies
+from trainwise import strategies
 from trainwise.api.options import DoctorOptions
 from trainwise.api.render import STDERR, Render
-from trainwise.config import DEVICES, IMAGE_TASK
-from trainwise.doctor import (
+from trainwise.core.config import DEVICES, IMAGE_TASK
+from trainwise.core.errors import ConfigError
+from trainwise.core.files import write_atomic
+from trainwise.run import launcher
+from trainwise.run.events import Event, Phase
+from trainwise.run.launcher import launch
+from trainwise.study.device_checks import (
     LIBRARIES,
     Check,
     DoctorReport,
@@ -26,12 +31,8 @@ from trainwise.doctor import (
     strategy_of,
     verdict,
 )
-from trainwise.errors import ConfigError
-from trainwise.events import Event, Phase
-from trainwise.files import write_atomic
-from trainwise.launcher import launch
-from trainwise.measure import device as dev
-from trainwise.measure.env import environment, package_version
+from trainwise.training.measure import device as dev
+from trainwise.training.measure.env import environment, package_version
 
 
 def start(options: DoctorOptions, render: Render | None = STDERR) -> DoctorReport:

@@ -1,5 +1,5 @@
 """`trainwise estimate` as a call: each plan's peak training memory, predicted without training (the model
-and the calibration are `trainwise.estimate`); when none fits the device memory, why, and what would."""
+and the calibration are `trainwise.search.memory`); when none fits the device memory, why, and what would."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from typing import Any
 
 from trainwise.api.options import EstimateOptions
 from trainwise.api.render import STDERR, Render, probes
-from trainwise.errors import ConfigError
-from trainwise.estimate import (
+from trainwise.core.errors import ConfigError
+from trainwise.report.format import human_bytes
+from trainwise.search.memory import (
     LOOSE_FIT,
     Calibration,
     DataFacts,
@@ -27,9 +28,8 @@ from trainwise.estimate import (
     terms_of,
     what_fits,
 )
-from trainwise.models import model_config, resolve_model
-from trainwise.report.format import human_bytes
-from trainwise.strategies.plan import TrialPlan
+from trainwise.strategies.knobs import TrialPlan
+from trainwise.training.models import model_config, resolve_model
 
 
 def start(options: EstimateOptions, render: Render | None = STDERR) -> EstimateReport:

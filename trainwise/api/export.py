@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwise.api.options import ExportOptions
-from trainwise.export import export_plan
+from trainwise.exporting.scripts import export_plan
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainwise import launcher
 from trainwise.api.options import FindBatchOptions
 from trainwise.api.render import STDERR, Render
-from trainwise.find_batch import FindBatchReport
-from trainwise.find_batch import find_batch as search
-from trainwise.launcher import launch
+from trainwise.run import launcher
+from trainwise.run.launcher import launch
+from trainwise.search.batch_size import FindBatchReport
+from trainwise.search.batch_size import find_batch as search
 
 
 def start(options: FindBatchOptions, render: Render | None = STDERR) -> FindBatchReport:

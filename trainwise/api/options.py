@@ -23,20 +23,22 @@ from typing import Any, ClassVar
 
 import yaml
 
-from trainwise import cluster, quality, strategies
-from trainwise.advise import Constraints
-from trainwise.config import DEFAULT_LR, IMAGE_TASK, StudyConfig, TrainConfig
-from trainwise.cost import resolve_price
-from trainwise.distributed import Rendezvous
-from trainwise.errors import ConfigError, check_names
-from trainwise.estimate import EstimateConfig
-from trainwise.export import ExportConfig
-from trainwise.files import write_atomic
-from trainwise.find_batch import FindBatchConfig
-from trainwise.option import PRICE, QUALITY, RUN, flag, option, take
-from trainwise.tracking import compare_report_to
-from trainwise.tune import TuneConfig
-from trainwise.units import parse_bytes
+from trainwise import strategies
+from trainwise.core.config import DEFAULT_LR, IMAGE_TASK, StudyConfig, TrainConfig
+from trainwise.core.errors import ConfigError, check_names
+from trainwise.core.files import write_atomic
+from trainwise.core.option import PRICE, QUALITY, RUN, flag, option, take
+from trainwise.core.units import parse_bytes
+from trainwise.exporting.scripts import ExportConfig
+from trainwise.report.tracking import compare_report_to
+from trainwise.run import cluster
+from trainwise.run.ranks import Rendezvous
+from trainwise.search import verdicts as quality
+from trainwise.search.batch_size import FindBatchConfig
+from trainwise.search.cost import resolve_price
+from trainwise.search.hyperparams import TuneConfig
+from trainwise.search.memory import EstimateConfig
+from trainwise.search.ranking import Constraints
 
 _STUDY: dict[str, Any] = {f.name: f.default for f in fields(StudyConfig) if f.init}  # the shared defaults
 CONSTRAINTS = ("objective", "memory_budget", "max_quality_drop", "max_epoch_time", "max_epoch_cost")  # advise's
@@ -171,7 +173,7 @@ def ints(value: Any, option: str) -> tuple[int, ...]:
 # ---- the groups of options several verbs share ----------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class Priced(Options):
-    """Cost: a price per hour, or a SKU of the price table (trainwise.cost validates them)."""
+    """Cost: a price per hour, or a SKU of the price table (trainwise.search.cost validates them)."""
 
     price_per_hour: float | None = option(
         None, "Cost: machine price in USD per hour (or --sku from the price table).", role=PRICE

@@ -1,5 +1,5 @@
 """`trainwise plan` as a call: the single rows (a study given with --study, or compare's rows run first), then
-the search over their combinations (`trainwise.plan`, the policy), each round's candidates run as rows of the
+the search over their combinations (`trainwise.search.policy`, the policy), each round's candidates run as rows of the
 same study (same baseline, noise floor and store: a killed search resumes, a fault is a row), the winner's
 quality checked against the baseline over seeds, and the plan with its reasons written to OUT/plan.json and
 OUT/plan.md.
@@ -17,18 +17,28 @@ from pathlib import Path
 from typing import Any
 
 from trainwise import strategies
-from trainwise.advise import Constraints, advise, one_kind
 from trainwise.api import compare as compare_api
 from trainwise.api.options import CompareOptions, PlanOptions, words
 from trainwise.api.render import STDERR, Render
-from trainwise.errors import ConfigError
-from trainwise.files import human_bytes, write_atomic
-from trainwise.plan import DEFAULT_NOISE, WIDE, Candidate, Measured, Search, row_text, search, simplest, split_row
-from trainwise.quality import INCONCLUSIVE
-from trainwise.results import StudyRow
+from trainwise.core.errors import ConfigError
+from trainwise.core.files import human_bytes, write_atomic
+from trainwise.core.results import StudyRow
+from trainwise.core.units import parse_seconds
 from trainwise.search import ecosystem
+from trainwise.search.policy import (
+    DEFAULT_NOISE,
+    WIDE,
+    Candidate,
+    Measured,
+    Search,
+    row_text,
+    search,
+    simplest,
+    split_row,
+)
+from trainwise.search.ranking import Constraints, advise, one_kind
+from trainwise.search.verdicts import INCONCLUSIVE
 from trainwise.study.store import PAGE, PLAN, PLAN_MD, Store, write_report
-from trainwise.units import parse_seconds
 
 UNMEASURED = "out: not measured (not among the study's rows)"
 
@@ -58,7 +68,7 @@ class PlanResult:
     plan: str | None  # the recommended row (None: nothing beat the baseline within the constraints)
     lines: list[Line]
     strategies: list[dict]  # {"strategy", "in": bool, "reason"}
-    search: dict  # trainwise.plan.Search.to_dict()
+    search: dict  # trainwise.search.policy.Search.to_dict()
     quality: dict | None  # the check of the plan against the baseline (None: not run)
     search_share_of_epoch: float | None  # the search's wall time / one projected epoch of the plan
     commands: list[str]
@@ -447,7 +457,7 @@ def memory_of(out: Path, budget: int | None, accum: int, order: list[str]):
     if budget is None:
         return nothing
     # heavy: the estimate builds the model on the meta device (torch, transformers)
-    from trainwise.api.studies import estimate_basis, price
+    from trainwise.api.estimates import estimate_basis, price
 
     found = estimate_basis(out)
     if found is None:
@@ -478,7 +488,7 @@ def largest_fitting(out: Path, capacity: int | None, accum: int, order: list[str
 
     if capacity is None:
         return nothing
-    from trainwise.api.studies import estimate_basis, price  # heavy: the estimate (torch, transformers)
+    from trainwise.api.estimates import estimate_basis, price  # heavy: the estimate (torch, transformers)
 
     found = estimate_basis(out)
     if found is None:
@@ -824,8 +834,8 @@ def judge_quality(result: PlanResult, drop: float | None) -> None:
 def _quality(options: PlanOptions, base: CompareOptions, row: str, render: Render, seeds: int) -> dict | None:
     """`row` against the baseline, trained longer over seeds (compare's quality phase on two rows). A row at a larger
     batch trains on as many samples, in fewer steps, at the rate a user would scale it to (quality.equal_samples)."""
-    from trainwise import quality  # heavy: numpy (the statistics)
-    from trainwise.launcher import launch  # heavy: the trial machinery, only when a check runs
+    from trainwise.run.launcher import launch  # heavy: the trial machinery, only when a check runs
+    from trainwise.search import verdicts as quality  # heavy: numpy (the statistics)
     from trainwise.study.prepare import prepare_study  # heavy: trainwise.study.prepare loads numpy (and torch)
     from trainwise.study.run import run_study  # heavy: trainwise.study.run loads numpy
 

@@ -1,14 +1,14 @@
 """The quality phase as a call: the speed study's candidates trained longer, with seeds, and their verdicts
-(the statistics are `trainwise.quality`, the file `trainwise.study.store`)."""
+(the statistics are `trainwise.search.verdicts`, the file `trainwise.study.store`)."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from trainwise import quality
-from trainwise.advise import Constraints, advise
-from trainwise.config import StudyConfig
-from trainwise.results import StudyRow
+from trainwise.core.config import StudyConfig
+from trainwise.core.results import StudyRow
+from trainwise.search import verdicts as quality
+from trainwise.search.ranking import Constraints, advise
 from trainwise.study.prepare import prepare_study
 from trainwise.study.run import run_study
 from trainwise.study.store import write_quality

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from trainwise.events import Event
-from trainwise.units import human_seconds
+from trainwise.core.units import human_seconds
+from trainwise.run.events import Event
 
 
 @contextlib.contextmanager
@@ -34,7 +34,7 @@ class Render:
     status(text): a context manager shown while the input is checked and prepared (its `update(text)`, when
     it has one, says what the work is doing now); note(line): what the user should know (rows skipped, a
     head trained new, a plan's precision, the study's projected time); event(Event): a training run's
-    progress (`trainwise.events`: Step, Eval, Checkpoint, Note); line(text): a line of a search's progress.
+    progress (`trainwise.run.events`: Step, Eval, Checkpoint, Note); line(text): a line of a search's progress.
     A study's on_event gets the trials' typed events too (Phase, Step, Note, Projection)."""
 
     progress: Callable = _silent

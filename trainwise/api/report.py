@@ -14,11 +14,11 @@ from typing import Any
 
 from trainwise.api.options import ReportOptions
 from trainwise.api.render import STDERR, Render, probes
-from trainwise.errors import ConfigError, read_json
-from trainwise.find_batch import SearchResult
+from trainwise.core.errors import ConfigError, read_json
 from trainwise.report.format import batch_cells, batch_legend
 from trainwise.report.html import batch_page
 from trainwise.report.write import csv_text, markdown
+from trainwise.search.batch_size import SearchResult
 from trainwise.study.store import (
     FIND_BATCH,
     PAGE,
@@ -120,7 +120,7 @@ def start(options: ReportOptions, render_to: Render | None = STDERR) -> Written:
 def estimate(study: Path, render: Render) -> Path:
     """`--estimate`: each row's memory as `trainwise estimate` predicts it, written to STUDY/estimates.json for
     the page to draw beside the measured; a row it cannot price is one note."""
-    from trainwise.api.studies import memory_estimates  # heavy: the estimate (torch, transformers)
+    from trainwise.api.estimates import memory_estimates  # heavy: the estimate (torch, transformers)
 
     rows = read_results(study, runs=False)
     with render.status("trainwise report: estimating each row's memory...") as status:

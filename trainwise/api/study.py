@@ -7,8 +7,8 @@ from typing import Any
 
 from trainwise.api.export import export
 from trainwise.api.options import CONSTRAINTS, AdviseOptions
-from trainwise.errors import check_names
-from trainwise.results import StudyRow
+from trainwise.core.errors import check_names
+from trainwise.core.results import StudyRow
 from trainwise.study.store import read_results, read_settings
 
 # the columns a notebook shows first (the rest stay in to_pandas())
@@ -43,7 +43,7 @@ class Study:
     def advise(self, **options: Any) -> Any:
         """`trainwise advise` on this study: objective, memory_budget ("8GiB"), max_quality_drop,
         max_epoch_time ("30m"), max_epoch_cost, as the CLI's options. Returns the Advice."""
-        from trainwise.api.studies import advise_study  # heavy: trainwise.api.studies loads numpy
+        from trainwise.api.estimates import advise_study  # heavy: trainwise.api.estimates loads numpy
 
         check_names("advise", options, CONSTRAINTS)
         return advise_study([self.path], AdviseOptions.of({"study": [str(self.path)], **options}).constraints())

@@ -7,12 +7,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trainwise import launcher
 from trainwise.api.options import TrainOptions
 from trainwise.api.render import STDERR, Render
-from trainwise.errors import ConfigError
-from trainwise.events import Event, Warn
-from trainwise.tracking import parse_report_to
+from trainwise.core.errors import ConfigError
+from trainwise.report.tracking import parse_report_to
+from trainwise.run import launcher
+from trainwise.run.events import Event, Warn
 
 
 def start(options: TrainOptions, render: Render | None = STDERR):
@@ -30,7 +30,7 @@ def start(options: TrainOptions, render: Render | None = STDERR):
         raise ConfigError("--plan trains a study's row on one machine; over several, give the plan with --strategies")
     options.price()  # a bad price is said now, not after the run (the summary prices it)
     if options.plan_study is not None:
-        from trainwise.api.studies import study_spec  # heavy: trainwise.api.studies loads numpy
+        from trainwise.api.estimates import study_spec  # heavy: trainwise.api.estimates loads numpy
 
         taken = ("model", "model_preset", "dataset", "train_file", "eval_file", "lr")
         given = [f"--{k.replace('_', '-')}" for k in taken if getattr(options, k)]
@@ -51,7 +51,7 @@ def start(options: TrainOptions, render: Render | None = STDERR):
         spec = prepared.specs[0]
         if (verdict := prepared.verdicts.get(spec.row)) is not None and verdict.status != "native":
             render.note(f"trainwise: note: {verdict.line()}")  # trained as asked; why it may be slow
-    from trainwise.train import TrainJob, train_any  # torch: after every check of the input
+    from trainwise.training.fit import TrainJob, train_any  # torch: after every check of the input
 
     def on_event(event: Event) -> None:
         if isinstance(event, Warn):

@@ -7,8 +7,8 @@ from typing import Any
 
 from trainwise.api.options import TuneOptions
 from trainwise.api.render import STDERR, Render
-from trainwise.space import TuneResult
-from trainwise.tune import tune as search_space
+from trainwise.search.hyperparams import tune as search_space
+from trainwise.search.space import TuneResult
 
 
 def start(options: TuneOptions, render: Render | None = STDERR) -> tuple[TuneResult, dict]:

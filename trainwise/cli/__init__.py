@@ -1,6 +1,6 @@
 """The command line: a shell over `trainwise.api`. Each verb's flags are made from its options dataclass
 (trainwise/api/options.py, whose fields take each option's one declaration, on the library config that reads
-it: trainwise/option.py), parsed into it over a `--config FILE.yaml`, handed to one library call, and what it
+it: trainwise/core/option.py), parsed into it over a `--config FILE.yaml`, handed to one library call, and what it
 returns is rendered here.
 
 Bad input (a ConfigError, or a usage error from the parser) prints one line and exits with 2.
@@ -24,7 +24,6 @@ import typer
 from typer._click.core import ParameterSource
 from typer._click.exceptions import ClickException, NoArgsIsHelpError
 
-from trainwise import lifeline, recipes
 from trainwise import strategies as catalogue
 from trainwise.api import compare as compare_api
 from trainwise.api import env as env_api
@@ -32,13 +31,15 @@ from trainwise.api import estimate as estimate_api
 from trainwise.api import export as export_api
 from trainwise.api import find_batch as find_batch_api
 from trainwise.api import options as api
+from trainwise.api import recipes
 from trainwise.api import train as train_api
 from trainwise.api import tune as tune_api
 from trainwise.api.render import STDERR
-from trainwise.config import monitor_name
-from trainwise.errors import ConfigError
-from trainwise.files import exit_line
-from trainwise.tune import check_some_complete
+from trainwise.core.config import monitor_name
+from trainwise.core.errors import ConfigError
+from trainwise.core.files import exit_line
+from trainwise.run import lifeline
+from trainwise.search.hyperparams import check_some_complete
 
 app = typer.Typer(
     add_completion=False,
@@ -201,7 +202,7 @@ def train(o: api.TrainOptions, _json: bool) -> None:
     """Train for real with one plan: periodic eval, best checkpoint, early stopping, resumable checkpoints."""
     terminal, render = _terminal()
     r = train_api.start(o, render)
-    from trainwise.train import summary  # torch: loaded by the run, after every check of the input
+    from trainwise.training.fit import summary  # torch: loaded by the run, after every check of the input
 
     for line in summary(r, o.train_config(), o.price()):
         terminal.say(line)

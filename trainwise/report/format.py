@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from trainwise.files import human_bytes
-from trainwise.results import StudyRow
+from trainwise.core.files import human_bytes
+from trainwise.core.results import StudyRow
 
 HEADERS = [
     "strategy",
@@ -54,7 +54,7 @@ def supervised_tokens_per_s(e: StudyRow) -> float | None:
 
 
 def add_cost(table: list[StudyRow], price) -> list[StudyRow]:
-    """The rows with their projected epoch priced (trainwise.cost.Price; re-work included for low-priority)."""
+    """The rows with their projected epoch priced (trainwise.search.cost.Price; re-work included for low-priority)."""
     note = price.label + (
         f", x{price.rework_factor():.3f} expected re-work ({price.preemptions_per_hour:g} preemptions/h, "
         f"checkpoint every {60 * price.checkpoint_hours:g} min, restart {60 * price.restart_hours:g} min)"

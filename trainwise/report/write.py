@@ -6,8 +6,8 @@ import csv
 import io
 from pathlib import Path
 
+from trainwise.core.results import StudyRow
 from trainwise.report.format import has_loss_share, headers, notes, quality, table_cells
-from trainwise.results import StudyRow
 
 CSV_FIELDS = [
     "strategy",

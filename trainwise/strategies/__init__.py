@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from trainwise.errors import ConfigError
+from trainwise.core.errors import ConfigError
 from trainwise.strategies import batching, freezing, lm, memory, optim, precision, scale
 from trainwise.strategies.base import (
     ALL_TASKS,
@@ -27,10 +27,10 @@ from trainwise.strategies.base import (
     Strategy,
     Support,
 )
-from trainwise.strategies.plan import KNOBS, TrialPlan
+from trainwise.strategies.knobs import KNOBS, TrialPlan
 
 if TYPE_CHECKING:
-    from trainwise.measure.device import DeviceFacts
+    from trainwise.training.measure.device import DeviceFacts
 
 T = TypeVar("T")
 BASELINE = Strategy("baseline", "vanilla fp32, AdamW, pad to max length; the 100% row")
@@ -230,7 +230,7 @@ def parse_rows(specs: str | Iterable[str], accum_steps: int) -> list[Row]:
 
 
 def runtime(plan: TrialPlan, task: str, device: str) -> Runtime:
-    """What the loop builds a run from (`trainwise.loop`)."""
+    """What the loop builds a run from (`trainwise.training.loop`)."""
     rt = Runtime(task, device)
     for knob, value in plan.items():
         knob.runtime(value, rt)
@@ -238,12 +238,12 @@ def runtime(plan: TrialPlan, task: str, device: str) -> Runtime:
 
 
 def export_doc(plan: TrialPlan, doc: ExportDoc) -> ExportDoc:
-    """The plan written into the exported files (`trainwise.export`)."""
+    """The plan written into the exported files (`trainwise.exporting.scripts`)."""
     return _walk(plan, "export", doc, doc.notes)
 
 
 def memory_terms(plan: TrialPlan, terms: MemoryTerms) -> MemoryTerms:
-    """The plan's effect on the memory estimate (`trainwise.estimate`)."""
+    """The plan's effect on the memory estimate (`trainwise.search.memory`)."""
     for knob, value in plan.items():
         if isinstance(knob.memory, Probed):
             terms.probe[knob.name] = value

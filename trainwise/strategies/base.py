@@ -2,9 +2,9 @@
 Strategy (a named, documented setting of knobs).
 
 A knob's three seams say what a value does
-- to the run: `runtime` writes into the `Runtime` that `trainwise.loop` builds the training from,
+- to the run: `runtime` writes into the `Runtime` that `trainwise.training.loop` builds the training from,
 - to the exported files: `export` writes into an `ExportDoc` (TrainingArguments, snippet, configs),
-- to the memory estimate: `memory` writes into the `MemoryTerms` that `trainwise.estimate` evaluates,
+- to the memory estimate: `memory` writes into the `MemoryTerms` that `trainwise.search.memory` evaluates,
 or, for a seam that does not apply, why not: `NA("reason")`, which export and estimate print.
 Nothing outside a knob's own module interprets its value; the loop, export and estimate only read
 what the seams wrote. `tests/test_knobs.py` walks every knob over every seam.
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
-    from trainwise.measure.device import DeviceFacts
+    from trainwise.training.measure.device import DeviceFacts
 
 V = TypeVar("V")
 
@@ -51,7 +51,7 @@ class NA:
 
 @dataclass
 class Runtime:
-    """What `trainwise.loop` builds a run from. Every knob's runtime seam writes its part; the loop
+    """What `trainwise.training.loop` builds a run from. Every knob's runtime seam writes its part; the loop
     reads nothing else about the plan."""
 
     task: str
@@ -59,7 +59,7 @@ class Runtime:
     mixed_precision: str = "no"  # accelerate's autocast setting: no | bf16 | fp16 (with a GradScaler)
     accum_steps: int = 1  # micro-batches per optimizer step
     padding: str = "max_length"  # the collator's: max_length | longest
-    sampler: str = "random"  # trainwise.data.samplers: random | length_grouped | sortish
+    sampler: str = "random"  # trainwise.strategies.batching.samplers: random | length_grouped | sortish
     pin_memory: bool = False  # DataLoader(pin_memory=) on CUDA: batches in page-locked host memory
     model_kwargs: dict[str, Any] = field(default_factory=dict)  # for from_pretrained / from_config
     model_edits: list[Callable[[Model], Model]] = field(default_factory=list)  # in order, before accelerate
@@ -87,7 +87,7 @@ class Runtime:
 
 @dataclass
 class ExportDoc:
-    """The exported files of a plan, written by the knobs' export seams (`trainwise.export` renders them)."""
+    """The exported files of a plan, written by the knobs' export seams (`trainwise.exporting.scripts` renders them)."""
 
     task: str
     device: str
@@ -113,7 +113,7 @@ class ExportDoc:
 @dataclass
 class MemoryTerms:
     """What the memory estimate is computed from, written by the knobs' memory seams
-    (`trainwise.estimate` evaluates them against the model's shapes). Bytes are per parameter."""
+    (`trainwise.search.memory` evaluates them against the model's shapes). Bytes are per parameter."""
 
     device: str
     nproc: int

@@ -10,16 +10,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainwise import cluster
-from trainwise.config import TEXT_TASKS, Cell, DataOrigin
-from trainwise.errors import RunFailed
-from trainwise.measure.device import facts as device_facts
-from trainwise.measure.env import environment
-from trainwise.models import bundled_minilm_dir
+from trainwise.core.config import TEXT_TASKS, Cell, DataOrigin
+from trainwise.core.errors import RunFailed
+from trainwise.core.results import StudyRow, TrialResult
 from trainwise.report.format import add_cost
-from trainwise.results import StudyRow, TrialResult
+from trainwise.run import cluster
 from trainwise.study.prepare import PreparedStudy
 from trainwise.study.store import Trials, read_origin, write_reports
+from trainwise.training.measure.device import facts as device_facts
+from trainwise.training.measure.env import environment
+from trainwise.training.models import bundled_minilm_dir
 
 # The timing columns and everything derived from them (time %, epoch time, $/epoch) come from ONE trial
 # of a cell's repeats — the one with the median throughput — so they can never contradict each other

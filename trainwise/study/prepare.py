@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trainwise import gguf, strategies
-from trainwise.config import (
+from trainwise import strategies
+from trainwise.core.config import (
     CAUSAL_LM,
     DEFAULT_DATASET,
     IMAGE_TASK,
@@ -24,14 +24,17 @@ from trainwise.config import (
     TrialSettings,
     TrialSpec,
 )
-from trainwise.data.chat import chat_notes, check_chat_template, encode_chat
-from trainwise.data.metrics import missing_text_metric_packages
-from trainwise.data.sources import read_task_data, tokenizer_corpus
-from trainwise.errors import ConfigError
-from trainwise.files import write_atomic, writing
-from trainwise.measure.device import DeviceFacts, precision_ratio
-from trainwise.measure.device import facts as device_facts
-from trainwise.models import (
+from trainwise.core.errors import ConfigError
+from trainwise.core.files import write_atomic, writing
+from trainwise.strategies import Row, Support
+from trainwise.study.store import STORE, Store, check_ours, mark, write_data
+from trainwise.training import gguf
+from trainwise.training.data.chat import chat_notes, check_chat_template, encode_chat
+from trainwise.training.data.metrics import missing_text_metric_packages
+from trainwise.training.data.sources import read_task_data, tokenizer_corpus
+from trainwise.training.measure.device import DeviceFacts, precision_ratio
+from trainwise.training.measure.device import facts as device_facts
+from trainwise.training.models import (
     ModelSource,
     head_note,
     load_tokenizer,
@@ -40,8 +43,6 @@ from trainwise.models import (
     resolve_model,
     train_tokenizer,
 )
-from trainwise.strategies import Row, Support
-from trainwise.study.store import STORE, Store, check_ours, mark, write_data
 
 
 def resolve_device(device: str) -> tuple[str, set[str]]:
@@ -241,7 +242,7 @@ def prepare_study(cfg: StudyConfig, on_note: Callable[[str], None] = lambda _lin
         tokenizer_dir = str(tok_path.resolve())
     try:  # what only the tokenized data can tell; a refused new study leaves no directory behind
         if data.data_format == "prompt_response":
-            from trainwise.data.tasks import pair_notes  # heavy: trainwise.data.tasks loads torch
+            from trainwise.training.data.tasks import pair_notes  # heavy: trainwise.training.data.tasks loads torch
 
             tokenizer = load_tokenizer(source, tokenizer_dir)
             held_out = pair_notes(evals[: cfg.eval_samples], tokenizer, cfg.max_length, "held-out")
@@ -324,8 +325,8 @@ def lm_samples(
 ) -> int:
     """A causal LM's training samples: raw text's blocks of max_length tokens, or the examples, or (packed)
     the rows of max_length tokens they fill."""
-    from trainwise.data.packing import pack  # heavy: trainwise.data.packing loads torch
-    from trainwise.data.tasks import encode_lm  # heavy: trainwise.data.tasks loads torch
+    from trainwise.strategies.lm.packing import pack  # heavy: trainwise.strategies.lm.packing loads torch
+    from trainwise.training.data.tasks import encode_lm  # heavy: trainwise.training.data.tasks loads torch
 
     enc = encode_lm(train, load_tokenizer(source, tokenizer_dir), data_format, max_length)
     return len(pack(enc.lengths(), max_length)) if packed else len(enc)
@@ -399,7 +400,12 @@ def _specs(cfg: StudyConfig, settings, fingerprint: str, unsupported: dict[str, 
 
 def _prepare_images(cfg: StudyConfig, device: str, unsupported: dict[str, str], out: Path) -> PreparedStudy:
     """image-classification: a project ResNeXt preset on digits, CIFAR-10 or image folders."""
-    from trainwise.vision import VISION_PRESETS, load_image_data, save_images  # heavy: trainwise.vision loads torch
+    # heavy: trainwise.training.vision loads torch
+    from trainwise.training.vision import (
+        VISION_PRESETS,
+        load_image_data,
+        save_images,
+    )
 
     preset = cfg.model_preset or "resnext-tiny"
     if cfg.model is not None or preset not in VISION_PRESETS:
@@ -458,7 +464,7 @@ def _check_ranks(cfg: StudyConfig, device: str, unsupported: dict[str, str]) -> 
 def _check_plans_apply(source, cfg: StudyConfig, unsupported: dict[str, str]) -> None:
     """Every row's model edits (checkpointing, freezing, LoRA) apply to this model: tried on the meta
     device, so a row that cannot (LoRA on a model peft cannot target) is bad input, not a failed trial."""
-    from trainwise.loop import apply_plan  # heavy: trainwise.loop loads torch and transformers
+    from trainwise.training.loop import apply_plan  # heavy: trainwise.training.loop loads torch and transformers
 
     config = None
     for row in cfg.rows:

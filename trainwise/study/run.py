@@ -10,17 +10,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainwise import cluster, projection
-from trainwise.config import StudyConfig, TrialSpec
-from trainwise.distributed import Rendezvous, is_multiprocess
-from trainwise.errors import ConfigError, RunFailed
-from trainwise.events import Event, Note
-from trainwise.files import failed, refused_by
-from trainwise.measure import contention
-from trainwise.results import TrialResult, combine_ranks
+from trainwise.core.config import StudyConfig, TrialSpec
+from trainwise.core.errors import ConfigError, RunFailed
+from trainwise.core.files import failed, refused_by
+from trainwise.core.results import TrialResult, combine_ranks
+from trainwise.run import cluster
+from trainwise.run.events import Event, Note
+from trainwise.run.ranks import Rendezvous, is_multiprocess
 from trainwise.strategies import Support
+from trainwise.study import projection
 from trainwise.study.prepare import PreparedStudy
 from trainwise.study.store import STORE, Store, Trials, hold, still_there
+from trainwise.training.measure import contention
 
 Launch = Callable[[TrialSpec, Path, float, Callable[[Event], None]], TrialResult]
 Events = Callable[[TrialSpec, Event], None]
@@ -393,7 +394,7 @@ def _on_node(spec_blob: dict, cfg: Retry, files: bytes, meet: dict | None = None
     """On a node of the cluster, in a fresh Ray worker: the study's files unpacked here, the trial run by the local
     launcher as a child of this worker (exec'd: one trial per worker), with the CPUs Ray gave it as its threads, and
     run again while the node is loaded, as locally. Returns the result, its notes and the end of its log."""
-    from trainwise import launcher  # heavy: the trial machinery, on the node only
+    from trainwise.run import launcher  # heavy: the trial machinery, on the node only
 
     spec = TrialSpec.from_dict(spec_blob)
     root = cluster.settle(files, spec.settings.nproc if is_multiprocess(spec) else 1)  # each rank its share

@@ -18,13 +18,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from trainwise.config import DataOrigin, TrialSpec
-from trainwise.errors import ConfigError, read_json
-from trainwise.files import failed, write_atomic, writing
-from trainwise.quality import QualityVerdicts
+from trainwise.core.config import DataOrigin, TrialSpec
+from trainwise.core.errors import ConfigError, read_json
+from trainwise.core.files import failed, write_atomic, writing
+from trainwise.core.results import StudyRow, TrialResult
 from trainwise.report.html import report_html
 from trainwise.report.write import caption, chart, csv_text, markdown
-from trainwise.results import StudyRow, TrialResult
+from trainwise.search.verdicts import QualityVerdicts
 
 STORE = "study.sqlite"  # the finished trials (Store)
 RESULTS = "results.json"  # the table's rows (StudyRow) beside the study's settings (`study`)
@@ -142,7 +142,8 @@ def _check_writable(out: Path) -> None:
 
 
 def write_data(out: Path, labels: list, origin: DataOrigin, train: list[dict] | None = None, evals=None) -> Path:
-    """The study's prepared data in OUT/data/ (trials read it: trainwise.data.prepared): its labels, where it came
+    """The study's prepared data in OUT/data/ (trials read it: trainwise.training.data.prepared): its labels, where it
+    came
     from (origin.json) and, for text, the training and held-out rows (JSON lines). Returns the directory."""
     data_dir = out / "data"
     for path, rows in (("train.jsonl", train), ("eval.jsonl", evals)):

@@ -22,14 +22,14 @@ from pathlib import Path
 from rich.console import Console
 
 from trainwise import strategies
-from trainwise.advise import Constraints
 from trainwise.api.advise import advise_study
 from trainwise.api.quality import candidates
-from trainwise.config import Cell, Sweep, TrialSettings, TrialSpec
-from trainwise.cost import Price
+from trainwise.core.config import Cell, Sweep, TrialSettings, TrialSpec
+from trainwise.core.results import TrialResult
 from trainwise.report import terminal
 from trainwise.report.format import add_cost
-from trainwise.results import TrialResult
+from trainwise.search.cost import Price
+from trainwise.search.ranking import Constraints
 from trainwise.study.aggregate import Report, aggregate
 from trainwise.study.store import read_rows, write_reports
 
