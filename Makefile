@@ -34,7 +34,7 @@ $(STAMP): requirements.lock pyproject.toml
 demo: venv
 	$(VENV)/bin/trainwise compare --out runs/demo
 
-# The report's browser test (tests/test_browser.py) opens report.html in Debian's Chromium, driven by Playwright's
+# The report's browser test (tests/report/test_browser.py) opens report.html in Debian's Chromium, driven by Playwright's
 # pip package (in the lock) through its executable path: never `playwright install`, which downloads a browser of
 # its own. Installed here where it is missing and this user may (root, or sudo without a password; ~20 s); else
 # the line below says what to do, and the test fails with it. TRAINWISE_CHROMIUM names another binary.
@@ -71,7 +71,7 @@ lint: venv
 	$(VENV)/bin/ruff format --check trainwise tests benchmarks
 	$(VENV)/bin/mypy trainwise
 
-# docs/strategies.md is generated from the registry (tests/test_strategies.py fails when it is stale)
+# docs/strategies.md is generated from the registry (tests/strategies/test_registry.py fails when it is stale)
 docs: venv
 	$(VENV)/bin/trainwise strategies --markdown > docs/strategies.md
 

@@ -90,7 +90,7 @@ echo "=== device_session: doctor exit ${PIPESTATUS[0]}"
 fi
 if step pytest && [ "$DEVICE" = cuda ]; then # the tests marked gpu (skipped in CI): compare's and train's steps agree on CUDA
   echo "=== device_session: pytest -m gpu"
-  timeout 150 .venv/bin/python -m pytest -q -m gpu -p no:cacheprovider tests/test_contract.py 2>&1 |
+  timeout 150 .venv/bin/python -m pytest -q -m gpu -p no:cacheprovider tests/strategies/test_contract.py 2>&1 |
     tee "$RESULTS/pytest_gpu.log"
   echo "=== device_session: pytest exit ${PIPESTATUS[0]}"
 fi

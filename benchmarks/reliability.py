@@ -27,7 +27,7 @@ from tests.killing import finished_rows, kill_until_done  # noqa: E402
 
 def bad_inputs() -> dict[str, tuple[int, int]]:
     """verb -> (cases tried, cases clean), from the table-driven tests (each case asserts cleanliness)."""
-    tests = ["tests/test_bad_input.py", "tests/test_cli_errors.py::test_bad_input_is_one_line_exit_2"]
+    tests = ["tests/cli/test_bad_input.py", "tests/cli/test_errors.py::test_bad_input_is_one_line_exit_2"]
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *tests],
         capture_output=True,

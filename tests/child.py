@@ -1,4 +1,4 @@
-"""A child process for tests/test_launcher.py: `python -m tests.child WHAT`.
+"""A child process for tests/run/test_launcher.py: `python -m tests.child WHAT`.
 
 events  prints three events (and a stray line that is not JSON), exits 0
 hang    starts a grandchild that sleeps, says its pid, then sleeps itself

@@ -1,5 +1,5 @@
 """Kill a trainwise command at random moments and resume it until it is done (issue 17's random-kill
-check). Used by tests/test_lifeline.py (a few kills) and benchmarks/reliability.py (many)."""
+check). Used by tests/run/test_lifeline.py (a few kills) and benchmarks/reliability.py (many)."""
 
 from __future__ import annotations
 

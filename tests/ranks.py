@@ -1,4 +1,5 @@
-"""Run under torchrun by tests/test_contract.py: each spec as compare's trial and as train's run, on every rank.
+"""Run under torchrun by tests/strategies/test_contract.py: each spec as compare's trial and as train's run, on every
+rank.
 
 python -m torch.distributed.run --nproc_per_node=2 -m tests.ranks SPECS.json LOSSES.json
 """

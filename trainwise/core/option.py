@@ -8,7 +8,7 @@ Python API's keyword argument and a study file's key are made from the one decla
 A verb whose value differs from the declaration's says so through `take`'s `default=` or `help=` (a verb's own
 default, or its own words for what the option does there); `config_default=` is the library config's value where
 it is the option's default parsed (the CLI's text `"0"` is the config's `(0,)`) or where the config needs it
-given (MISSING). tests/test_options.py checks that the CLI, the API and the configs agree.
+given (MISSING). tests/api/test_options.py checks that the CLI, the API and the configs agree.
 """
 
 from __future__ import annotations

@@ -471,7 +471,7 @@ def snippet(doc: ExportDoc, s: RunSettings) -> str:
     return "\n".join(lines)
 
 
-_LOGGED_LOSS = {  # what the Trainer's logged loss is, against trainwise's (tests/test_export*.py pin both)
+_LOGGED_LOSS = {  # what the Trainer's logged loss is, against trainwise's (tests/exporting/ pins both)
     "classification": [
         "# note: transformers 5.x logs loss x gradient_accumulation_steps for BERT/T5-style models;",
         "# the optimisation is the same as trainwise's (see trainwise docs/export.md).",

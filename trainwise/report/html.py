@@ -346,7 +346,7 @@ def _stacked(rows: list[StudyRow], parts: list[tuple[str, list[float], str]], xl
         left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.invert_yaxis()
     ax.set_xlabel(xlabel)
-    # above the bars: below them it sat on the axis title once a browser drew the text (tests/test_browser.py)
+    # above the bars: below them it sat on the axis title once a browser drew the text (tests/report/test_browser.py)
     ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=4, frameon=False)
     fig.tight_layout()
     return fig

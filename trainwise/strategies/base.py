@@ -7,7 +7,7 @@ A knob's three seams say what a value does
 - to the memory estimate: `memory` writes into the `MemoryTerms` that `trainwise.search.memory` evaluates,
 or, for a seam that does not apply, why not: `NA("reason")`, which export and estimate print.
 Nothing outside a knob's own module interprets its value; the loop, export and estimate only read
-what the seams wrote. `tests/test_knobs.py` walks every knob over every seam.
+what the seams wrote. `tests/strategies/test_knobs.py` walks every knob over every seam.
 """
 
 from __future__ import annotations

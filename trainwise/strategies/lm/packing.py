@@ -9,7 +9,7 @@ for sdpa, eager and flex attention alike. It returns None (plain causal, the fas
 holds more than one sequence. So a packed batch must carry position ids restarting at 0 for each example and
 NO attention mask, and the forward must run without a cache: set `model.config.use_cache = False`, since
 transformers builds a cache in train mode too when the config asks for one (its default). With a cache, or an
-all-ones attention mask, the examples silently attend to each other (tests/test_packing.py shows all three).
+all-ones attention mask, the examples silently attend to each other (tests/strategies/test_packing.py shows all three).
 
 Flash attention takes another road (`modeling_flash_attention_utils._is_packed_sequence`): it only unpacks
 position ids when the batch is ONE row, so [rows, block] packed batches would cross examples there; `can_pack`
@@ -38,7 +38,8 @@ from trainwise.training.data.tasks import IGNORE_INDEX, Batch
 
 Example = tuple[list[int], list[int]]  # (input_ids, labels aligned with them, -100 where no loss)
 
-# model_type -> checked: a packed example's logits equal the example run alone (sdpa and eager), tests/test_packing.py
+# model_type -> checked: a packed example's logits equal the example run alone (sdpa and eager),
+# tests/strategies/test_packing.py
 PACKABLE = frozenset(
     {"gpt2", "llama", "qwen2", "qwen3", "mistral", "gemma", "phi", "phi3", "gpt_neox", "gpt_bigcode", "gptj"}
 )
