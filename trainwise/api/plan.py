@@ -119,8 +119,9 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     task, accum = cfg0.task, cfg0.accum_steps
     rows0 = [r.strip() for r in words(base.strategies)]
     extra: list[str] = []
-    if device == "cuda" and options.study is None and _default_rows(options):
-        extra.append("compile")  # on a GPU a candidate like any other; its compile is charged once (--run-epochs)
+    if options.study is None and _default_rows(options):
+        # the device's own default rows (on a GPU: compile, charged once against the planned run, --run-epochs)
+        extra += [r for r in strategies.default_rows(task, device) if r not in rows0]
     eco = None
     if options.ecosystem_default:
         eco = ecosystem.default_for(task, device, lambda row: _runnable(row, task, accum, caps))
@@ -946,7 +947,7 @@ def markdown(r: PlanResult) -> str:
         )
     if r.ecosystem:
         e = r.ecosystem
-        fields_ = "; ".join(f"{k} {v}" for k, v in e["fields"].items())
+        fields_ = "; ".join(f"{k} ({v})" for k, v in e["fields"].items())
         out += ["", f"The ecosystem default is {e['source']} read from the installed library: {fields_}."]
     if r.checked:
         out += ["", "## Quality", ""]

@@ -47,7 +47,6 @@ from trainwise.training.models import (
     CAUSAL_LM,
     ModelSource,
     load_tokenizer,
-    model_config,
     preset_config_kwargs,
     resolve_model,
 )
@@ -675,15 +674,6 @@ def epochs_for(spec: TrialSpec, max_steps: int) -> int:
     return max(1, math.ceil(max_steps / max(1, loop.steps_per_epoch(spec, spec.settings.n_train))))
 
 
-def _check_packable(source: ModelSource) -> None:
-    """TRL's padding-free packing keeps examples apart through position ids, as trainwise's does: a model type that
-    ignores them (OPT, Bloom, Falcon) would let packed examples attend to each other, silently; refused here."""
-    from trainwise.strategies.lm.packing import can_pack  # heavy: trainwise.strategies.lm.packing loads torch
-
-    if why := can_pack(model_config(source, CAUSAL_LM, 2)):
-        raise ConfigError(f"packing: {why}; export the plan without packing for {source.display()}")
-
-
 def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str]]:
     """Resolve the plan and its settings (from the study, or from the options), then write the files."""
 
@@ -753,9 +743,13 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         offload=cfg.offload,
     )
     row = parsed.parsed[0]
-    flattened = row.plan.value("packing") or row.plan.value("padding") == "none"  # packing, padding_free
-    if source is not None and source.kind != "preset" and task == CAUSAL_LM and flattened:
-        _check_packable(source)  # (a study's packing trial has run: its model packs)
+    if source is not None and source.kind != "preset":
+        # the plan's model edits apply to this model, as a study checks before its trials: TRL's packing and
+        # padding-free batches keep examples apart through position ids, as trainwise's do, and a family that ignores
+        # them (OPT, Bloom, Falcon) would let them attend to each other, silently; refused here
+        from trainwise.study.prepare import check_plan_applies  # heavy: numpy, and torch to build the meta model
+
+        check_plan_applies(source, task, row)
     if cfg.device == "cpu" and "cuda" in row.requires:
         names = ", ".join(s.name for s, _ in row.parts if "cuda" in s.requires)
         raise ConfigError(

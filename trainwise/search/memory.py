@@ -53,6 +53,8 @@ from trainwise.run.ranks import unwrap
 from trainwise.strategies import Row
 from trainwise.strategies.base import MemoryTerms
 from trainwise.strategies.knobs import TrialPlan
+from trainwise.strategies.lm import PACKING
+from trainwise.strategies.memory import GRAD_CKPT
 from trainwise.strategies.scale import FLAGS, ZERO
 from trainwise.training.data.chat import check_chat_template
 from trainwise.training.data.sources import read_task_data, tokenizer_corpus
@@ -319,7 +321,7 @@ def cast_bytes(s: Shape, terms: MemoryTerms) -> int:
     if not terms.autocast_copies:
         return 0
     trainable = s.linear_elems if s.linear_trainable is None else s.linear_trainable
-    return 2 * (trainable if terms.probe.get("grad_ckpt") else s.linear_elems)
+    return 2 * (trainable if terms.probe.get(GRAD_CKPT.name) else s.linear_elems)
 
 
 # ---- calibration probe ---------------------------------------------------------------------------
@@ -405,7 +407,7 @@ def probe_point(config: Any, task: str, plan: TrialPlan, micro: int, src_len: in
         items = labels.numel()
     elif task == CAUSAL_LM:  # every real token carries loss (the worst case for a chunked loss)
         labels = ids.masked_fill(mask == 0, IGNORE_INDEX)
-        if rt.packing:  # full rows of a few examples each, position ids restarting, no mask (as PackedCollator)
+        if rt.full_rows:  # full rows of a few examples each, position ids restarting, no mask (as PackedCollator)
             starts = torch.zeros_like(ids)
             starts[:, :: max(1, src_len // 3)] = 1
             position_ids = torch.arange(src_len).expand(micro, -1) - (starts.cumsum(1) - 1) * max(1, src_len // 3)
@@ -651,7 +653,7 @@ class DataFacts:
         """The widest batch a plan pads to: --max-length, or the longest example under dynamic padding."""
         terms = terms_of(plan, "cpu")
         if cfg.task == CAUSAL_LM:  # (width, the most tokens a row scores)
-            if terms.probe.get("packing"):
+            if terms.probe.get(PACKING.name):
                 return cfg.max_length, cfg.max_length  # full rows of several examples: any position may score
             width = cfg.max_length if terms.padding == "max_length" else min(self.longest, cfg.max_length)
             return width, min(self.longest_target, width)

@@ -77,9 +77,18 @@ TASK_DEFAULTS = {
 }
 
 
-def default_rows(task: str) -> tuple[str, ...]:
-    """The rows a study of `task` runs when --strategies is not given."""
-    return tuple(TASK_DEFAULTS.get(task, DEFAULT_STRATEGIES).split(","))
+# on a GPU the default rows add torch.compile: a candidate like any other there (its compile is a one-time cost the
+# plan charges once against the planned run); on a 2-core CPU its compile takes minutes a row
+CUDA_DEFAULTS = ("compile",)
+# a study projected long is offered a shorter one: the baseline and one row per lever (padding, precision, memory),
+# each as cheap to run as the baseline or cheaper
+SHORT_ROWS = ("dynamic_pad", "bf16", "grad_ckpt")
+
+
+def default_rows(task: str, device: str = "cpu") -> tuple[str, ...]:
+    """The rows a study of `task` runs on `device` when --strategies is not given."""
+    rows = tuple(TASK_DEFAULTS.get(task, DEFAULT_STRATEGIES).split(","))
+    return rows + (CUDA_DEFAULTS if device == "cuda" else ())
 
 
 ESTIMATE_STRATEGIES = "baseline,bf16,grad_ckpt,adafactor,grad_accum,bf16+grad_ckpt"  # `trainwise estimate`'s rows

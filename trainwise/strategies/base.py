@@ -74,7 +74,10 @@ class Runtime:
     after_step: list[Callable[[int], None]] = field(default_factory=list)  # (optimizer steps so far) -> None
     backend: dict[str, Callable[[], None]] = field(default_factory=dict)  # process-wide switches by name, set first
     needs_ranks: bool = False  # runs under torchrun even with one process (DeepSpeed needs a process group)
-    packing: bool = False  # causal LM: rows of packed examples (the data's `packed`), not one example per row
+    # what the sampler draws from, where it is not one example per row: (the trial's data) -> (dataset, row lengths,
+    # collate function); a causal LM's packed rows (packing's runtime seam sets it). None: the examples themselves
+    data_view: Callable[[Any], tuple[Any, list[int], Callable[[list], Any]]] | None = None
+    full_rows: bool = False  # every row is --max-length tokens of several examples (packed), as the estimate probes
     # causal LM: (model, Batch, label smoothing) -> the summed loss; None: cross-entropy of the model's logits
     lm_loss: Callable[[Model, Any, float], Any] | None = None
 
@@ -200,6 +203,16 @@ class Knob(Generic[V]):
 
 
 @dataclass(frozen=True)
+class LibraryDefaults:
+    """What a user gets without trainwise: the field defaults of the installed transformers' `TrainingArguments()`,
+    or of TRL's `SFTConfig()` (`sft`: TRL's SFTTrainer runs them, with its collator and its loss)."""
+
+    fields: Mapping[str, object]
+    sft: bool = False
+    device: str = "cpu"  # where they run (the Trainer pins batches only where there is a GPU to copy them to)
+
+
+@dataclass(frozen=True)
 class Strategy:
     """A named setting of knobs with its one-line effect and cost (shown by `trainwise strategies`)."""
 
@@ -215,6 +228,9 @@ class Strategy:
     tasks: frozenset[str] = ALL_TASKS
     # strategies one of which its row must hold (cce's kernels take 16-bit embeddings: bf16 or fp16 beside it)
     with_one_of: frozenset[str] = frozenset()
+    # whether the library's defaults already turn it on, and by which field ("gradient_checkpointing=True"); None:
+    # they do not. trainwise.search.ecosystem asks every strategy, so the ecosystem's default is a row of them
+    on_by_default: Callable[[LibraryDefaults], str | None] | None = None
 
     def __post_init__(self) -> None:
         unknown = self.requires - set(CAPABILITIES)

@@ -134,6 +134,8 @@ STRATEGIES = [
         "grad_ckpt",
         "recompute activations in backward; ~-40..-60% activation memory, ~+20..40% step time",
         {"grad_ckpt": True},
+        # TRL's SFTConfig turns it on (gradient_checkpointing=True); TrainingArguments leaves it off
+        on_by_default=lambda lib: "gradient_checkpointing=True" if lib.fields.get("gradient_checkpointing") else None,
     ),
     Strategy(
         "offload_activations",

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from trainwise.strategies.base import ExportDoc, Knob, MemoryTerms, Runtime, Strategy
+from trainwise.strategies.base import ExportDoc, Knob, LibraryDefaults, MemoryTerms, Runtime, Strategy
 
 
 def _adamw(foreach: bool | None = None, fused: bool | None = None):
@@ -107,11 +107,21 @@ OPTIMIZER = Knob(
 
 KNOBS: list[Knob] = [OPTIMIZER]
 
-_OTHERS = {"adafactor", "adamw_foreach", "adamw_fused", "adamw_8bit"}
+NAMES = ("adafactor", "adamw_foreach", "adamw_fused", "adamw_8bit")  # the optimizer strategies (one at a time)
+_OTHERS = set(NAMES)
 
 
-def _optimizer(name: str, summary: str, **kw: Any) -> Strategy:
-    return Strategy(name, summary, {"optimizer": name}, conflicts=frozenset(_OTHERS - {name}), **kw)
+def _optimizer(name: str, summary: str, own_name: bool = True, **kw: Any) -> Strategy:
+    """An optimizer strategy; `own_name`: TrainingArguments(optim=...) names it alone (adamw_foreach's
+    'adamw_torch' is also the baseline's AdamW: the library's default names no variant of it)."""
+    hf = OPTIMIZERS[name].hf_name
+
+    def by_default(lib: LibraryDefaults) -> str | None:
+        return f"optim={hf!r}" if own_name and lib.fields.get("optim") == hf else None
+
+    return Strategy(
+        name, summary, {"optimizer": name}, conflicts=frozenset(_OTHERS - {name}), on_by_default=by_default, **kw
+    )
 
 
 STRATEGIES = [
@@ -124,6 +134,7 @@ STRATEGIES = [
         "adamw_foreach",
         "AdamW updating all tensors per op (multi-tensor kernels); fewer kernel launches, faster on GPU; "
         "a temporary copy of every state during the step",
+        own_name=False,
     ),
     _optimizer(
         "adamw_fused",

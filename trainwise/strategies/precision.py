@@ -12,6 +12,7 @@ from trainwise.strategies.base import (
     TEXT_TASKS,
     ExportDoc,
     Knob,
+    LibraryDefaults,
     MemoryTerms,
     Runtime,
     Strategy,
@@ -241,6 +242,20 @@ CHANNELS_LAST = Knob(
 
 KNOBS: list[Knob] = [PRECISION, TF32, ATTN, COMPILE, CHANNELS_LAST]
 
+
+def _bf16_by_default(lib: LibraryDefaults) -> str | None:
+    """TRL's SFTConfig leaves bf16 None and resolves it to `not fp16` (on unless fp16 is asked for)."""
+    bf16, fp16 = lib.fields.get("bf16"), lib.fields.get("fp16")
+    if bf16 is None and not fp16:
+        return "bf16=None, resolved to not fp16"
+    return "bf16=True" if bf16 else None
+
+
+def _field(name: str):
+    """A strategy the library turns on by a truthy field of its own name."""
+    return lambda lib: f"{name}={lib.fields.get(name)!r}" if lib.fields.get(name) else None
+
+
 STRATEGIES = [
     Strategy(
         "bf16",
@@ -249,6 +264,7 @@ STRATEGIES = [
         {"precision": "bf16"},
         conflicts=frozenset({"fp16", "bf16_pure"}),
         requires=frozenset({"bf16"}),
+        on_by_default=_bf16_by_default,
     ),
     Strategy(
         "bf16_pure",
@@ -265,6 +281,7 @@ STRATEGIES = [
         {"precision": "fp16"},
         conflicts=frozenset({"bf16"}),
         requires=frozenset({"cuda", "fp16"}),
+        on_by_default=_field("fp16"),
     ),
     Strategy(
         "tf32",
@@ -272,6 +289,7 @@ STRATEGIES = [
         "mantissa inside them; CUDA only",
         {"tf32": True},
         requires=frozenset({"cuda"}),
+        on_by_default=_field("tf32"),
     ),
     Strategy(
         "sdpa",
@@ -295,6 +313,7 @@ STRATEGIES = [
         "slower: time it on yours); the compile itself (tens of seconds, again for each new input shape) is "
         "reported apart as compile (s)",
         {"compile": True},
+        on_by_default=_field("torch_compile"),
     ),
     Strategy(
         "channels_last",

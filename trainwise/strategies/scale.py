@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainwise.strategies import optim
 from trainwise.strategies.base import ExportDoc, Knob, MemoryTerms, Runtime, Strategy
 
 ZERO = ("zero1", "zero2", "zero3", "zero2_offload", "zero3_offload")
@@ -19,7 +20,7 @@ FLAGS = {
     (2, "optimizer"): "zero2_offload",
     (3, "params"): "zero3_offload",
 }
-_OTHER_OPTIMIZERS = frozenset({"adafactor", "adamw_foreach", "adamw_fused", "adamw_8bit"})
+_OTHER_OPTIMIZERS = frozenset(optim.NAMES)  # offloaded ZeRO replaces the optimizer: every optimizer strategy
 
 
 def _stage_runtime(value: int, rt: Runtime) -> None:

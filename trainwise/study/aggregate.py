@@ -15,6 +15,7 @@ from trainwise.core.errors import RunFailed
 from trainwise.core.results import StudyRow, TrialResult
 from trainwise.report.format import add_cost
 from trainwise.run import cluster
+from trainwise.strategies.memory import ACCUM
 from trainwise.study.prepare import PreparedStudy
 from trainwise.study.store import Trials, read_origin, write_reports
 from trainwise.training.measure.device import facts as device_facts
@@ -280,9 +281,7 @@ def study_settings(prepared: PreparedStudy, table: list[StudyRow], price=None, q
     facts = device_facts(s.device)
     flags = f"; precision flags {' '.join(sorted(facts.cpu_flags)) or 'none'}" if facts.kind == "cpu" else ""
     cap = f"; compute capability {'.'.join(map(str, facts.capability))}" if facts.capability else ""
-    accum = (
-        f", grad_accum rows in {s.accum_steps} micro-batches" if any("grad_accum" in r.text for r in cfg.rows) else ""
-    )
+    accum = f", accumulating rows in {s.accum_steps} micro-batches" if any(r.plan[ACCUM] > 1 for r in cfg.rows) else ""
     sweep = f" (swept: {','.join(map(str, cfg.batch_sizes))})" if len(cfg.batch_sizes) > 1 else ""
     workers = f"; DataLoader workers {','.join(map(str, cfg.num_workers))}" if cfg.num_workers != (0,) else ""
     ranks = f"{s.nproc} data-parallel processes" if s.nproc > 1 else "1 process"

@@ -257,12 +257,14 @@ def prepare_study(cfg: StudyConfig, on_note: Callable[[str], None] = lambda _lin
                     f"the training text makes {n_train} blocks of --max-length {cfg.max_length} tokens, fewer than "
                     f"the batch size {largest}"
                 )
-        if cfg.task == CAUSAL_LM and any(row.plan.value("packing") for row in cfg.rows):
+        viewed = [r for r in cfg.rows if strategies.runtime(r.plan, cfg.task, "cpu").data_view is not None]
+        if cfg.task == CAUSAL_LM and viewed:  # rows of packed examples: enough of them for a batch
             packed = lm_samples(source, tokenizer_dir, train, cfg.max_length, data.data_format, packed=True)
             if packed < largest:
                 raise ConfigError(
-                    f"packing: the training examples fill {packed} rows of --max-length {cfg.max_length} tokens, "
-                    f"fewer than the batch size {largest}; lower --batch-size or --max-length, or give more data"
+                    f"{viewed[0].text}: the training examples fill {packed} rows of --max-length {cfg.max_length} "
+                    f"tokens, fewer than the batch size {largest}; lower --batch-size or --max-length, or give more "
+                    "data"
                 )
     except ConfigError:
         if not existed:
@@ -464,15 +466,25 @@ def _check_ranks(cfg: StudyConfig, device: str, unsupported: dict[str, str]) -> 
 def _check_plans_apply(source, cfg: StudyConfig, unsupported: dict[str, str]) -> None:
     """Every row's model edits (checkpointing, freezing, LoRA) apply to this model: tried on the meta
     device, so a row that cannot (LoRA on a model peft cannot target) is bad input, not a failed trial."""
+    config: list = []  # the model's config, read once, when a row has edits
+    for row in cfg.rows:
+        if row.text not in unsupported:
+            check_plan_applies(source, cfg.task, row, config)
+
+
+def check_plan_applies(source: ModelSource, task: str, row: Row, config: list | None = None) -> None:
+    """The row's model edits apply to this model (tried on the meta device): a ConfigError naming the row where one
+    cannot (LoRA on a model peft cannot target; packed or padding-free rows on a family whose examples would see
+    each other). `config`: a one-item cache of the model's config."""
     from trainwise.training.loop import apply_plan  # heavy: trainwise.training.loop loads torch and transformers
 
-    config = None
-    for row in cfg.rows:
-        rt = strategies.runtime(row.plan, cfg.task, "cpu")
-        if row.text in unsupported or not rt.model_edits:
-            continue
-        config = config or model_config(source, cfg.task, 2)
-        try:
-            apply_plan(meta_model(config, cfg.task, **rt.model_kwargs), rt)
-        except ValueError as e:
-            raise ConfigError(f"{row.text!r}: {e}") from None
+    rt = strategies.runtime(row.plan, task, "cpu")
+    if not rt.model_edits:
+        return
+    cache = config if config is not None else []
+    if not cache:
+        cache.append(model_config(source, task, 2))
+    try:
+        apply_plan(meta_model(cache[0], task, **rt.model_kwargs), rt)
+    except ValueError as e:
+        raise ConfigError(f"{row.text!r}: {e}") from None

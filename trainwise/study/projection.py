@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from trainwise import strategies
 from trainwise.core.units import human_seconds
 from trainwise.run.events import Event, Projection, Step
 
@@ -21,7 +22,7 @@ LONG_S = 600.0  # a study projected longer than this is offered a shorter one
 AFTER_STEPS = 2  # after its timed steps a trial measures memory and FLOPs on two more steps
 # the short list, beside the baseline: one row per lever a study measures (padding, precision, memory), each
 # as cheap as the baseline or cheaper to run; rows that are emulated or unsupported here are left out
-SHORT_ROWS = ("dynamic_pad", "bf16", "grad_ckpt")
+SHORT_ROWS = strategies.SHORT_ROWS
 
 
 @dataclass(frozen=True)

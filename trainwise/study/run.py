@@ -18,6 +18,7 @@ from trainwise.run import cluster
 from trainwise.run.events import Event, Note
 from trainwise.run.ranks import Rendezvous, is_multiprocess
 from trainwise.strategies import Support
+from trainwise.strategies.precision import COMPILE
 from trainwise.study import projection
 from trainwise.study.prepare import PreparedStudy
 from trainwise.study.store import STORE, Store, Trials, hold, still_there
@@ -160,7 +161,7 @@ COMPILE_ALLOWANCE_S = 600.0
 
 def timeout_for(spec: TrialSpec, timeout_s: float) -> float:
     """The trial's timeout: --trial-timeout, plus COMPILE_ALLOWANCE_S for a row that compiles."""
-    return timeout_s + (COMPILE_ALLOWANCE_S if spec.plan.value("compile") else 0.0)
+    return timeout_s + (COMPILE_ALLOWANCE_S if spec.plan[COMPILE] else 0.0)
 
 
 def _measured(spec: TrialSpec, trial_dir: Path, launch: Launch, cfg: Retry, emit: Callable) -> TrialResult:

@@ -232,14 +232,13 @@ class Stream:
         s, rt = parts.spec.settings, parts.rt
         ranks = Ranks.from_env()
         self.rt, self.device, self.position = rt, parts.accelerator.device, position
-        # packing: the sampler draws packed rows (each --max-length tokens of whole examples), not examples
-        if rt.packing:
-            assert data.packed is not None, "packing applies to causal-lm only (the strategy's tasks)"
-            train, lengths, collate = data.packed()
+        # a plan's own view of the data (packing: rows of --max-length tokens of whole examples), else the examples
+        if rt.data_view is not None:
+            train, lengths, collate = rt.data_view(data)
             if len(lengths) < s.batch_size:  # the study checks its own batch size; find-batch tries larger ones
                 raise ValueError(
-                    f"packing: the training examples fill {len(lengths)} rows of {s.max_length} tokens, fewer than "
-                    f"the batch size {s.batch_size}"
+                    f"the training examples fill {len(lengths)} rows of {s.max_length} tokens, fewer than the batch "
+                    f"size {s.batch_size}"
                 )
         else:
             train, lengths, collate = data.train, data.lengths, data.collate(rt.padding)

@@ -4,8 +4,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trainwise.strategies.base import NA, TEXT_TASKS, ExportDoc, Knob, MemoryTerms, Runtime, Strategy, Support
-from trainwise.strategies.lm import packable
+from trainwise.strategies.base import (
+    NA,
+    TEXT_TASKS,
+    ExportDoc,
+    Knob,
+    LibraryDefaults,
+    MemoryTerms,
+    Runtime,
+    Strategy,
+    Support,
+)
+from trainwise.strategies.lm import LM_TASKS, packable
 
 if TYPE_CHECKING:
     from trainwise.training.measure.device import DeviceFacts
@@ -117,12 +127,22 @@ PIN_MEMORY = Knob(
 
 KNOBS: list[Knob] = [PADDING, SAMPLER, PIN_MEMORY]
 
+
+def _pads_to_longest(lib: LibraryDefaults) -> str | None:
+    """The Trainer's DataCollatorWithPadding / ForSeq2Seq and SFTTrainer's collator pad each batch to its longest
+    (pad_to_multiple_of None), unless TRL packs or goes padding-free."""
+    if lib.fields.get("packing") or lib.fields.get("padding_free"):
+        return None
+    return "the collator pads each batch to its longest (pad_to_multiple_of None)"
+
+
 STRATEGIES = [
     Strategy(
         "dynamic_pad",
         "pad each batch to its longest sample instead of max length; less padding compute, batch shapes vary",
         {"padding": "longest"},
         tasks=TEXT_TASKS,
+        on_by_default=_pads_to_longest,
     ),
     Strategy(
         "smart_batch",
@@ -131,12 +151,20 @@ STRATEGIES = [
         {"padding": "longest", "sampler": "length_grouped"},
         tasks=TEXT_TASKS,
         conflicts=frozenset({"sortish"}),
+        on_by_default=lambda lib: (
+            "train_sampling_strategy='group_by_length'"
+            if lib.fields.get("train_sampling_strategy") == "group_by_length" or lib.fields.get("group_by_length")
+            else None
+        ),
     ),
     Strategy(
         "pin_memory",
         "CUDA: batches in page-locked host memory, so host-to-GPU copies are faster and overlap the step "
         "(DataLoader pin_memory=True; the Trainer's default); page-locked RAM per batch in flight; inert on CPU",
         {"pin_memory": True},
+        on_by_default=lambda lib: (
+            "dataloader_pin_memory=True" if lib.device == "cuda" and lib.fields.get("dataloader_pin_memory") else None
+        ),
     ),
     Strategy(
         "sortish",
@@ -145,5 +173,19 @@ STRATEGIES = [
         {"padding": "longest", "sampler": "sortish"},
         tasks=TEXT_TASKS,
         conflicts=frozenset({"smart_batch"}),
+    ),
+    Strategy(
+        "padding_free",
+        "each batch's examples flattened into one row, position ids restarting, no padding at all (TRL's "
+        "padding_free, transformers' DataCollatorWithFlattening); no padding compute with as many examples a step "
+        "as the batch size, attention masked across examples (flash-attention's varlen path on a GPU)",
+        {"padding": "none"},
+        tasks=LM_TASKS,
+        conflicts=frozenset({"packing", "dynamic_pad", "smart_batch", "sortish"}),
+        on_by_default=lambda lib: (
+            "padding_free=True"
+            if lib.sft and lib.fields.get("padding_free") and not lib.fields.get("packing")
+            else None
+        ),
     ),
 ]

@@ -17,8 +17,15 @@ CHUNK_TOKENS = 1024  # rows of logits alive at once: 1024 x 151,936 x 4 bytes = 
 def _packing_runtime(value: bool, rt: Runtime) -> None:
     if not value:
         return
-    rt.packing = True
+    rt.data_view = _packed_rows
+    rt.full_rows = True
     rt.model_edits.append(packable)
+
+
+def _packed_rows(data):
+    """The trial's training examples packed into --max-length rows (the data's own packing of them)."""
+    assert data.packed is not None, "packing applies to causal-lm only (the strategy's tasks)"
+    return data.packed()
 
 
 def packable(model):
@@ -175,15 +182,7 @@ STRATEGIES = [
         {"packing": True},
         tasks=LM_TASKS,
         conflicts=frozenset({"dynamic_pad", "smart_batch", "sortish"}),
-    ),
-    Strategy(
-        "padding_free",
-        "each batch's examples flattened into one row, position ids restarting, no padding at all (TRL's "
-        "padding_free, transformers' DataCollatorWithFlattening); no padding compute with as many examples a step "
-        "as the batch size, attention masked across examples (flash-attention's varlen path on a GPU)",
-        {"padding": "none"},
-        tasks=LM_TASKS,
-        conflicts=frozenset({"packing", "dynamic_pad", "smart_batch", "sortish"}),
+        on_by_default=lambda lib: "packing=True" if lib.sft and lib.fields.get("packing") else None,
     ),
     Strategy(
         "chunked_ce",
@@ -192,6 +191,13 @@ STRATEGIES = [
         {"lm_loss": "chunked"},
         tasks=LM_TASKS,
         conflicts=frozenset({"zero3", "zero3_offload"}),  # ZeRO-3 frees the gathered head weight before the loss
+        # TRL 1.16's SFTTrainer computes its NLL through the LM head in chunks, never the [tokens, vocab] logits
+        # (loss_type 'nll': "computes the loss the same way, without materializing the full logits")
+        on_by_default=lambda lib: (
+            f"loss_type={lib.fields.get('loss_type')!r}: no full logits"
+            if lib.sft and lib.fields.get("loss_type") in ("nll", "chunked_nll")
+            else None
+        ),
     ),
     Strategy(
         "liger",
@@ -202,6 +208,7 @@ STRATEGIES = [
         conflicts=frozenset({"chunked_ce", "cce", "zero3", "zero3_offload"}),  # one loss; ZeRO-3 frees the head
         requires=frozenset({"cuda"}),
         packages=frozenset({"liger_kernel"}),
+        on_by_default=lambda lib: "use_liger_kernel=True" if lib.fields.get("use_liger_kernel") else None,
     ),
     Strategy(
         "cce",
