@@ -336,7 +336,7 @@ def test_a_tune_trial_shows_its_steps_on_the_status_line(tmp_path, cls_csv):
 
     render = Render(status=lambda _text: contextlib.nullcontext(Status()))
     space = _space(tmp_path, "lr: {low: 1.0e-4, high: 3.0e-3, log: true}\n")
-    trainwise.search.hyperparams(
+    trainwise.tune(
         space=space, search="random", trials=1, model_preset="bert-tiny", train_file=str(cls_csv), max_length=32,
         batch_size=8, max_steps=4, eval_every=2, eval_samples=16, device="cpu", out=str(tmp_path / "t"), render=render,
     )  # fmt: skip

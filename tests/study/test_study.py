@@ -404,7 +404,7 @@ def test_a_study_grows_by_rows_and_is_replaced_only_when_asked(tmp_path, cls_csv
     store = Store.of(out)
     assert store.spec("baseline").steps == 3, "the trial the report shows, not the first stored"
     store.close()
-    assert trainwise.exporting.scripts(study=str(out), out=str(tmp_path / "export")).row == "baseline"
+    assert trainwise.export(study=str(out), out=str(tmp_path / "export")).row == "baseline"
     assert '"max_steps": 3' in (tmp_path / "export" / "training_args.json").read_text()
 
     monkeypatch.setenv("TRAINWISE_FAULT", "baseline:raise@1")

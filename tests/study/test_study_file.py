@@ -85,25 +85,25 @@ def test_the_api_reads_the_same_files(tmp_path, monkeypatch):
     path = tmp_path / "estimate.yaml"
     path.write_text("model_preset: bert-tiny\nstrategies: baseline,bf16\nbatch_size: 8\nmax_length: 32\n")
     with pytest.raises(ConfigError, match="--batch-size: expected a whole number, got '8'"):
-        trainwise.search.memory(config=path, batch_size="8")
-    report = trainwise.search.memory(config=path, max_length=16)
+        trainwise.estimate(config=path, batch_size="8")
+    report = trainwise.estimate(config=path, max_length=16)
     assert [name for name, _ in report.estimates] == ["baseline", "bf16"]
     assert {e.max_length for _, e in report.estimates} == {16} and {e.batch_size for _, e in report.estimates} == {8}
 
 
 def test_advise_as_a_call_equals_the_cli_json(tmp_path, capsys):
-    """trainwise.search.ranking(study=[...]) is `trainwise advise --json`, over a study file's constraints too."""
+    """trainwise.advise(study=[...]) is `trainwise advise --json`, over a study file's constraints too."""
     import json
     from pathlib import Path
 
     study = str(Path(__file__).resolve().parents[1] / "data" / "study_rows" / "synthetic")
     path = tmp_path / "advise.yaml"
     path.write_text("objective: time\nmemory_budget: 900MiB\n")
-    advice = trainwise.search.ranking(config=path, study=[study])
+    advice = trainwise.advise(config=path, study=[study])
     assert main(["advise", study, "--memory-budget", "900MiB", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(dataclasses.asdict(advice)))
     with pytest.raises(ConfigError, match="advise: --study is required"):
-        trainwise.search.ranking(objective="time")
+        trainwise.advise(objective="time")
 
 
 # ---- issue 34 (A): a run over a study already in --out never silently replaces its report -----------------------

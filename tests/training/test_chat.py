@@ -197,7 +197,7 @@ def test_compare_and_train_on_chat_data(tiny_chat_model, chat_jsonl, tmp_path, c
     spec = json.loads((out / "data" / "origin.json").read_text())
     assert spec["messages_column"] is None and spec["source"].endswith("chat.jsonl")
 
-    result = trainwise.training.fit(
+    result = trainwise.train(
         task="causal-lm",
         model=str(tiny_chat_model),
         train_file=str(chat_jsonl),

@@ -214,40 +214,66 @@ class ModelData(Options):
     messages_column: str | None = take(StudyConfig, "messages_column")
 
 
+# ---- option groups: each option declared in one group, the verbs composed of the groups they read ----------------
 @dataclass(frozen=True, kw_only=True)
-class CompareOptions(ModelData, Priced):
-    """`trainwise compare`: one trial per strategy row on the same model and data. Lists may be given as
-    Python lists or as the CLI's comma text."""
+class Shape(Options):
+    """What a step holds: the batch, its micro-batches and the lengths (compare, plan, train)."""
 
-    VERB = "compare"
-    strategies: str | list[str] = take(StudyConfig, "strategies")
     batch_size: int = take(StudyConfig, "batch_size")
     accum_steps: int = take(StudyConfig, "accum_steps")
     max_length: int = take(StudyConfig, "max_length")
     max_target_length: int = take(StudyConfig, "max_target_length")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Training(Options):
+    """How a run trains and is evaluated, whatever the verb (compare, plan, train)."""
+
+    lr: float | None = take(StudyConfig, "lr")
+    seed: int = take(StudyConfig, "seed")
+    device: str = take(StudyConfig, "device")
+    eval_samples: int = take(StudyConfig, "eval_samples")
+    max_train_samples: int | None = take(StudyConfig, "max_train_samples")
+    nproc: int = take(StudyConfig, "nproc")
+    force: bool = take(StudyConfig, "force")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurement(Options):
+    """How a study measures its rows: the trials' steps, repeats, timeouts and re-runs (compare, plan)."""
+
     max_steps: int = take(StudyConfig, "max_steps")
     warmup_steps: int = take(StudyConfig, "warmup_steps")
     repeat: int = take(StudyConfig, "repeat")
     remeasure: bool = take(StudyConfig, "remeasure")
-    lr: float | None = take(StudyConfig, "lr")
-    seed: int = take(StudyConfig, "seed")
-    device: str = take(StudyConfig, "device")
-    out: str = take(StudyConfig, "out")
     trial_timeout: float = take(StudyConfig, "trial_timeout")
-    eval_samples: int = take(StudyConfig, "eval_samples")
-    max_train_samples: int | None = take(StudyConfig, "max_train_samples")
     retry_failed: bool = take(StudyConfig, "retry_failed")
     retries: int = take(StudyConfig, "retries")
-    ray_address: str | None = take(StudyConfig, "ray_address")
-    force: bool = take(StudyConfig, "force")
-    replace: bool = flag("replace", REPLACE, role=RUN, saved=False)
+    profile: bool = take(StudyConfig, "profile")
+    image_size: int = take(StudyConfig, "image_size")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scale(Options):
+    """Where a study's trials run: sweeps of batch and workers, nodes of a Ray cluster (compare, plan)."""
+
     batch_sizes: str | list[int] | None = take(StudyConfig, "batch_sizes")
     num_workers: str | int | list[int] = take(StudyConfig, "num_workers")
-    nproc: int = take(StudyConfig, "nproc")
     nodes_per_trial: int = take(StudyConfig, "nodes_per_trial")
-    image_size: int = take(StudyConfig, "image_size")
+    ray_address: str | None = take(StudyConfig, "ray_address")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareOptions(Scale, Measurement, Training, Shape, ModelData, Priced):
+    """`trainwise compare`: one trial per strategy row on the same model and data. Lists may be given as
+    Python lists or as the CLI's comma text. Its options are the groups' (ModelData, Shape, Training, Measurement,
+    Scale, Priced) and its own few below."""
+
+    VERB = "compare"
+    strategies: str | list[str] = take(StudyConfig, "strategies")
+    out: str = take(StudyConfig, "out")
+    replace: bool = flag("replace", REPLACE, role=RUN, saved=False)
     checkpoint_minutes: float = option(30.0, "Cost, low-priority: minutes between checkpoints.", role=PRICE)
-    profile: bool = take(StudyConfig, "profile")
     report_to: str | None = option(
         None, "wandb: a W&B run per trial, grouped by the study, and the table; trainwise\\[wandb].", role=RUN
     )
@@ -568,19 +594,13 @@ class FindBatchOptions(Options):
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainOptions(ModelData, Priced):
-    """`trainwise train`: train for real with one plan."""
+class TrainOptions(Training, Shape, ModelData, Priced):
+    """`trainwise train`: train for real with one plan (the groups ModelData, Shape, Training, Priced, and its own
+    schedule, checkpoints, machines and trackers)."""
 
     VERB = "train"
     strategies: str | None = option(None, "The plan (a+b) \\[default: baseline]; --plan: a row.")
     plan_study: str | None = option(None, "Train a study's row (advise's pick) as it ran.", "--plan")
-    batch_size: int = take(StudyConfig, "batch_size")
-    accum_steps: int = take(StudyConfig, "accum_steps")
-    max_length: int = take(StudyConfig, "max_length")
-    max_target_length: int = take(StudyConfig, "max_target_length")
-    lr: float | None = take(StudyConfig, "lr")
-    seed: int = take(StudyConfig, "seed")
-    device: str = take(StudyConfig, "device")
     num_workers: int = option(0, "DataLoader worker processes.")  # one count (compare's sweeps several)
     epochs: int = take(TrainConfig, "epochs")
     max_steps: int | None = take(TrainConfig, "max_steps")
@@ -590,9 +610,6 @@ class TrainOptions(ModelData, Priced):
     patience: int | None = take(TrainConfig, "patience")
     min_delta: float = take(TrainConfig, "min_delta")
     monitor: str = take(TrainConfig, "monitor")
-    eval_samples: int = take(StudyConfig, "eval_samples")
-    max_train_samples: int | None = take(StudyConfig, "max_train_samples")
-    nproc: int = take(StudyConfig, "nproc")
     nproc_per_node: int | None = option(None, "Several machines: ranks on each node (the same as --nproc).")
     nnodes: int | None = option(
         None, "Machines the run spans (each runs this command) \\[in srun: $SLURM_NNODES; else 1]."
@@ -603,7 +620,6 @@ class TrainOptions(ModelData, Priced):
         None, "Several machines: a free port on node 0 \\[default: $MASTER_PORT or 29500]."
     )
     out: str = option("runs/train", "Run directory: checkpoints/, best/, train_result.json.")
-    force: bool = take(StudyConfig, "force")
     resume: bool = flag("resume", "Continue from the last whole checkpoint in --out.")
     report_to: str | None = option(
         None, "tensorboard, mlflow and/or wandb (comma list); trainwise\\[report], trainwise\\[wandb]."

@@ -126,8 +126,10 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     if options.ecosystem_default:
         eco = ecosystem.default_for(task, device, lambda row: _runnable(row, task, accum, caps))
         if eco.row != "baseline":
-            extra.append(eco.row)
-    base = dataclasses.replace(base, strategies=[*rows0, *(r for r in extra if r not in rows0)])
+            # measured as given, and each of its strategies alone too (as a combination given as a row is): the
+            # search can then take one out of it (grad_ckpt out of TRL's defaults) or add to it
+            extra += [eco.row, *_alone(eco.row)]
+    base = dataclasses.replace(base, strategies=[*rows0, *dict.fromkeys(r for r in extra if r not in rows0)])
 
     shown: list[Any] = []  # the last table a compare call drew: printed once, at the end (not after every round)
     said: set[str] = set()
@@ -202,7 +204,7 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     if found.noise > WIDE and pick not in (None, "baseline"):
         # a floor too wide to tell the leaders apart: they are measured again, longer, in a study of their own
         confirmed = _confirm(base, rows, found, constraints, eco, run_s, quiet)
-        pick = confirmed["pick"] or pick
+        pick = (confirmed or {}).get("pick") or pick
     result = _result(options, base, rows, found, constraints, valid, only, never, pick, eco, run_s)
     result.confirmed = confirmed
     if confirmed is not None:
@@ -240,7 +242,7 @@ def _confirm(
     eco: ecosystem.Default | None,
     run_s: float | None,
     render: Render,
-) -> dict:
+) -> dict | None:
     """The leaders of a search whose noise floor is too wide to decide between them (past WIDE), measured again with
     CONFIRM_STEPS times the study's steps, beside the baseline (first and again last) and the ecosystem's default, in
     OUT/confirm (a study of its own: it resumes). The pick is then the simplest row within that study's floor (at
@@ -257,6 +259,8 @@ def _confirm(
     if found.incumbent and found.incumbent not in leaders:
         leaders.append(found.incumbent)
     extra = [eco.row] if eco is not None and eco.row not in (*leaders, "baseline") else []
+    if len(leaders) < 2:  # one leader: nothing to choose between (the search's pick stands)
+        return None
     steps = CONFIRM_STEPS * (base.max_steps or 16)
     where = Path(base.out) / "confirm"
     options = dataclasses.replace(
@@ -294,6 +298,13 @@ def _confirm(
         "pick": chosen.row if chosen else None,
         "said": said,
     }
+
+
+def _alone(row: str) -> list[str]:
+    """A combination's strategies as rows of their own (one that runs only beside another, cce, is left out: its
+    effect is read off the combination)."""
+    names = [n.strip() for n in row.partition("@bs")[0].split("+")]
+    return [n for n in names if n and n != "baseline" and not strategies.REGISTRY[n.partition("=")[0]].with_one_of]
 
 
 def _capacity(device: str, constraints: Constraints) -> int | None:

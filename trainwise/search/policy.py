@@ -303,7 +303,8 @@ def search(
                 return measured[names].rel_time or 1.0, 0
             found = anchor(names, measured)
             return predict(names, measured, single), len(names - (found.names if found else frozenset()))
-        scale = batch_scale(measured, sized, batch, noise)
+        # (judged by the bar's floor: a doubling that gained 12% on a ±14% floor is followed, not stopped at)
+        scale = batch_scale(measured, sized, batch, bar_noise)
         scale = scale if scale > 0 else 1 - noise / 2  # (a row of no time: no figure)
         # what was measured at this size, brought back to the study's by the size's scale, anchors and informs a
         # prediction there as rows at the study's size do: a pair screened at a doubled size carries its gain
