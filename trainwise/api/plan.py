@@ -7,11 +7,12 @@ OUT/plan.md.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,8 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     quiet = dataclasses.replace(render, table=shown.append, note=once)
     compare_api.start(base, quiet)  # the single rows (and the ecosystem's default): run, or resumed from the store
     singles_s = time.monotonic() - began
+    # from here on each round's compare says only its new trials (the stored ones were said above)
+    quiet = dataclasses.replace(quiet, progress=_new_only(render.progress))
     rows = study_rows(out)
     order = list(strategies.REGISTRY)
     next_batch = doubling(out, cfg0.batch_size, options.batch_search)
@@ -287,6 +290,18 @@ def _confirm(
         "pick": chosen.row if chosen else None,
         "said": said,
     }
+
+
+def _new_only(progress: Callable) -> Callable:
+    """A study's progress that leaves out the trials read back from its store (a round of the search adds one or two
+    rows to a study of many: its stored rows were said when they ran)."""
+
+    @contextlib.contextmanager
+    def shown(prepared: Any) -> Iterator[tuple[Callable, Callable]]:
+        with progress(prepared) as (on_event, on_done):
+            yield on_event, lambda spec, result, stored: None if stored else on_done(spec, result, stored)
+
+    return shown
 
 
 def _alone(row: str) -> list[str]:
