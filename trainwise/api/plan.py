@@ -25,7 +25,7 @@ from trainwise.api.render import STDERR, Render
 from trainwise.errors import ConfigError
 from trainwise.files import human_bytes, write_atomic
 from trainwise.plan import DEFAULT_NOISE, WIDE, Candidate, Measured, Search, row_text, search, simplest, split_row
-from trainwise.quality import INCONCLUSIVE
+from trainwise.quality import INCONCLUSIVE, unlearned
 from trainwise.results import StudyRow
 from trainwise.search import ecosystem
 from trainwise.study.store import PAGE, PLAN, PLAN_MD, Store, write_report
@@ -911,6 +911,9 @@ def headline(r: PlanResult) -> list[str]:
             f"quality: {q['metric_name']} {q['mean']:.2f} (delta {_signed(q['delta'])} vs the baseline) over "
             f"{len(q['values'])} seeds x {q['steps']} steps: {q['verdict']}"
         )
+        base_mean = q["mean"] - (q["delta"] or 0.0)
+        if (said := unlearned([q["mean"], base_mean], q.get("majority"))) is not None:
+            out.append(f"but {said}")
     if plan.tokens_per_s:
         out.append(f"{plan.tokens_per_s:,.0f} non-pad tokens/s, {plan.samples_per_s or 0:,.1f} samples/s")
     if plan.flops_per_s and r.peak and r.peak.get("flops_per_s"):
