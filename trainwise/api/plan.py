@@ -7,11 +7,12 @@ OUT/plan.md.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from trainwise.search.policy import (
     split_row,
 )
 from trainwise.search.ranking import Constraints, advise, one_kind
-from trainwise.search.verdicts import INCONCLUSIVE
+from trainwise.search.verdicts import INCONCLUSIVE, unlearned
 from trainwise.study.store import PAGE, PLAN, PLAN_MD, Store, write_report
 
 UNMEASURED = "out: not measured (not among the study's rows)"
@@ -142,6 +143,8 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     quiet = dataclasses.replace(render, table=shown.append, note=once)
     compare_api.start(base, quiet)  # the single rows (and the ecosystem's default): run, or resumed from the store
     singles_s = time.monotonic() - began
+    # from here on each round's compare says only its new trials (the stored ones were said above)
+    quiet = dataclasses.replace(quiet, progress=_new_only(render.progress))
     rows = study_rows(out)
     order = list(strategies.REGISTRY)
     next_batch = doubling(out, cfg0.batch_size, options.batch_search)
@@ -298,6 +301,18 @@ def _confirm(
         "pick": chosen.row if chosen else None,
         "said": said,
     }
+
+
+def _new_only(progress: Callable) -> Callable:
+    """A study's progress that leaves out the trials read back from its store (a round of the search adds one or two
+    rows to a study of many: its stored rows were said when they ran)."""
+
+    @contextlib.contextmanager
+    def shown(prepared: Any) -> Iterator[tuple[Callable, Callable]]:
+        with progress(prepared) as (on_event, on_done):
+            yield on_event, lambda spec, result, stored: None if stored else on_done(spec, result, stored)
+
+    return shown
 
 
 def _alone(row: str) -> list[str]:
@@ -907,6 +922,9 @@ def headline(r: PlanResult) -> list[str]:
             f"quality: {q['metric_name']} {q['mean']:.2f} (delta {_signed(q['delta'])} vs the baseline) over "
             f"{len(q['values'])} seeds x {q['steps']} steps: {q['verdict']}"
         )
+        base_mean = q["mean"] - (q["delta"] or 0.0)
+        if (said := unlearned([q["mean"], base_mean], q.get("majority"))) is not None:
+            out.append(f"but {said}")
     if plan.tokens_per_s:
         out.append(f"{plan.tokens_per_s:,.0f} non-pad tokens/s, {plan.samples_per_s or 0:,.1f} samples/s")
     if plan.flops_per_s and r.peak and r.peak.get("flops_per_s"):
