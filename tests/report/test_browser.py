@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests import browser, here
-from tests.test_report import OLD, demo_batch_search, demo_estimates, demo_plan, demo_rows, demo_verdicts
+from tests.report.test_report import OLD, demo_batch_search, demo_estimates, demo_plan, demo_rows, demo_verdicts
 from trainwise.report import html as page
 
 pytestmark = pytest.mark.slow
