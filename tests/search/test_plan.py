@@ -129,7 +129,7 @@ def test_a_combination_given_as_a_row_is_measured_alone_too_so_the_search_can_co
 )
 def test_a_plan_whose_quality_check_finds_a_real_loss_is_not_recommended(verdict, drop, recommended):
     """seed 003's recipe: bf16+channels_last@bs512 ran 59% of the baseline's time, and over 2 seeds on as many
-    samples (10 optimizer steps against 40) reached 13.7% accuracy against 90.2% (BENCHMARKS §S12)."""
+    samples (10 optimizer steps against 40) reached 13.7% accuracy against 90.2% (BENCHMARKS §K1)."""
     from trainwise.api.plan import Line, PlanResult, judge_quality, markdown
 
     q = {
@@ -244,7 +244,7 @@ def test_a_prediction_is_anchored_on_the_largest_subset_measured_as_a_whole():
 
 
 def test_a_fixed_cost_saving_is_credited_where_it_pays():
-    """The demo on an AVX2 EPYC (BENCHMARKS §S11): freeze_embeddings alone read 102% (its optimizer saving,
+    """The demo on an AVX2 EPYC (BENCHMARKS §D1): freeze_embeddings alone read 102% (its optimizer saving,
     0.14 -> 0.05 s, hidden in a 2.1 s padded step), smart_batch 23%; together 16%. Phase by phase the pair is
     predicted from the phases each changed: the data wait, forward/backward, optimizer and the rest."""
     base = row("baseline", 1.0, parts=(0.0004, 0.907, 0.068, 0.025))
@@ -323,7 +323,7 @@ def test_the_leader_is_tried_at_larger_batches_while_they_pay_and_fit():
 
 
 def test_a_larger_batch_is_predicted_from_what_the_last_doubling_gained():
-    """The default study on an AVX2 EPYC (BENCHMARKS §S11): smart_batch took 26% of the baseline's time per sample
+    """The default study on an AVX2 EPYC (BENCHMARKS §D1): smart_batch took 26% of the baseline's time per sample
     at 16, 14% at 32 and 7% at 64. Before 128 is measured it is predicted to gain the last doubling's 0.5 again
     (not the 0.27 of both doublings: squaring that predicted 2% where 128 measured 12%)."""
     sb = frozenset({"smart_batch"})
@@ -406,7 +406,7 @@ def test_nothing_helping_beyond_the_noise_floor_means_no_search_but_the_screen_o
 
 
 def test_when_no_single_row_helps_the_fastest_is_screened_with_each_other_strategy_until_a_pair_beats_it():
-    """SmolLM2 on this machine's package database (BENCHMARKS §S11): no row helped beyond the floor alone
+    """SmolLM2 on this machine's package database (BENCHMARKS §D1): no row helped beyond the floor alone
     (freeze_embeddings 97%, smart_batch 113%, chunked_ce 123%, dynamic_pad 126%), so nothing was predicted and the
     search stopped at freeze_embeddings, 1.32x the exhaustive best. With its tied head frozen, chunked_ce is spared
     the head's weight gradient: the pair reads 78%. The screen measures freeze_embeddings with the others, in the

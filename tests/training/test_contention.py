@@ -68,7 +68,7 @@ def test_a_difference_the_others_load_could_explain_is_uncertain_not_a_verdict()
 
 
 def test_on_two_cores_the_others_share_lands_on_one_and_the_whole_step_waits_for_it():
-    """seed 004's grad_accum @w2 (BENCHMARKS §S12): 21% of 2 CPUs taken by others, 129% of the baseline while the
+    """seed 004's grad_accum @w2 (BENCHMARKS §K1): 21% of 2 CPUs taken by others, 129% of the baseline while the
     same row at 0 workers read 85%. Its threads wait for the loaded core at every operator: uncertain, not a
     verdict (one thread on shared CPUs, s / (1 - s), would have allowed 26%)."""
     from trainwise.core.results import StudyRow

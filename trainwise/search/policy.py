@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field, replace
 # the least noise the search assumes, relative to the baseline's time. A study's floor comes from one pair of
 # baseline runs (or one run's step-to-step spread), which underestimates how far a row moves from one trial to the
 # next: the default study's rows repeated 3 times spread 6-23% (BENCHMARKS §S1), an inert pin_memory row read 82%
-# (§S12), and a search that believed a ±2% floor kept measuring rows it could not tell apart (§S11)
+# (§K1), and a search that believed a ±2% floor kept measuring rows it could not tell apart (§D1)
 DEFAULT_NOISE = 0.05
 BEAM = 2  # candidates measured per round
 POOL = 7  # at most this many strategies combined in the first round (2^7 subsets predicted, not measured)
@@ -178,7 +178,7 @@ def predict(names: frozenset[str], measured: dict[frozenset[str], Measured], sin
     involved has phases; else the anchor's time times the added strategies' overall ratios. Then each pair of its
     strategies that was measured as a pair and is not inside the anchor adds what it did beyond its two parts
     (its measured time over its time composed from them): freeze_embeddings with chunked_ce on SmolLM2, whose head
-    is tied, read 78% where each alone read 97% and 123% (§S11), and a triple holding that pair is predicted with it.
+    is tied, read 78% where each alone read 97% and 123% (§D1), and a triple holding that pair is predicted with it.
     Phases are per sample (`trainwise.api.plan.phases`): what a strategy does to a step's cost (bf16) and what it
     does to the samples a step carries (packing, a batch size) multiply."""
     best = anchor(names, measured)
@@ -357,7 +357,7 @@ def search(
         # measured when predicted to beat the incumbent by half the noise floor: a gain predicted smaller would not
         # be told from noise once measured, even if real; one predicted at half the floor may measure beyond it
         # (a prediction misses by more than that). Asking for the whole floor stopped a causal-LM search at 1.27x
-        # its best; asking for any gain took it 6 trials where half the floor took 4 to the same pick (§S11).
+        # its best; asking for any gain took it 6 trials where half the floor took 4 to the same pick (§D1).
         bar = (best.rel_time or 1.0) * (1 - bar_noise / 2) if best else math.inf
         # from round 2 on; from the first in a continued search, or where a combination (`all`) leads singles that
         # left nothing to combine (the screen is only of a single row's pairs)
