@@ -222,3 +222,27 @@ def test_a_child_killed_before_it_leads_its_own_group_is_still_killed():
     if alive:
         child.kill()
     assert not alive and child.returncode == -signal.SIGKILL
+
+
+def test_a_forked_child_finds_what_the_callers_pythonpath_holds_though_the_zygote_started_without_it(
+    tmp_path, monkeypatch
+):
+    """A zygote started earlier, elsewhere and without the caller's PYTHONPATH (another test's, a notebook's): a
+    forked child still imports a module only that path holds, as an exec'd one would (a fresh clone's suite failed
+    so when its zygote was first started from a test's directory)."""
+    from trainwise.run import zygote
+
+    monkeypatch.setattr(zygote, "_zygote", None)  # a zygote of this test's own
+    monkeypatch.delenv("PYTHONPATH")
+    monkeypatch.chdir(tmp_path)
+    zygote.warm()
+    zygote.settle()
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    seen: list[dict] = []
+    try:
+        end = run_child("tests.child", ["where"], tmp_path / "log", seen.append, timeout_s=120)
+        assert end.code == 0, (tmp_path / "log").read_text()
+        assert seen[0]["forked"] is True
+    finally:
+        if zygote._zygote is not None:
+            zygote._zygote.proc.kill()

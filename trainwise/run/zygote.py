@@ -245,6 +245,11 @@ def _child(request: dict, out_fd: int, err_fd: int, sock: socket.socket | None) 
         os.environ.clear()
         os.environ.update(request["env"])
         os.environ["TRAINWISE_FORKED"] = "1"  # the trial's env record says how its process started
+        # the caller's PYTHONPATH, as an exec'd child's path would hold it (the zygote's was read when it started,
+        # maybe before the caller set it: a module only there, a test's helper, was not found in a fork)
+        for entry in reversed([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]):
+            if entry not in sys.path:
+                sys.path.insert(1, entry)
         if threads := os.environ.get("OMP_NUM_THREADS", "").strip():
             import torch  # heavy: torch (imported by the preload already)
 
