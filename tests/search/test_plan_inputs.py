@@ -227,3 +227,51 @@ def test_the_incumbent_is_tried_once_at_the_estimates_largest_fitting_batch_besi
     assert asked[0] == "bf16+packing" and "bf16+packing@bs128" in asked[1:3], asked
     assert sum(r.endswith("@bs128") for r in asked) == 1  # once per combination
     assert split_row(found.incumbent)[1] is not None
+
+
+def test_the_greedy_stack_takes_a_strategy_refused_alone_once_its_companion_is_in():
+    """cce's effect read off bf16+cce can sort before bf16: refused first (it runs only beside a 16-bit precision),
+    taken once bf16 is in; a conflict stays out."""
+    from trainwise.search.policy import greedy
+
+    def valid(names):
+        try:
+            strategies.parse_rows(["+".join(sorted(names, key=ORDER.index))], 4)
+        except ConfigError as e:
+            return str(e)
+        return None
+
+    assert greedy(["cce", "bf16", "packing", "liger"], valid) == frozenset({"cce", "bf16", "packing"})
+
+
+def test_a_resumed_search_whose_stack_was_measured_still_doubles_its_incumbent_in_its_first_round():
+    """The greedy stack measured by an earlier run is not forced again, so it does not hold back the doubling."""
+    from trainwise.search.policy import Candidate
+
+    singles = [
+        Measured("baseline", frozenset(), 1.0, 1.0),
+        Measured("bf16", frozenset({"bf16"}), 0.5, 1.0),
+        Measured("packing", frozenset({"packing"}), 0.2, 1.0),
+        Measured("bf16+packing", frozenset({"bf16", "packing"}), 0.1, 1.0),
+    ]
+    done = [Candidate("bf16+packing", 1, "the greedy stack", 0.1, state="measured", measured_time=0.1, trial=1)]
+    asked: list[str] = []
+
+    def measure(rows):
+        asked.extend(rows)
+        return [Measured(r, split_row(r)[0], 0.08, 1.0, batch=split_row(r)[1]) for r in rows]
+
+    search(singles, measure, lambda _n: None, ORDER, noise=0.02, earlier=done, next_batch=lambda b: None if b else 32)
+    assert asked[:1] == ["bf16+packing@bs32"], asked
+
+
+def test_a_quality_check_that_gave_no_verdict_rejects_its_row():
+    """A check whose longer run finished no trial (or one seed) says nothing of quality: the row is not recommended on
+    it, and the next-fastest is checked instead."""
+    from trainwise.api.plan import rejection
+
+    assert rejection("bf16@bs64", None, None) == "bf16@bs64's quality check gave no verdict (no trial finished)"
+    one = {"verdict": "one seed: no verdict", "values": [50.0], "delta": None}
+    assert "one seed: no verdict" in rejection("bf16", one, None)
+    fine = {"verdict": "no significant difference", "values": [50.0, 51.0], "delta": -0.5}
+    assert rejection("bf16", fine, None) is None

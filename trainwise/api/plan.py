@@ -158,7 +158,12 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     earlier = [c for c in _searched_before(out) if c.row in present]
     own = {c.row for c in earlier} | {"all"} | ({eco.row} if eco else set())
     table = measured_rows(rows, constraints, accum, run_s)
-    singles = [m for m in table if (len(m.names) <= 1 or m.row in own) and (options.batch_search or m.batch is None)]
+    singles = [
+        m
+        for m in table
+        if (len(m.names) <= 1 or (m.row in own and valid(m.names) is None))  # (--only / --never bound `all` too)
+        and (options.batch_search or m.batch is None)
+    ]
     singles += _derived(table, singles)
     if not any(r.baseline and r.status == "ok" for r in rows):
         raise ConfigError(
@@ -204,7 +209,7 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
         render.table(shown[-1])  # the study's whole table, once
     rows = study_rows(out)
     pick, confirmed = found.incumbent, None
-    if found.noise > WIDE and pick not in (None, "baseline"):
+    if found.noise > WIDE and found.fastest not in (None, "baseline"):
         # a floor too wide to tell the leaders apart: they are measured again, longer, in a study of their own
         confirmed = _confirm(base, rows, found, constraints, eco, run_s, quiet)
         pick = (confirmed or {}).get("pick") or pick
@@ -282,10 +287,10 @@ def _confirm(
     compare_api.start(options, render)
     again = study_rows(where)
     noise = max(study_noise(again) or 0.0, DEFAULT_NOISE)
-    table = [m for m in measured_rows(again, constraints, base.accum_steps, run_s) if m.row in leaders]
-    default = next(
-        (m for m in measured_rows(again, constraints, base.accum_steps, run_s) if eco and m.row == eco.row), None
-    )
+    again_rows = measured_rows(again, constraints, base.accum_steps, run_s)
+    default = next((m for m in again_rows if eco is not None and m.row == eco.row), None)
+    # the ecosystem's default is a candidate there too: the pick is never slower than it
+    table = [m for m in again_rows if m.row in leaders or m is default]
     chosen = simplest(table, noise, default)
     times = {m.row: m.rel_time for m in table}
     said = (
@@ -563,11 +568,11 @@ def measured_rows(
         v = ranked.get(r.strategy)
         why = None if v is None or v.feasible or r.status != "ok" else v.reason
         rel = r.rel_time if r.status == "ok" else None
+        parts = phases(r, base)
         if rel is not None and r.compile_s and run_s:
             rel += r.compile_s / run_s
-        found.append(
-            Measured(text, names, rel, r.rel_mem, r.peak_mem_bytes, r.status, why, phases(r, base), row.batch_size)
-        )
+            parts = None  # (the phases are a step's; the charge is the run's: the row composes by its ratio)
+        found.append(Measured(text, names, rel, r.rel_mem, r.peak_mem_bytes, r.status, why, parts, row.batch_size))
     return found
 
 
@@ -829,7 +834,8 @@ def _checked(
 def rejection(row: str, q: dict | None, drop: float | None, random_init: bool = False) -> str | None:
     """Why a checked row is not recommended: its quality check found a loss the seeds say is real, beyond
     --max-quality-drop (or any, without one); None when it passes (a random-init preset's check never rejects)."""
-    q = q or {}
+    if not q or len(q.get("values") or []) < 2:  # no verdict at all: its longer run failed, or one seed finished
+        return f"{row}'s quality check gave no verdict ({(q or {}).get('verdict') or 'no trial finished'})"
     lost = -q["delta"] if q.get("delta") is not None else None
     if random_init or lost is None or q.get("verdict") != "worse" or (drop is not None and lost <= drop):
         return None

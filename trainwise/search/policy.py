@@ -195,11 +195,22 @@ def predict(names: frozenset[str], measured: dict[frozenset[str], Measured], sin
 
 def greedy(pool: list[str], valid: Callable[[frozenset[str]], str | None]) -> frozenset[str]:
     """The stack an engineer writes first: every strategy of `pool` (the fastest first) that the registry lets
-    join the ones before it."""
+    join the ones before it; one refused for lack of another (cce before bf16) joins as soon as that one is in, before
+    the slower strategies are looked at (liger, which conflicts with cce, then stays out)."""
     stack: frozenset[str] = frozenset()
+    waiting: list[str] = []
     for n in pool:
-        if valid(stack | {n}) is None:
-            stack |= {n}
+        if valid(stack | {n}) is not None:
+            waiting.append(n)
+            continue
+        stack |= {n}
+        joined = True
+        while joined:  # those refused before may join now, in their order
+            joined = False
+            for w in list(waiting):
+                if valid(stack | {w}) is None:
+                    stack, joined = stack | {w}, True
+                    waiting.remove(w)
     return stack
 
 
@@ -249,8 +260,8 @@ def search(
     strategy, BEAM a round in the order predicted, when nothing else is predicted ahead and at the batch size it
     leads at, until a combination leads. Each later round proposes the incumbent plus or minus one strategy and the
     unmeasured combinations again, with predictions anchored on what was measured (and on each measured pair's gain
-    beyond its parts). When nothing is left ahead, the incumbent without each strategy whose single row is inside
-    the floor is measured where that is predicted within the floor (is it needed?). It stops when nothing left is
+    beyond its parts). When nothing is left ahead, the incumbent without each of its strategies is measured where
+    that is predicted within the floor of it (is it needed?). It stops when nothing left is
     worth measuring, or when `max_trials` rows or `max_seconds` are spent. The pick (`incumbent`) is then the
     simplest measured row within the noise floor of the fastest, never slower than `default` (the row text of the
     ecosystem's default, when it is among `singles`). `earlier`: the candidates an earlier run of this search
@@ -342,7 +353,8 @@ def search(
 
     stack = greedy(pool, valid) if len(pool) >= 2 else frozenset()
     forced: list[Candidate] = []  # measured in round 1 whatever is predicted: the stack an engineer writes first
-    if len(stack) >= 2 and (top := consider(stack, "the greedy stack: every row that helped, minus conflicts", 1)):
+    top = consider(stack, "the greedy stack: every row that helped, minus conflicts", 1) if len(stack) >= 2 else None
+    if top is not None and top.state == "proposed":  # (one measured before, or pruned, is not forced again)
         forced.append(top)
     for size in range(2, len(pool) + 1):
         for combo in itertools.combinations(pool, size):
@@ -392,6 +404,8 @@ def search(
                     )
                     if c is not None and c.state == "proposed" and c not in first:
                         first.append(c)
+                        if not any(b == bigger and m.ok for (_n, b), m in sized.items()):
+                            unpriced.add(c.row)  # priced by a prior (nothing ran there): its miss says nothing
         waiting = [c for c in result.candidates if c.state == "proposed"]
         for c in waiting:
             c.predicted_time, c.gap = predicted(*split_row(c.row))

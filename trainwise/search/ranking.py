@@ -17,7 +17,7 @@ from trainwise.core.errors import ConfigError, check_number
 from trainwise.core.results import StudyRow
 from trainwise.core.units import parse_bytes, parse_seconds
 from trainwise.report.format import RANDOM_INIT_NOTE, human_bytes
-from trainwise.search.verdicts import NOT_SIGNIFICANT, QualityVerdicts, unlearned
+from trainwise.search.verdicts import INCONCLUSIVE, NOT_SIGNIFICANT, QualityVerdicts, unlearned
 from trainwise.training.measure.memory import CUDA_CONTEXT_BYTES
 
 OBJECTIVES = ("time", "cost", "quality")
@@ -410,7 +410,8 @@ def with_quality(rows: list[StudyRow], verdicts: QualityVerdicts) -> tuple[list[
         if q is None:
             out.append(dataclasses.replace(r, metric=None))
             continue
-        metric = reference.mean if q.verdict == NOT_SIGNIFICANT and reference is not None else q.mean
+        # an uncalled difference counts as none: "no significant difference", and two seeds that cannot decide
+        metric = reference.mean if q.verdict in (NOT_SIGNIFICANT, INCONCLUSIVE) and reference is not None else q.mean
         verdict = f"{q.verdict} ({q.low:.2f}-{q.high:.2f} over {len(q.values)} seeds)"
         out.append(dataclasses.replace(r, metric=metric, quality_verdict=verdict))
     steps = verdicts.rows[0].steps if verdicts.rows else 0

@@ -109,7 +109,10 @@ def _aggregate(cells: list[Cell], trials: Trials) -> list[StudyRow]:
                 if name not in ("timed_steps", "added_steps") and all(
                     isinstance(v, int | float) and not isinstance(v, bool) for v in values
                 ):
-                    timing[name] = statistics.fmean(values)
+                    # times are averaged; a rate (per second) is the harmonic mean of the runs' (the rate of their
+                    # times' mean), so that the row's time, throughput and epoch still agree
+                    rate = name in ("samples_per_s", "tokens_per_s", "mfu")
+                    timing[name] = statistics.harmonic_mean(values) if rate else statistics.fmean(values)
         row = StudyRow(
             strategy=cell.label(),
             # a text size preset: random weights, so a few steps' quality says nothing about fine-tuning
