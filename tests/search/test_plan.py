@@ -217,9 +217,9 @@ def test_a_rejected_plan_falls_back_to_the_next_fastest_that_keeps_quality(monke
     options = PlanOptions(out=str(tmp_path / "none"))
     base = options.compare_options()
     found = Search(0.05, "bf16+smart_batch@bs64", fastest="bf16+smart_batch@bs64")
-    args = (options, base, rows, found, Constraints(), lambda _n: None, frozenset(), frozenset())
-    first = plan_api._result(*args, "bf16+smart_batch@bs64")
-    got = plan_api._checked(*args, None, None, first, Render.of(None))
+    ctx = plan_api.Searched(options, base, rows, found, Constraints(), lambda _n: None)
+    first = plan_api._result(ctx, "bf16+smart_batch@bs64")
+    got = plan_api._checked(ctx, first, Render.of(None))
     assert asked == [("bf16+smart_batch@bs64", 2), ("smart_batch@bs64", 2), ("smart_batch@bs64", 4)]
     assert got.plan == "smart_batch@bs64" and got.rejected is None
     assert [c["passed"] for c in got.checked] == [False, True] and "lost 7.19 accuracy" in got.checked[0]["why"]
@@ -230,7 +230,7 @@ def test_a_rejected_plan_falls_back_to_the_next_fastest_that_keeps_quality(monke
     # a size preset's random weights: the check's verdict is shown, never a reason to reject
     asked.clear()
     first.random_init = True
-    got = plan_api._checked(*args, None, None, first, Render.of(None))
+    got = plan_api._checked(ctx, first, Render.of(None))
     assert asked == [("bf16+smart_batch@bs64", 2)] and got.plan == "bf16+smart_batch@bs64"
     assert "recommended on time and memory" in " ".join(plan_api.headline(got))
 

@@ -213,14 +213,15 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
         # a floor too wide to tell the leaders apart: they are measured again, longer, in a study of their own
         confirmed = _confirm(base, rows, found, constraints, eco, run_s, quiet)
         pick = (confirmed or {}).get("pick") or pick
-    result = _result(options, base, rows, found, constraints, valid, only, never, pick, eco, run_s)
+    ctx = Searched(options, base, rows, found, constraints, valid, only, never, eco, run_s)
+    result = _result(ctx, pick)
     result.confirmed = confirmed
     if confirmed is not None:
         result.notes.append(confirmed["said"])
     result.singles_s = singles_s
     checked = time.monotonic()
     if options.quality_check and result.plan and result.plan != "baseline":
-        result = _checked(options, base, rows, found, constraints, valid, only, never, eco, run_s, result, render)
+        result = _checked(ctx, result, render)
     result.quality_s = time.monotonic() - checked
     result.search = found.to_dict()
     plan_line = next((ln for ln in result.lines if ln.label == "plan"), None)
@@ -615,19 +616,26 @@ def _line(label: str, r: StudyRow | None) -> Line | None:
     )
 
 
-def _result(
-    options: PlanOptions,
-    base: CompareOptions,
-    rows: list[StudyRow],
-    found: Search,
-    constraints: Constraints,
-    valid,
-    only: frozenset[str],
-    never: frozenset[str],
-    chosen: str | None,
-    eco: ecosystem.Default | None = None,
-    run_s: float | None = None,
-) -> PlanResult:
+@dataclass(frozen=True)
+class Searched:
+    """What a plan is read from once its search ended: the options, the study's options and rows, the search, the
+    budgets and the registry's verdict on combinations, the ecosystem's row and the planned run's seconds."""
+
+    options: PlanOptions
+    base: CompareOptions
+    rows: list[StudyRow]
+    found: Search
+    constraints: Constraints
+    valid: Callable[[frozenset[str]], str | None]
+    only: frozenset[str] = frozenset()
+    never: frozenset[str] = frozenset()
+    eco: ecosystem.Default | None = None
+    run_s: float | None = None
+
+
+def _result(ctx: Searched, chosen: str | None) -> PlanResult:
+    options, base, rows, found, constraints = ctx.options, ctx.base, ctx.rows, ctx.found, ctx.constraints
+    valid, only, never, eco, run_s = ctx.valid, ctx.only, ctx.never, ctx.eco, ctx.run_s
     by_row = {r.row_text: r for r in rows}
     measured = {m.row: m for m in measured_rows(rows, constraints, base.accum_steps, run_s)}
     singles = [m for m in measured.values() if len(m.names) == 1 and m.feasible and m.batch is None]
@@ -771,26 +779,15 @@ MAX_CHECKS = 3  # candidates whose quality is checked, in turn, before the searc
 MORE_SEEDS = 4  # an inconclusive 2-seed verdict is decided over this many (Welch's t-test)
 
 
-def _checked(
-    options: PlanOptions,
-    base: CompareOptions,
-    rows: list[StudyRow],
-    found: Search,
-    constraints: Constraints,
-    valid,
-    only: frozenset[str],
-    never: frozenset[str],
-    eco: ecosystem.Default | None,
-    run_s: float | None,
-    result: PlanResult,
-    render: Render,
-) -> PlanResult:
+def _checked(ctx: Searched, result: PlanResult, render: Render) -> PlanResult:
     """The plan's quality against the baseline, over seeds; where it loses beyond --max-quality-drop, the next-fastest
     candidates in turn (MAX_CHECKS in all), and the user gets the fastest that keeps quality. An inconclusive
     verdict (2 seeds whose ranges overlap) is decided over MORE_SEEDS. A size preset's random weights train too
     little in a check to say anything of fine-tuning: its verdict is shown, never a reason to reject."""
-    noise = found.noise
-    measured = [m for m in measured_rows(rows, constraints, base.accum_steps, run_s) if m.feasible and m.names]
+    options, base, noise = ctx.options, ctx.base, ctx.found.noise
+    measured = [
+        m for m in measured_rows(ctx.rows, ctx.constraints, base.accum_steps, ctx.run_s) if m.feasible and m.names
+    ]
     order = [result.plan] + [
         m.row
         for m in sorted(measured, key=lambda m: (m.rel_time or 1.0, len(m.names)))
@@ -806,11 +803,7 @@ def _checked(
         why = rejection(row, q, options.max_quality_drop, result.random_init)
         checks.append({"row": row, "quality": q, "passed": why is None, "why": why or ""})
         if why is None:
-            new = (
-                result
-                if row == result.plan
-                else _result(options, base, rows, found, constraints, valid, only, never, row, eco, run_s)
-            )
+            new = result if row == result.plan else _result(ctx, row)
             new.quality, new.checked, new.singles_s = q, checks, result.singles_s
             if row != result.plan:
                 new.notes.append(
