@@ -345,29 +345,35 @@ def _settings(
     data_format: str = "",
 ):
     assert cfg.lr is not None, "StudyConfig resolves the task's default"
-    return TrialSettings(
-        task=cfg.task,
-        model_kind=source.kind,
-        model_ref=source.ref,
-        model_label=source.display(),
-        tokenizer_dir=tokenizer_dir,
-        data_dir=str(data_dir.resolve()),
-        num_labels=n_labels,
-        batch_size=cfg.batch_size,
-        accum_steps=cfg.accum_steps,
-        max_length=cfg.max_length,
-        max_target_length=cfg.max_target_length,
-        warmup_steps=cfg.warmup_steps,
-        lr=cfg.lr,
-        seed=cfg.seed,
-        device=device,
-        eval_samples=cfg.eval_samples,
-        n_train=n_train,
-        nproc=cfg.nproc,
-        nnodes=cfg.nodes_per_trial,
-        profile=cfg.profile,
-        data_format=data_format,
-    )
+    resolved = {
+        "model_kind": source.kind,
+        "model_ref": source.ref,
+        "model_label": source.display(),
+        "tokenizer_dir": tokenizer_dir,
+        "data_dir": str(data_dir.resolve()),
+        "num_labels": n_labels,
+        "device": device,
+        "n_train": n_train,
+        "nnodes": cfg.nodes_per_trial,
+        "data_format": data_format,
+    }
+    return TrialSettings(**resolved, **study_settings(cfg, exclude=resolved))
+
+
+def study_settings(cfg: StudyConfig, exclude=()) -> dict:
+    """The trial settings a study's config declares under the same name, copied by name: an option a trial child
+    reads is declared once on StudyConfig and read as a TrialSettings field of its name (the study's stored keys
+    are made from these settings, so the child's view stays one flat, serialisable record)."""
+    names = {f.name for f in dataclasses.fields(StudyConfig)}
+    return {
+        f.name: getattr(cfg, f.name)
+        for f in dataclasses.fields(TrialSettings)
+        if f.name in names and f.name not in exclude and f.name not in STUDY_ONLY
+    }
+
+
+# TrialSettings fields a study's config also declares, but whose trial value is not the config's: set per cell
+STUDY_ONLY = frozenset({"num_workers"})
 
 
 def _specs(cfg: StudyConfig, settings, fingerprint: str, unsupported: dict[str, str], out: Path) -> PreparedStudy:
