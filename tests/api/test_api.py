@@ -84,7 +84,7 @@ def test_the_api_and_the_cli_give_the_same_rows(api_study, tmp_path):
         ({"quality_steps": 0}, "--quality-steps"),
     ],
 )
-def test_bad_keyword_arguments_are_one_config_error_before_anything_runs(tmp_path, options, says):
+def test_bad_keywords_are_one_config_error_before_a_run(tmp_path, options, says):
     with pytest.raises(ConfigError, match=re.escape(says)):
         trainwise.compare(out=str(tmp_path / "x"), **options)
     assert not (tmp_path / "x").exists(), "nothing written"
@@ -114,7 +114,7 @@ def test_the_cli_and_the_api_share_their_compare_defaults():
 
 
 @pytest.mark.slow
-def test_a_call_shows_progress_and_notes_on_stderr_and_render_none_is_silence(api_study, capsys):
+def test_a_call_shows_progress_on_stderr_render_none_silences(api_study, capsys):
     """Issue 34: a notebook's compare waited minutes in silence. By default a call shows what the CLI shows on
     stderr (the study's line, each trial, the study's notes), leaving the table to the returned study;
     `render=None` shows nothing."""

@@ -76,7 +76,7 @@ def test_no_help_text_is_written_twice():
     assert not twice, twice
 
 
-def test_a_config_field_taken_by_another_config_is_the_same_option():
+def test_a_field_shared_by_configs_is_one_option():
     """EstimateConfig, ExportConfig and TuneConfig read some of StudyConfig's options (the data, the batch, the
     seed): they take them, so a default changed in StudyConfig changes everywhere."""
     assert _declaration(declared(EstimateConfig, "accum_steps")) is declared(StudyConfig, "accum_steps")

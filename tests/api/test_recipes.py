@@ -23,7 +23,8 @@ def cli(*argv: str) -> subprocess.CompletedProcess:
     )  # in this process: its trials fork from the session's zygote, its cache is the session's
 
 
-def test_every_case_study_has_a_recipe_that_says_what_it_is_and_validates_as_its_verbs_options():
+def test_every_case_study_has_a_recipe_its_verb_validates():
+    """Every case study has a recipe that says what it is and validates as its verb's options."""
     found = {r.name: r for r in recipes.all_recipes()}
     assert {"seed-000", "seed-000-tune", "seed-001", "seed-002", "seed-003", "seed-004"} <= set(found)
     for r in found.values():
@@ -68,7 +69,7 @@ def test_a_recipe_for_compare_also_starts_a_plan():
 
 
 @pytest.mark.slow
-def test_seed_004_runs_by_name_on_its_distilbert_preset_with_flags_over_its_keys(tmp_path):
+def test_seed_004_runs_by_name_with_flags_over_its_keys(tmp_path):
     """The recipe's own model (the distilbert-base preset, new for it) trains; the flags shrink the study."""
     out = tmp_path / "s004"
     done = cli(
@@ -95,7 +96,7 @@ BUILDS = {"zero3_offload", "zero2_offload"}
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TINY))
-def test_every_row_of_every_recipe_trains_two_steps_on_its_familys_tiny_preset(tmp_path, name):
+def test_every_recipe_row_trains_two_steps_on_a_tiny_preset(tmp_path, name):
     """A recipe can never rot: its rows, keys and verb run end to end (seed 004's in the test above, seed 000's tune
     in the next), with the tiny preset of its family and 2 steps a row."""
     r = recipes.recipe(name, "compare")
@@ -147,7 +148,7 @@ def test_the_estimate_knows_distilberts_shapes(tmp_path, monkeypatch):
     assert cal.how == "tiny-config probe" and cal.family == "distilbert"
 
 
-def test_a_dataset_saved_by_datasets_and_a_hub_name_with_its_configuration(tmp_path, monkeypatch):
+def test_a_saved_dataset_and_a_hub_name_with_its_config(tmp_path, monkeypatch):
     """`--dataset DIR` reads a directory saved by `datasets`' save_to_disk (its train and validation splits);
     `NAME:CONFIG` names a hub dataset's configuration; offline, a hub name says what to pass instead."""
     import datasets
@@ -180,7 +181,7 @@ def test_a_dataset_saved_by_datasets_and_a_hub_name_with_its_configuration(tmp_p
         load_rows("samsum:plain", None, None, None, None)
 
 
-def test_pin_memory_is_a_choice_inert_on_a_cpu_and_exported_as_measured():
+def test_pin_memory_is_inert_on_cpu_and_exported_as_measured():
     """Seed 004 measured pin_memory: a strategy (the baseline leaves batches unpinned, as PyTorch's DataLoader
     does), recorded inert on a machine without a GPU, exported as the Trainer's dataloader_pin_memory."""
     from trainwise import strategies

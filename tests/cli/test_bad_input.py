@@ -594,7 +594,7 @@ FLAG_ERRORS = {
 
 
 @pytest.mark.parametrize("verb", list(FLAG_ERRORS))
-def test_flag_errors_come_before_torch_and_transformers_are_imported(verb, tmp_path):
+def test_flag_errors_come_before_torch_is_imported(verb, tmp_path):
     """Issue 17: a flag error is said at once (compare's took <1 s, train's 12-22 s): no verb imports
     torch or transformers before its options are checked. (Asserted on what is imported, not on time.)"""
     import subprocess

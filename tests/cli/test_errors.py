@@ -145,7 +145,8 @@ def test_an_out_dir_with_the_users_files_is_refused_unless_force(tmp_path, cls_c
     assert sorted(p.name for p in out.iterdir()) == ["report.md"] and (out / "report.md").read_text() == "my notes"
 
 
-def test_export_into_a_folder_with_the_users_files_is_refused_unless_force(tmp_path, capsys):
+def test_export_over_the_users_files_needs_force(tmp_path, capsys):
+    """Export into a folder with the user's files is refused unless --force."""
     from trainwise.cli import main
 
     out = tmp_path / "mine"

@@ -62,7 +62,8 @@ def leftovers(out: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_compare_on_a_full_disk_is_one_line_and_resumes_when_there_is_room(tmp_path, cls_csv):
+def test_compare_is_one_line_and_resumes_when_there_is_room(tmp_path, cls_csv):
+    """Compare on a full disk is one line and resumes when there is room."""
     with small_fs(tmp_path / "fs", "4m") as fs:
         out = fs / "study"
         argv = ["compare", *BERT, "--train-file", str(cls_csv), "--max-steps", "3", "--warmup-steps", "1"]
@@ -89,7 +90,8 @@ def test_compare_on_a_full_disk_is_one_line_and_resumes_when_there_is_room(tmp_p
 
 
 @pytest.mark.slow
-def test_train_on_a_full_disk_is_one_line_and_resume_continues_from_the_last_whole_checkpoint(tmp_path, cls_csv):
+def test_train_resumes_from_the_last_whole_checkpoint(tmp_path, cls_csv):
+    """Train on a full disk is one line, and resume continues from the last whole checkpoint."""
     with small_fs(tmp_path / "fs", "24m") as fs:
         out = fs / "run"
         argv = ["train", *BERT, "--train-file", str(cls_csv), "--max-steps", "6", "--save-every", "2"]
@@ -135,7 +137,7 @@ class SafetensorError(Exception):
         (ValueError("a bug"), None),
     ],
 )
-def test_the_refusals_of_the_environment_are_told_from_other_failures(error, reason):
+def test_environment_refusals_are_told_from_other_failures(error, reason):
     found = refusal(error)
     assert (found is None) if reason is None else found.startswith(reason)
     chained = RuntimeError("PytorchStreamWriter failed writing file")
@@ -161,14 +163,14 @@ def test_writing_removes_its_temporary_files_and_names_the_file(tmp_path):
         raise KeyError("a bug")
 
 
-def test_an_unwrapped_refusal_reaching_the_cli_is_one_line_with_the_file(tmp_path):
+def test_an_unwrapped_refusal_is_one_cli_line_with_the_file(tmp_path):
     line, code = exit_line(OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "f.bin")))
     assert code == OUTPUT_EXIT and f"writing {tmp_path / 'f.bin'}" in line
     with pytest.raises(ValueError):
         exit_line(ValueError("a bug keeps its traceback"))
 
 
-def test_reports_that_cannot_be_written_leave_the_previous_set_whole(tmp_path, monkeypatch):
+def test_unwritable_reports_leave_the_previous_set_whole(tmp_path, monkeypatch):
     from trainwise.study import store
 
     rows = [StudyRow("baseline", status="error", message="m")]
@@ -200,9 +202,8 @@ SHM = "RuntimeError: unable to write to file </torch_1_2>: No space left on devi
         ("oom", "out of memory", 1000, False),
     ],
 )
-def test_a_trial_the_disk_refused_stops_the_study_instead_of_becoming_a_row(
-    tmp_path, monkeypatch, status, message, free, refused
-):
+def test_a_trial_the_disk_refused_stops_the_study(tmp_path, monkeypatch, status, message, free, refused):
+    """A trial the disk refused stops the study instead of becoming a row."""
     from trainwise.core import files
     from trainwise.study import run as study
 
@@ -215,7 +216,7 @@ def test_a_trial_the_disk_refused_stops_the_study_instead_of_becoming_a_row(
         study.refused(result, tmp_path)
 
 
-def test_an_output_directory_removed_while_the_study_runs_stops_it_in_one_line(tmp_path, cls_csv):
+def test_out_removed_mid_study_stops_it_in_one_line(tmp_path, cls_csv):
     """A trial would recreate --out empty and the store would commit into the removed file: the study
     stops at the next trial instead, with exit 3's line."""
     import shutil
@@ -236,7 +237,7 @@ def test_an_output_directory_removed_while_the_study_runs_stops_it_in_one_line(t
     assert ran == ["baseline"] and not study.out.exists(), "nothing recreated, no further trial"
 
 
-def test_reading_an_unreadable_input_is_not_the_machine_refusing_a_write():
+def test_an_unreadable_input_is_not_a_refused_write():
     """EACCES or a missing file met outside a write is the user's input (no exit 3 'writing' line)."""
     with pytest.raises(PermissionError):
         exit_line(PermissionError(errno.EACCES, "Permission denied", "/data/space.yaml"))

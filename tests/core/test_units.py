@@ -143,7 +143,7 @@ def test_config_rejects_bad_combinations(kwargs, match):
         StudyConfig(out="x", strategies=["baseline"], **kwargs)
 
 
-def test_markdown_marks_failed_rows_with_their_footnote_by_itself():
+def test_markdown_footnotes_failed_rows_by_itself():
     """The report's footnote markers must not depend on another report having been rendered first."""
     from trainwise.report.write import markdown
 
@@ -227,7 +227,7 @@ def test_a_study_config_writes_the_command_that_builds_it_again(given):
             assert getattr(again, f.name) == expected, f.name
 
 
-def test_results_json_keeps_its_rows_readable_before_and_after_the_settings(tmp_path):
+def test_results_json_rows_read_in_the_old_and_new_form(tmp_path):
     """results.json is {"study": ..., "rows": [...]} now; one written as a bare list of rows still reads."""
     import json
 

@@ -209,7 +209,7 @@ def chat_study(tmp_path_factory, tiny_chat_model):
 
 
 @pytest.mark.slow
-def test_chat_sft_train_py_reproduces_the_trial_on_the_assistant_turns(tmp_path, chat_study, monkeypatch):
+def test_chat_sft_train_py_reproduces_the_trial(tmp_path, chat_study, monkeypatch):
     """Issue 34: a chat study's sft_train.py trained each conversation's JSON text as a prompt whose only loss token
     was EOS. Now the conversations are rendered with the chat template and the loss is on the assistant turns
     only, labelled in the script as trainwise labels them (SmolLM2's template has no {% generation %} markers, so
@@ -270,9 +270,7 @@ MARKERS = (  # SmolLM2's template with {% generation %} around each assistant tu
 )
 
 
-def test_a_chat_template_with_generation_markers_hands_trl_the_conversations(
-    tmp_path, monkeypatch, chat_study, tiny_chat_model
-):
+def test_generation_markers_hand_trl_the_conversations(tmp_path, monkeypatch, chat_study, tiny_chat_model):
     """Where TRL's own conversational path labels the conversations as trainwise does (a template whose
     {% generation %} spans are each assistant turn's content and end-of-turn token), sft_train.py hands TRL the
     messages with assistant_only_loss=True, and the SFTTrainer the script builds holds trainwise's tokens and
@@ -320,9 +318,7 @@ def test_a_chat_template_with_generation_markers_hands_trl_the_conversations(
 
 
 @pytest.mark.slow
-def test_packed_sft_train_py_reproduces_the_packed_trial_and_keeps_examples_apart(
-    tmp_path, lm_export_study, monkeypatch
-):
+def test_packed_sft_train_py_matches_and_keeps_examples_apart(tmp_path, lm_export_study, monkeypatch):
     """packing -> SFTConfig(packing=True, packing_strategy='bfd', padding_free=True): TRL flattens a batch's packed
     rows into one row, position ids restarting per example and no attention mask, the label at every example's
     start -100. Were the examples to attend to each other, the losses would differ from trainwise's packed trial,
@@ -358,9 +354,7 @@ def test_packed_sft_train_py_reproduces_the_packed_trial_and_keeps_examples_apar
         ("chat_study", "baseline"),
     ],
 )
-def test_the_causal_lm_trainer_snippet_as_written_reproduces_the_trial_losses(
-    tmp_path, monkeypatch, request, form, row
-):
+def test_the_trainer_snippet_reproduces_the_trial_losses(tmp_path, monkeypatch, request, form, row):
     """train_snippet.py (the HF Trainer, no TRL): the trial's tokens and labels (-100 on the prompt; raw text's
     blocks, every token a label; a conversation's assistant turns only), the plan's padding."""
     study = request.getfixturevalue(form)
@@ -412,7 +406,7 @@ def test_sft_config_json_is_accepted_by_trl(tmp_path, row):
     assert args.pad_to_multiple_of == 256 and args.optim.value in ("adamw_torch", "adafactor")
 
 
-def test_raw_text_and_prompt_response_scripts_tokenize_as_trainwise(tmp_path, lm_export_study):
+def test_raw_and_pair_scripts_tokenize_as_trainwise(tmp_path, lm_export_study):
     """Both scripts' data lines, run against the study's tokenizer, give trainwise's own encoding: raw text
     concatenated with EOS and cut into blocks (every token a label), prompt/response with -100 on the prompt."""
     from trainwise.exporting.scripts import _lm_data_lines
@@ -443,7 +437,7 @@ def test_raw_text_and_prompt_response_scripts_tokenize_as_trainwise(tmp_path, lm
             assert labels == ours.labels, (data_format, sft)
 
 
-def test_chat_script_lines_label_the_assistant_turns_as_trainwise(tmp_path, chat_tokenizer):
+def test_chat_scripts_label_the_assistant_turns_as_trainwise(tmp_path, chat_tokenizer):
     """Both scripts' chat lines, run against SmolLM2's tokenizer, give trainwise's own encoding: the template
     rendered, the assistant turns labelled, a conversation longer than --max-length cut there and one left with no
     assistant token left out (at 40 tokens: 5 of 6 cut, 3 of them left out)."""
@@ -473,7 +467,7 @@ def test_chat_script_lines_label_the_assistant_turns_as_trainwise(tmp_path, chat
             assert labels == ours.labels, (max_length, sft)
 
 
-def test_a_pretrained_model_s_new_weights_come_from_trainwise_s_seed(tiny_chat_model):
+def test_new_weights_come_from_trainwise_s_seed(tiny_chat_model):
     """The scripts seed torch as trainwise does before loading a pretrained model, so the weights drawn after it
     (LoRA's) are the trial's: unseeded, a chat model's LoRA run moved the losses by 8e-4 from step 2."""
     import torch
@@ -493,7 +487,7 @@ def test_a_pretrained_model_s_new_weights_come_from_trainwise_s_seed(tiny_chat_m
     assert drawn and all(torch.equal(p, theirs[name]) for name, p in drawn.items())
 
 
-def test_causal_lm_lora_exports_trainwise_targets_and_files_parse(tmp_path):
+def test_lora_exports_trainwise_targets_and_files_parse(tmp_path):
     paths, notes = write_export(plan_of("lora+chunked_ce"), LM, tmp_path)
     assert {p.name for p in paths} >= {"sft_config.json", "sft_train.py", "training_args.json", "train_snippet.py"}
     for name in ("sft_train.py", "train_snippet.py"):

@@ -78,7 +78,7 @@ def test_issue3_strategies_export_their_settings(tmp_path):
     assert TrainingArguments(**cache).torch_empty_cache_steps == 8
 
 
-def test_the_exported_batch_is_per_device_and_the_study_batch_is_global():
+def test_exported_batch_is_per_device_study_batch_global():
     import dataclasses
 
     four = dataclasses.replace(SETTINGS, nproc=4)
@@ -86,7 +86,7 @@ def test_the_exported_batch_is_per_device_and_the_study_batch_is_global():
     assert (args["per_device_train_batch_size"], args["gradient_accumulation_steps"]) == (4, 2)  # 4 x 2 x 4 = 32
 
 
-def test_accelerate_config_never_asks_for_the_one_process_cpu_launch():
+def test_accelerate_config_never_asks_for_a_cpu_launch():
     """`accelerate launch --cpu --num_processes 2` runs ONE process: a 2-rank CPU export must not say cpu."""
     import dataclasses
 
@@ -190,7 +190,7 @@ def _trial_of(study, row: str) -> tuple:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("row", TRAINER_ROWS)
-def test_the_exported_trainer_snippet_as_written_reproduces_the_losses(tmp_path, monkeypatch, csv_study, row):
+def test_the_trainer_snippet_reproduces_the_losses(tmp_path, monkeypatch, csv_study, row):
     """compare's trial vs the HF Trainer running export's train_snippet.py unchanged (its data, labels, model
     edits, collator and TrainingArguments), step by step. transformers 5.x logs the loss multiplied by
     gradient_accumulation_steps (num_items_in_batch); the optimisation is the same (documented in docs/export.md)."""
@@ -256,7 +256,7 @@ def test_the_seq2seq_snippet_as_written_reproduces_the_losses(tmp_path, monkeypa
     assert ours[-1] < ours[0], "it trained"
 
 
-def test_export_from_a_study_takes_its_settings_and_advises_the_plan(tmp_path, capsys):
+def test_export_study_takes_its_settings_and_advised_plan(tmp_path, capsys):
     """--study: model and settings from the study's store, the plan from advise (objective time)."""
     from trainwise.cli import main
     from trainwise.core.config import TrialSettings, TrialSpec
@@ -314,7 +314,7 @@ def test_export_bad_input_is_one_line_exit_2(tmp_path, capsys, args, expected):
 
 
 @pytest.mark.slow
-# one process: its losses are test_the_exported_trainer_snippet_as_written_reproduces_the_losses[grad_accum]'s, and
+# one process: its losses are test_the_trainer_snippet_reproduces_the_losses[grad_accum]'s, and
 # `accelerate launch` of an exported config is [2]'s (18 s each on 2 cores): `make bench` runs both
 @pytest.mark.parametrize("nproc", [pytest.param(1, marks=pytest.mark.bench), 2])
 def test_accelerate_launch_runs_the_exported_config_and_snippet(tmp_path, csv_study, nproc):
@@ -358,7 +358,7 @@ def test_accelerate_launch_runs_the_exported_config_and_snippet(tmp_path, csv_st
 
 
 @pytest.mark.slow
-def test_the_exported_train_command_as_written_trains_the_study_csv_to_the_same_loss(tmp_path, csv_study):
+def test_the_train_command_trains_the_csv_to_the_same_loss(tmp_path, csv_study):
     """train_command.txt names the study's CSV, columns, batch, accumulation, steps, lr and seed: run as
     written (plus --out), it ends at the loss of the study's trial."""
     import shlex
@@ -461,7 +461,7 @@ def test_the_train_command_carries_only_the_plan_s_own_settings(row, accum):
     assert (argv[argv.index("--accum-steps") + 1] if "--accum-steps" in argv else None) == accum
 
 
-def test_a_seq2seq_study_snippet_reads_its_rows_and_pads_its_targets():
+def test_a_seq2seq_snippet_reads_rows_and_pads_targets():
     import dataclasses
 
     s2s = dataclasses.replace(SETTINGS, task="seq2seq", row="baseline", train_rows="/data/train.jsonl")

@@ -62,7 +62,8 @@ def ink(png: bytes) -> float:
     # the demo's page holds a plan search: it is the plan's page (issue 53), titled by it
     [("demo", 7, 11, "plan"), ("old", 4, 2, "compare"), ("find-batch", 1, 6, "find-batch")],
 )
-def test_every_figure_renders_nothing_is_fetched_and_the_console_is_clean(pages, name, figures, rows, title):
+def test_figures_render_offline_with_a_clean_console(pages, name, figures, rows, title):
+    """Every figure renders, nothing is fetched, and the console is clean."""
     with browser.opened(pages[name]) as seen:
         p = seen.page
         boxes = p.locator("figure")
@@ -94,7 +95,7 @@ def _texts(figure) -> list[tuple[str, tuple[float, float, float, float]]]:
     return out
 
 
-def test_no_text_of_any_figure_overlaps_another_in_the_browsers_font(pages):
+def test_no_figure_text_overlaps_in_the_browsers_font(pages):
     """The labels were placed with matplotlib's font metrics; the browser draws the SVG's text with its own fonts.
     In every figure each text (point labels, ticks, axis titles, legends) keeps clear of every other one: on the
     demo's rows, where smart_batch and dynamic_pad sit close. (A legend under the bars once sat on their axis

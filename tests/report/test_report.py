@@ -147,7 +147,7 @@ def demo_batch_search() -> dict:
     }
 
 
-def test_the_memory_figure_draws_the_estimate_beside_each_row_that_has_one():
+def test_memory_figure_draws_estimates_beside_their_rows():
     text = page.report_html(demo_rows(), "t", estimates=demo_estimates())
     memory = text.split('<figure id="memory">')[1].split("</figure>")[0]
     assert "estimated: state" in memory and "hatched: estimated" in memory
@@ -157,7 +157,8 @@ def test_the_memory_figure_draws_the_estimate_beside_each_row_that_has_one():
     assert memory.count("<path") > alone.count("<path") + 9, "a bar of the estimate's parts beside each row"
 
 
-def test_a_plan_search_is_drawn_as_its_path_predicted_against_measured():
+def test_a_plan_search_is_drawn_predicted_against_measured():
+    """A plan search is drawn as its path, predicted against measured."""
     text = page.report_html(demo_rows(), "t", plan=demo_plan())
     drawn = text.split('<figure id="plan">')[1].split("</figure>")[0]
     order = [m for m in re.findall(r">(\d\. [^<]+|grad_ckpt[^<]+)<", drawn)]
@@ -178,7 +179,7 @@ def test_a_plan_search_is_drawn_as_its_path_predicted_against_measured():
     assert '<figure id="plan">' not in page.report_html(demo_rows(), "t", plan={"search": {}}), "nothing tried"
 
 
-def test_the_incumbent_path_moves_only_on_a_candidate_within_every_budget():
+def test_the_incumbent_moves_only_within_every_budget():
     """smart_batch@bs128 measured 5%, faster than the plan, over the memory budget: the path stays at 7.3%."""
     import matplotlib
 
@@ -200,7 +201,7 @@ def test_the_incumbent_path_moves_only_on_a_candidate_within_every_budget():
     assert 5.0 not in [round(x, 1) for x in xs]
 
 
-def test_an_estimate_is_drawn_only_beside_the_row_it_was_made_for():
+def test_an_estimate_is_drawn_only_beside_its_own_row():
     """estimates.json left from a study --replace replaced (another batch) is not drawn beside today's rows."""
     estimates = demo_estimates()
     plan = {"padding": "max_length"}
@@ -213,7 +214,7 @@ def test_an_estimate_is_drawn_only_beside_the_row_it_was_made_for():
     assert "not estimated: smart_batch, all." in memory
 
 
-def test_a_study_page_draws_what_its_directory_holds_beside_the_rows(tmp_path):
+def test_a_study_page_draws_what_its_directory_holds(tmp_path):
     """A plan search's plan.json and a find-batch's find_batch.json in a study's --out each add their figure; a
     file that is not JSON is said on the page, which is still written."""
     from trainwise.study.store import page_of
@@ -292,7 +293,7 @@ def test_the_quality_phase_is_drawn_with_every_seed_when_it_ran():
     assert '<figure id="quality">' not in page.report_html(demo_rows(), "t"), "no phase, no figure"
 
 
-def test_a_batch_sweep_is_drawn_as_samples_per_second_against_batch_size():
+def test_a_batch_sweep_draws_samples_per_s_against_size():
     """--batch-sizes 8,16,32: each row's samples/s at each size (smart_batch fails at 32: no point there)."""
     sweep = []
     for name in ("baseline", "smart_batch"):
@@ -323,7 +324,7 @@ def test_a_worker_sweep_is_drawn_against_the_worker_count():
     assert '<figure id="batch">' not in text
 
 
-def test_the_page_holds_the_table_and_every_figure_and_fetches_nothing():
+def test_the_page_holds_table_and_figures_and_fetches_nothing():
     settings = {"model": "MiniLM", "command": "trainwise compare"}
     text = page.report_html(demo_rows(), "trainwise compare: demo", settings)
     assert text.startswith("<!DOCTYPE html>") and "<table>" in text and "MiniLM" in text
@@ -418,7 +419,7 @@ def test_report_refuses_a_study_another_command_is_running_in(tmp_path):
     assert not (study / "report.html").exists()
 
 
-def test_a_figure_that_fails_is_said_and_the_page_is_still_written(monkeypatch):
+def test_a_failing_figure_is_said_and_the_page_still_written(monkeypatch):
     def broken(table):
         raise ValueError("no room")
 
@@ -444,7 +445,7 @@ def test_report_bad_input_is_one_line_and_exit_2(tmp_path, args, says):
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
-def test_replace_moves_aside_what_only_the_replaced_rows_are_about(tmp_path):
+def test_replace_moves_aside_what_is_about_replaced_rows(tmp_path):
     """--replace: the rows' estimates and a plan search go aside with the report (never drawn beside new rows)."""
     from trainwise.study.store import keep_reports
 
@@ -456,7 +457,7 @@ def test_replace_moves_aside_what_only_the_replaced_rows_are_about(tmp_path):
     assert not any((tmp_path / n).exists() for n in ("estimates.json", "plan.json", "plan.md"))
 
 
-def test_the_reports_written_as_trials_end_remove_an_earlier_page_and_the_last_write_draws_it(tmp_path):
+def test_a_stale_page_goes_and_the_last_write_draws_it(tmp_path):
     """A study that grows or resumes rewrites its reports as each trial ends: a page left from before, which no
     longer holds every row, is removed; the study's last write draws it again."""
     from trainwise.study.store import write_reports

@@ -45,7 +45,8 @@ def _compare(cls_csv: Path, out: Path, rows: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_compare_logs_a_run_per_trial_grouped_by_the_study_and_the_table(tmp_path, cls_csv, offline):
+def test_compare_logs_one_run_per_trial_in_a_study_group(tmp_path, cls_csv, offline):
+    """Compare logs a run per trial, grouped by the study, and the table."""
     out = tmp_path / "study"
     done = here.trainwise(*_compare(cls_csv, out, "baseline,dynamic_pad"), env=offline)
     assert done.returncode == 0, done.stderr
@@ -134,7 +135,8 @@ def test_a_wandb_failure_is_a_warning_and_the_run_goes_on(tmp_path, offline, mon
 
 
 @pytest.mark.slow
-def test_a_compare_whose_wandb_fails_says_it_once_and_stores_every_trial(tmp_path, cls_csv, offline, monkeypatch):
+def test_compare_says_a_wandb_failure_once_and_stores_all(tmp_path, cls_csv, offline, monkeypatch):
+    """A compare whose wandb fails says it once and stores every trial."""
     from trainwise.report import tracking
 
     calls = []

@@ -107,7 +107,7 @@ def test_nodes_of_two_device_kinds_each_measure_the_baseline(ray_cluster, tmp_pa
     assert "baseline [other-device] #1: ok" in run.stderr, "the progress says which kind a baseline ran on"
 
 
-def test_random_search_runs_its_trials_side_by_side_on_the_cluster(ray_cluster, tmp_path, cls_csv):
+def test_random_search_runs_its_trials_side_by_side(ray_cluster, tmp_path, cls_csv):
     """tune --search random with --ray-address: two trials at once, one per node, their evaluations streamed back
     as they happen (what the pruner reads)."""
     c = ray_cluster
@@ -140,7 +140,7 @@ def test_find_batch_probes_run_on_the_cluster(ray_cluster, tmp_path, cls_csv):
     assert json.loads((fb / "find_batch.json").read_text())["points"], "the probes measured sizes"
 
 
-def test_a_trial_spans_both_nodes_and_takes_the_steps_of_its_ranks_on_one_machine(ray_cluster, tmp_path):
+def test_a_trial_over_both_nodes_takes_one_machines_steps(ray_cluster, tmp_path):
     """--nodes-per-trial 2: one trial, one rank on each node (torchrun's static rendezvous at the first), its row
     combining both; it takes the steps of the same two ranks on one machine (--nproc 2), loss for loss."""
     c = ray_cluster
@@ -205,7 +205,8 @@ def test_pbt_runs_its_members_on_the_cluster(ray_cluster, tmp_path, cls_csv):
     assert not list(c["home"].glob(".ray/auth_token*")), "no test reads or writes ~/.ray"
 
 
-def test_a_study_runs_on_both_nodes_and_a_node_killed_mid_trial_is_a_row(ray_cluster, tmp_path):
+def test_a_study_uses_both_nodes_and_a_killed_node_is_a_row(ray_cluster, tmp_path):
+    """A study runs on both nodes, and a node killed mid-trial is a row."""
     c = ray_cluster
     out = tmp_path / "study"
     argv = _compare(c, out, "baseline,dynamic_pad,smart_batch,sortish")
@@ -286,7 +287,8 @@ def test_rows_are_compared_with_the_baseline_of_their_own_kind(cls_study):
     assert [e.device_kind for e in one_kind] == [None] and "[" not in one_kind[0].strategy, "one kind: as before"
 
 
-def test_on_nodes_of_several_kinds_the_baseline_runs_on_each_and_a_quality_study_anywhere(cls_study):
+def test_each_kind_gets_a_baseline_and_quality_runs_anywhere(cls_study):
+    """On nodes of several kinds the baseline runs on each, and a quality study's trials anywhere."""
     specs = cls_study.specs
     assert per_kind(specs, cls_study, ["a"]) == specs, "one kind: the trials as they are"
     two = per_kind(specs, cls_study, ["a", "b"])

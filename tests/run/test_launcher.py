@@ -34,7 +34,7 @@ def test_a_child_that_prints_events_and_exits_0(tmp_path):
     assert end.log == tmp_path / "log" and 0 < end.wall_s < 60
 
 
-def test_a_child_past_its_timeout_is_killed_with_everything_it_started(tmp_path):
+def test_a_timed_out_child_is_killed_with_all_it_started(tmp_path):
     started: list[int] = []
     t0 = time.perf_counter()
     end = run_child("tests.child", ["hang"], tmp_path / "log", lambda e: started.append(e["pid"]), timeout_s=1.5)
@@ -73,14 +73,15 @@ def test_a_failing_child_reports_its_exit_code_and_last_log_line(tmp_path):
     assert end.tail == "ValueError: the last line says why"
 
 
-def test_a_child_killed_from_outside_names_the_signal_and_who_may_have_sent_it(tmp_path):
+def test_an_outside_kill_names_the_signal_and_likely_sender(tmp_path):
+    """A child killed from outside names the signal and who may have sent it."""
     end = run_child("tests.child", ["killed"], tmp_path / "log", lambda e: None, timeout_s=60)
     assert end.code == -signal.SIGKILL and not end.timed_out
     assert end.killed_by is not None and end.killed_by.startswith("SIGKILL (")
     assert "out-of-memory killer" in end.killed_by
 
 
-def test_a_forked_child_has_the_callers_environment_and_directory_and_exec_is_the_fallback(tmp_path, monkeypatch):
+def test_a_forked_child_has_the_callers_env_and_cwd(tmp_path, monkeypatch):
     """The zygote forks one-process children on Linux; each gets the environment and directory of the call
     (not the zygote's, which started earlier); TRAINWISE_FORK=0, or a zygote that cannot serve, execs."""
     from trainwise.run import zygote
@@ -106,7 +107,7 @@ def test_a_forked_child_has_the_callers_environment_and_directory_and_exec_is_th
     assert where() == {"event": "where", "forked": False, "cwd": str(tmp_path), "var": "second"}
 
 
-def test_a_warm_zygote_imports_before_the_first_trial_and_a_probe_waits_for_it(tmp_path, monkeypatch):
+def test_a_warm_zygote_imports_early_and_a_probe_waits(tmp_path, monkeypatch):
     """`launcher.warm()` starts the zygote at once (its imports overlap the command's preparation) and returns
     without waiting; `settle()`, which every timed probe calls first, returns once it says it is ready."""
     from trainwise.run import launcher, zygote
@@ -122,7 +123,7 @@ def test_a_warm_zygote_imports_before_the_first_trial_and_a_probe_waits_for_it(t
     assert end.code == 0
 
 
-def test_a_zygote_started_in_another_directory_imports_from_the_callers(tmp_path, monkeypatch):
+def test_a_zygote_elsewhere_imports_from_the_callers_cwd(tmp_path, monkeypatch):
     """A zygote warmed early may start in another directory (a notebook's, a test's); its child runs
     `python -m module` as if exec'd from the caller's directory: that directory first on its path."""
     from trainwise.run import zygote
@@ -139,7 +140,7 @@ def test_a_zygote_started_in_another_directory_imports_from_the_callers(tmp_path
     assert str(caller / "only_here.py") in child.stdout.read()
 
 
-def test_a_zygote_that_ends_without_reading_a_request_is_unavailable_at_once(tmp_path):
+def test_a_zygote_that_never_reads_is_unavailable_at_once(tmp_path):
     """A zygote that refuses to serve (CUDA initialised by an import: it returns before its first read) resets
     the connection under the caller's request; the caller must see it gone, not wait for a fork (on an H200
     a doctor waited so until it was killed)."""
@@ -157,7 +158,7 @@ def _pids(events: list[dict]) -> list[psutil.Process]:
     return [psutil.Process(e["pid"]) for e in events if "pid" in e]
 
 
-def test_ranks_are_forked_with_torchruns_environment_and_their_thread_count(tmp_path, monkeypatch):
+def test_ranks_fork_with_torchruns_env_and_thread_count(tmp_path, monkeypatch):
     """Each rank has its place, one store port for all and `forked` in its env record; OMP_NUM_THREADS set
     for this call sizes torch's pool though OpenMP read the zygote's environment (two values: at least one
     differs from what the zygote started with)."""
@@ -171,7 +172,8 @@ def test_ranks_are_forked_with_torchruns_environment_and_their_thread_count(tmp_
         assert [(e["threads"], e["forked"], e["agent_store"]) for e in seen] == [(threads, True, None)] * 2
 
 
-def test_a_rank_killed_by_a_signal_ends_its_group_at_once_and_says_which(tmp_path):
+def test_a_signalled_rank_ends_its_group_and_says_which(tmp_path):
+    """A rank killed by a signal ends its group at once and says which."""
     waiting: list[psutil.Process] = []
     t0 = time.perf_counter()
     end = run_child("tests.child", ["rank1-killed"], tmp_path / "log", lambda e: waiting.extend(_pids([e])), ranks=2)
@@ -206,7 +208,7 @@ def test_ranks_run_under_torchrun_with_trainwise_fork_0(tmp_path, monkeypatch):
     assert all(e["agent_store"] is not None for e in seen)  # torchrun's agent says whether ranks use its store
 
 
-def test_a_child_killed_before_it_leads_its_own_group_is_still_killed():
+def test_a_child_not_yet_leading_its_group_is_still_killed():
     """A deadline that passed while a cold zygote imported kills a trial forked a moment before, which may not
     have made its session yet: the group kill finds no group, and the child itself must die (a hanging trial
     was once waited for, for ever: `tune --trial-timeout 0.5` with a cold zygote)."""
@@ -224,9 +226,7 @@ def test_a_child_killed_before_it_leads_its_own_group_is_still_killed():
     assert not alive and child.returncode == -signal.SIGKILL
 
 
-def test_a_forked_child_finds_what_the_callers_pythonpath_holds_though_the_zygote_started_without_it(
-    tmp_path, monkeypatch
-):
+def test_a_forked_child_sees_the_callers_pythonpath(tmp_path, monkeypatch):
     """A zygote started earlier, elsewhere and without the caller's PYTHONPATH (another test's, a notebook's): a
     forked child still imports a module only that path holds, as an exec'd one would (a fresh clone's suite failed
     so when its zygote was first started from a test's directory)."""

@@ -69,7 +69,7 @@ def test_killing_the_study_leaves_no_trial_process_behind(tmp_path, cls_csv, how
 
 
 @pytest.mark.slow
-def test_a_killed_study_keeps_readable_reports_says_it_is_partial_and_resumes(tmp_path, cls_csv):
+def test_a_killed_study_keeps_partial_reports_and_resumes(tmp_path, cls_csv):
     """The reports are rewritten as each trial is stored: SIGKILL during the second trial leaves the first
     in results.json (advise reads it and says the study is partial); the same command finishes the study
     without re-running what was stored."""
@@ -125,7 +125,7 @@ def test_a_killed_study_keeps_readable_reports_says_it_is_partial_and_resumes(tm
 
 
 @pytest.mark.slow
-def test_killed_at_random_moments_and_resumed_the_study_ends_as_if_never_killed(tmp_path, cls_csv):
+def test_random_kills_and_resumes_end_as_if_never_killed(tmp_path, cls_csv):
     """Issue 17: SIGKILL of the process group and SIGTERM of the command, in turn, at moments it can be seen to
     reach (a trial of the run is up, a row of the run is stored) plus a random fraction of a second; each time the
     same command resumes. The finished study has the rows an uninterrupted one has, no trial ran again after it

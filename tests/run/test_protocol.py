@@ -64,7 +64,8 @@ def test_every_event_round_trips_the_wire_typed(event):
     assert Reader().read({"event": "where", "pid": 1}) is None, "a stray JSON line is no event"
 
 
-def test_a_result_longer_than_a_pipe_writes_at_once_comes_back_whole_among_others():
+def test_a_result_over_a_pipe_write_comes_back_whole():
+    """A result longer than a pipe writes at once comes back whole among others."""
     big = [Result(TrialResult("baseline", "ok", env={"pad": str(r) * 9000}), rank=r) for r in (0, 1)]
     parts = [lines(e) for e in big]
     assert all(len(p) > 1 and all(len(line) <= PIPE_BUF for line in p) for p in parts)
@@ -83,7 +84,8 @@ def test_a_job_comes_back_as_its_typed_result_from_each_backend(tmp_path, backen
 
 
 @pytest.mark.parametrize("backend", ["fork", "exec"])
-def test_torchrun_ranks_each_send_their_result_and_the_parent_combines_them(tmp_path, backend):
+def test_each_rank_sends_its_result_and_the_parent_combines(tmp_path, backend):
+    """Torchrun's ranks each send their result and the parent combines them."""
     seen: list = []
     r = launcher.run(EchoJob(str(tmp_path), ranks=2, big=True), seen.append, backend=backend, timeout_s=300)
     assert (r.status, r.world_size, r.step_time_s) == ("ok", 2, 2.0), (tmp_path / "log").read_text()
@@ -92,7 +94,7 @@ def test_torchrun_ranks_each_send_their_result_and_the_parent_combines_them(tmp_
 
 
 @pytest.mark.parametrize("backend", ["fork", "exec"])
-def test_a_compare_trial_returns_its_row_and_leaves_no_result_file(tmp_path, cls_csv, backend, autorange):
+def test_a_compare_trial_returns_its_row_leaving_no_file(tmp_path, cls_csv, backend, autorange):
     spec = tiny_study(tmp_path / "s", cls_csv, "classification", ["baseline"], max_steps=2).specs[0]
     trial_dir = tmp_path / "trial"
     seen: list = []
@@ -109,7 +111,8 @@ def test_a_compare_trial_returns_its_row_and_leaves_no_result_file(tmp_path, cls
     assert not list(trial_dir.glob("result*.json"))
 
 
-def test_a_killed_compare_trial_is_a_crashed_row_naming_the_signal(tmp_path, cls_csv, monkeypatch):
+def test_a_killed_trial_is_a_crashed_row_naming_the_signal(tmp_path, cls_csv, monkeypatch):
+    """A killed compare trial is a crashed row naming the signal."""
     monkeypatch.setenv("TRAINWISE_FAULT", "baseline:kill@1")
     spec = tiny_study(tmp_path / "s", cls_csv, "classification", ["baseline"], max_steps=2).specs[0]
     r = launcher.launch(spec, tmp_path / "trial", 300, lambda e: None)

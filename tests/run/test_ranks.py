@@ -38,7 +38,8 @@ def _rank(i: int, **kw) -> TrialResult:
     return TrialResult(**base)
 
 
-def test_ranks_combine_to_the_slowest_time_all_samples_and_per_rank_memory():
+def test_ranks_combine_to_slowest_time_and_all_samples():
+    """Ranks combine to the slowest time, all the samples and each rank's memory."""
     r = combine_ranks([_rank(0), _rank(1)], 2)
     assert r.status == "ok" and r.world_size == 2
     assert r.step_time_s == 2.0, "a step is as slow as its slowest rank"
@@ -62,7 +63,7 @@ def test_a_failed_or_missing_rank_fails_the_row():
     assert wrong.status == "error" and "asked for 2 processes, the process group had 1" in wrong.message
 
 
-def test_unwrap_takes_the_model_out_of_its_wrappers_and_keeps_compile_on_top():
+def test_unwrap_removes_wrappers_and_keeps_compile_on_top():
     """What accelerate's unwrap_model returns, without importing deepspeed to ask (3 s of every trial's start)."""
     import subprocess
     import sys
@@ -80,7 +81,7 @@ def test_unwrap_takes_the_model_out_of_its_wrappers_and_keeps_compile_on_top():
     assert seen.strip() == "False"
 
 
-def test_rank_shards_are_disjoint_and_together_are_the_single_process_batches():
+def test_rank_shards_partition_the_single_process_batches():
     inner = RandomBatches(list(range(40)), 8, seed=3)
     shards = [list(RankShard(RandomBatches(list(range(40)), 8, seed=3), r, 2)) for r in range(2)]
     for full, a, b in zip(inner, *shards, strict=True):
@@ -173,7 +174,8 @@ def _launch_all(study):
 
 
 @pytest.mark.slow
-def test_a_two_process_gloo_ddp_trial_and_a_zero2_trial_run_and_combine(tmp_path, cls_csv):
+def test_gloo_ddp_and_zero2_trials_run_and_combine(tmp_path, cls_csv):
+    """A two-process gloo DDP trial and a ZeRO-2 trial run and combine."""
     two = tiny_study(tmp_path / "two", cls_csv, "classification", ["baseline", "zero2"], nproc=2, max_steps=3)
     one = tiny_study(tmp_path / "one", cls_csv, "classification", ["baseline"], max_steps=3)
     r = _launch_all(two) | {"single": _launch_all(one)["baseline"]}
@@ -202,7 +204,7 @@ def test_a_failing_rank_is_a_recorded_row_not_a_hang(tmp_path, cls_csv, monkeypa
     assert r.wall_s < 100, "torchrun stopped the other rank"
 
 
-def test_nproc_beyond_the_cuda_devices_is_rejected_before_training(tmp_path, cls_csv, monkeypatch):
+def test_nproc_over_the_cuda_devices_is_rejected_up_front(tmp_path, cls_csv, monkeypatch):
     from trainwise.study import prepare as study_mod
 
     monkeypatch.setattr(study_mod, "resolve_device", lambda device: ("cuda", {"cuda", "fp16", "bf16"}))
@@ -221,7 +223,7 @@ def test_a_zero_row_without_deepspeed_names_the_extra(tmp_path, cls_csv, monkeyp
         tiny_study(tmp_path / "s", cls_csv, "classification", ["zero2"])
 
 
-def test_zero_strategies_configure_deepspeed_and_the_cpu_optimizer():
+def test_zero_rows_configure_deepspeed_and_the_cpu_optimizer():
     def rt(name):
         return strategies.runtime(strategies.parse_row(name, 4).plan, "classification", "cpu")
 

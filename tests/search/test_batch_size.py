@@ -48,7 +48,7 @@ def test_fastest_is_not_the_largest_and_the_edge_is_bisected():
     assert r.largest_fit == 28 and r.fastest == 16
 
 
-def test_sizes_within_the_noise_of_the_fastest_are_a_tie_and_the_noise_is_shown():
+def test_sizes_within_the_noise_tie_and_the_noise_is_shown():
     """Issue 27: 8.8 vs 8.8 samples/s was called 'fastest: batch 16'. Sizes within the noise of the fastest
     (compare's one-repeat noise floor, from each size's timed steps) are a tie, named, with the noise."""
     run, _ = fake_runner(oom_from=10**9, speed={4: 6.0, 8: 8.8, 16: 8.8})

@@ -14,7 +14,7 @@ from trainwise.search.cost import Price, resolve_price
 from trainwise.study.store import read_rows
 
 
-def test_dedicated_and_low_priority_arithmetic_with_the_seed_000_prices():
+def test_dedicated_and_low_priority_costs_at_seed_000_prices():
     dedicated = resolve_price(None, "ND40rs_v2")
     assert dedicated is not None and dedicated.per_hour == 22.03 and dedicated.rework_factor() == 1.0
     assert dedicated.cost(2 * 3600) == pytest.approx(44.06)
@@ -75,7 +75,7 @@ def test_compare_reports_cost_per_row(tmp_path, cls_csv, capsys):
     assert not (tmp_path / "bad").exists()
 
 
-def test_a_sku_for_other_hardware_than_the_study_ran_on_is_said_in_the_note():
+def test_a_sku_for_other_hardware_is_said_in_the_note():
     """Issue 17: a GPU SKU's price applied to a CPU run (or a V100's to an H100 run) says so."""
     from trainwise.search.cost import resolve_price
 

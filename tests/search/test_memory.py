@@ -92,7 +92,7 @@ def test_optimizer_bytes_per_parameter(optimizer, expected):
     assert OPTIMIZERS[optimizer].state(_shape(), 4) == expected
 
 
-def test_without_zero_weights_and_grads_are_fp32_even_under_autocast():
+def test_without_zero_weights_and_grads_stay_fp32_in_autocast():
     for row in ("baseline", "bf16"):
         parts, offloaded = state_parts(_shape(buffer_bytes=40), terms_of(plan_of(row), "cuda", 4))
         assert parts == {"weights": 4000 + 40, "grads": 4000, "optimizer": 8000} and offloaded == 0
@@ -136,7 +136,7 @@ def test_peak_is_the_larger_phase_and_accumulation_keeps_grads():
     assert tiny_batch.peak_bytes == 4000 + 8000 + 4000 + 2400
 
 
-def test_the_fit_error_is_added_to_the_activations_so_the_estimate_errs_high():
+def test_the_fit_error_is_added_so_the_estimate_errs_high():
     """Issue 34: chunked_ce's fit has a 9.2% median error and its estimate of a real run came out 3.9% low."""
     s = _shape(n_params=10, n_trainable=10, largest_trainable=10)
     exact = estimate_plan(s, _cal(), TrialPlan(), 4, 16, 8, "cpu", overhead=0)
@@ -341,7 +341,8 @@ def test_largest_batch_is_the_edge_of_the_estimate():
     assert largest_batch(s, cal, TrialPlan(), 100, 16, 8, "cpu", overhead=0) == 0
 
 
-def test_lora_shapes_count_only_adapters_and_head_and_keep_encoder_activations():
+def test_lora_counts_adapters_and_head_and_keeps_activations():
+    """LoRA shapes count only the adapters and the head, and keep the encoder's activations."""
     source = ModelSource("preset", "bert-tiny")
     config = model_config(source, "classification", 3)
     lora = shape_of(config, "classification", plan_of("lora"))

@@ -27,7 +27,8 @@ def config_of(preset: str):
     return model_config(resolve_model(None, preset, LM, (64, 0)), LM, 2)
 
 
-def test_a_causal_lm_has_logits_at_every_position_and_chunked_keeps_one_chunk():
+def test_logits_at_every_position_chunked_keeps_one():
+    """A causal LM has logits at every position, and chunked_ce keeps one chunk of them."""
     shape = shape_of(config_of("smollm2-135m"), LM, TrialPlan())
     assert shape.causal and not shape.seq2seq and shape.vocab == 49152
     full = features(shape, 4, 512, 48)  # every position's logits, however few of them are scored (48 a row)
@@ -48,7 +49,8 @@ def test_the_lm_knobs_are_probed_and_chunked_sets_the_logit_rows():
     assert packed.probe["packing"] is True and packed.padding == "max_length" and not packed.notes
 
 
-def test_lora_on_a_decoder_keeps_its_layers_activations_and_trains_only_adapters():
+def test_decoder_lora_keeps_activations_trains_only_adapters():
+    """LoRA on a decoder keeps its layers' activations and trains only the adapters."""
     config = config_of("smollm2-135m")
     base, lora = shape_of(config, LM, TrialPlan()), shape_of(config, LM, plan_of("lora"))
     assert base.encoder_saves and lora.encoder_saves  # the adapters inside the layers need their inputs
@@ -115,7 +117,7 @@ def _predicted_and_measured(tmp_path, rows: list[str]) -> tuple[dict[str, int], 
 
 
 @pytest.mark.probe
-def test_estimate_predicts_the_memory_compare_shows_for_a_causal_lm(tmp_path):
+def test_estimate_predicts_the_memory_compare_shows(tmp_path):
     """What compare measures (peak of live tensors) and what estimate predicts from compare's data agree per
     row within -3%..+15%; chunked_ce's saving (the [tokens, vocab] logits) is predicted within 10 points."""
     predicted, m = _predicted_and_measured(tmp_path, ["baseline", "chunked_ce"])

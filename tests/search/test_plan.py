@@ -93,7 +93,8 @@ def exhaustive() -> tuple[int, float]:
     return len(combos), min(true_time(c) for c in combos)
 
 
-def test_the_search_finds_the_exhaustive_best_with_a_third_of_its_trials_and_builds_nothing_forbidden():
+def test_finds_the_exhaustive_best_in_a_third_of_the_trials():
+    """The search finds the exhaustive best with a third of its trials and builds nothing forbidden."""
     singles, measure, asked = world()
     found = search(singles, measure, valid, ORDER, noise=0.05, max_trials=50)
     combos, best = exhaustive()
@@ -113,7 +114,7 @@ def test_the_search_finds_the_exhaustive_best_with_a_third_of_its_trials_and_bui
     assert [c.trial for c in numbered] == list(range(1, found.trials + 1)) and [c.row for c in numbered] == asked
 
 
-def test_a_combination_given_as_a_row_is_measured_alone_too_so_the_search_can_combine_its_parts():
+def test_a_combined_row_s_parts_are_measured_alone_too():
     """seed 004's recipe names dynamic_pad+smart_batch as one row; the search starts from single rows."""
     from trainwise.api.options import PlanOptions
 
@@ -127,7 +128,7 @@ def test_a_combination_given_as_a_row_is_measured_alone_too_so_the_search_can_co
     "verdict, drop, recommended",
     [("worse", None, False), ("worse", 80.0, True), ("worse", 50.0, False), ("no significant difference", None, True)],
 )
-def test_a_plan_whose_quality_check_finds_a_real_loss_is_not_recommended(verdict, drop, recommended):
+def test_a_real_quality_loss_is_not_recommended(verdict, drop, recommended):
     """seed 003's recipe: bf16+channels_last@bs512 ran 59% of the baseline's time, and over 2 seeds on as many
     samples (10 optimizer steps against 40) reached 13.7% accuracy against 90.2% (BENCHMARKS §K1)."""
     from trainwise.api.plan import Line, PlanResult, judge_quality, markdown
@@ -182,7 +183,7 @@ def _rows(times: dict[str, float], sps: float = 100.0) -> list:
     return out
 
 
-def test_a_rejected_plan_falls_back_to_the_next_fastest_that_keeps_quality(monkeypatch, tmp_path):
+def test_a_rejected_plan_falls_back_to_the_next_fastest(monkeypatch, tmp_path):
     """Issue 53: on a held-out CSV the fastest candidate lost 7 accuracy points in the check and the output was "No
     plan recommended". Now the next-fastest are checked in turn and the user gets the fastest that keeps quality; an
     inconclusive 2-seed verdict is decided over 4 seeds; a random-init preset's check never rejects."""
@@ -235,7 +236,8 @@ def test_a_rejected_plan_falls_back_to_the_next_fastest_that_keeps_quality(monke
     assert "recommended on time and memory" in " ".join(plan_api.headline(got))
 
 
-def test_a_prediction_is_anchored_on_the_largest_subset_measured_as_a_whole():
+def test_a_prediction_anchors_on_the_largest_measured_subset():
+    """A prediction is anchored on the largest subset measured as a whole."""
     single = {"dynamic_pad": 0.45, "smart_batch": 0.3, "bf16": 0.6}
     pair = frozenset({"dynamic_pad", "smart_batch"})
     seen = {pair: Measured("dynamic_pad+smart_batch", pair, 0.3, 1.0)}
@@ -283,7 +285,7 @@ def test_a_resumed_search_keeps_its_record_and_its_budget():
     assert len(again) == 1 and third.trials == 3  # one more trial when the budget allows one
 
 
-def test_a_candidate_the_estimate_says_cannot_fit_is_pruned_before_it_trains():
+def test_what_the_estimate_says_cannot_fit_never_trains():
     singles, measure, asked = world()
 
     def mem_of(names, batch=None):
@@ -296,7 +298,7 @@ def test_a_candidate_the_estimate_says_cannot_fit_is_pruned_before_it_trains():
     assert "fp16" not in found.incumbent
 
 
-def test_the_leader_is_tried_at_larger_batches_while_they_pay_and_fit():
+def test_larger_batches_are_tried_while_they_pay_and_fit():
     """Per sample, a doubled batch takes 80% of the time, and doubled again 70%; at 64 the estimate says it does
     not fit the budget. The plan ends at @bs32 with the exhaustive best's strategies, 64 is pruned, never run."""
     gain = {None: 1.0, 16: 0.8, 32: 0.7, 64: 0.5}
@@ -322,7 +324,7 @@ def test_the_leader_is_tried_at_larger_batches_while_they_pay_and_fit():
     assert any(c.row.endswith("@bs64") and c.state == "pruned" for c in found.candidates)
 
 
-def test_a_larger_batch_is_predicted_from_what_the_last_doubling_gained():
+def test_a_larger_batch_is_predicted_from_the_last_doubling():
     """The default study on an AVX2 EPYC (BENCHMARKS §D1): smart_batch took 26% of the baseline's time per sample
     at 16, 14% at 32 and 7% at 64. Before 128 is measured it is predicted to gain the last doubling's 0.5 again
     (not the 0.27 of both doublings: squaring that predicted 2% where 128 measured 12%)."""
@@ -337,7 +339,7 @@ def test_a_larger_batch_is_predicted_from_what_the_last_doubling_gained():
     assert batch_scale(measured, sized, 256, 0.02) == pytest.approx(0.12 / 0.26)  # that doubling lost: no gain
 
 
-def test_a_gain_under_half_the_noise_floor_is_not_chased_and_the_floor_is_at_least_five_percent():
+def test_a_gain_under_half_the_floor_is_not_chased():
     """dynamic_pad and smart_batch overlap (together 0.295, smart_batch alone 0.3); adafactor alone 0.98. The study's
     floor from one baseline pair reads ±1%, but rows move 6-23% from trial to trial (BENCHMARKS §S1): the search
     judges by ±5%, and measures what is predicted ahead by half of it: +adafactor, predicted 2% faster than the
@@ -385,7 +387,8 @@ def test_a_gain_under_half_the_noise_floor_is_not_chased_and_the_floor_is_at_lea
     assert asked[2:] == ["adafactor+smart_batch"], asked
 
 
-def test_nothing_helping_beyond_the_noise_floor_means_no_search_but_the_screen_of_the_fastest_rows_pairs():
+def test_no_help_past_the_floor_means_only_a_pair_screen():
+    """Nothing helping beyond the noise floor means no search but the screen of the fastest row's pairs."""
     singles = [Measured("baseline", frozenset(), 1.0, 1.0), Measured("adafactor", frozenset({"adafactor"}), 0.98, 1.0)]
     found = search(singles, lambda rows: pytest.fail(f"measured {rows}"), valid, ORDER, noise=0.05)
     assert found.trials == 0 and "predicted to beat" in found.stopped
@@ -405,7 +408,7 @@ def test_nothing_helping_beyond_the_noise_floor_means_no_search_but_the_screen_o
     assert asked == ["adafactor+freeze_embeddings"] and found.candidates[0].note == "no result"
 
 
-def test_when_no_single_row_helps_the_fastest_is_screened_with_each_other_strategy_until_a_pair_beats_it():
+def test_the_fastest_pairs_with_each_strategy_until_one_wins():
     """SmolLM2 on this machine's package database (BENCHMARKS §D1): no row helped beyond the floor alone
     (freeze_embeddings 97%, smart_batch 113%, chunked_ce 123%, dynamic_pad 126%), so nothing was predicted and the
     search stopped at freeze_embeddings, 1.32x the exhaustive best. With its tied head frozen, chunked_ce is spared
@@ -465,7 +468,7 @@ def test_when_no_single_row_helps_the_fastest_is_screened_with_each_other_strate
     assert found.incumbent == "smart_batch+freeze_embeddings+chunked_ce@bs8" and len(asked) == 4, asked
 
 
-def test_where_nothing_helped_a_combination_that_leads_is_refined_and_rows_at_a_larger_size_anchor_there():
+def test_a_leading_combination_is_refined_when_nothing_helped():
     """A combination among the starting rows (`all`) leads rows that left nothing to combine: it is refined from
     round 1 (the screen is of a single row's pairs). A pair that failed at the study's size but ran at 8 anchors
     the predictions at 8 by its own time there, brought back by the size's scale."""
@@ -543,7 +546,7 @@ def searched(tmp_path_factory, cls_csv):
     return out, opts, before, result
 
 
-def test_a_killed_search_resumes_without_rerunning_a_stored_trial(searched):
+def test_a_killed_search_resumes_and_reruns_no_stored_trial(searched):
     out, _opts, before, result = searched
     after = read_trial_keys(out)
     assert set(before) <= set(after)  # the stored trials stay (the same keys), and new ones were added
@@ -571,7 +574,7 @@ def test_the_cli_gives_the_api_plan_and_runs_no_trial_again(searched):
     assert read_trial_keys(out) == keys
 
 
-def test_the_leader_at_twice_its_batch_is_a_row_of_the_same_study_and_exports_at_that_size(tmp_path, cls_csv):
+def test_the_leader_doubled_is_a_row_and_exports_at_that_size(tmp_path, cls_csv):
     """One helping row: the search's first round tries it at batch 16 (the study's 8) as a row of the same study,
     relative to the same baseline per sample; export then writes the plan at 16."""
     from trainwise.exporting.scripts import ExportConfig, export_plan
@@ -595,7 +598,7 @@ def test_the_leader_at_twice_its_batch_is_a_row_of_the_same_study_and_exports_at
     assert not any(c["batch"] for c in again.search["candidates"] if c["state"] == "proposed")
 
 
-def test_a_floor_too_wide_to_choose_measures_the_leaders_again_longer(tmp_path, cls_csv, monkeypatch):
+def test_a_too_wide_floor_measures_the_leaders_longer(tmp_path, cls_csv, monkeypatch):
     """Issue 53: a floor too wide to decide between candidates is a reason to measure longer, not to stop. Past WIDE
     the leaders, the ecosystem's default and the baseline (first and again last) run again with
     three times the steps in OUT/confirm, a study of its own, and the pick is the simplest within its floor (a floor
@@ -701,7 +704,7 @@ def on_h200(names: frozenset[str]) -> str | None:
     )
 
 
-def test_the_h200_rows_predict_bf16_with_packing_per_sample_and_measure_them_together_first():
+def test_the_h200_rows_predict_bf16_and_packing_per_sample():
     """Issue 53: packing changes what a step carries, bf16 what it costs; per sample the two multiply. Per step (the
     search before) bf16+packing was predicted at 46%, worse than packing's 12%, and never measured: the plan was fp32
     packing, 1.67x slower than a plain bf16 loop. The first trial is the greedy stack, which holds both."""

@@ -29,7 +29,7 @@ def pr_csv(tmp_path_factory) -> Path:
     return write_csv(tmp_path_factory.mktemp("inputs") / "pr.csv", pairs(32))
 
 
-def test_the_ecosystem_default_of_a_causal_lm_is_trls_sftconfig_read_from_the_installed_trl():
+def test_a_causal_lm_default_is_trls_sftconfig_as_installed():
     """TRL 1.16's SFTConfig: bf16 unless fp16, gradient checkpointing on, fused AdamW, batches padded to their longest,
     and a loss that never holds the full logits. Each is read off the installed class, not a table of ours."""
     trl = pytest.importorskip("trl")
@@ -45,7 +45,8 @@ def test_the_ecosystem_default_of_a_causal_lm_is_trls_sftconfig_read_from_the_in
     assert strategies.parse_row(found.row, 4).wrong_task("causal-lm") is None  # a row the study can run
 
 
-def test_the_ecosystem_default_of_the_other_tasks_is_the_trainers_and_drops_what_the_device_cannot_run():
+def test_other_tasks_default_to_the_trainers_runnable_settings():
+    """The ecosystem default of the other tasks is the Trainer's, less what the device cannot run."""
     from transformers import TrainingArguments
 
     optim = ecosystem.defaults_of(TrainingArguments)["optim"]
@@ -69,7 +70,8 @@ def test_the_ecosystem_default_of_the_other_tasks_is_the_trainers_and_drops_what
     assert "packing" in packed.row and "dynamic_pad" not in packed.row
 
 
-def test_a_pick_is_never_slower_than_the_ecosystem_default_and_is_the_simplest_within_the_floor():
+def test_a_pick_is_no_slower_than_the_default_and_simplest():
+    """A pick is never slower than the ecosystem default, and is the simplest within the floor."""
     singles = [
         Measured("baseline", frozenset(), 1.0, 1.0),
         Measured("bf16", frozenset({"bf16"}), 0.6, 1.0),
@@ -89,7 +91,7 @@ def test_a_pick_is_never_slower_than_the_ecosystem_default_and_is_the_simplest_w
     assert again.incumbent == "bf16+dynamic_pad"
 
 
-def test_each_task_has_its_own_default_rows_recorded_unsupported_on_an_explicit_device(tmp_path, pr_csv):
+def test_default_rows_the_device_cannot_run_are_recorded(tmp_path, pr_csv):
     """`trainwise plan --device cpu` with the default rows stopped at once on fp16 ("needs cuda ... drop it"): the
     user never chose it. --task image-classification's defaults held dynamic_pad. Default rows are the task's, and
     those the device cannot run are recorded 'unsupported', also with an explicit --device."""
@@ -111,7 +113,8 @@ def test_each_task_has_its_own_default_rows_recorded_unsupported_on_an_explicit_
         prepare_study(named)
 
 
-def test_cce_is_read_off_bf16_cce_as_a_single_the_search_combines_and_never_picks():
+def test_cce_is_read_off_bf16_cce_and_never_picked_alone():
+    """cce is read off bf16+cce as a single the search combines and never picks."""
     from trainwise.api.plan import _derived
 
     parts = (0.0, 0.8, 0.1, 0.1)
@@ -127,7 +130,7 @@ def test_cce_is_read_off_bf16_cce_as_a_single_the_search_combines_and_never_pick
     assert cce.parts == pytest.approx((0.0, 0.6, 0.1, 0.1))
 
 
-def test_a_batch_that_runs_out_of_memory_is_tried_again_with_each_strategy_that_saves_memory():
+def test_an_oom_batch_is_retried_with_each_memory_saver():
     """packing@bs128 ran out of memory on an H200; chunked_ce (less loss memory) would have let it fit. The batch
     search does not stop at the first OOM: the incumbent at that size with a memory saver is measured."""
     singles = [
@@ -172,7 +175,7 @@ def test_a_missing_metric_package_is_said_once_before_any_trial(tmp_path, s2s_cs
     tiny_study(tmp_path / "t", s2s_csv, "seq2seq", ["baseline"], eval_samples=0)  # no evaluation: nothing to score
 
 
-def test_the_commit_recorded_is_trainwises_own_checkouts_never_an_enclosing_repositorys(tmp_path):
+def test_the_commit_is_trainwises_never_an_enclosing_repos(tmp_path):
     """A study run from another repository recorded that repository's commit: trainwise installed inside a user's
     project (its .venv) found the project's git."""
     if shutil.which("git") is None:
@@ -191,7 +194,7 @@ def test_the_commit_recorded_is_trainwises_own_checkouts_never_an_enclosing_repo
     assert git_commit() is None or len(git_commit().split("-")[0]) == 12  # this checkout's own, when it is one
 
 
-def test_a_row_that_compiles_is_allowed_its_compile_beyond_the_trial_timeout():
+def test_a_compiling_row_gets_its_compile_past_the_timeout():
     from trainwise.core.config import TrialSpec
     from trainwise.study.run import COMPILE_ALLOWANCE_S, timeout_for
 
@@ -202,7 +205,7 @@ def test_a_row_that_compiles_is_allowed_its_compile_beyond_the_trial_timeout():
     assert timeout_for(dataclasses.replace(spec, plan=compiled), 100.0) == 100.0 + COMPILE_ALLOWANCE_S
 
 
-def test_the_incumbent_is_tried_once_at_the_estimates_largest_fitting_batch_beside_its_doubling():
+def test_the_incumbent_tries_the_largest_fitting_batch_once():
     """On a GPU memory, not a doubling at a time, bounds the batch: where the estimate says a batch past the next
     doubling fits, the incumbent is tried there once (packing@bs128 ran out of memory on an H200 while @bs64 fit)."""
     singles = [
@@ -229,7 +232,7 @@ def test_the_incumbent_is_tried_once_at_the_estimates_largest_fitting_batch_besi
     assert split_row(found.incumbent)[1] is not None
 
 
-def test_the_greedy_stack_takes_a_strategy_refused_alone_once_its_companion_is_in():
+def test_a_strategy_refused_alone_joins_with_its_companion():
     """cce's effect read off bf16+cce can sort before bf16: refused first (it runs only beside a 16-bit precision),
     taken once bf16 is in; a conflict stays out."""
     from trainwise.search.policy import greedy
@@ -244,7 +247,7 @@ def test_the_greedy_stack_takes_a_strategy_refused_alone_once_its_companion_is_i
     assert greedy(["cce", "bf16", "packing", "liger"], valid) == frozenset({"cce", "bf16", "packing"})
 
 
-def test_a_resumed_search_whose_stack_was_measured_still_doubles_its_incumbent_in_its_first_round():
+def test_a_resumed_search_with_a_measured_stack_still_doubles():
     """The greedy stack measured by an earlier run is not forced again, so it does not hold back the doubling."""
     from trainwise.search.policy import Candidate
 

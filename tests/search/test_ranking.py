@@ -87,7 +87,7 @@ def test_memory_budget_and_quality_drop_exclude_rows():
     assert "more than 1 below" in next(v for v in a.verdicts if v.strategy == "bf16").reason
 
 
-def test_the_budget_is_compared_with_tensors_plus_runtime_like_the_estimates_total():
+def test_the_budget_is_checked_on_tensors_plus_runtime():
     """Issue 14: one basis. A row's measured peak of live tensors plus its runtime (CPU: the process's RSS
     before the model; CUDA: the context) against the budget, as `estimate`'s total is."""
     from trainwise.search.ranking import needs
@@ -133,7 +133,7 @@ def test_without_a_baseline_rows_are_relative_to_the_best_row():
     assert next(v for v in a.verdicts if v.strategy == "bf16").rel_time == 1.0
 
 
-def test_a_pick_that_lost_quality_in_short_trials_is_cautioned_towards_the_quality_phase(tmp_path, capsys):
+def test_a_pick_that_lost_short_trial_quality_is_cautioned(tmp_path, capsys):
     """Issue 27: advise recommended a row 8.75 accuracy points below the baseline, measured by a few-step
     speed trial, without a word. Beyond the held-out noise it says so and points to compare --quality-steps;
     within the noise, for the baseline itself, or with a quality-phase verdict, it does not."""
@@ -191,7 +191,7 @@ def _short_study_rows(**quality):
     return [{**r, "quality_verdict": quality[r["strategy"]]} if r["strategy"] in quality else r for r in rows]
 
 
-def test_a_short_trials_quality_difference_is_never_a_gain_or_a_loss(tmp_path, capsys):
+def test_short_trial_quality_is_never_a_gain_or_a_loss(tmp_path, capsys):
     """Issue 36, part 2: after 16 steps advise showed smart_batch at "+10.00 accuracy". A speed trial's quality
     is shown as its figures, said not to be a measured difference, with the way to measure it; within the
     held-out noise it neither excludes a row (--max-quality-drop) nor dominates one."""
@@ -231,7 +231,7 @@ def test_a_short_trials_quality_difference_is_never_a_gain_or_a_loss(tmp_path, c
     assert not bf16.feasible and said + " noise (±5.36) (run the quality phase" in bf16.reason, bf16.reason
 
 
-def test_a_quality_phase_difference_is_shown_signed_with_its_verdict():
+def test_quality_phase_differences_are_signed_with_a_verdict():
     """Issue 36, part 2: when the quality phase judged the rows, their difference and verdict are shown."""
     verdicts = {
         "baseline": "reference (50.00-55.00 over 3 seeds)",
@@ -370,7 +370,7 @@ def _study(path, rows, price_note=None, device=("cpu", "Intel Xeon")):
     return str(path)
 
 
-def test_several_studies_priced_per_machine_rank_by_cost_unlike_time(tmp_path, capsys):
+def test_studies_priced_per_machine_rank_by_cost_not_time(tmp_path, capsys):
     """Issue 15, part 3: cost differs from time when prices differ. A slow cheap machine and a fast dear one:
     by time the GPU rows win, by cost the CPU's; neither dominates the other (faster but dearer)."""
     cpu = _study(tmp_path / "cpu", [row("baseline", 10.0, 2.0), row("bf16", 12.0, 1.5)], ("$0.1/h", 0.1))

@@ -87,7 +87,7 @@ def test_tune_cli_bad_input_is_one_line(tmp_path, capsys):
     assert not (tmp_path / "t").exists()
 
 
-def test_a_search_whose_every_trial_scored_the_same_says_it_ranked_nothing():
+def test_a_search_of_equal_scores_says_it_ranked_nothing():
     """seed 000's recipe: ROUGE-L 0.0 for every trial of a random-init BART after 40 steps."""
     from trainwise.search.hyperparams import tie_note
 
@@ -212,7 +212,7 @@ def test_pbt_needs_something_to_mutate_and_says_how_to_get_ray(tmp_path, capsys,
     assert not (tmp_path / "t").exists()
 
 
-def test_the_pbt_summary_counts_every_members_steps_and_dates_each_mutation():
+def test_pbt_summary_counts_all_steps_and_dates_each_mutation():
     def report(member, step, ran, at, value, lr):
         return {"member": member, "step": step, "ran": ran, "at": at, "objective": value, "config": {"lr": lr}}
 
@@ -265,7 +265,7 @@ def test_a_tune_trial_past_its_timeout_is_killed_and_recorded(tmp_path, cls_csv)
     assert alive_after(forked + execd) == [], "the timed-out trial was killed"
 
 
-def test_pbt_members_train_under_out_here_and_in_the_nodes_temp_on_a_cluster(tmp_path):
+def test_pbt_members_train_under_out_or_a_nodes_temp(tmp_path):
     """Where PBT's members keep their checkpoints: under --out with a local Ray (the default), in this
     user's folder of the node's temporary directory on a cluster (its nodes may not see --out)."""
     from trainwise.search.pbt import member_scratch
@@ -274,7 +274,7 @@ def test_pbt_members_train_under_out_here_and_in_the_nodes_temp_on_a_cluster(tmp
     assert member_scratch(tmp_path, "127.0.0.1:6379").name == f"trainwise-pbt-{os.getuid()}"
 
 
-def test_decoding_parameters_are_for_seq2seq_and_reach_generation(tmp_path, capsys, monkeypatch, s2s_study):
+def test_decoding_params_are_seq2seq_and_reach_generation(tmp_path, capsys, monkeypatch, s2s_study):
     import dataclasses
 
     import transformers

@@ -37,7 +37,7 @@ def _trials(study, made: dict[str, list[float]]):
     ]
 
 
-def test_verdicts_call_a_difference_only_outside_the_seeds_ranges(tmp_path, cls_csv):
+def test_a_difference_counts_only_outside_the_seeds_ranges(tmp_path, cls_csv):
     rows = ["baseline", "bf16", "smart_batch", "grad_accum"]
     study = tiny_study(tmp_path, cls_csv, "classification", rows, eval_samples=0, repeat=2, seed_per_repeat=True)
     assert [s.settings.seed for s in study.specs] == [0] * 4 + [1] * 4, "one seed per repeat"
@@ -70,7 +70,7 @@ def test_three_seeds_or_more_are_judged_by_welchs_t_test(tmp_path, cls_csv):
     assert compare([42.5, 43.0], base)[1] == "seeds' ranges overlap?", "a row with 2 seeds: the range rule"
 
 
-def test_a_phase_that_learned_nothing_says_its_verdicts_compare_nothing(tmp_path, cls_csv, capsys):
+def test_a_phase_that_learned_nothing_says_so(tmp_path, cls_csv, capsys):
     """On a 40-class CSV of package descriptions, 120 steps x 3 seeds left every candidate at 40.0%: the
     commonest class's share. The verdicts ('no significant difference') were true and meaningless."""
     from trainwise.report.format import majority_note
@@ -144,7 +144,7 @@ def test_advise_uses_the_verdicts_not_the_short_trials_quality():
     assert not lean.feasible and "more than 3 below" in lean.reason
 
 
-def test_a_row_the_quality_phase_did_not_train_wins_nothing_on_quality():
+def test_a_row_the_phase_did_not_train_wins_nothing():
     """On the demo, adafactor (faster than the baseline, dominated by smart_batch in time and memory, so not
     trained by the quality phase) used to 'dominate' the baseline: its missing quality counted as no worse."""
     base = {"baseline": False, "status": "ok", "metric_name": "accuracy"}

@@ -53,7 +53,8 @@ def test_loss_and_gradients_equal_the_plain_loss(chunk, bias, reduction, smoothi
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
 
 
-def test_a_frozen_head_gets_no_gradient_and_the_hidden_gradient_stays_right():
+def test_a_frozen_head_leaves_the_hidden_gradient_right():
+    """A frozen head gets no gradient, and the hidden states' gradient stays right."""
     hidden, weight, _, labels = tensors()
     weight = weight.detach()
     ours = chunked_causal_lm_loss(hidden, weight, labels, chunk_tokens=4)
@@ -168,7 +169,7 @@ def lm_batch(seed: int = 0):
 @pytest.mark.parametrize(
     ("family", "extra"), [("gpt2", {}), ("llama", {}), ("llama", {"tie_word_embeddings": True})], ids=str
 )
-def test_on_a_model_loss_and_every_parameter_gradient_equal_transformers_own(family, extra):
+def test_a_models_loss_and_gradients_equal_transformers_own(family, extra):
     model = tiny(family, **extra)
     assert can_chunk(model) is None
     assert model.config.tie_word_embeddings == (family == "gpt2" or bool(extra))
@@ -193,7 +194,8 @@ def test_the_sum_reduction_counts_the_batch_loss_items():
     torch.testing.assert_close(total, mean * batch.loss_items)
 
 
-def test_can_chunk_refuses_models_whose_logits_are_more_than_lm_head():
+def test_can_chunk_refuses_logits_beyond_lm_head():
+    """can_chunk refuses models whose logits are more than lm_head."""
     gemma2 = transformers.Gemma2Config(
         hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, head_dim=8, vocab_size=300
     )

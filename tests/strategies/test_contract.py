@@ -75,7 +75,7 @@ def test_compare_and_train_take_the_same_steps(cls_study, tmp_path, row, monkeyp
 
 
 @pytest.mark.bench
-def test_compile_with_inductor_takes_the_same_steps_in_compare_and_train(cls_study, tmp_path):
+def test_inductor_compile_takes_the_same_steps(cls_study, tmp_path):
     """The compile row as a user runs it: Inductor's kernels (38 s of a fresh clone's suite on 2 cores)."""
     measured, trained, r = _compare_and_train(_spec(cls_study, "compile"), tmp_path)
     _check("compile", r, measured, trained)
@@ -84,7 +84,8 @@ def test_compile_with_inductor_takes_the_same_steps_in_compare_and_train(cls_stu
 
 # torch.compile on images: 17.6 s of a fresh clone's compiling (its text row, the same seam, stays in CI): `make bench`
 @pytest.mark.parametrize("row", [pytest.param(r, marks=pytest.mark.bench) if r in SLOW else r for r in IMAGE])
-def test_image_strategies_take_the_same_steps_in_compare_and_train(tmp_path, row):
+def test_image_strategies_take_the_same_steps(tmp_path, row):
+    """Image strategies take the same steps in compare and train."""
     from trainwise.core.config import StudyConfig
     from trainwise.study.prepare import prepare_study
 
@@ -121,7 +122,8 @@ def lm_study(tmp_path_factory):
 
 
 @pytest.mark.parametrize("row", LM)
-def test_causal_lm_strategies_take_the_same_steps_in_compare_and_train(lm_study, tmp_path, row):
+def test_causal_lm_strategies_take_the_same_steps(lm_study, tmp_path, row):
+    """Causal-LM strategies take the same steps in compare and train."""
     measured, trained, r = _compare_and_train(_spec(lm_study, row), tmp_path)
     _check(row, r, measured, trained)
     assert r.metric_name == "neg_eval_loss" and 0 < r.loss_token_share < 1
@@ -129,7 +131,8 @@ def test_causal_lm_strategies_take_the_same_steps_in_compare_and_train(lm_study,
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("row", CUDA_ONLY)
-def test_cuda_strategies_take_the_same_steps_in_compare_and_train(tmp_path, cls_csv, row):
+def test_cuda_strategies_take_the_same_steps(tmp_path, cls_csv, row):
+    """CUDA strategies take the same steps in compare and train."""
     missing = strategies.parse_row(row, 2).missing_packages()
     if missing:  # the H200 image of 2026-11-26 had no bitsandbytes: adamw_8bit needs it, the others do not
         pytest.skip(f"{row} needs {', '.join(missing)}")
@@ -153,7 +156,7 @@ ZERO_CI = ("zero1", "zero2", "zero3")
         pytest.param(strategies.scale.ZERO, marks=pytest.mark.bench, id="every-entry"),
     ],
 )
-def test_zero_rows_take_the_same_steps_in_compare_and_train_under_torchrun(tmp_path, cls_csv, rows):
+def test_zero_rows_take_the_same_steps_under_torchrun(tmp_path, cls_csv, rows):
     """ZeRO entries over 2 gloo ranks (DeepSpeed on CPU): compare's trial and train's run, one torchrun. DeepSpeed
     builds its C++ ops into TORCH_EXTENSIONS_DIR, here a new one, as on a new machine: training builds no
     `deepspeed_shm_comm` (only DeepSpeed's inference all-reduce uses it; a 55 s build on 2 cores)."""
@@ -222,7 +225,7 @@ def test_lora_adapts_only_the_attention_projections_and_the_head():
         assert all("lora_" in n or "classifier" in n for n in trainable), trainable
 
 
-def test_lora_on_a_model_peft_cannot_target_is_one_line_before_training(tmp_path, cls_csv):
+def test_lora_peft_cannot_target_is_one_line_before_training(tmp_path, cls_csv):
     from transformers import DistilBertConfig, DistilBertForSequenceClassification
 
     from trainwise.core.errors import ConfigError
@@ -301,7 +304,8 @@ def test_bf16_pure_keeps_no_fp32_copy(cls_study):
 
 
 @pytest.mark.parametrize("task, stack", [("classification", "bert.encoder.layer"), ("seq2seq", "encoder.block")])
-def test_freeze_layers_freezes_the_embeddings_and_exactly_the_first_n_layers(task, stack):
+def test_freeze_layers_freezes_embeddings_and_the_first_n(task, stack):
+    """freeze_layers freezes the embeddings and exactly the first n layers."""
     model = _tiny_model(task)
     layers = layer_stack(model)
     assert layers is model.get_submodule(stack) and len(layers) >= 2

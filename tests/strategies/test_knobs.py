@@ -87,7 +87,8 @@ def test_the_estimate_models_every_value_or_says_why_not(name, value, strategy):
     assert dataclasses.replace(t, notes=[]) != dataclasses.replace(base, notes=[]), f"{name}={value}: not modelled"
 
 
-def test_export_prints_the_reasons_and_the_snippet_applies_what_arguments_cannot(tmp_path):
+def test_export_prints_reasons_and_the_snippet_does_the_rest(tmp_path):
+    """Export prints the reasons, and the snippet applies what the arguments cannot."""
     from trainwise.exporting.scripts import write_export
 
     row = strategies.parse_row("sortish+freeze_embeddings+eager_attn", 4)

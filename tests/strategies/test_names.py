@@ -67,7 +67,8 @@ def named_outside(package: Path = PACKAGE) -> list[str]:
     return found
 
 
-def test_every_strategy_has_a_family_and_no_other_code_reads_its_name():
+def test_strategies_have_families_and_names_read_nowhere_else():
+    """Every strategy has a family, and no other code reads its name."""
     assert set(homes()) | {"baseline"} == set(strategies.REGISTRY)  # the baseline: the registry's own
     found = named_outside()
     assert not found, f"a strategy's name read outside its family (give the reader a hook instead): {found}"

@@ -120,7 +120,7 @@ def test_pack_refuses_a_block_below_one_token():
 # ---- collate -----------------------------------------------------------------------------------------------
 
 
-def test_collate_builds_rows_with_restarting_positions_and_no_attention_mask():
+def test_collate_restarts_positions_and_adds_no_mask():
     a = ([11, 12, 13], [-100, 12, 13])
     b = ([21, 22], [21, 22])
     c = ([31, 32, 33, 34, 35, 36, 37], [31, 32, 33, 34, 35, 36, 37])  # longer than the block: cut to 6
@@ -134,7 +134,7 @@ def test_collate_builds_rows_with_restarting_positions_and_no_attention_mask():
     assert batch.loss_items == 8 == int((batch.labels[:, 1:] != IGNORE_INDEX).sum())
 
 
-def test_collate_refuses_blocks_that_do_not_fit_and_misaligned_labels():
+def test_collate_refuses_overfull_blocks_and_misaligned_labels():
     with pytest.raises(ValueError, match="do not fit"):
         PackedCollator(PAD, 4)([[([1, 2, 3], [1, 2, 3]), ([4, 5], [4, 5])]])
     with pytest.raises(ValueError, match="align"):
@@ -161,7 +161,7 @@ def test_a_packed_example_computes_what_it_computes_alone(family, attn):
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2"])
-def test_an_attention_mask_or_a_cache_lets_packed_examples_see_each_other(family):
+def test_a_mask_or_cache_lets_packed_examples_see_each_other(family):
     """The failure mode is visible: were the collate to add a mask, or the forward a cache, this would catch it."""
     model, exs = tiny(family), examples()
     _, batch = packed_batch(exs)
@@ -189,7 +189,7 @@ def test_can_pack_reasons():
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2"])
-def test_the_packed_loss_is_the_token_weighted_mean_of_the_examples_alone(family):
+def test_packed_loss_is_the_token_weighted_mean_of_each_alone(family):
     model, exs = tiny(family), examples(seed=2)
     _, batch = packed_batch(exs)
     with torch.no_grad():
@@ -204,7 +204,7 @@ def test_the_packed_loss_is_the_token_weighted_mean_of_the_examples_alone(family
     assert float(packed) == pytest.approx(sums / items, abs=1e-5)
 
 
-def test_train_mode_with_the_config_cache_default_crosses_examples_until_the_config_turns_it_off():
+def test_the_config_cache_crosses_examples_until_turned_off():
     """transformers builds a cache in train mode too when config.use_cache is True (the default): packing then
     crosses examples silently. A packing strategy must set model.config.use_cache = False."""
     model = tiny("llama")
@@ -226,7 +226,7 @@ def test_train_mode_with_the_config_cache_default_crosses_examples_until_the_con
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2"])
-def test_a_padding_free_batch_is_one_row_whose_loss_is_the_examples_alone_as_the_transformers_collator_builds_it(
+def test_a_padding_free_row_scores_each_example_alone(
     family,
 ):
     """padding_free (issue 53, compared with packing where the data forces a padded length): the batch's examples one

@@ -42,7 +42,8 @@ def _qlora_model(row: str = "qlora"):
     return apply_plan(model, rt), rt
 
 
-def test_qlora_quantizes_every_projection_to_nf4_and_trains_only_the_adapters():
+def test_qlora_quantizes_to_nf4_and_trains_only_the_adapters():
+    """QLoRA quantizes every projection to NF4 and trains only the adapters."""
     bnb = pytest.importorskip("bitsandbytes")  # in requirements.lock; an environment without it skips
     model, rt = _qlora_model()
     base = model.get_base_model()
@@ -72,7 +73,8 @@ def test_qlora_computes_in_the_rows_precision():
     assert layers and all(layer.compute_dtype == torch.bfloat16 for layer in layers)
 
 
-def test_qlora_applies_on_the_meta_device_as_the_studys_check_and_the_estimate_run_it():
+def test_qlora_applies_on_the_meta_device():
+    """QLoRA applies on the meta device, as the study's check and the estimate run it."""
     bnb = pytest.importorskip("bitsandbytes")
     rt = strategies.runtime(strategies.parse_row("qlora", 4).plan, "causal-lm", "cpu")
     model = apply_plan(meta_model(model_config(ModelSource("preset", "llama-tiny"), "causal-lm", 2), "causal-lm"), rt)
@@ -87,7 +89,7 @@ def test_qlora_conflicts_are_data(row, conflict):
         strategies.parse_row(row, 4)
 
 
-def test_the_cuda_kernels_say_needs_cuda_on_a_cpu_and_nothing_on_a_gpu():
+def test_the_cuda_kernels_say_needs_cuda_only_on_a_cpu():
     cpu = DeviceFacts("cpu", "Intel Xeon", frozenset({"avx512_bf16"}))
     gpu = DeviceFacts("cuda", "H100", frozenset(), (9, 0))
     for name, row in (("liger", "liger"), ("cce", "bf16+cce")):
@@ -104,7 +106,7 @@ def test_the_cuda_kernels_say_needs_cuda_on_a_cpu_and_nothing_on_a_gpu():
             strategies.parse_row(row, 4)
 
 
-def test_cce_alone_is_refused_in_one_line_it_runs_beside_a_16_bit_precision():
+def test_cce_alone_is_refused_it_needs_a_16_bit_precision():
     """On an H200, cce alone (fp32) failed every step: "Backwards requires embeddings to be bf16 or fp16" (issue 53).
     It is invalid alone, before any trial; beside bf16 or fp16 it parses."""
     with pytest.raises(ConfigError) as e:
@@ -116,7 +118,8 @@ def test_cce_alone_is_refused_in_one_line_it_runs_beside_a_16_bit_precision():
         assert strategies.parse_row(row, 4).plan.value("lm_loss") == "cce"
 
 
-def test_a_cpu_study_records_the_cuda_kernels_unsupported_and_runs_the_rest(tmp_path, pr_csv, capsys):
+def test_a_cpu_study_records_cuda_kernels_unsupported(tmp_path, pr_csv, capsys):
+    """A CPU study records the CUDA kernels unsupported and runs the rest."""
     out = tmp_path / "s"
     assert main([*LM, "--train-file", str(pr_csv), "--strategies", "baseline,liger,bf16+cce", "--out", str(out)]) == 0
     rows = {r["strategy"]: r for r in read_rows(out / "results.json")}
@@ -129,7 +132,7 @@ def test_a_cpu_study_records_the_cuda_kernels_unsupported_and_runs_the_rest(tmp_
     assert last == "trainwise: error: every trial failed (1 unsupported); see the table above"
 
 
-def test_the_catalogue_lists_the_new_rows_with_their_effect_and_cost(capsys):
+def test_the_catalogue_lists_the_new_rows_effect_and_cost(capsys):
     assert main(["strategies", "--markdown"]) == 0
     text = capsys.readouterr().out
     for name in ("qlora", "liger", "cce"):
@@ -137,13 +140,13 @@ def test_the_catalogue_lists_the_new_rows_with_their_effect_and_cost(capsys):
         assert strategies.REGISTRY[name].summary.split(";")[0][:40] in line, line
 
 
-def test_export_liger_sets_use_liger_kernel_in_both_argument_files(tmp_path):
+def test_export_liger_sets_use_liger_kernel_in_both_files(tmp_path):
     write_export(strategies.parse_row("liger", 2).plan, PRESET, tmp_path)
     assert json.loads((tmp_path / "sft_config.json").read_text())["use_liger_kernel"] is True
     assert json.loads((tmp_path / "training_args.json").read_text())["use_liger_kernel"] is True
 
 
-def test_export_qlora_and_cce_write_snippets_that_load_and_patch_the_model(tmp_path):
+def test_export_qlora_and_cce_snippets_load_and_patch(tmp_path):
     write_export(strategies.parse_row("bf16+qlora", 2).plan, PRESET, tmp_path / "q")
     for name in ("sft_train.py", "train_snippet.py"):
         text = (tmp_path / "q" / name).read_text()

@@ -18,7 +18,7 @@ def plan(text: str, accum: int = 4) -> dict:
 
 
 @pytest.mark.parametrize("name", list(strategies.REGISTRY))
-def test_every_strategy_says_its_effect_and_cost_and_sets_known_knobs(name):
+def test_every_strategy_has_effect_cost_and_known_knobs(name):
     s = strategies.REGISTRY[name]
     assert ";" in s.summary or name == "baseline", "summary says effect; cost"
     assert set(s.sets) <= set(strategies.KNOBS)
@@ -26,7 +26,7 @@ def test_every_strategy_says_its_effect_and_cost_and_sets_known_knobs(name):
     assert name == "baseline" or s.sets or s.takes, "a strategy that sets nothing does nothing"
 
 
-def test_no_effect_text_claims_a_speed_on_this_device_that_it_did_not_measure():
+def test_no_effect_text_claims_an_unmeasured_speed():
     """Issue 27: `strategies` once said bf16 was ~25% faster "on this CPU", where it measured 19x slower. A
     speed-up in a summary names the hardware it holds on; a verdict about this device says its facts (flags,
     compute capability), and its speed only as the measured ratio that `Support.line` adds."""
@@ -79,7 +79,7 @@ def test_rows_parse_into_plans():
     assert strategies.parse_row("baseline", 4).is_baseline and not row.is_baseline
 
 
-def test_a_plan_round_trips_through_json_and_keeps_only_what_differs():
+def test_a_plan_round_trips_json_keeping_only_what_differs():
     p = strategies.parse_row("bf16+freeze_embeddings+grad_accum=2", 4).plan
     assert TrialPlan.from_dict(p.to_dict()) == p
     assert p.to_dict()["freeze"] == ["embeddings"] and p.to_dict()["grad_ckpt"] is False

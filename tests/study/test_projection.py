@@ -29,7 +29,7 @@ def test_a_short_study_is_said_in_one_line_with_what_it_rests_on():
     )
 
 
-def test_a_long_study_is_offered_the_short_list_and_fewer_steps_with_their_times():
+def test_a_long_study_is_offered_a_short_list_and_fewer_steps():
     """The causal-LM study of issue 34: the 10 default rows and the baseline again, at 55 s/step. bf16 and fp16
     are emulated on this CPU (a named row is trained as asked, 26x slower): the short list leaves them out."""
     shape = Shape(DEFAULT, per_row=1, extra=1, steps=16, warmup=3, slow=frozenset({"bf16", "fp16"}))
@@ -69,7 +69,7 @@ def test_the_time_left_follows_the_trials_as_they_end():
     assert remaining_s(pace, 16, left=2, walls=[30.0, 50.0], elapsed_s=10.0) == 30.0 + 2 * 40.0
 
 
-def test_the_clock_says_the_projection_once_at_the_first_timed_step():
+def test_the_projection_is_said_once_at_the_first_timed_step():
     now = [0.0]
     clock = Clock(Shape(("baseline", "dynamic_pad"), 1, 0, steps=4, warmup=1), to_run=2, now=lambda: now[0])
     clock.started("baseline")
@@ -123,7 +123,7 @@ def test_the_study_says_its_projection_where_the_user_sees_it(tmp_path, cls_csv,
     assert "--max-steps" not in err and "--strategies" not in err, "no shorter study to offer: 2 rows, 4 steps"
 
 
-def test_a_training_runs_progress_line_has_its_rate_and_the_time_left():
+def test_a_training_progress_line_has_its_rate_and_time_left():
     """train's live line: step i/N, loss, samples/s at the median of the last steps' wall time (an evaluation
     between two steps is not a slow step), and the time left at that pace; a step that goes back is another run."""
     from trainwise.run.events import Step

@@ -69,7 +69,8 @@ def test_the_reports_of_typed_rows_are_those_of_the_dicts(study, tmp_path):
 
 
 @pytest.mark.parametrize("study", STUDIES)
-def test_advise_and_the_quality_candidates_on_typed_rows_are_as_before(study):
+def test_typed_rows_give_the_same_advice_and_candidates(study):
+    """advise and the quality candidates on typed rows are as before."""
     want = json.loads(golden(study, "advise.json"))
     for name, options in CONSTRAINTS.items():
         try:

@@ -54,7 +54,7 @@ def test_a_study_written_by_e874211_opens_typed(tmp_path):
     assert CompareOptions.of({}, study / store.STUDY_FILE).strategies == "baseline,dynamic_pad"
 
 
-def test_the_old_store_keeps_its_keys_so_the_same_command_resumes():
+def test_the_old_store_keeps_its_keys_so_a_rerun_resumes():
     """TrialSettings lost max_steps (a compare trial's step count is TrialSpec.steps, train's is its schedule):
     a spec stored before reads back with its steps, and its key is the one it was stored under."""
     import sqlite3
@@ -69,7 +69,7 @@ def test_the_old_store_keeps_its_keys_so_the_same_command_resumes():
         assert spec.to_dict()["settings"]["max_steps"] == 4, "where the previous release reads a stored spec's steps"
 
 
-def test_an_old_study_without_its_file_still_says_what_another_run_would_replace(tmp_path):
+def test_a_fileless_old_study_says_what_a_run_would_replace(tmp_path):
     """A study from before studies kept study.yaml: its store says its settings, so a compare of other steps
     into it is refused in one line naming them (the steps come from the stored spec, not its settings)."""
     from trainwise.api.compare import over_study

@@ -172,7 +172,7 @@ def test_repeats_are_interleaved_and_reported_as_medians(tmp_path, cls_csv):
     assert min(times) <= table[0].step_time_s <= max(times)
 
 
-def test_time_epoch_and_cost_of_a_row_come_from_one_repeat_and_agree(tmp_path, cls_csv):
+def test_a_rows_time_epoch_and_cost_agree_from_one_repeat(tmp_path, cls_csv):
     """Issue 14, part 3: with repeats, every timing column and what derives from it (time %, epoch time,
     $/epoch) is the median-throughput repeat's, never each column's own median (which mixed repeats: a
     row could read slower per step yet cheaper per epoch)."""
@@ -235,7 +235,7 @@ def test_rows_inside_the_noise_read_as_such(tmp_path, cls_csv):
     assert "one repeat" in base1.noise_source
 
 
-def test_one_repeat_runs_the_baseline_again_last_for_the_noise_floor(tmp_path, cls_csv):
+def test_one_repeat_reruns_the_baseline_last_for_the_floor(tmp_path, cls_csv):
     """--repeat 1 (the default): the baseline runs first and again as the last trial; the noise floor is the
     spread of those two runs, and says so. Not with --no-remeasure, --repeat 2, or a lone row."""
     from trainwise.core.results import TrialResult

@@ -122,7 +122,7 @@ def finished_study(tmp_path: Path, **options) -> Path:
     return out
 
 
-def test_other_settings_over_a_study_are_refused_naming_them_and_the_ways_out(tmp_path, capsys):
+def test_other_settings_are_refused_naming_them_and_ways_out(tmp_path, capsys):
     """Issue 34: `--config runs/x/study.yaml --max-steps 4` rewrote runs/x's study file and report with a 4-step
     study. Now: one line, exit 2, naming each setting that differs (old → new) and the ways out; nothing written."""
     out = finished_study(tmp_path)
@@ -141,7 +141,7 @@ def test_other_settings_over_a_study_are_refused_naming_them_and_the_ways_out(tm
     assert not (out / "data").exists() and not (out / "replaced").exists()
 
 
-def test_what_defines_the_measurement_is_compared_as_the_study_reads_it(tmp_path):
+def test_the_measurement_is_compared_as_the_study_reads_it(tmp_path):
     """Two spellings of one study are one study (a list or comma text, a relative or absolute path, lr unset or
     the task's default, an option the task does not read); rows, a run's own options and a missing price are not
     differences; a price or a quality phase both give differently is."""
@@ -168,7 +168,7 @@ def test_what_defines_the_measurement_is_compared_as_the_study_reads_it(tmp_path
     assert o.changed(quality) == [], "a run that asks for no quality phase keeps the study's"
 
 
-def test_a_run_over_a_study_keeps_its_rows_price_and_quality_phase():
+def test_a_rerun_keeps_the_rows_price_and_quality_phase():
     """The same settings add rows (`a,b` then `a,b,c` adds c); the rows, the price and the quality phase the
     study's report has, which this run does not ask for, stay, each said in a note."""
     stored = api.CompareOptions.of({"out": "runs/x", "sku": "ND40rs_v2", "quality_steps": 40, "seeds": 3})
@@ -190,7 +190,7 @@ def test_a_study_file_never_holds_replace(tmp_path):
     assert api.CompareOptions.of({}, tmp_path / "study.yaml").replace is False
 
 
-def test_replace_keeps_the_report_aside_even_when_the_study_cannot_be_read(tmp_path, capsys):
+def test_replace_keeps_the_report_aside_even_if_unreadable(tmp_path, capsys):
     """--replace copies the report it replaces into replaced/N/ (the next N each time), before anything is
     written; a study file this trainwise cannot read is refused as such, or replaced with --replace."""
     from trainwise.api.compare import over_study

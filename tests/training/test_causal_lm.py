@@ -63,7 +63,7 @@ def lm_study(tmp_path_factory, pr_csv) -> Path:
     return out
 
 
-def test_prompt_tokens_carry_no_loss_and_the_loss_is_transformers_own(tokenizer):
+def test_prompts_carry_no_loss_and_the_loss_is_transformers(tokenizer):
     ids, labels = prompt_response([5, 6, 7], [8, 9, 2], max_length=16)
     assert ids == [5, 6, 7, 8, 9, 2] and labels == [IGNORE_INDEX] * 3 + [8, 9, 2]
     # a long pair loses the prompt's beginning first; a response longer than the room keeps half for the prompt
@@ -141,7 +141,8 @@ def test_a_model_that_is_not_decoder_only_is_refused(tmp_path):
             resolve_model(str(where), None, "causal-lm")
 
 
-def test_the_default_model_is_the_pretrained_smollm2_and_says_it_was_quantized(smollm2_cache, monkeypatch, capsys):
+def test_default_model_is_smollm2_and_says_it_was_quantized(smollm2_cache, monkeypatch, capsys):
+    """The default model is the pretrained SmolLM2 and says it was quantized."""
     from trainwise.training import gguf
     from trainwise.training.models import SMOLLM2_LABEL
 
@@ -157,7 +158,8 @@ def test_the_default_model_is_the_pretrained_smollm2_and_says_it_was_quantized(s
         resolve_model("smollm2", None, "causal-lm")
 
 
-def test_compare_runs_the_rows_with_the_loss_token_share_and_perplexity(lm_study):
+def test_compare_shows_the_loss_token_share_and_perplexity(lm_study):
+    """Compare runs the rows and shows the loss token share and perplexity."""
     rows = json.loads((lm_study / "results.json").read_text())["rows"]
     assert [r["strategy"] for r in rows] == ROWS and all(r["status"] == "ok" for r in rows), rows
     for r in rows:
@@ -200,7 +202,7 @@ def test_train_writes_a_model_that_text_generation_loads(tmp_path, pr_csv, row):
     assert len(out[0]["generated_text"]) > len("Reverse the first three: alpha beta gamma")
 
 
-def test_packed_rows_keep_every_example_token_and_restart_positions(tokenizer):
+def test_packed_rows_keep_every_token_and_restart_positions(tokenizer):
     from trainwise.training.data.prepared import packed_rows
 
     rows = [{"text": r["question"], "target": r["answer"]} for r in pairs(40)]
@@ -221,7 +223,7 @@ def test_packed_rows_keep_every_example_token_and_restart_positions(tokenizer):
     assert batch.loss_items == alone.loss_items
 
 
-def test_chunked_ce_in_the_loop_is_the_full_loss_and_its_gradients():
+def test_chunked_ce_in_the_loop_equals_the_full_loss():
     """The chunked_ce row's runtime (a head passing hidden states through, the chunked loss over its weight)
     gives the loop's own loss and the same gradient on every parameter, tied embeddings included."""
     from trainwise import strategies
@@ -256,7 +258,7 @@ def test_chunked_ce_in_the_loop_is_the_full_loss_and_its_gradients():
     assert model(input_ids=ids[:1]).logits.shape[-1] == head.weight.shape[0]
 
 
-def test_tune_and_train_watch_a_causal_lms_eval_loss_not_its_answers_rouge():
+def test_tune_and_train_watch_eval_loss_not_rouge():
     """A causal LM's evaluation record holds neg_eval_loss (its metric) and, for prompt/response data, the
     greedy answers' rougeL: `--monitor metric` (train's best checkpoint, tune's objective) watches the loss."""
     from trainwise.core.config import METRICS, maximize, monitor_name, monitored
@@ -269,7 +271,7 @@ def test_tune_and_train_watch_a_causal_lms_eval_loss_not_its_answers_rouge():
     assert monitor_name("eval_loss", "causal-lm") == "eval_loss"
 
 
-def test_the_loss_token_share_counts_the_whole_training_set_as_the_shifted_loss_scores_it():
+def test_the_loss_token_share_counts_as_the_shifted_loss():
     """Two examples: (prompt 3 + response 2) and raw text of 4. HF's shifted loss never scores an example's first
     token, and a packed row labels that position -100, so both count the same 2 + 3 of 9 tokens."""
     from trainwise.strategies.lm.packing import PackedCollator, PackedDataset
@@ -284,7 +286,7 @@ def test_the_loss_token_share_counts_the_whole_training_set_as_the_shifted_loss_
     assert batch.loss_items / batch.real_tokens == pytest.approx(loss_token_share(enc))
 
 
-def test_prompt_response_pairs_cut_at_max_length_are_said_as_chat_conversations_are(tokenizer):
+def test_pairs_cut_at_max_length_are_said_as_chats_are(tokenizer):
     """--max-length below the pairs' lengths: a note says how many pairs lost their prompt's beginning and how many
     their response's end, as prompt_response cuts them; nothing is said when every pair fits."""
     from trainwise.training.data.tasks import pair_notes

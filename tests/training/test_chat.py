@@ -83,7 +83,8 @@ def test_only_the_assistant_turns_carry_loss(chat_tokenizer):
         assert labelled == sum(len(tok(a + IM_END, add_special_tokens=False)["input_ids"]) for a in answers)
 
 
-def test_a_long_conversation_keeps_its_beginning_and_one_without_an_answer_left_is_counted(chat_tokenizer):
+def test_a_long_chat_keeps_its_start_and_answerless_ones_count(chat_tokenizer):
+    """A long conversation keeps its beginning, and one left without an answer is counted."""
     long = conversations(2)[1]  # two exchanges, no system message: the template adds its default one
     ids, labels = assistant_labels(chat_tokenizer, long)
     first = next(i for i, y in enumerate(labels) if y != IGNORE_INDEX)
@@ -125,7 +126,8 @@ def test_a_conversation_is_a_list_of_role_content_messages():
     assert read_conversation([{"role": "user", "content": "hi"}], "chat") == "no assistant turn"
 
 
-def test_chat_files_read_alike_bad_conversations_are_counted_and_messages_is_found(tmp_path):
+def test_chat_files_read_alike_and_bad_ones_are_counted(tmp_path):
+    """Chat files read alike, bad conversations are counted, and the messages key is found."""
     from trainwise.training.data.sources import read_task_data
 
     convs = conversations(40)

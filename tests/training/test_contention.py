@@ -45,7 +45,7 @@ def test_windows_taken_apart_are_judged_as_one():
     assert r["other_cpu_share"] == pytest.approx(0.25) and r["contended"] is not None
 
 
-def test_a_difference_the_others_load_could_explain_is_uncertain_not_a_verdict():
+def test_a_difference_load_could_explain_is_uncertain():
     """11% of the CPUs taken (under the 25% flag) can slow a one-thread step by 12%: a row at 110% is uncertain,
     one at 150% is not; a row at 90% on a quiet machine is judged as measured. (Rows that record no threads: the
     step's threads on two CPUs, below.)"""
@@ -67,7 +67,7 @@ def test_a_difference_the_others_load_could_explain_is_uncertain_not_a_verdict()
     assert not any("r66.0" in line for line in said if line.startswith("uncertain:"))
 
 
-def test_on_two_cores_the_others_share_lands_on_one_and_the_whole_step_waits_for_it():
+def test_on_two_cores_the_step_waits_for_the_loaded_one():
     """seed 004's grad_accum @w2 (BENCHMARKS §K1): 21% of 2 CPUs taken by others, 129% of the baseline while the
     same row at 0 workers read 85%. Its threads wait for the loaded core at every operator: uncertain, not a
     verdict (one thread on shared CPUs, s / (1 - s), would have allowed 26%)."""
@@ -129,7 +129,7 @@ def test_a_busy_process_beside_the_measured_one_is_seen():
 # (test_a_trial_contended_by_a_busy_process_is_measured_again, whose first run is loaded)
 
 
-def test_steps_added_to_judge_the_load_that_fail_leave_the_studys_steps_standing(monkeypatch, autorange):
+def test_a_failed_added_step_leaves_the_studys_steps_standing(monkeypatch, autorange):
     """An added step that fails (an OOM on a longer batch) must not fail a trial whose own steps all ran: the
     added ones are dropped, the counts restored, the load judged on the study's window alone."""
     from types import SimpleNamespace

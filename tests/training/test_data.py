@@ -70,7 +70,7 @@ def _with_holes(tmp_path, n: int, holes: dict[int, dict]):
     return tmp_path / "h.csv", tmp_path / "h.jsonl"
 
 
-def test_unusable_rows_are_counted_by_reason_with_their_first_line(tmp_path):
+def test_unusable_rows_count_by_reason_with_their_first_line(tmp_path):
     """Issue 27: an empty text or a record without the target key was dropped silently. Now each file's
     rows read, kept and skipped by reason, with the first line of each (a CSV's header is line 1; a
     quoted text may span lines), come back beside the rows."""
@@ -100,7 +100,8 @@ def test_unusable_rows_are_counted_by_reason_with_their_first_line(tmp_path):
 
 
 @pytest.mark.parametrize("suffix", ["csv", "jsonl"])
-def test_more_than_five_percent_unusable_is_one_error_naming_file_share_reason_and_line(tmp_path, suffix):
+def test_over_five_percent_unusable_is_one_error(tmp_path, suffix):
+    """More than five percent unusable is one error naming the file, the share, the reason and the line."""
     holes = {i: {"text": "", "target": "a"} for i in (7, 8, 9, 50, 60, 70)}  # 6 of 100 rows
     paths = dict(zip(("csv", "jsonl"), _with_holes(tmp_path, 100, holes), strict=True))
     line = 9 if suffix == "csv" else 8
@@ -114,7 +115,8 @@ def test_more_than_five_percent_unusable_is_one_error_naming_file_share_reason_a
     load_rows(None, str(_with_holes(tmp_path, 100, five)[0]), None, None, None)  # 5%: skipped and said
 
 
-def test_the_data_origin_names_the_builtin_corpus_and_round_trips_what_was_skipped(tmp_path):
+def test_the_origin_names_the_corpus_and_round_trips_skips(tmp_path):
+    """The data origin names the builtin corpus and round-trips what was skipped."""
     from trainwise.core.config import DataOrigin, StudyConfig
     from trainwise.training.data.sources import read_task_data
 
@@ -152,7 +154,7 @@ def test_missing_and_unsupported_files(tmp_path):
         load_rows(None, str(tmp_path / "x.parquet"), None, None, None)
 
 
-def test_builtin_datasets_are_real_stdlib_text_with_stable_splits():
+def test_builtin_data_is_real_stdlib_text_with_stable_splits():
     train, evals = load_builtin("stdlib-summarize")
     assert 5000 < len(train) + len(evals) < 9000
     assert 0.05 < len(evals) / (len(train) + len(evals)) < 0.15
@@ -194,7 +196,7 @@ def test_length_grouped_batches_cut_padding_and_keep_the_samples():
     assert list(smart) != s, "a new order each epoch"
 
 
-def test_sortish_puts_the_longest_batch_first_and_keeps_the_samples():
+def test_sortish_puts_the_longest_batch_first_keeping_samples():
     from trainwise.strategies.batching.samplers import SortishBatches
 
     lengths = [(i * 37) % 101 + 1 for i in range(400)]
@@ -212,7 +214,7 @@ def test_sortish_puts_the_longest_batch_first_and_keeps_the_samples():
         assert padding(batches) < 0.5 * padding(list(rnd))
 
 
-def test_a_checkpoint_with_another_head_gets_a_new_head_and_one_line(tmp_path, cls_csv, capsys):
+def test_a_checkpoint_with_another_head_gets_a_new_one(tmp_path, cls_csv, capsys):
     """Issue 17: a local classifier saved with 2 labels, fine-tuned on data with more: the head is
     re-initialised and said so in one line (it used to be an error row per trial)."""
     from trainwise.cli import main
@@ -238,7 +240,7 @@ def test_a_checkpoint_with_another_head_gets_a_new_head_and_one_line(tmp_path, c
     assert read_rows(out / "results.json")[0]["status"] == "ok"
 
 
-def test_a_study_says_what_it_skipped_and_records_it_in_its_origin(tmp_path, capsys, monkeypatch):
+def test_a_study_says_and_records_what_it_skipped(tmp_path, capsys, monkeypatch):
     """Issue 27 end to end: 1 of 300 training rows has an empty text and 1 of 40 held-out records has no
     target key: the study trains (exit 0), prints a line per file, and origin.json has the counts."""
     from trainwise.cli import main

@@ -89,7 +89,7 @@ def _fake_launch(calls: list):
     return launch
 
 
-def test_default_rows_on_an_emulating_cpu_record_bf16_and_train_all_without_it(tmp_path, cls_csv, monkeypatch):
+def test_an_emulating_cpu_records_bf16_and_trains_the_rest(tmp_path, cls_csv, monkeypatch):
     """The demo on an AVX2-only CPU: bf16 is recorded from its micro-benchmark, not trained for minutes;
     `all` trains with fp32; a row the user names is trained, with the reason attached."""
     from trainwise.report.format import cells, footnotes, notes
@@ -168,7 +168,7 @@ def test_the_peak_is_probed_on_the_operation_the_plan_runs(mixed, weights, mode)
     assert flops.linear_mode(mixed, weights) == mode
 
 
-def test_the_probe_sizes_itself_to_a_slow_path_and_keeps_its_budget(monkeypatch):
+def test_the_probe_fits_a_slow_path_within_its_budget(monkeypatch):
     """A path as slow as emulated bf16 on an AVX2 CPU (0.29 GFLOP/s: a 2048^2 matmul took 59 s): the probe
     stays on a small layer and within its budget instead of timing minutes."""
     sizes = []
@@ -256,7 +256,7 @@ def _row(name: str, steps: list[float], batch: int, n_train: int = 1000) -> Tria
     )
 
 
-def test_a_slow_step_moves_no_column_of_the_row_away_from_the_others():
+def test_a_slow_step_moves_no_column_from_the_others():
     """A step 10x slower among quiet ones: step (s), samples/s, epoch and time % still agree exactly
     (all from the totals: a median step beside a total-over-total rate read 2.689 s/step, 6.4 samples/s)."""
     from trainwise.core.config import Cell
@@ -463,7 +463,7 @@ def _trials_only_for(rows: frozenset[str], run_study):
         pytest.param(None, marks=pytest.mark.bench, id="every-trial"),
     ],
 )
-def test_doctor_gives_every_registry_strategy_a_verdict_on_this_cpu(tmp_path, monkeypatch, capsys, real):
+def test_doctor_gives_every_strategy_a_verdict_on_this_cpu(tmp_path, monkeypatch, capsys, real):
     """The whole doctor through the CLI, on CPU, with an AVX2-only CPU's flags injected and its measured
     bf16 slowness (a test cannot need that CPU): every strategy has a verdict, bf16 trains and reads
     emulated with the reason, the CUDA-only ones are unsupported with why, and doctor.json holds the facts.

@@ -82,7 +82,7 @@ def test_bf16_trains_close_to_fp32(tmp_path, cls_csv):
     assert bf16.final_loss != fp32.final_loss, "bf16 really ran in lower precision"
 
 
-def test_the_loops_lr_schedule_is_transformers_linear_warmup_decay():
+def test_the_lr_schedule_is_transformers_linear_warmup():
     """The loop writes transformers' get_linear_schedule_with_warmup factor itself (importing it costs every
     process peft and bitsandbytes): the same learning rate at every step, edge cases included."""
     import functools

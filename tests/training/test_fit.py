@@ -55,7 +55,8 @@ def _result(out):
 
 
 @pytest.mark.slow
-def test_a_run_killed_at_a_random_step_resumes_to_the_same_final_loss(tmp_path, cls_csv):
+def test_a_killed_run_resumes_to_the_same_final_loss(tmp_path, cls_csv):
+    """A run killed at a random step resumes to the same final loss."""
     whole = _train(tmp_path / "whole", cls_csv)
     assert whole.returncode == 0, whole.stderr
     kill_at = random.Random(7).randint(4, 11)
@@ -85,7 +86,7 @@ def test_a_run_killed_at_a_random_step_resumes_to_the_same_final_loss(tmp_path, 
 
 
 @pytest.mark.slow
-def test_a_damaged_checkpoint_falls_back_and_another_plan_is_refused(tmp_path, cls_csv):
+def test_damaged_checkpoints_fall_back_other_plans_are_refused(tmp_path, cls_csv):
     out = tmp_path / "run"
     first = _train(out, cls_csv, "--max-steps", "6", "--price-per-hour", "3.6")
     assert first.returncode == 0, first.stderr
@@ -228,7 +229,7 @@ def test_pbt_adopts_a_checkpoint_with_new_hyper_parameters(tmp_path, cls_csv):
 
 
 @pytest.mark.slow
-def test_report_to_writes_the_same_curves_to_tensorboard_and_mlflow(tmp_path, cls_csv, monkeypatch):
+def test_report_to_writes_the_same_curves_to_tb_and_mlflow(tmp_path, cls_csv, monkeypatch):
     from mlflow.tracking import MlflowClient
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -271,7 +272,7 @@ def test_report_to_bad_input_is_one_line(tmp_path, cls_csv, capsys, monkeypatch)
 
 
 @pytest.mark.slow
-def test_train_plan_takes_advises_pick_and_the_settings_of_a_compare_study(tmp_path, cls_csv, capsys):
+def test_train_plan_takes_advises_pick_and_the_studys_settings(tmp_path, cls_csv, capsys):
     study = tmp_path / "study"
     compare = ["compare", "--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--strategies", "baseline,bf16"]
     compare += ["--batch-size", "4", "--max-length", "24", "--max-steps", "3", "--warmup-steps", "1"]
@@ -324,7 +325,7 @@ def test_help_shows_bracketed_defaults_and_extras(capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("row", ["baseline", "lora"])
-def test_the_trained_model_is_a_hugging_face_directory_a_pipeline_loads(tmp_path, row):
+def test_the_trained_model_is_a_directory_a_pipeline_loads(tmp_path, row):
     """best/ and final/ load with transformers alone and predict the data's label names (a LoRA plan's
     adapters merged in: no peft needed), from a CSV with string labels in columns not called text/target."""
     from transformers import AutoModelForSequenceClassification, pipeline
@@ -350,9 +351,9 @@ def test_the_trained_model_is_a_hugging_face_directory_a_pipeline_loads(tmp_path
 
 @pytest.mark.slow
 # zero2 kills ranks that hold partitioned state; the baseline's two ranks resume the same way (and one rank's
-# kill and resume is test_a_run_killed_at_a_random_step_resumes_to_the_same_final_loss): `make bench` runs both
+# kill and resume is test_a_killed_run_resumes_to_the_same_final_loss): `make bench` runs both
 @pytest.mark.parametrize("row", ["zero2", pytest.param("baseline", marks=pytest.mark.bench)])
-def test_train_over_two_ranks_is_killed_resumes_and_ends_with_the_uninterrupted_loss(tmp_path, cls_csv, row, request):
+def test_two_ranks_killed_and_resumed_end_at_the_same_loss(tmp_path, cls_csv, row, request):
     """train --nproc 2 on CPU (gloo), ZeRO-2 (every rank checkpoints its partition) and plain DDP (rank 0
     writes the replicas): a SIGKILL of the ranks at a random step, then --resume, ends with the losses of
     a run that was never interrupted."""
@@ -424,7 +425,7 @@ def zero2_whole(tmp_path_factory, cls_csv):
 
 
 @pytest.mark.slow
-def test_train_over_two_nodes_is_killed_and_resumes_to_the_loss_of_one_machine(tmp_path, cls_csv, zero2_whole):
+def test_two_nodes_killed_and_resumed_end_at_one_machines_loss(tmp_path, cls_csv, zero2_whole):
     """torchrun --nnodes 2 on this host (two node agents, gloo, static rendezvous), ZeRO-2 (each rank writes its
     partition into the shared --out): every rank killed at a step, then both nodes --resume; the run ends with the
     losses of the same two ranks on one machine. Nodes without a shared --out are refused on both, in one line."""
@@ -454,7 +455,7 @@ def test_train_over_two_nodes_is_killed_and_resumes_to_the_loss_of_one_machine(t
 
 
 @pytest.mark.slow
-def test_train_over_zero3_ranks_gathers_the_partitioned_weights_into_a_usable_model(tmp_path, cls_csv):
+def test_zero3_ranks_gather_their_weights_into_a_usable_model(tmp_path, cls_csv):
     """ZeRO-3 partitions the weights over the ranks; final/ holds them whole, loadable by transformers."""
     from transformers import AutoModelForSequenceClassification
 
@@ -465,7 +466,7 @@ def test_train_over_zero3_ranks_gathers_the_partitioned_weights_into_a_usable_mo
     assert weights.shape[0] > 100 and float(weights.abs().sum()) > 0  # not ZeRO-3's empty placeholders
 
 
-def test_a_failed_rank_is_reported_by_its_cause_not_torchruns_banner(tmp_path):
+def test_a_failed_rank_reports_its_cause_not_torchruns_banner(tmp_path):
     from trainwise.run.launcher import rank_failure
 
     banner = "=" * 53
@@ -492,7 +493,7 @@ def test_a_failed_rank_is_reported_by_its_cause_not_torchruns_banner(tmp_path):
     assert rank_failure(raised) == "ValueError: every parameter is frozen"
 
 
-def test_several_machines_take_slurms_and_torchruns_variables_when_the_options_are_not_given(monkeypatch):
+def test_multi_node_options_default_to_slurm_and_torchrun_env(monkeypatch):
     """Under `srun --ntasks-per-node=1 trainwise train ...` each node's command finds its place in Slurm's
     variables and the master in MASTER_ADDR / MASTER_PORT; the options, when given, win."""
     from trainwise.api.options import TrainOptions

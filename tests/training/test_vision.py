@@ -33,7 +33,8 @@ def _study(tmp_path, rows, **kw):
     return prepare_study(cfg)
 
 
-def test_resnext29_8x64d_has_the_papers_parameter_count_and_grouped_convolutions():
+def test_resnext29_8x64d_matches_the_papers_parameter_count():
+    """ResNeXt-29 8x64d has the paper's parameter count and grouped convolutions."""
     model = ResNeXt("resnext29-8x64d", 3, 10)
     assert sum(p.numel() for p in model.parameters()) == pytest.approx(34.4e6, rel=0.005)  # Xie et al.: 34.4M
     assert len(model.layers) == 9 and all(b.conv2.groups == 8 for b in model.layers)
@@ -64,7 +65,7 @@ def test_channels_last_changes_the_layout_not_the_numbers(tmp_path):
     assert ckpt.final_loss == pytest.approx(base.final_loss, rel=1e-4), "checkpointing recomputes the same values"
 
 
-def test_checkpointing_counts_each_batch_once_in_the_batchnorm_statistics():
+def test_checkpointing_counts_each_batch_once_in_batchnorm():
     """A checkpointed block runs its forward again in the backward; its BatchNorm statistics must not see the batch
     twice, or evaluation (which normalises with them) differs from the run without checkpointing."""
     torch.manual_seed(0)
@@ -124,7 +125,7 @@ class _Payload:
         return (os.system, (f"touch {self.marker}",))
 
 
-def test_a_cifar_directory_that_would_run_code_is_refused_without_running_it(tmp_path, capsys):
+def test_a_cifar_dir_with_code_is_refused_without_running_it(tmp_path, capsys):
     """Issue 17: a user-supplied CIFAR directory is read with an allow-list unpickler (arrays, dicts,
     lists, strings), so a batch that names anything else is one line, exit 2, and nothing is run."""
     from trainwise.cli import main
