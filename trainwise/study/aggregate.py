@@ -163,7 +163,7 @@ def load_bound(*rows: StudyRow) -> float:
     """How much slower other processes could have made a step of these rows, relative. A step's threads meet at
     every operator, so it runs at the pace of its most loaded core: others taking a share s of n CPUs (n: the
     step's threads), all on one core, take c = s * n of it, and the step runs up to c / (1 - c) longer (11% of 2:
-    28%; 21%: 71%; under the 25% that flags a trial `contended`). Measured on 2 cores (BENCHMARKS §K1, seed
+    28%; 21%: 71%; the share that flags a trial `contended` is 10%). Measured on 2 cores (BENCHMARKS §K1, seed
     004): 21% slowed a step 1.52x and 39% 2.08x, where s / (1 - s), the bound of one thread on shared CPUs, allowed
     1.26x and 1.64x."""
     share = max((r.other_cpu_share or 0.0) + (r.steal_share or 0.0) for r in rows)
