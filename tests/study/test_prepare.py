@@ -3,7 +3,7 @@
 import dataclasses
 
 from trainwise.core.config import StudyConfig, TrialSettings
-from trainwise.study.prepare import STUDY_ONLY, study_settings
+from trainwise.study.prepare import STUDY_ONLY, shared_settings
 
 
 def test_every_shared_option_reaches_the_trial_settings_by_name(tmp_path):
@@ -20,7 +20,7 @@ def test_every_shared_option_reaches_the_trial_settings_by_name(tmp_path):
         eval_samples=5,
         profile=True,
     )
-    copied = study_settings(cfg, exclude={"device"})
+    copied = shared_settings(cfg, exclude={"device"})
     shared = {f.name for f in dataclasses.fields(StudyConfig)} & {f.name for f in dataclasses.fields(TrialSettings)}
     assert set(copied) == shared - STUDY_ONLY - {"device"}
     assert copied["max_length"] == 77 and copied["accum_steps"] == 3 and copied["profile"] is True
@@ -29,4 +29,4 @@ def test_every_shared_option_reaches_the_trial_settings_by_name(tmp_path):
 
 def test_a_per_cell_setting_is_not_copied_from_the_study(tmp_path):
     cfg = StudyConfig(out=str(tmp_path), strategies=["baseline"], num_workers=(0, 2))
-    assert "num_workers" not in study_settings(cfg)
+    assert "num_workers" not in shared_settings(cfg)

@@ -48,9 +48,9 @@ def test_windows_taken_apart_are_judged_as_one():
 
 
 def test_a_difference_load_could_explain_is_uncertain():
-    """11% of the CPUs taken (under the 25% flag) can slow a one-thread step by 12%: a row at 110% is uncertain,
-    one at 150% is not; a row at 90% on a quiet machine is judged as measured. (Rows that record no threads: the
-    step's threads on two CPUs, below.)"""
+    """11% of the CPUs taken (a row stored under the old 25% flag; 10% flags it now) can slow a one-thread step by
+    12%: a row at 110% is uncertain, one at 150% is not; a row at 90% on a quiet machine is judged as measured. (Rows
+    that record no threads: the step's threads on two CPUs, below.)"""
     from trainwise.core.results import StudyRow
     from trainwise.report.format import _time_cell, notes
     from trainwise.study.aggregate import _relative

@@ -357,10 +357,10 @@ def _settings(
         "nnodes": cfg.nodes_per_trial,
         "data_format": data_format,
     }
-    return TrialSettings(**resolved, **study_settings(cfg, exclude=resolved))
+    return TrialSettings(**resolved, **shared_settings(cfg, exclude=resolved))
 
 
-def study_settings(cfg: StudyConfig, exclude=()) -> dict:
+def shared_settings(cfg: StudyConfig, exclude=()) -> dict:
     """The trial settings a study's config declares under the same name, copied by name: an option a trial child
     reads is declared once on StudyConfig and read as a TrialSettings field of its name (the study's stored keys
     are made from these settings, so the child's view stays one flat, serialisable record)."""

@@ -26,7 +26,7 @@ import psutil
 # other processes' share of all CPUs' time during the timed steps. A step's threads meet at every operator, so a
 # share s of n CPUs can slow it by up to c / (1 - c), c = s x n (study/aggregate.load_bound): on 2 cores 22.7%
 # slowed a plan search's step 1.57x and left it unflagged at the 25% used before, which stopped the batch search
-# at 1.29x the exhaustive best (BENCHMARKS §D1); the quiet rows of that study read 0.7-0.9%
+# at 1.29x the exhaustive best (BENCHMARKS §D1); the quiet rows of that study read 0.7-2%
 CONTENDED_SHARE = 0.10
 STOLEN_SHARE = 0.10  # the hypervisor's
 # /proc/stat counts in ticks of 10 ms: over a shorter window than this the share is too coarse to judge
