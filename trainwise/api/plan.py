@@ -211,7 +211,11 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     pick, confirmed = found.incumbent, None
     if found.noise > WIDE and found.fastest not in (None, "baseline"):
         # a floor too wide to tell the leaders apart: they are measured again, longer, in a study of their own
-        confirmed = _confirm(base, rows, found, constraints, eco, run_s, quiet)
+        # (only rows the search could pick: a sized row stays out under --no-batch-search, --only / --never bound it)
+        def allowed(m: Measured) -> bool:
+            return (options.batch_search or m.batch is None) and (len(m.names) <= 1 or valid(m.names) is None)
+
+        confirmed = _confirm(base, rows, found, constraints, eco, run_s, quiet, allowed)
         pick = (confirmed or {}).get("pick") or pick
     ctx = Searched(options, base, rows, found, constraints, valid, only, never, eco, run_s)
     result = _result(ctx, pick)
@@ -251,6 +255,7 @@ def _confirm(
     eco: ecosystem.Default | None,
     run_s: float | None,
     render: Render,
+    allowed: Callable[[Measured], bool] = lambda _m: True,
 ) -> dict | None:
     """The leaders of a search whose noise floor is too wide to decide between them (past WIDE), measured again with
     CONFIRM_STEPS times the study's steps, beside the baseline (first and again last) and the ecosystem's default, in
@@ -258,7 +263,11 @@ def _confirm(
     least DEFAULT_NOISE) of its fastest, never slower than the ecosystem's default there. On a 2-core CPU a study's
     4 timed steps of SmolLM2 moved ±10-32% between identical rows; a window three times longer is what a wide floor
     asks for before a choice, not a reason to stop choosing."""
-    measured = [m for m in measured_rows(rows, constraints, base.accum_steps, run_s) if m.feasible and m.names]
+    measured = [
+        m for m in measured_rows(rows, constraints, base.accum_steps, run_s) if m.feasible and m.names and allowed(m)
+    ]
+    if not measured:
+        return None
     fastest = min(measured, key=lambda m: m.rel_time or 1.0)
     close = sorted(
         (m for m in measured if (m.rel_time or 1.0) <= (fastest.rel_time or 1.0) * (1 + found.noise)),
