@@ -1,87 +1,284 @@
-"""The plan search's policy replayed on a study that already measured its whole space (issue 36).
+"""The plan search replayed with its noise on a space measured whole (issue 58).
 
-    .venv/bin/python benchmarks/plan_replay.py STUDY [--max-trials N] [--no-batch-search] [--only a,b,c]
+    .venv/bin/python benchmarks/plan_replay.py STUDY [--draws 100] [--max-trials 12] [--old 3a936b5] [--show N]
 
-STUDY is a study that `benchmarks/plan_search.py` filled: its single rows, and every combination and batch
-size of the exhaustive space, each measured once as a row. The replay runs `trainwise.search.policy.search` (the code
-as it
-is now) with `measure` reading those rows instead of training, so search policies are compared on the same
-figures, at no trial's cost: which rows the search would have measured, in which order, where it would have
-stopped, and how its pick compares with the exhaustive best. A row the search asks for that the study does not hold
-is reported (the replay is then not complete), not invented. The replay applies no budgets or --never, and
-the registry's device checks are this machine's.
+STUDY is a study that `benchmarks/plan_space.py` filled: every candidate of a space (each valid combination of its
+strategies at each of its batch sizes), each with several trials (`--repeat 3`). A draw is one imagined study on
+that space: its single rows and its baseline pair drawn from their measured trials, and every trial a search asks
+for drawn from that row's trials (without replacement while they last). The search as it is now
+(`trainwise.search.acquisition`) runs on each draw, and the search of commit `--old` (its `search/policy.py`, read
+from git) on the same draws: the k-th trial either search asks of a row is that row's k-th draw. A row's true time is
+the mean of its trials' time per sample over the mean of the baseline's. For each search it prints the median and
+the 90th percentile of its pick's true time over the true best, and the trials it used (the new search's repeats and
+their baseline runs included); the last line is the new search's: `median R p90 R trials T of S` (T: the median
+trials, S: the space's candidates beyond the baseline and the single rows at the study's batch).
+
+The replay applies no memory budget, and the old search's confirmation of a floor past ±10% (a study three times
+longer) is not replayed: its pick is `policy.search`'s.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib.util
+import json
+import math
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from trainwise import strategies
-from trainwise.api.options import CompareOptions
-from trainwise.api.plan import doubling, measured_rows, study_noise, study_rows, validity
-from trainwise.search.policy import Measured, search, split_row
-from trainwise.search.ranking import Constraints
-from trainwise.study.prepare import resolve_device
+from trainwise.search.acquisition import Search, Searching, search
+from trainwise.search.plan_inputs import Key, Observation, build_space, observation, plan_of, split_row, validity
+from trainwise.strategies.knobs import TrialPlan
+
+
+@dataclass(frozen=True)
+class Trial:
+    row: str
+    key: Key
+    names: frozenset[str]
+    status: str
+    sps: float | None  # samples/s
+    step_s: float | None
+    phases: tuple | None  # data wait, forward/backward, optimizer, step (s)
+    peak: float | None
+
+
+@dataclass
+class Measured:
+    """A space measured whole: each candidate's trials, the baseline's, and what is true of each."""
+
+    table: dict[Key, list[Trial]]
+    base: Key
+    accum: int
+    task: str
+
+    @classmethod
+    def load(cls, study: Path) -> Measured:
+        keys = json.loads((study / "progress.json").read_text()).get("keys")
+        db = sqlite3.connect(study / "study.sqlite")
+        table: dict[Key, list[Trial]] = defaultdict(list)
+        base, settings = None, {}
+        for key, spec, result in db.execute("SELECT key, spec, result FROM trials ORDER BY rowid"):
+            if keys is not None and key not in keys:
+                continue
+            spec, r = json.loads(spec), json.loads(result)
+            settings = spec["settings"]
+            names, _ = split_row(spec["row"])
+            k = Key(TrialPlan.from_dict(spec["plan"]), int(settings["batch_size"]))
+            ok = r["status"] == "ok" and r.get("samples_per_s")
+            phases = (r.get("data_wait_s"), r.get("compute_s"), r.get("optimizer_s"), r.get("step_time_s"))
+            trial = Trial(spec["row"], k, names, r["status"], r.get("samples_per_s"), r.get("step_time_s"),
+                          phases if ok else None, r.get("peak_mem_bytes"))  # fmt: skip
+            table[k].append(trial)
+            if not names:
+                base = k
+        assert base is not None, f"{study}: no baseline"
+        return cls(dict(table), base, int(settings.get("accum_steps") or 1), str(settings.get("task")))
+
+    def truth(self) -> dict[Key, float]:
+        """Each candidate's time per sample (the mean of its trials') over the baseline's."""
+        base = statistics.fmean(1 / t.sps for t in self.table[self.base] if t.status == "ok" and t.sps)
+        out = {}
+        for k, trials in self.table.items():
+            ok = [1 / t.sps for t in trials if t.status == "ok" and t.sps]
+            out[k] = statistics.fmean(ok) / base if ok else math.inf
+        return out
+
+    def key_of(self, row: str) -> Key:
+        names, batch = split_row(row)
+        return Key(plan_of(names, self.accum) or TrialPlan(), batch or self.base.batch)
+
+
+class Draw:
+    """One imagined study: each row's trials in a random order (then drawn with replacement); the k-th ask of a row
+    (by either search) is answered by its k-th draw."""
+
+    def __init__(self, space: Measured, seed: int):
+        self.space, self.rng = space, np.random.default_rng(seed)
+        self.order = {k: list(self.rng.permutation(len(v))) for k, v in space.table.items()}
+        b1, b2 = self.get(space.base, 0), self.get(space.base, 1)
+        self.pair = (b1, b2)
+        self.ref = (statistics.harmonic_mean([b1.sps, b2.sps]), statistics.fmean([b1.step_s, b2.step_s]))
+        self.floor = abs(b1.sps - b2.sps) / statistics.median([b1.sps, b2.sps])
+
+    def get(self, key: Key, k: int) -> Trial:
+        trials, order = self.space.table[key], self.order[key]
+        while len(order) <= k:
+            order.append(int(self.rng.integers(len(trials))))
+        return trials[order[k]]
+
+    def singles(self) -> list[Key]:
+        return [k for k, v in self.space.table.items() if k.batch == self.space.base.batch and len(v[0].names) <= 1]
+
+
+def observe(t: Trial, ref: tuple[float, float], source: str = "") -> Observation:
+    sps, step = ref
+    return observation(t.row, t.key, t.names, status=t.status, samples_per_s=t.sps, base_samples_per_s=sps,
+                       phases=t.phases, base_step_s=step, base_samples_per_step=sps * step, peak_bytes=t.peak,
+                       source=source)  # fmt: skip
+
+
+def base_parts(b1: Trial, b2: Trial) -> tuple[float, float] | None:
+    """The baseline's two parts (per-sample, per-step) as shares of its step, over its two runs."""
+    shares = []
+    for t in (b1, b2):
+        if not t.phases or None in t.phases or not t.step_s:
+            return None
+        data, compute, _optim, step = t.phases
+        shares.append(min(1.0, (data + compute) / step))
+    a = statistics.fmean(shares)
+    return (a, 1.0 - a)
+
+
+def replay_new(draw: Draw, space, valid, max_trials: int, repeats: bool) -> Search:
+    measured = draw.space
+    asked: dict[Key, int] = defaultdict(int, {k: 1 for k in draw.singles()})
+    asked[measured.base] = 2
+    start = [observe(draw.get(k, 0), draw.ref) for k in draw.singles() if k != measured.base]
+    b1, b2 = draw.pair  # the baseline: its two runs, the reference every time is relative to
+    start.append(dataclasses.replace(observe(b1, draw.ref), time=1.0, weight=2.0, parts=base_parts(b1, b2)))
+
+    def next_of(key: Key) -> Trial:
+        asked[key] += 1
+        return draw.get(key, asked[key] - 1)
+
+    def measure(rows: list[str]) -> list[Observation]:
+        keys = [measured.key_of(r) for r in rows]
+        return [observe(next_of(k), draw.ref) for k in keys if k in measured.table]
+
+    def repeat(rows: list[str]) -> list[Observation]:
+        b = next_of(measured.base)
+        return [observe(next_of(measured.key_of(r)), (b.sps, b.step_s), "repeats") for r in rows]
+
+    how = Searching(space, valid, measured.accum, measure, repeat if repeats else None, None, max_trials,
+                    study_noise=draw.floor)  # fmt: skip
+    return search(start, how, [math.log(b1.sps / b2.sps) ** 2 / 2])
+
+
+def replay_old(old, draw: Draw, valid, max_trials: int) -> tuple[Key, int]:
+    """The old search (its module `old`) on the same draw: its pick and its trials."""
+    measured = draw.space
+    asked: dict[Key, int] = defaultdict(int, {k: 1 for k in draw.singles()})
+    asked[measured.base] = 2
+    sps, step = draw.ref
+
+    def as_old(row: str, t: Trial) -> Any:
+        names, batch = split_row(row)
+        if t.status != "ok" or not t.sps:
+            return old.Measured(row, names, None, None, status=t.status, batch=batch)
+        parts = None
+        if t.phases and None not in t.phases:
+            data, compute, optim, own = t.phases
+            per = sps * step / (t.sps * own)
+            parts = tuple(per * p / step for p in (data, compute, optim, max(0.0, own - data - compute - optim)))
+        return old.Measured(row, names, sps / t.sps, 1.0, parts=parts, batch=batch)
+
+    singles = [as_old(measured.table[k][0].row, draw.get(k, 0)) for k in draw.singles() if k != measured.base]
+    singles.append(old.Measured("baseline", frozenset(), 1.0, 1.0))
+
+    def measure(rows: list[str]) -> list[Any]:
+        out = []
+        for r in rows:
+            k = measured.key_of(r)
+            if k not in measured.table:
+                out.append(old.Measured(r, *split_row(r)[:1], None, None, status="not in the study"))
+                continue
+            asked[k] += 1
+            out.append(as_old(r, draw.get(k, asked[k] - 1)))
+        return out
+
+    top = max(k.batch for k in measured.table)
+
+    def next_batch(batch: int | None) -> int | None:
+        bigger = 2 * (batch or measured.base.batch)
+        return bigger if bigger <= top else None
+
+    found = old.search(singles, measure, valid, list(strategies.REGISTRY), noise=draw.floor, max_trials=max_trials,
+                       next_batch=next_batch)  # fmt: skip
+    return (measured.key_of(found.incumbent) if found.incumbent else measured.base), found.trials
+
+
+def old_policy(rev: str) -> Any:
+    text = subprocess.run(["git", "show", f"{rev}:trainwise/search/policy.py"], capture_output=True, text=True,
+                          check=True, cwd=Path(__file__).resolve().parent).stdout  # fmt: skip
+    path = Path(tempfile.mkdtemp()) / "old_policy.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location("old_policy", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["old_policy"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def summary(ratios: list[float], trials: list[int], size: int) -> str:
+    ratios = sorted(ratios)
+    p90 = ratios[min(len(ratios) - 1, math.ceil(0.9 * len(ratios)) - 1)]
+    t = statistics.median(trials)
+    return f"median {statistics.median(ratios):.3f} p90 {p90:.3f} trials {t:g} of {size} (max {max(trials)})"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("study", type=Path)
+    ap.add_argument("--draws", type=int, default=100)
     ap.add_argument("--max-trials", type=int, default=12)
-    ap.add_argument("--no-batch-search", action="store_true", help="as `trainwise plan --no-batch-search`")
-    ap.add_argument("--only", default="", help="as `trainwise plan --only` (e.g. the exhaustive space's $SPACE)")
+    ap.add_argument("--old", default="3a936b5", help="the commit whose search/policy.py is the old search")
+    ap.add_argument("--no-old", action="store_true")
+    ap.add_argument("--no-repeats", action="store_true", help="the new search without its repeat rounds")
+    ap.add_argument("--show", type=int, default=0, help="print the new search's trials on the first N draws")
     args = ap.parse_args()
-    out: Path = args.study
-    cfg = CompareOptions.of({}, out / "study.yaml").resolve()[0]
-    rows = study_rows(out)
-    table = {m.row: m for m in measured_rows(rows, Constraints(), cfg.accum_steps)}
-    # what a first `trainwise plan` on the study starts from: the single rows and `all` (an incumbent and an anchor
-    # there too); the sized single rows plan_search.py added are left out, as a first search has none
-    singles = [m for m in table.values() if (len(m.names) <= 1 or m.row == "all") and m.batch is None]
-    missing: list[str] = []
+    measured = Measured.load(args.study)
+    study_batch = measured.base.batch
+    pool = sorted({n for v in measured.table.values() for n in v[0].names}, key=list(strategies.REGISTRY).index)
+    valid = validity(measured.task, measured.accum, {"bf16"}, frozenset(pool))
+    space = build_space(pool, valid, study_batch, sorted({k.batch for k in measured.table}), measured.accum)
+    space.choices = {k: c for k, c in space.choices.items() if k in measured.table}  # what was measured is the space
+    truth = measured.truth()
+    best = min(truth[k] for k in space.choices)
+    best_row = next(c.row for k, c in space.choices.items() if truth[k] == best)
+    old = None if args.no_old else old_policy(args.old)
+    new_ratios, new_trials, old_ratios, old_trials = [], [], [], []
+    for d in range(args.draws):
+        draw = Draw(measured, d)
+        found = replay_new(draw, space, valid, args.max_trials, not args.no_repeats)
+        if d < args.show:
+            show(d, found, measured, truth)
+        pick = measured.key_of(found.incumbent) if found.incumbent else measured.base
+        new_ratios.append(truth[pick] / best)
+        new_trials.append(found.trials + found.repeats)
+        if old is not None:
+            key, n = replay_old(old, Draw(measured, d), valid, args.max_trials)
+            old_ratios.append(truth.get(key, math.inf) / best)
+            old_trials.append(n)
+    beyond = len([k for k in space.choices if k not in Draw(measured, 0).singles()])
+    print(f"study {args.study}: {len(space.choices)} candidates ({beyond} beyond the baseline and single rows), "
+          f"true best {best_row} at {best:.1%}; {args.draws} draws")  # fmt: skip
+    if old is not None:
+        print(f"old search ({args.old}): {summary(old_ratios, old_trials, beyond)}")
+    print(f"new search: {summary(new_ratios, new_trials, beyond)}")
 
-    def measure(new: list[str]) -> list[Measured]:
-        found = []
-        for r in new:
-            if r in table:
-                found.append(table[r])
-            else:
-                missing.append(r)
-                names, batch = split_row(r)
-                found.append(Measured(r, names, None, None, status="not in the study", batch=batch))
-        return found
 
-    next_batch = doubling(out, cfg.batch_size, not args.no_batch_search)
-    noise = study_noise(rows)
-    order = list(strategies.REGISTRY)
-    only = frozenset(n for n in args.only.split(",") if n)
-    valid = validity(cfg.task, cfg.accum_steps, resolve_device(cfg.device)[1], only)
-    found = search(singles, measure, valid, order, noise=noise, max_trials=args.max_trials, next_batch=next_batch)
-    # the exhaustive space plan_search.py ran: every row with two or more strategies or a batch size of its own
-    # (whatever its status: a row that failed was a trial too), not `all`
-    space = [m for m in table.values() if m.row != "all" and (len(m.names) > 1 or m.batch)]
-    best = min((m for m in space if m.ok), key=lambda m: m.rel_time or 1.0, default=None)
-    if best is None:
-        raise SystemExit(f"{out} holds no row of an exhaustive space that finished ok: run benchmarks/plan_search.py")
-    pick = table.get(found.incumbent or "")
-    floor = f"±{noise:.1%}" if noise is not None else "none"
-    print(
-        f"study {out}: noise floor {floor} (the search's ±{found.noise:.1%}); an exhaustive space of {len(space)} rows"
-    )
+def show(d: int, found: Search, measured: Measured, truth: dict[Key, float]) -> None:
     for c in found.candidates:
-        if c.trial is not None:
-            meas = f"{c.measured_time:.1%}" if c.measured_time is not None else "-"
-            print(f"  trial {c.trial} (round {c.round}): {c.row:45s} predicted {c.predicted_time:.1%} measured {meas}")
-    print(f"stopped: {found.stopped}")
-    print(f"pick: {found.incumbent} {pick.rel_time:.1%}" if pick and pick.rel_time else f"pick: {found.incumbent}")
-    print(f"exhaustive best: {best.row} {best.rel_time:.1%}")
-    if pick and pick.rel_time and best.rel_time:
-        print(f"pick / exhaustive best: {pick.rel_time / best.rel_time:.3f}")
-    share = f" ({found.trials / len(space):.0%})" if space else ""
-    print(f"trials: {found.trials} against the exhaustive space's {len(space)}{share}")
-    if missing:
-        print(f"NOT COMPLETE: the study lacks {len(missing)} row(s) the search asked for: {', '.join(missing)}")
+        meas = f"{c.measured_time:.1%}" if c.measured_time is not None else "-"
+        print(f"  draw {d} trial {c.trial}: {c.row:50s} predicted {c.predicted_time:.1%} [{c.predicted_low:.1%}, "
+              f"{c.predicted_high:.1%}] measured {meas} (true {truth.get(measured.key_of(c.row), math.nan):.1%}): "
+              f"{c.reason}")  # fmt: skip
+    pick = truth[measured.key_of(found.incumbent or "baseline")]
+    said = f"noise {found.noise:.3f}, model error {found.model_error:.3f}, {found.repeats} repeats"
+    print(f"  draw {d}: pick {found.incumbent} (true {pick:.1%}), fastest {found.fastest}, {said}; {found.stopped}")
 
 
 if __name__ == "__main__":

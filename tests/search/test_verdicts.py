@@ -202,3 +202,99 @@ def test_bad_quality_options(args, message, capsys, tmp_path):
     assert main(["compare", "--model-preset", "bert-tiny", "--out", str(tmp_path / "x"), *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+# ---- the plan's check: paired seeds, tested sequentially (issue 58) ---------------------------------------------
+
+
+def _row(name: str, values: list[float], losses: list[float], **kw):
+    from trainwise.search.verdicts import QualityRow
+
+    n = len(values)
+    kw.setdefault("majority", 20.0)
+    kw.setdefault("prior_loss", 2.0)
+    return QualityRow(name, kw.pop("metric_name", "accuracy"), values, losses, 40, False, seeds=list(range(n)), **kw)
+
+
+def test_a_row_of_identical_math_is_rejected_at_most_once_in_20():
+    """The baseline against adamw_fused (the same AdamW, fused): paired seeds differ by numerics only. Two seeds'
+    ranges that did not overlap rejected such a row about 1 time in 6 (issue 58)."""
+    import numpy as np
+
+    from trainwise.search.verdicts import INCONCLUSIVE, MAX_SEEDS, MIN_SEEDS, WORSE, paired_check
+
+    rejected = 0
+    for replay in range(20):
+        rng = np.random.default_rng(replay)
+        seed_effect = rng.normal(0, 3.0, MAX_SEEDS)  # the seed moves both rows alike: the pairing takes it out
+        base = 60 + seed_effect + rng.normal(0, 0.5, MAX_SEEDS)
+        same = 60 + seed_effect + rng.normal(0, 0.5, MAX_SEEDS)
+        loss_b, loss_s = 1.2 - base / 100, 1.2 - same / 100
+        for n in range(MIN_SEEDS, MAX_SEEDS + 1):
+            c = paired_check(
+                _row("adamw_fused", list(same[:n]), list(loss_s[:n])),
+                _row("baseline", list(base[:n]), list(loss_b[:n])),
+                None,
+            )
+            if c.verdict != INCONCLUSIVE:
+                break
+        rejected += c.verdict == WORSE
+    assert rejected <= 1
+
+
+def test_a_real_loss_is_worse_at_three_seeds_and_a_drop_allows_a_small_one():
+    """seed 003's recipe: a plan at 13.7% accuracy against 90.2% (BENCHMARKS §K1)."""
+    from trainwise.search.verdicts import NO_LOSS, WORSE, paired_check
+
+    base = _row("baseline", [90.0, 91.0, 89.5], [0.4, 0.38, 0.41], majority=11.0)
+    bad = _row("bf16+channels_last@bs512", [13.0, 15.0, 13.2], [2.1, 2.0, 2.2], majority=11.0)
+    c = paired_check(bad, base, None)
+    assert c.verdict == WORSE and c.seeds == 3 and c.metric_delta == pytest.approx(-76.43, abs=0.01)
+    small = _row("x", [88.0, 89.5, 87.0], [0.41, 0.39, 0.42], majority=11.0)
+    assert paired_check(small, base, 5.0).verdict == NO_LOSS  # within --max-quality-drop 5
+    assert paired_check(small, base, None).verdict != NO_LOSS  # without one, a loss on average is not a pass
+
+
+def test_an_undecided_check_asks_for_a_pair_more_until_the_cap():
+    from trainwise.search.verdicts import INCONCLUSIVE, MAX_SEEDS, NO_LOSS, paired_check
+
+    base = _row("baseline", [60.0, 62.0, 58.0], [1.0, 0.98, 1.02])
+    close = _row("x", [59.5, 62.5, 57.0], [1.01, 0.97, 1.04])  # a loss on average, far from significant
+    assert paired_check(close, base, None).verdict == INCONCLUSIVE
+    n = MAX_SEEDS
+    base6 = _row("baseline", [60.0, 62.0, 58.0, 61.0, 59.0, 60.5][:n], [1.0, 0.98, 1.02, 0.99, 1.01, 1.0][:n])
+    close6 = _row("x", [59.5, 62.5, 57.0, 61.2, 58.5, 60.1][:n], [1.01, 0.97, 1.04, 0.99, 1.02, 1.0][:n])
+    assert paired_check(close6, base6, None).verdict == NO_LOSS  # not significantly worse after the cap
+
+
+def test_a_check_that_learned_nothing_has_no_verdict():
+    """`trainwise plan --task image-classification --max-steps 8` (the digits, resnext-tiny): both rows' evaluation
+    loss stayed at 2.30 (ln 10, chance for 10 classes) and the accuracies sat near the commonest class: no verdict,
+    never a pass. A causal LM whose training loss did not fall: no verdict either."""
+    from trainwise.search.verdicts import NO_VERDICT, paired_check
+
+    kw = {"majority": 10.4, "prior_loss": 2.302}
+    base = _row("baseline", [13.0, 9.0, 11.5], [2.303, 2.301, 2.302], **kw)
+    plan = _row("bf16@bs64", [9.69, 10.1, 8.8], [2.303, 2.304, 2.302], **kw)
+    c = paired_check(plan, base, None)
+    assert c.verdict == NO_VERDICT and "commonest class (10.4%)" in c.said and "learned nothing" in c.said
+    lm = {"majority": None, "prior_loss": None, "metric_name": "neg_eval_loss"}
+    flat = _row(
+        "baseline",
+        [-3.0, -3.1, -2.9],
+        [3.0, 3.1, 2.9],
+        first_losses=[3.0, 3.1, 2.95],
+        train_losses=[3.01, 3.1, 2.96],
+        **lm,
+    )
+    flat2 = _row(
+        "packing",
+        [-3.0, -3.1, -2.9],
+        [3.0, 3.1, 2.9],
+        first_losses=[3.0, 3.1, 2.95],
+        train_losses=[3.0, 3.12, 2.95],
+        **lm,
+    )
+    assert paired_check(flat2, flat, None).verdict == NO_VERDICT
+    fell = dataclasses.replace(flat, train_losses=[2.1, 2.2, 2.0])
+    assert paired_check(flat2, fell, None).verdict != NO_VERDICT

@@ -148,14 +148,13 @@ def advise(o: api.AdviseOptions, as_json: bool) -> None:
 
 @verb(api.PlanOptions, json_help="Print the plan as JSON.", with_recipe=True)
 def plan(o: api.PlanOptions, as_json: bool) -> None:
-    """Search combinations of the strategies that helped and recommend the measured best: the single rows
-    first (compare's, or --study's; a combination given as a row is measured alone too), then rounds of
-    combinations allowed by the registry and the leader at larger batches, predicted from the rows measured so
-    far, pruned by memory, measured as rows of the same study (it resumes), refined by adding or dropping one
-    strategy, until none is predicted to beat the best or a budget is spent (when fewer than two rows helped, the
-    fastest is first measured with each other strategy: a pair can gain what neither gains alone); then the
-    plan's quality against the baseline over seeds. Writes OUT/plan.md, OUT/plan.json and the study's report.html
-    with the search's path.
+    """Which strategies to turn on, measured: the single rows first (compare's, or --study's), beside what you get
+    without trainwise (TRL's or the Trainer's defaults); then, as rows of the same study (it resumes), the greedy
+    stack and each candidate (a combination the registry allows, at the study's batch or doubled) with the largest
+    expected improvement under a model fitted to every row measured, while one is worth a trial; the leaders
+    measured again beside the baseline until they separate; the simplest not significantly slower than the
+    fastest, its quality checked against the baseline over paired seeds. Writes OUT/plan.md, OUT/plan.json and
+    the study's report.html with the search's path (docs/plan.md states the method).
     """
     from trainwise.api import plan as plan_api  # heavy: the study machinery
     from trainwise.report import terminal  # start-up: rich
@@ -163,7 +162,9 @@ def plan(o: api.PlanOptions, as_json: bool) -> None:
     result = plan_api.start(o, _study_render(terminal.err if as_json else terminal.out)[1])
     if as_json:
         return terminal.out.print_json(json.dumps(result.to_dict()))
-    terminal.out.print(plan_api.markdown(result), markup=False, highlight=False, soft_wrap=True)
+    from trainwise.report.plan import markdown
+
+    terminal.out.print(markdown(result.to_dict()), markup=False, highlight=False, soft_wrap=True)
 
 
 @verb(api.EstimateOptions, json_help="Print the estimates as JSON.")

@@ -3,12 +3,13 @@ injects a fault at a chosen step.
 
 Test seam: TRAINWISE_FAULT="TARGET:KIND@STEP" injects a fault into the job whose target is TARGET (a compare
 trial's strategy, or "bs=N" for its batch size N; "train" for a training run, in every rank; "tune#N" for tune's
-trial number N) at that
-optimizer step; KIND is raise | oom | kill | hang.
+trial number N; a shell pattern matches by `fnmatch`: "*+*", any combination) at that optimizer step; KIND is
+raise | oom | kill | hang.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import signal
 import time
@@ -37,7 +38,7 @@ class Fault:
         """The fault TRAINWISE_FAULT injects into the job of `target` (or of batch size `batch_size`), if any."""
         spec = os.environ.get("TRAINWISE_FAULT", "")
         name, _, rest = spec.partition(":")
-        if not rest or name not in (target, f"bs={batch_size}"):
+        if not rest or not any(fnmatch.fnmatchcase(t, name) for t in (target, f"bs={batch_size}")):
             return None
         kind, _, step = rest.partition("@")
         return cls(kind, int(step or 1))

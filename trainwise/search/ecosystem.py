@@ -28,6 +28,9 @@ class Default:
     source: str  # "TRL 1.16.0 SFTConfig()" / "transformers 5.23.0 TrainingArguments()"
     fields: dict[str, str] = field(default_factory=dict)  # strategy -> the library field that turns it on
     notes: tuple[str, ...] = ()  # what the row cannot reproduce (the learning rate: the study's, not the library's)
+    batch: int | None = None  # the library's per-device batch size (the row runs at it where the data allows)
+    max_length: int | None = None  # the library's max length (SFTConfig's; the Trainer has none)
+    learning_rate: float | None = None
 
     @property
     def label(self) -> str:
@@ -93,7 +96,7 @@ def _build(
             continue
         said[s.name] = why
         names.append(s.name)
-    notes = [f"learning rate: the study's, not the library's {d.get('learning_rate')!r} (one rate for every row)"]
+    notes: list[str] = []
     kept: list[str] = []
     for n in names:
         why = valid("+".join([*kept, n]))
@@ -101,4 +104,27 @@ def _build(
             kept.append(n)
         else:
             notes.append(f"{n}: left out here ({why})")
-    return Default("+".join(kept) or "baseline", source, said, tuple(notes))
+    batch, length, lr = d.get("per_device_train_batch_size"), d.get("max_length"), d.get("learning_rate")
+    return Default(
+        "+".join(kept) or "baseline",
+        source,
+        said,
+        tuple(notes),
+        batch if isinstance(batch, int) else None,
+        length if isinstance(length, int) else None,
+        float(lr) if isinstance(lr, int | float) else None,
+    )
+
+
+def overridden(default: Default, max_length: int, lr: float, run_batch: int) -> list[str]:
+    """Each field of the library's defaults the study's row of them does not keep, in words."""
+    said = []
+    if default.batch is not None and run_batch != default.batch:
+        said.append(
+            f"per_device_train_batch_size {default.batch}: run at the study's {run_batch} (the data holds fewer rows)"
+        )
+    if default.max_length is not None and default.max_length != max_length:
+        said.append(f"max_length {default.max_length}: the study's {max_length} (every row cut at --max-length)")
+    if default.learning_rate is not None and default.learning_rate != lr:
+        said.append(f"learning_rate {default.learning_rate:g}: the study's {lr:g} (one rate for every row)")
+    return said

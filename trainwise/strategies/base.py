@@ -231,6 +231,9 @@ class Strategy:
     # whether the library's defaults already turn it on, and by which field ("gradient_checkpointing=True"); None:
     # they do not. trainwise.search.ecosystem asks every strategy, so the ecosystem's default is a row of them
     on_by_default: Callable[[LibraryDefaults], str | None] | None = None
+    # strategies that already do what this one does (tf32 speeds the fp32 matmuls that bf16 autocast no longer runs):
+    # beside one of them the plan search predicts its setting to change nothing until a row holding both is measured
+    overlaps: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         unknown = self.requires - set(CAPABILITIES)

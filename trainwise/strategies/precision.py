@@ -290,6 +290,7 @@ STRATEGIES = [
         {"tf32": True},
         requires=frozenset({"cuda"}),
         on_by_default=_field("tf32"),
+        overlaps=frozenset({"bf16", "fp16", "bf16_pure"}),  # their matmuls run in 16 bits, not TF32
     ),
     Strategy(
         "sdpa",

@@ -206,9 +206,8 @@ def evaluate_text(model, accelerator, enc: Encoded, gold: list[str], spec: Trial
     model.train()
     eval_loss = {"eval_loss": loss_sum / items} if items else {}
     if s.task == "classification":  # majority_accuracy: what always answering the commonest class scores here
-        majority = 100 * max(Counter(gold).values()) / len(gold) if gold else 0.0
         ids = [labels.index(g) for g in gold]
-        return {"accuracy": 100 * accuracy(preds, ids), "majority_accuracy": majority, **eval_loss}
+        return {"accuracy": 100 * accuracy(preds, ids), **chance(ids), **eval_loss}
     return {**text_metrics([p.strip() for p in preds], gold), **eval_loss}
 
 
@@ -281,4 +280,19 @@ def evaluate_images(model, accelerator, ds, batch_size: int) -> dict[str, float]
             correct += int((logits.argmax(-1) == batch.labels).sum())
             loss_sum += float(F.cross_entropy(logits.float(), batch.labels, reduction="sum"))
     model.train()
-    return {"accuracy": 100 * correct / len(ds), "eval_loss": loss_sum / len(ds)}
+    gold = [int(y) for y in ds.images.y]  # (an ImageDataset: its labels, without decoding the images)
+    return {"accuracy": 100 * correct / len(ds), "eval_loss": loss_sum / len(ds), **chance(gold)}
+
+
+def chance(gold: list) -> dict[str, float]:
+    """What a model that learned nothing of the inputs scores on these held-out labels: always answering the
+    commonest class (`majority_accuracy`, %), and predicting each class at its frequency (`prior_loss`: the labels'
+    entropy, the cross-entropy of the class frequencies; a fresh head predicting uniformly scores ln K above it)."""
+    if not gold:
+        return {}
+    counts = Counter(gold).values()
+    n = len(gold)
+    return {
+        "majority_accuracy": 100 * max(counts) / n,
+        "prior_loss": -sum(c / n * math.log(c / n) for c in counts),
+    }

@@ -1,0 +1,317 @@
+"""The plan search's inputs: a study's rows as what the model reads, and the candidates it may measure.
+
+A candidate is what it *sets*: its merged knob values (`TrialPlan`) and its batch size. Two rows that set the same
+thing are one candidate (`dynamic_pad+smart_batch` sets exactly what `smart_batch` sets), named by the fewest
+strategies that set it. Its features are those settings (one per knob value that differs from the baseline's), so
+strategies that set the same knob share its effect instead of multiplying it. Where the registry says a strategy
+overlaps another (`Strategy.overlaps`: tf32 speeds the fp32 matmuls that bf16 autocast no longer runs), its setting
+beside that one is a feature of its own whose prior is no effect.
+
+An `Observation` is one measured row (or one repeat of it): its time per sample relative to the baseline's, split
+into a per-sample part (forward/backward and the data wait) and a per-step part (the optimizer and the rest of the
+step), each per sample; its memory, its status, and a one-time cost (torch.compile's compile) kept apart from
+its steps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from trainwise import strategies
+from trainwise.core.errors import ConfigError
+from trainwise.core.results import StudyRow
+from trainwise.strategies.knobs import TrialPlan
+
+# a phase part smaller than this (relative to the baseline's step) is read as this: log space has no zero, and a
+# part this small (a data wait of 0.1% of the step) moves nothing the search decides
+SMALLEST_PART = 1e-3
+
+
+@dataclass(frozen=True)
+class Key:
+    """What a candidate sets: its knob values and its batch size (samples per optimizer step before packing)."""
+
+    plan: TrialPlan
+    batch: int
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A candidate the search may measure: what it sets, the fewest strategies that set it, and its row text."""
+
+    key: Key
+    names: frozenset[str]
+    row: str  # `smart_batch+freeze_embeddings@bs32`; the study's batch has no suffix
+    features: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A measured row as the model reads it (times relative to the baseline's per sample)."""
+
+    row: str
+    key: Key
+    names: frozenset[str]
+    status: str = "ok"  # ok | oom | failed | timeout | unsupported ...
+    time: float | None = None  # per sample, relative to the baseline's; None: it did not run ok
+    # (per-sample part, per-step part), summing to `time`; None: the row's phases were not measured
+    parts: tuple[float, float] | None = None
+    weight: float = 1.0  # the trials behind the figure (a median of 3 weighs 3)
+    peak_bytes: float | None = None
+    rel_mem: float | None = None
+    compile_s: float | None = None  # a one-time cost, never part of `time`
+    why_not: str | None = None  # a budget the row breaks (None: it meets them)
+    source: str = ""  # where it was measured (the study, or OUT/repeats)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and self.time is not None and self.time > 0
+
+    @property
+    def feasible(self) -> bool:
+        return self.ok and self.why_not is None
+
+
+def features(plan: TrialPlan) -> frozenset[str]:
+    """A plan's settings as features: `knob=value` for each knob that differs from the baseline's; a setting of a
+    strategy beside one it overlaps (the registry's `overlaps`) reads `knob=value~other` (its own prior: no
+    effect)."""
+    changed = plan.changed()
+    feats = {f"{k}={_text(v)}" for k, v in changed.items()}
+    for s in strategies.REGISTRY.values():
+        if not s.overlaps or not _holds(changed, s.sets):
+            continue
+        beside = sorted(o for o in s.overlaps if _holds(changed, strategies.REGISTRY[o].sets))
+        if beside:
+            for k, v in s.sets.items():
+                feats.discard(f"{k}={_text(v)}")
+                feats.add(f"{k}={_text(v)}~{beside[0]}")
+    return frozenset(feats)
+
+
+def _holds(changed: dict, sets: Mapping[str, object]) -> bool:
+    return bool(sets) and all(changed.get(k) == v for k, v in sets.items())
+
+
+def _text(value: object) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def row_text(names: Iterable[str], batch: int | None = None) -> str:
+    """A combination's row text, its strategies in the registry's order, with its own batch size when it has one."""
+    order = list(strategies.REGISTRY)
+    text = "+".join(sorted(names, key=order.index)) or "baseline"
+    return f"{text}@bs{batch}" if batch else text
+
+
+def split_row(text: str) -> tuple[frozenset[str], int | None]:
+    """The strategies and own batch size of a row text (`bf16+smart_batch@bs16`)."""
+    body, at, size = text.partition("@bs")
+    return frozenset(n for n in body.split("+") if n) - {"baseline"}, int(size) if at else None
+
+
+def plan_of(names: Iterable[str], accum: int) -> TrialPlan | None:
+    """The merged settings of a set of strategies (None: the registry refuses the combination)."""
+    text = row_text(names)
+    try:
+        return strategies.parse_row(text, accum, stored=True).plan
+    except ConfigError:
+        return None
+
+
+@dataclass
+class Space:
+    """Every candidate the search may measure: each valid combination of the pool's strategies at each batch size
+    of the ladder, one per distinct settings (named by the fewest strategies), and the rows that reach each."""
+
+    study_batch: int
+    batches: tuple[int, ...]
+    choices: dict[Key, Choice] = field(default_factory=dict)
+
+    def of(self, key: Key) -> Choice | None:
+        return self.choices.get(key)
+
+    def simplest(self, names: frozenset[str], batch: int, accum: int) -> Choice | None:
+        plan = plan_of(names, accum)
+        return None if plan is None else self.choices.get(Key(plan, batch))
+
+
+def build_space(
+    pool: Iterable[str],
+    valid: Callable[[frozenset[str]], str | None],
+    study_batch: int,
+    batches: Iterable[int],
+    accum: int,
+    limit: int = 4096,
+) -> Space:
+    """The candidates: every subset of `pool` the registry and the options allow (`valid`), deduplicated by what it
+    sets, at each batch size. Subsets are taken smallest first, so a set of settings is named by its fewest
+    strategies; past `limit` distinct settings the largest subsets are left out (a pool of 12 strategies has 4,096
+    subsets; the search measures a handful)."""
+    order = list(strategies.REGISTRY)
+    names = sorted(set(pool), key=order.index)
+    space = Space(study_batch, tuple(sorted({study_batch, *batches})))
+    seen: dict[TrialPlan, frozenset[str]] = {}
+    for k in range(len(names) + 1):
+        for combo in itertools.combinations(names, k):
+            chosen = frozenset(combo)
+            if len(seen) >= limit:
+                break
+            if chosen and valid(chosen) is not None:
+                continue
+            plan = plan_of(chosen, accum)
+            if plan is not None and plan not in seen:
+                seen[plan] = chosen
+    for plan, chosen in seen.items():
+        feats = features(plan)
+        for b in space.batches:
+            if not chosen and b != study_batch:
+                continue  # the baseline is the study's batch (`baseline@bsN` is refused)
+            key = Key(plan, b)
+            text = row_text(chosen, None if b == study_batch else b)
+            space.choices[key] = Choice(key, chosen, text, feats)
+    return space
+
+
+def ladder(study_batch: int, n_train: int | None, cap: int | None = None) -> tuple[int, ...]:
+    """The batch sizes a search may try: the study's, doubled while the training rows hold a full batch of it (and,
+    with `cap`, while it is at most that)."""
+    sizes = [study_batch]
+    while True:
+        nxt = 2 * sizes[-1]
+        if (n_train is not None and nxt > n_train) or (cap is not None and nxt > cap) or nxt > 1 << 16:
+            return tuple(sizes)
+        sizes.append(nxt)
+
+
+def observation(
+    row: str,
+    key: Key,
+    names: frozenset[str],
+    *,
+    status: str,
+    samples_per_s: float | None,
+    base_samples_per_s: float | None,
+    phases: tuple[float | None, float | None, float | None, float | None] | None = None,
+    base_step_s: float | None = None,
+    base_samples_per_step: float | None = None,
+    weight: float = 1.0,
+    peak_bytes: float | None = None,
+    rel_mem: float | None = None,
+    compile_s: float | None = None,
+    why_not: str | None = None,
+    source: str = "",
+) -> Observation:
+    """One measured row relative to its baseline. `phases`: (data wait, forward/backward, optimizer, step) seconds of
+    one step; with the baseline's step time and samples per step they become the row's two parts per sample."""
+    time = parts = None
+    if status == "ok" and samples_per_s and base_samples_per_s:
+        time = base_samples_per_s / samples_per_s
+        if phases is not None and base_step_s and None not in phases:
+            data, compute, optim, step = (float(p or 0.0) for p in phases)
+            mine = samples_per_s * step if step else None
+            per_sample = (base_samples_per_step / mine) if base_samples_per_step and mine else None
+            if per_sample and step > 0:
+                rest = max(0.0, step - data - compute - optim)
+                sample_part = per_sample * (data + compute) / base_step_s
+                step_part = per_sample * (optim + rest) / base_step_s
+                total = sample_part + step_part
+                if total > 0:  # scaled to the row's time: the phases are medians, the time comes from totals
+                    parts = (
+                        max(SMALLEST_PART, time * sample_part / total),
+                        max(SMALLEST_PART, time * step_part / total),
+                    )
+    return Observation(
+        row,
+        key,
+        names,
+        status,
+        time,
+        parts,
+        weight,
+        peak_bytes,
+        rel_mem,
+        compile_s if compile_s else None,
+        why_not,
+        source,
+    )
+
+
+def log_parts(o: Observation) -> tuple[float, float] | None:
+    """An observation's two parts in log space (None: not measured)."""
+    return None if o.parts is None else (math.log(o.parts[0]), math.log(o.parts[1]))
+
+
+def validity(
+    task: str, accum: int, caps: set[str], only: frozenset[str] = frozenset(), never: frozenset[str] = frozenset()
+) -> Callable[[frozenset[str]], str | None]:
+    """`valid(names)`: None when the registry allows the combination on this task and device (conflicts,
+    requirements, capabilities, packages) and --only / --never admit it; else why not."""
+
+    def valid(names: frozenset[str]) -> str | None:
+        if only and not names <= only or names & never:
+            return "outside --only / --never"
+        try:
+            row = strategies.parse_row(row_text(names), accum)
+        except ConfigError as e:
+            return str(e)
+        if row.wrong_task(task) or row.missing_capabilities(caps) or row.missing_packages():
+            return "this task, device or environment cannot run it"
+        return None
+
+    return valid
+
+
+def observations(rows: Sequence[StudyRow], accum: int, study_batch: int, why_not: dict[str, str], source: str = ""):
+    """A study's rows as the model reads them: each relative to the study's baseline (its runs' mean), its phases
+    as the two parts per sample, weighed by its ok trials. `why_not`: the budget each row breaks (advise's)."""
+    base = next((r for r in rows if r.baseline and r.status == "ok" and r.samples_per_s and r.step_time_s), None)
+    found = []
+    for r in rows:
+        parsed = strategies.parse_row(r.row_text, accum, stored=True)
+        names = frozenset() if r.baseline else frozenset(s.name for s, _ in parsed.parts)
+        key = Key(parsed.plan, r.batch_size or parsed.batch_size or study_batch)
+        o = observation(
+            r.row_text,
+            key,
+            names,
+            status=r.status,
+            samples_per_s=r.samples_per_s,
+            base_samples_per_s=base.samples_per_s if base else None,
+            phases=(r.data_wait_s, r.compute_s, r.optimizer_s, r.step_time_s),
+            base_step_s=base.step_time_s if base else None,
+            base_samples_per_step=(base.samples_per_s or 0) * (base.step_time_s or 0) if base else None,
+            weight=float(max(1, r.repeats)),
+            peak_bytes=r.peak_mem_bytes,
+            rel_mem=r.rel_mem,
+            compile_s=r.compile_s,
+            why_not=why_not.get(r.row_text) if r.status == "ok" else None,
+            source=source,
+        )
+        found.append(o)
+    return found
+
+
+def deviations(rows: Sequence[StudyRow]) -> list[float]:
+    """What the rows measured more than once say of one trial's noise: per degree of freedom, the squared
+    deviations of their trials' log step times from their mean (a row of n trials gives n - 1)."""
+    out: list[float] = []
+    for r in rows:
+        times = [t for t in (r.step_time_s_all or []) if t and t > 0]
+        if len(times) < 2:
+            continue
+        logs = [math.log(t) for t in times]
+        mean = sum(logs) / len(logs)
+        ss = sum((x - mean) ** 2 for x in logs)
+        out += [ss / (len(logs) - 1)] * (len(logs) - 1)
+    return out
+
+
+def pool(found: Sequence[Observation]) -> list[str]:
+    """The strategies the search may combine: each in a row that ran ok (cce, which runs only beside bf16, is in
+    the pool through bf16+cce)."""
+    order = list(strategies.REGISTRY)
+    return sorted({n for o in found if o.ok for n in o.names}, key=order.index)
