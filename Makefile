@@ -31,8 +31,10 @@ $(STAMP): requirements.lock pyproject.toml
 	$(UV_PIP) --no-deps --no-build-isolation --compile-bytecode -e .
 	touch $(STAMP)
 
+# the default study planned: its single rows, the search, the plan against the Trainer's defaults (a few minutes on
+# 2 cores: BENCHMARKS §D5); `trainwise compare --out runs/compare` is the table of single rows alone
 demo: venv
-	$(VENV)/bin/trainwise compare --out runs/demo
+	$(VENV)/bin/trainwise plan --out runs/demo --no-quality-check
 
 # The report's browser test (tests/report/test_browser.py) opens report.html in Debian's Chromium, driven by Playwright's
 # pip package (in the lock) through its executable path: never `playwright install`, which downloads a browser of

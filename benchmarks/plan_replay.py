@@ -77,7 +77,8 @@ class Measured:
             names, _ = split_row(spec["row"])
             k = Key(TrialPlan.from_dict(spec["plan"]), int(settings["batch_size"]))
             ok = r["status"] == "ok" and r.get("samples_per_s")
-            phases = (r.get("data_wait_s"), r.get("compute_s"), r.get("optimizer_s"), r.get("step_time_s"))
+            step = r.get("step_time_median_s") or r.get("step_time_s")
+            phases = (r.get("data_wait_s"), r.get("compute_s"), r.get("optimizer_s"), step)
             trial = Trial(spec["row"], k, names, r["status"], r.get("samples_per_s"), r.get("step_time_s"),
                           phases if ok else None, r.get("peak_mem_bytes"))  # fmt: skip
             table[k].append(trial)
@@ -122,11 +123,9 @@ class Draw:
         return [k for k, v in self.space.table.items() if k.batch == self.space.base.batch and len(v[0].names) <= 1]
 
 
-def observe(t: Trial, ref: tuple[float, float], source: str = "") -> Observation:
-    sps, step = ref
-    return observation(t.row, t.key, t.names, status=t.status, samples_per_s=t.sps, base_samples_per_s=sps,
-                       phases=t.phases, base_step_s=step, base_samples_per_step=sps * step, peak_bytes=t.peak,
-                       source=source)  # fmt: skip
+def observe(t: Trial, ref: tuple[float, float]) -> Observation:
+    return observation(t.row, t.key, t.names, status=t.status, samples_per_s=t.sps, base_samples_per_s=ref[0],
+                       phases=t.phases, peak_bytes=t.peak)  # fmt: skip
 
 
 def base_parts(b1: Trial, b2: Trial) -> tuple[float, float] | None:
@@ -159,7 +158,7 @@ def replay_new(draw: Draw, space, valid, max_trials: int, repeats: bool) -> Sear
 
     def repeat(rows: list[str]) -> list[Observation]:
         b = next_of(measured.base)
-        return [observe(next_of(measured.key_of(r)), (b.sps, b.step_s), "repeats") for r in rows]
+        return [observe(next_of(measured.key_of(r)), (b.sps, b.step_s)) for r in rows]
 
     how = Searching(space, valid, measured.accum, measure, repeat if repeats else None, None, max_trials,
                     study_noise=draw.floor)  # fmt: skip
@@ -178,8 +177,8 @@ def replay_old(old, draw: Draw, valid, max_trials: int) -> tuple[Key, int]:
         if t.status != "ok" or not t.sps:
             return old.Measured(row, names, None, None, status=t.status, batch=batch)
         parts = None
-        if t.phases and None not in t.phases:
-            data, compute, optim, own = t.phases
+        if t.phases and None not in t.phases and t.step_s:
+            data, compute, optim, own = (*t.phases[:3], t.step_s)  # (the old search read the mean step)
             per = sps * step / (t.sps * own)
             parts = tuple(per * p / step for p in (data, compute, optim, max(0.0, own - data - compute - optim)))
         return old.Measured(row, names, sps / t.sps, 1.0, parts=parts, batch=batch)

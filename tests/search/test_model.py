@@ -40,8 +40,6 @@ def obs(row: str, time: float, sample_share: float | None = None, study: int = 1
         samples_per_s=100.0 / time,
         base_samples_per_s=100.0,
         phases=phases,
-        base_step_s=1.0 if phases else None,
-        base_samples_per_step=100.0 * 1.0 if phases else None,
         **kw,
     )
 

@@ -236,3 +236,28 @@ def study_spec(
         settings = dataclasses.replace(spec.settings, batch_size=entry.batch_size, num_workers=workers)
         spec = dataclasses.replace(spec, settings=settings)
     return spec
+
+
+def pricer(study: Path, accum: int) -> Callable[[frozenset[str], int], float | None]:
+    """`trainwise estimate`'s peak (tensors + runtime) of a combination of strategies at a batch size, on the study's
+    model and lengths; None where it cannot say (a model it cannot build here, a plan it does not model). The
+    estimate's basis is built on first use, and each figure once."""
+    from trainwise import strategies
+
+    cache: dict = {}
+
+    def of(names: frozenset[str], batch: int) -> float | None:
+        if "basis" not in cache:
+            cache["basis"] = estimate_basis(study)
+        key = (names, batch)
+        if cache["basis"] is not None and key not in cache:
+            order = list(strategies.REGISTRY)
+            text = "+".join(sorted(names, key=lambda n: order.index(n.partition("=")[0]))) or "baseline"
+            try:
+                est = price(cache["basis"], strategies.parse_row(text, accum).plan, batch)
+                cache[key] = est.peak_bytes + est.overhead_bytes
+            except ConfigError:  # a plan the estimate does not model (or a row refused since): measured, not priced
+                cache[key] = None
+        return cache.get(key)
+
+    return of

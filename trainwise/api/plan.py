@@ -63,6 +63,7 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
         )
     only, never = _names(options.only, "--only"), _names(options.never, "--never")
     out = Path(base.out)
+    from trainwise.api import estimates  # heavy: the estimate (torch, transformers), built on first use
     from trainwise.study.prepare import resolve_device  # heavy: trainwise.study.prepare loads numpy (and torch)
 
     device, caps = resolve_device(cfg0.device)
@@ -71,18 +72,15 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     extra: list[str] = []
     if options.study is None and _default_rows(options):
         extra += [r for r in strategies.default_rows(task, device) if r not in rows0]
-    eco, eco_row, eco_notes = None, None, tuple[str, ...]()
-    if options.ecosystem_default:
-        eco = ecosystem.default_for(task, device, lambda row: _runnable(row, task, accum, caps))
-        if eco.row != "baseline":
-            n_train = _n_train(out)
-            own = eco.batch if eco.batch and (n_train is None or eco.batch <= n_train) else batch
-            eco_row = eco.row if own == batch else f"{eco.row}@bs{own}"
-            eco_notes = (*eco.notes, *ecosystem.overridden(eco, cfg0.max_length, cfg0.lr or 0.0, own))
-            # measured as given, and each of its strategies alone too: the search can then take one out or add one
-            extra += [eco_row, *_alone(eco.row)]
+    runnable = inputs.validity(task, accum, caps)
+    eco = (
+        ecosystem.default_for(task, device, lambda r: runnable(inputs.split_row(r)[0]))
+        if options.ecosystem_default
+        else None
+    )
+    if eco is not None and eco.row != "baseline":
+        extra += _alone(eco.row)  # each of its strategies alone: the search can take one out of it, or add one
     base = dataclasses.replace(base, strategies=[*rows0, *dict.fromkeys(r for r in extra if r not in rows0)])
-
     shown: list[Any] = []  # the last table a compare call drew: printed once, at the end
     said: set[str] = set()
 
@@ -92,7 +90,17 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
             render.note(line)
 
     quiet = dataclasses.replace(render, table=shown.append, note=once)
-    compare_api.start(base, quiet)  # the single rows (and the ecosystem's default): run, or resumed from the store
+    compare_api.start(base, quiet)  # the single rows: run, or resumed from the store
+    current = [r.row_text for r in study_rows(out)]
+    eco_row, eco_notes = None, tuple[str, ...]()
+    if eco is not None and eco.row != "baseline":  # at the library's own batch, where the data holds it
+        n_train = _n_train(out)
+        own = eco.batch if eco.batch and n_train is not None and eco.batch <= n_train else batch
+        eco_row = eco.row if own == batch else f"{eco.row}@bs{own}"
+        eco_notes = (*eco.notes, *ecosystem.overridden(eco, cfg0.max_length, cfg0.lr or 0.0, own))
+        if eco_row not in current:
+            current.append(eco_row)
+            compare_api.start(dataclasses.replace(base, strategies=current), quiet)
     singles_s = time.monotonic() - began
     quiet = dataclasses.replace(quiet, progress=_new_only(render.progress))
     rows = study_rows(out)
@@ -104,10 +112,10 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     valid = inputs.validity(task, accum, caps, only, never)
     run_s = _run_seconds(rows, options.run_epochs)
 
-    def observe(found: list[StudyRow], source: str = "") -> list[inputs.Observation]:
+    def observe(found: list[StudyRow]) -> list[inputs.Observation]:
         why = {v.strategy: v.reason for v in advise(found, constraints).verdicts if not v.feasible}
         return inputs.observations(
-            found, accum, batch, {r.row_text: why[r.strategy] for r in found if r.strategy in why}, source
+            found, accum, batch, {r.row_text: why[r.strategy] for r in found if r.strategy in why}
         )
 
     start_obs = observe(rows) + _repeated(out, observe)
@@ -115,17 +123,17 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
         why = next((f"{o.row}: {o.why_not}" for o in start_obs if o.ok and o.why_not), "no row finished ok")
         raise ConfigError(f"no row of {out} meets the constraints, so there is nothing to combine ({why})")
     sizes = inputs.ladder(batch, _n_train(out)) if options.batch_search else (batch,)
-    space = inputs.build_space(inputs.pool(start_obs), valid, batch, sizes, accum)
-    current = [r.row_text for r in rows]
+    measured = [o for o in start_obs if options.batch_search or o.key.batch == batch]
+    space = inputs.build_space(inputs.pool(start_obs), valid, batch, sizes, accum, measured)
 
     def measure(new: list[str]) -> list[inputs.Observation]:
-        nonlocal current
         render.note(f"trainwise plan: measuring {', '.join(new)}")
-        current = [*current, *(r for r in new if r not in current)]
+        current.extend(r for r in new if r not in current)
         compare_api.start(dataclasses.replace(base, strategies=current), quiet)
         return [o for o in observe(study_rows(out)) if o.row in new]
 
-    rounds = len(_repeat_dirs(out))
+    done = _repeat_dirs(out)
+    rounds = max((int(p.name) for p in done), default=0)
 
     def repeat(leaders: list[str]) -> list[inputs.Observation]:
         nonlocal rounds
@@ -134,10 +142,33 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
         render.note(f"trainwise plan: measuring again beside the baseline ({where}): {', '.join(leaders)}")
         again = dataclasses.replace(base, out=str(where), strategies=["baseline", *leaders], repeat=1, remeasure=False)
         compare_api.start(again, quiet)
-        return [o for o in observe(study_rows(where), f"{REPEATS}/{rounds}") if o.row in leaders]
+        return [o for o in observe(study_rows(where)) if o.row in leaders and o.names]
 
-    def on_trial(s: Search) -> None:
-        render.note(f"trainwise plan: trial {s.trials}: incumbent {s.incumbent}")
+    def context(found: Search) -> Context:
+        setting = Store.spec_of(out)
+        return Context(
+            out,
+            study_rows(out),
+            found,
+            batch,
+            valid,
+            only,
+            never,
+            constraints.memory_budget_bytes,
+            eco_row,
+            eco.to_dict() if eco is not None else None,
+            eco_notes,
+            run_s,
+            options.run_epochs,
+            setting is not None and setting.settings.model_kind == "preset",
+        )
+
+    def on_trial(found: Search, c: Candidate) -> None:
+        said = f"{c.measured_time:.1%}" if c.measured_time is not None else c.note or c.state
+        render.note(f"trainwise plan: trial {c.trial}: {c.row} measured {said} (predicted {c.predicted_time:.1%})")
+        progress = summarize(context(found), None)  # a killed search resumes from this record and budget
+        progress.rejected = f"the search is still running ({found.trials} of at most {options.max_trials} trials)"
+        write_atomic(out / PLAN, json.dumps({**progress.to_dict(), "in_progress": True}, indent=1))
 
     how = Searching(
         space,
@@ -145,11 +176,12 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
         accum,
         measure,
         repeat,
-        MemoryModel(_estimate(out, accum), _capacity(device, constraints)),
+        MemoryModel(estimates.pricer(out, accum), _capacity(device, constraints)),
         options.max_trials,
         None if budget_s is None else max(0.0, budget_s - (time.monotonic() - began)),
         run_s=run_s,
         earlier=_searched_before(out),
+        rounds_done=len(done),
         study_noise=next((r.noise_floor for r in rows if r.baseline and r.noise_floor is not None), None),
         reference=eco_row,
         on_trial=on_trial,
@@ -157,30 +189,14 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     found = search(start_obs, how, inputs.deviations(rows))
     if shown:
         render.table(shown[-1])  # the study's whole table, once
-    setting = Store.spec_of(out)
-    ctx = Context(
-        out,
-        study_rows(out),
-        found,
-        batch,
-        valid,
-        only,
-        never,
-        constraints.memory_budget_bytes,
-        eco_row,
-        eco.to_dict() if eco is not None else None,
-        eco_notes,
-        run_s,
-        options.run_epochs,
-        setting is not None and setting.settings.model_kind == "preset",
-    )
+    ctx = context(found)
     result = summarize(ctx, found.incumbent)
-    result.versus_default = found.versus
     result.singles_s = singles_s
     checked = time.monotonic()
     if options.quality_check and result.plan and result.plan != "baseline":
         result = _checked(options, base, ctx, result, render)
     result.quality_s = time.monotonic() - checked
+    result.versus_default = found.versus.get(result.plan or "")
     plan_line = next((ln for ln in result.lines if ln.label == "plan"), None)
     if plan_line and plan_line.epoch_time_s:
         result.search_share_of_epoch = found.wall_s / plan_line.epoch_time_s
@@ -220,13 +236,13 @@ def _checked(
             continue
         q = _quality(options, base, ctx, row, render)
         check = (q or {}).get("check") or {}
-        verdict = check.get("verdict", NO_VERDICT)
-        passed = verdict not in (WORSE, NO_VERDICT)
+        verdict = check.get("verdict")
+        passed = verdict not in (None, WORSE, NO_VERDICT)
         why = "" if passed else f"{row}: {check.get('said') or 'no trial of its check finished'}"
         checks.append({"row": row, "quality": q, "passed": passed, "why": why})
         if passed:
             new = result if row == result.plan else summarize(ctx, row)
-            new.versus_default, new.singles_s = result.versus_default, result.singles_s
+            new.singles_s = result.singles_s
             new.quality, new.checked = q, checks
             if row != result.plan:
                 new.notes.append(
@@ -277,8 +293,7 @@ def _quality(options: PlanOptions, base: CompareOptions, ctx: Context, row: str,
         theirs = next((q for q in rows if q.verdict == "reference"), None)
         if mine is None or theirs is None:
             return None
-        higher = mine.metric_name not in ("eval_loss",)
-        check = quality.paired_check(mine, theirs, options.max_quality_drop, higher)
+        check = quality.paired_check(mine, theirs, options.max_quality_drop)
         if check.verdict != INCONCLUSIVE or seeds >= last:
             return {**mine.to_dict(), "lr_rule": rules.get(row, ""), "check": check.to_dict()}
         seeds += 1
@@ -289,7 +304,7 @@ def _repeated(out: Path, observe: Callable[..., list[inputs.Observation]]) -> li
     found = []
     for where in _repeat_dirs(out):
         try:
-            found += [o for o in observe(study_rows(where), f"{REPEATS}/{where.name}") if o.names]
+            found += [o for o in observe(study_rows(where)) if o.names]
         except ConfigError:
             continue
     return found
@@ -330,33 +345,6 @@ def _capacity(device: str, constraints: Constraints) -> int | None:
     return min(total, budget) if budget else total
 
 
-def _estimate(out: Path, accum: int) -> Callable[[frozenset[str], int], float | None]:
-    """`trainwise estimate`'s peak (tensors + runtime) of a combination at a batch size on the study's model and
-    lengths; None where it cannot say (a model it cannot build here, a plan it does not model). Built on first use."""
-    cache: dict = {}
-
-    def of(names: frozenset[str], batch: int) -> float | None:
-        if "basis" not in cache:
-            from trainwise.api.estimates import estimate_basis  # heavy: the estimate (torch, transformers)
-
-            cache["basis"] = estimate_basis(out)
-        if cache["basis"] is None:
-            return None
-        from trainwise.api.estimates import price
-
-        key = (names, batch)
-        if key not in cache:
-            plan = strategies.parse_row(inputs.row_text(names), accum).plan
-            try:
-                est = price(cache["basis"], plan, batch)
-                cache[key] = est.peak_bytes + est.overhead_bytes
-            except ConfigError:
-                cache[key] = None
-        return cache[key]
-
-    return of
-
-
 def _n_train(out: Path) -> int | None:
     spec = Store.spec_of(out)
     return spec.settings.n_train if spec is not None else None
@@ -366,21 +354,6 @@ def _default_rows(options: PlanOptions) -> bool:
     """Whether the plan runs the default rows (--strategies not given)."""
     given = [r.strip() for r in words(options.strategies)]
     return given == list(strategies.DEFAULT_ROWS) or given == list(strategies.default_rows(options.task))
-
-
-def _runnable(row: str, task: str, accum: int, caps: set[str]) -> str | None:
-    """Why `row` cannot run on this task, device and environment (None: it can)."""
-    try:
-        parsed = strategies.parse_row(row, accum)
-    except ConfigError as e:
-        return str(e)
-    if (wrong := parsed.wrong_task(task)) is not None:
-        return f"{wrong.name} is not for {task}"
-    if missing := parsed.missing_capabilities(caps):
-        return f"needs {', '.join(missing)}"
-    if packages := parsed.missing_packages():
-        return f"needs {', '.join(packages)}"
-    return None
 
 
 def _run_seconds(rows: list[StudyRow], epochs: float) -> float | None:

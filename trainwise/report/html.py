@@ -57,7 +57,8 @@ def report_html(
     writes them), a `plan` search (plan.json) and a `batch_search` (find-batch's find_batch.json); `not_read`: a
     line for each such file that could not be read, said under the figures."""
     if plan is not None:  # a study a plan searched: the page is the plan's, its study's table below
-        title = f"trainwise plan: {plan.get('plan') or 'no plan recommended'} ({title})"
+        said = "the search is running" if plan.get("in_progress") else plan.get("plan") or "no plan recommended"
+        title = f"trainwise plan: {said} ({title})"
     parts = [f"<h1>{_e(title)}</h1>"]
     if partial:
         parts.append(f'<p class="partial">{_e(partial)}</p>')
@@ -521,7 +522,7 @@ def plan_path(plan: dict) -> tuple[str, str, str] | None:
     tried = ran + [c for c in every if c.get("state") == "pruned"]
     if not tried:
         return None
-    skipped = len(every) - len(tried)
+    skipped = search.get("skipped", len(every) - len(tried))
     lines = {ln["label"]: ln for ln in plan.get("lines") or [] if ln.get("rel_time")}
     fig, ax = _figure(8, 1.4 + 0.34 * len(tried))
     y = list(range(len(tried)))
@@ -578,10 +579,12 @@ def plan_path(plan: dict) -> tuple[str, str, str] | None:
     ax.set_xlabel("training time per sample, % of the baseline's (lower is faster)")
     ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, frameon=False)
     fig.tight_layout()
-    cost = f"{search.get('trials', len(done))} trials in {search.get('rounds', '?')} rounds"
+    cost = f"{search.get('trials', len(done))} trials"
+    if search.get("repeats"):
+        cost += f" and {search['repeats']} repeated"
     if search.get("wall_s"):
         cost += f", {search['wall_s']:.0f} s"
-    not_run = f"; {skipped} more proposed were not run" if skipped else ""
+    not_run = f"; {skipped} candidates were never measured" if skipped else ""
     said = {"baseline": "the baseline", "best single row": "the best single row", "all": "`all`"}
     named = [words for label, words in said.items() if label in lines]
     beside = " and ".join([", ".join(named[:-1]), named[-1]] if len(named) > 1 else named)
@@ -593,8 +596,8 @@ def plan_path(plan: dict) -> tuple[str, str, str] | None:
     caption = (
         f"How did the plan search get there? Each candidate in the order measured, top to bottom (then those the "
         f"memory estimate pruned before they trained): the time it was predicted from the rows measured before it "
-        f"(hollow) and the time it measured (filled); the green step is the incumbent, from the best single row, after "
-        f"each. {ending} ({cost}; stopped: "
+        f"(hollow) and the time it measured (filled); the green step is the fastest measured so far, from the best "
+        f"single row, after each. {ending} ({cost}; stopped: "
         f"{search.get('stopped') or '-'}{not_run})."
     )
     return "plan", _svg(fig), caption

@@ -8,14 +8,14 @@ log space:
                + slope * b + curve * b^2 + sum of each setting's own slope * b,     b = log2(batch / study batch)
 
 Every term has a Gaussian prior (mean and sd below, each with its reason); the posterior is the Bayesian linear
-(ridge) fit over every measured row, each weighed by its trials, with observation noise `sigma` (log). A
-candidate's prediction is the two parts' posterior summed (their lognormals matched in mean and variance); its
-variance is what the rows measured so far leave unknown. A one-time cost (compile) is not a part: the search adds
-it after, over the planned run.
+(ridge) fit over every measured row, each weighed by its trials, with one trial's noise `sigma` (log) on its whole
+time, and so more on a part that is a small share of it. A candidate's prediction is the two parts' posterior
+summed (their lognormals matched in mean and variance); its variance is what the rows measured so far leave
+unknown; two candidates' difference has the variance of their contrast (the delta method on the shared terms). A
+one-time cost (compile) is not a part: the search adds it after, over the planned run.
 
 Memory: `trainwise estimate`'s figure where the study's model can be built, scaled by the median of measured over
-estimated on the rows measured; else the same linear model over log peak memory. A row that ran out of memory
-bounds every candidate predicted to need as much.
+estimated on the rows measured; a row that ran out of memory bounds every candidate predicted to need as much.
 """
 
 from __future__ import annotations
@@ -127,6 +127,13 @@ def _fit(X: np.ndarray, y: np.ndarray, w: np.ndarray, sigma: float, prior: tuple
     return _Part(mean, (cov + cov.T) / 2)
 
 
+# a part that is a small share of a row's time reads its trial's noise larger, by the inverse of that share (a 2%
+# optimizer step moves by as many milliseconds as the whole step does), up to this many times
+PART_NOISE_CAP = 10.0
+# a row without phases (an older study's) is split as the rows with phases predict: a guess, weighed at half a trial
+IMPUTED_WEIGHT = 0.5
+
+
 class TimeModel:
     """The fitted model of time per sample (see the module's docstring). `two_parts` is False when no measured row
     has its phases (an older study): the time is then one part, its batch slope's prior mean 0."""
@@ -147,17 +154,23 @@ class TimeModel:
         if not self.two_parts:
             self.parts = [_fit(X, total, w, sigma, self.design.prior(0.0))]
             return
-        # a row without phases (a compiled row's, an older study's) is split as the rows with phases predict
         known = np.array([o.parts is not None for o in ok])
-        ys = [np.log([o.parts[i] if o.parts else 1.0 for o in ok]) for i in range(2)]
+        shares = np.array([[o.parts[i] / float(o.time or 1.0) if o.parts else 0.5 for o in ok] for i in range(2)])
+        ys = [total + np.log(shares[i]) for i in range(2)]
         slopes = (0.0, STEP_SLOPE)
-        parts = [_fit(X[known], ys[i][known], w[known], sigma, self.design.prior(slopes[i])) for i in range(2)]
-        if not known.all():
-            share = np.exp(X[~known] @ parts[0].mean)
-            share = share / (share + np.exp(X[~known] @ parts[1].mean))
-            ys[0][~known] = total[~known] + np.log(share)
-            ys[1][~known] = total[~known] + np.log1p(-share)
-            parts = [_fit(X, ys[i], w, sigma, self.design.prior(slopes[i])) for i in range(2)]
+
+        def fit(i: int, rows: np.ndarray, weight: np.ndarray) -> _Part:
+            # a part's log reads the row's noise over its share of the time
+            scale = np.minimum(1.0 / np.maximum(shares[i][rows], 1e-9), PART_NOISE_CAP) ** 2
+            return _fit(X[rows], ys[i][rows], weight[rows] / scale, sigma, self.design.prior(slopes[i]))
+
+        parts = [fit(i, known, w) for i in range(2)]
+        if not known.all():  # a row without phases: split as the others predict, weighed as a guess
+            a, b = (np.exp(X[~known] @ p.mean) for p in parts)
+            shares[0][~known], shares[1][~known] = a / (a + b), b / (a + b)
+            ys = [total + np.log(shares[i]) for i in range(2)]
+            everyone = np.ones(len(ok), dtype=bool)
+            parts = [fit(i, everyone, np.where(known, w, w * IMPUTED_WEIGHT)) for i in range(2)]
         self.parts = parts
 
     def _prior_part(self, i: int) -> tuple[np.ndarray, np.ndarray]:
@@ -184,9 +197,18 @@ class TimeModel:
     def predict_keys(self, keys: Sequence[Key]) -> Prediction:
         return self.predict([(features(k.plan), k.batch) for k in keys])
 
-    def effects(self) -> dict[str, float]:
-        """Each column's fitted effect on the per-sample part (on the one part of a one-part model), for plan.md."""
-        return dict(zip(self.design.columns, map(float, self.parts[0].mean), strict=True))
+    def contrast(self, rows: Sequence[tuple[frozenset[str], int]], other: tuple[frozenset[str], int]) -> np.ndarray:
+        """The variance of each row's log time minus `other`'s: the terms they share cancel (the delta method on each
+        part's weights, log T = log(P + S))."""
+        X = self.design.matrix([*rows, other])
+        means = [X @ p.mean for p in self.parts]
+        total = sum(np.exp(m) for m in means)
+        out = np.zeros(len(rows))
+        for m, p in zip(means, self.parts, strict=True):
+            g = X * (np.exp(m) / total)[:, None]  # d log T / d the part's weights, per row
+            d = g[:-1] - g[-1]
+            out += np.maximum(np.einsum("ij,jk,ik->i", d, p.cov, d), 0.0)
+        return out
 
 
 def lognormal_ei(best: float | np.ndarray, mean: np.ndarray, var: np.ndarray) -> np.ndarray:

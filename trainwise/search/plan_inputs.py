@@ -64,7 +64,6 @@ class Observation:
     rel_mem: float | None = None
     compile_s: float | None = None  # a one-time cost, never part of `time`
     why_not: str | None = None  # a budget the row breaks (None: it meets them)
-    source: str = ""  # where it was measured (the study, or OUT/repeats)
 
     @property
     def ok(self) -> bool:
@@ -100,11 +99,28 @@ def _text(value: object) -> str:
     return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
+def base(name: str) -> str:
+    """A strategy's registry name (`freeze_layers=4` -> `freeze_layers`)."""
+    return name.partition("=")[0]
+
+
 def row_text(names: Iterable[str], batch: int | None = None) -> str:
     """A combination's row text, its strategies in the registry's order, with its own batch size when it has one."""
     order = list(strategies.REGISTRY)
-    text = "+".join(sorted(names, key=order.index)) or "baseline"
+    text = "+".join(sorted(names, key=lambda n: order.index(base(n)))) or "baseline"
     return f"{text}@bs{batch}" if batch else text
+
+
+def names_of(row: strategies.Row, accum: int) -> frozenset[str]:
+    """A parsed row's strategies, each with its `=N` where that is not what the bare name gives (`freeze_layers=4`
+    where the default is 2; `grad_accum` at --accum-steps stays bare)."""
+    out = set()
+    for s, value in row.parts:
+        if s.name == "baseline":
+            continue
+        given = s.default_value if s.default_value is not None else accum
+        out.add(s.name if s.takes is None or value == given else f"{s.name}={value}")
+    return frozenset(out)
 
 
 def split_row(text: str) -> tuple[frozenset[str], int | None]:
@@ -125,14 +141,11 @@ def plan_of(names: Iterable[str], accum: int) -> TrialPlan | None:
 @dataclass
 class Space:
     """Every candidate the search may measure: each valid combination of the pool's strategies at each batch size
-    of the ladder, one per distinct settings (named by the fewest strategies), and the rows that reach each."""
+    of the ladder, one per distinct settings (named by the fewest strategies), and each row already measured."""
 
     study_batch: int
     batches: tuple[int, ...]
     choices: dict[Key, Choice] = field(default_factory=dict)
-
-    def of(self, key: Key) -> Choice | None:
-        return self.choices.get(key)
 
     def simplest(self, names: frozenset[str], batch: int, accum: int) -> Choice | None:
         plan = plan_of(names, accum)
@@ -145,34 +158,44 @@ def build_space(
     study_batch: int,
     batches: Iterable[int],
     accum: int,
+    measured: Sequence[Observation] = (),
     limit: int = 4096,
 ) -> Space:
     """The candidates: every subset of `pool` the registry and the options allow (`valid`), deduplicated by what it
-    sets, at each batch size. Subsets are taken smallest first, so a set of settings is named by its fewest
-    strategies; past `limit` distinct settings the largest subsets are left out (a pool of 12 strategies has 4,096
-    subsets; the search measures a handful)."""
+    sets, at each batch size; subsets are taken smallest first, so a set of settings is named by its fewest
+    strategies, and past `limit` distinct settings the largest are left out (a pool of 12 strategies has 4,096
+    subsets; a search measures a handful). A row already `measured` keeps its own spelling (its study's row: what
+    export and train read), and one outside the ladder (the ecosystem's default at its own batch) is a candidate
+    too, where `valid` allows it."""
     order = list(strategies.REGISTRY)
-    names = sorted(set(pool), key=order.index)
+    names = sorted(set(pool), key=lambda n: order.index(base(n)))
     space = Space(study_batch, tuple(sorted({study_batch, *batches})))
     seen: dict[TrialPlan, frozenset[str]] = {}
-    for k in range(len(names) + 1):
-        for combo in itertools.combinations(names, k):
-            chosen = frozenset(combo)
-            if len(seen) >= limit:
-                break
-            if chosen and valid(chosen) is not None:
-                continue
-            plan = plan_of(chosen, accum)
-            if plan is not None and plan not in seen:
-                seen[plan] = chosen
+    subsets = (frozenset(c) for k in range(len(names) + 1) for c in itertools.combinations(names, k))
+    for chosen in subsets:
+        if len(seen) >= limit:
+            break
+        if chosen and (valid(chosen) is not None or len({base(n) for n in chosen}) < len(chosen)):
+            continue
+        plan = plan_of(chosen, accum)
+        if plan is not None and plan not in seen:
+            seen[plan] = chosen
     for plan, chosen in seen.items():
         feats = features(plan)
         for b in space.batches:
             if not chosen and b != study_batch:
                 continue  # the baseline is the study's batch (`baseline@bsN` is refused)
             key = Key(plan, b)
-            text = row_text(chosen, None if b == study_batch else b)
-            space.choices[key] = Choice(key, chosen, text, feats)
+            space.choices[key] = Choice(key, chosen, row_text(chosen, None if b == study_batch else b), feats)
+    rows = {m.row for m in measured}
+    for o in measured:
+        if o.status != "ok" or (o.names and valid(o.names) is not None):
+            continue
+        found = space.choices.get(o.key)
+        if found is None:
+            space.choices[o.key] = Choice(o.key, o.names, o.row, features(o.key.plan))
+        elif found.row not in rows:  # named as the study holds it
+            space.choices[o.key] = Choice(o.key, found.names, o.row, found.features)
     return space
 
 
@@ -196,34 +219,21 @@ def observation(
     samples_per_s: float | None,
     base_samples_per_s: float | None,
     phases: tuple[float | None, float | None, float | None, float | None] | None = None,
-    base_step_s: float | None = None,
-    base_samples_per_step: float | None = None,
     weight: float = 1.0,
     peak_bytes: float | None = None,
     rel_mem: float | None = None,
     compile_s: float | None = None,
     why_not: str | None = None,
-    source: str = "",
 ) -> Observation:
-    """One measured row relative to its baseline. `phases`: (data wait, forward/backward, optimizer, step) seconds of
-    one step; with the baseline's step time and samples per step they become the row's two parts per sample."""
+    """One measured row relative to its baseline. `phases`: the medians of a step's data wait, forward/backward,
+    optimizer and whole step, in seconds: the row's time splits as they do, into the per-sample part (data and
+    forward/backward) and the per-step part (the optimizer and the rest of the step)."""
     time = parts = None
     if status == "ok" and samples_per_s and base_samples_per_s:
         time = base_samples_per_s / samples_per_s
-        if phases is not None and base_step_s and None not in phases:
-            data, compute, optim, step = (float(p or 0.0) for p in phases)
-            mine = samples_per_s * step if step else None
-            per_sample = (base_samples_per_step / mine) if base_samples_per_step and mine else None
-            if per_sample and step > 0:
-                rest = max(0.0, step - data - compute - optim)
-                sample_part = per_sample * (data + compute) / base_step_s
-                step_part = per_sample * (optim + rest) / base_step_s
-                total = sample_part + step_part
-                if total > 0:  # scaled to the row's time: the phases are medians, the time comes from totals
-                    parts = (
-                        max(SMALLEST_PART, time * sample_part / total),
-                        max(SMALLEST_PART, time * step_part / total),
-                    )
+        if phases is not None and phases[0] is not None and phases[1] is not None and phases[3]:
+            share = min(1.0, (phases[0] + phases[1]) / phases[3])  # (the medians split it; the totals give the time)
+            parts = (max(SMALLEST_PART, time * share), max(SMALLEST_PART, time * (1.0 - share)))
     return Observation(
         row,
         key,
@@ -236,13 +246,7 @@ def observation(
         rel_mem,
         compile_s if compile_s else None,
         why_not,
-        source,
     )
-
-
-def log_parts(o: Observation) -> tuple[float, float] | None:
-    """An observation's two parts in log space (None: not measured)."""
-    return None if o.parts is None else (math.log(o.parts[0]), math.log(o.parts[1]))
 
 
 def validity(
@@ -252,44 +256,44 @@ def validity(
     requirements, capabilities, packages) and --only / --never admit it; else why not."""
 
     def valid(names: frozenset[str]) -> str | None:
-        if only and not names <= only or names & never:
+        bare = {base(n) for n in names}
+        if only and not bare <= only or bare & never:
             return "outside --only / --never"
         try:
             row = strategies.parse_row(row_text(names), accum)
         except ConfigError as e:
             return str(e)
-        if row.wrong_task(task) or row.missing_capabilities(caps) or row.missing_packages():
-            return "this task, device or environment cannot run it"
+        if (wrong := row.wrong_task(task)) is not None:
+            return f"{wrong.name} is not for {task}"
+        if missing := row.missing_capabilities(caps):
+            return f"needs {', '.join(missing)}"
+        if packages := row.missing_packages():
+            return f"needs {', '.join(packages)}"
         return None
 
     return valid
 
 
-def observations(rows: Sequence[StudyRow], accum: int, study_batch: int, why_not: dict[str, str], source: str = ""):
+def observations(rows: Sequence[StudyRow], accum: int, study_batch: int, why_not: dict[str, str]) -> list[Observation]:
     """A study's rows as the model reads them: each relative to the study's baseline (its runs' mean), its phases
     as the two parts per sample, weighed by its ok trials. `why_not`: the budget each row breaks (advise's)."""
-    base = next((r for r in rows if r.baseline and r.status == "ok" and r.samples_per_s and r.step_time_s), None)
+    ref = next((r for r in rows if r.baseline and r.status == "ok" and r.samples_per_s), None)
     found = []
     for r in rows:
         parsed = strategies.parse_row(r.row_text, accum, stored=True)
-        names = frozenset() if r.baseline else frozenset(s.name for s, _ in parsed.parts)
-        key = Key(parsed.plan, r.batch_size or parsed.batch_size or study_batch)
         o = observation(
             r.row_text,
-            key,
-            names,
+            Key(parsed.plan, r.batch_size or parsed.batch_size or study_batch),
+            names_of(parsed, accum),
             status=r.status,
             samples_per_s=r.samples_per_s,
-            base_samples_per_s=base.samples_per_s if base else None,
-            phases=(r.data_wait_s, r.compute_s, r.optimizer_s, r.step_time_s),
-            base_step_s=base.step_time_s if base else None,
-            base_samples_per_step=(base.samples_per_s or 0) * (base.step_time_s or 0) if base else None,
+            base_samples_per_s=ref.samples_per_s if ref else None,
+            phases=(r.data_wait_s, r.compute_s, r.optimizer_s, r.step_time_median_s or r.step_time_s),
             weight=float(max(1, r.repeats)),
             peak_bytes=r.peak_mem_bytes,
             rel_mem=r.rel_mem,
             compile_s=r.compile_s,
             why_not=why_not.get(r.row_text) if r.status == "ok" else None,
-            source=source,
         )
         found.append(o)
     return found
@@ -314,4 +318,4 @@ def pool(found: Sequence[Observation]) -> list[str]:
     """The strategies the search may combine: each in a row that ran ok (cce, which runs only beside bf16, is in
     the pool through bf16+cce)."""
     order = list(strategies.REGISTRY)
-    return sorted({n for o in found if o.ok for n in o.names}, key=order.index)
+    return sorted({n for o in found if o.ok for n in o.names}, key=lambda n: order.index(base(n)))

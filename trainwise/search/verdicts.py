@@ -249,9 +249,12 @@ def _critical(p: float, df: int) -> float:
 
 
 def _paired(a: QualityRow, b: QualityRow, values: str) -> list[float]:
-    """a - b for each seed both rows finished (their `values` list: 'values' or 'eval_losses')."""
-    mine = dict(zip(a.seeds, getattr(a, values), strict=False))
-    theirs = dict(zip(b.seeds, getattr(b, values), strict=False))
+    """a - b for each seed both rows finished (their `values` list: 'values' or 'eval_losses'); none where a row's
+    list does not hold one figure per seed (an evaluation without a loss: the pairs would not be the seeds')."""
+    if len(getattr(a, values)) != len(a.seeds) or len(getattr(b, values)) != len(b.seeds):
+        return []
+    mine = dict(zip(a.seeds, getattr(a, values), strict=True))
+    theirs = dict(zip(b.seeds, getattr(b, values), strict=True))
     return [mine[s] - theirs[s] for s in sorted(mine.keys() & theirs.keys())]
 
 
