@@ -123,9 +123,9 @@ class Draw:
         return [k for k, v in self.space.table.items() if k.batch == self.space.base.batch and len(v[0].names) <= 1]
 
 
-def observe(t: Trial, ref: tuple[float, float]) -> Observation:
+def observe(t: Trial, ref: tuple[float, float], source: str = "") -> Observation:
     return observation(t.row, t.key, t.names, status=t.status, samples_per_s=t.sps, base_samples_per_s=ref[0],
-                       phases=t.phases, peak_bytes=t.peak)  # fmt: skip
+                       phases=t.phases, peak_bytes=t.peak, source=source)  # fmt: skip
 
 
 def base_parts(b1: Trial, b2: Trial) -> tuple[float, float] | None:
@@ -156,9 +156,12 @@ def replay_new(draw: Draw, space, valid, max_trials: int, repeats: bool) -> Sear
         keys = [measured.key_of(r) for r in rows]
         return [observe(next_of(k), draw.ref) for k in keys if k in measured.table]
 
+    rounds = [0]
+
     def repeat(rows: list[str]) -> list[Observation]:
         b = next_of(measured.base)
-        return [observe(next_of(measured.key_of(r)), (b.sps, b.step_s)) for r in rows]
+        rounds[0] += 1
+        return [observe(next_of(measured.key_of(r)), (b.sps, b.step_s), f"round {rounds[0]}") for r in rows]
 
     how = Searching(space, valid, measured.accum, measure, repeat if repeats else None, None, max_trials,
                     study_noise=draw.floor)  # fmt: skip
@@ -237,6 +240,7 @@ def main() -> None:
     ap.add_argument("--no-old", action="store_true")
     ap.add_argument("--no-repeats", action="store_true", help="the new search without its repeat rounds")
     ap.add_argument("--show", type=int, default=0, help="print the new search's trials on the first N draws")
+    ap.add_argument("--show-worse", type=float, default=math.inf, help="and on each draw whose pick is this far off")
     args = ap.parse_args()
     measured = Measured.load(args.study)
     study_batch = measured.base.batch
@@ -252,9 +256,9 @@ def main() -> None:
     for d in range(args.draws):
         draw = Draw(measured, d)
         found = replay_new(draw, space, valid, args.max_trials, not args.no_repeats)
-        if d < args.show:
-            show(d, found, measured, truth)
         pick = measured.key_of(found.incumbent) if found.incumbent else measured.base
+        if d < args.show or truth[pick] / best > args.show_worse:
+            show(d, found, measured, truth)
         new_ratios.append(truth[pick] / best)
         new_trials.append(found.trials + found.repeats)
         if old is not None:

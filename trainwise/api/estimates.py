@@ -8,6 +8,7 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
+from trainwise import strategies
 from trainwise.core.config import TrialSpec
 from trainwise.core.errors import ConfigError
 from trainwise.core.results import StudyRow
@@ -242,8 +243,6 @@ def pricer(study: Path, accum: int) -> Callable[[frozenset[str], int], float | N
     """`trainwise estimate`'s peak (tensors + runtime) of a combination of strategies at a batch size, on the study's
     model and lengths; None where it cannot say (a model it cannot build here, a plan it does not model). The
     estimate's basis is built on first use, and each figure once."""
-    from trainwise import strategies
-
     cache: dict = {}
 
     def of(names: frozenset[str], batch: int) -> float | None:

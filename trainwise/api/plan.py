@@ -112,10 +112,10 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     valid = inputs.validity(task, accum, caps, only, never)
     run_s = _run_seconds(rows, options.run_epochs)
 
-    def observe(found: list[StudyRow]) -> list[inputs.Observation]:
+    def observe(found: list[StudyRow], source: str = "") -> list[inputs.Observation]:
         why = {v.strategy: v.reason for v in advise(found, constraints).verdicts if not v.feasible}
         return inputs.observations(
-            found, accum, batch, {r.row_text: why[r.strategy] for r in found if r.strategy in why}
+            found, accum, batch, {r.row_text: why[r.strategy] for r in found if r.strategy in why}, source
         )
 
     start_obs = observe(rows) + _repeated(out, observe)
@@ -142,7 +142,7 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
         render.note(f"trainwise plan: measuring again beside the baseline ({where}): {', '.join(leaders)}")
         again = dataclasses.replace(base, out=str(where), strategies=["baseline", *leaders], repeat=1, remeasure=False)
         compare_api.start(again, quiet)
-        return [o for o in observe(study_rows(where)) if o.row in leaders and o.names]
+        return [o for o in observe(study_rows(where), f"{REPEATS}/{rounds}") if o.row in leaders and o.names]
 
     def context(found: Search) -> Context:
         setting = Store.spec_of(out)
@@ -304,7 +304,7 @@ def _repeated(out: Path, observe: Callable[..., list[inputs.Observation]]) -> li
     found = []
     for where in _repeat_dirs(out):
         try:
-            found += [o for o in observe(study_rows(where)) if o.names]
+            found += [o for o in observe(study_rows(where), f"{REPEATS}/{where.name}") if o.names]
         except ConfigError:
             continue
     return found

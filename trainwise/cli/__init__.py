@@ -158,12 +158,11 @@ def plan(o: api.PlanOptions, as_json: bool) -> None:
     """
     from trainwise.api import plan as plan_api  # heavy: the study machinery
     from trainwise.report import terminal  # start-up: rich
+    from trainwise.report.plan import markdown  # (beside the verb it renders)
 
     result = plan_api.start(o, _study_render(terminal.err if as_json else terminal.out)[1])
     if as_json:
         return terminal.out.print_json(json.dumps(result.to_dict()))
-    from trainwise.report.plan import markdown
-
     terminal.out.print(markdown(result.to_dict()), markup=False, highlight=False, soft_wrap=True)
 
 

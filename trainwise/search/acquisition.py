@@ -37,13 +37,13 @@ from trainwise.search.plan_inputs import Choice, Key, Observation, Space, base, 
 MIN_GAIN = 0.01
 # "Significantly slower": one-sided at 95% (z 1.645) on the posterior contrast of two candidates' log times.
 Z_TIE = 1.645
-REPEAT_ROWS = 3  # the fastest and at most two others within reach of it, measured again a round
+REPEAT_ROWS = 2  # the fastest and the row the pick would take instead (the simplest within reach of it), a round
 # rounds of repeats over a search's life: on a CPU whose trials move ±5-10%, four runs of a row halve its interval,
 # enough to tell apart leaders 6% apart (the pick then loses at most that)
 REPEAT_ROUNDS = 3
 # the noise of one trial (log time) before a study says its own: the §D2 spaces' rows, three trials each, moved
 # 2-9% (median sd); SIGMA_WEIGHT trials' worth of it, pooled with the study's repeated trials
-SIGMA_PRIOR = 0.05
+SIGMA_PRIOR = 0.08
 SIGMA_WEIGHT = 4.0
 # what a prediction misses beyond the model's own uncertainty and the noise, before any miss is measured: none,
 # worth MODEL_ERROR_WEIGHT misses (a composition the model cannot express, a short trial's batches)
@@ -209,14 +209,22 @@ class _State:
         var = self.model.contrast([(c.features, c.key.batch) for c in mine], (mine[i].features, mine[i].key.batch))
         return i, (mean - mean[i]) / np.sqrt(var + 1e-12), var
 
-    def add(self, o: Observation) -> None:
-        """A repeated trial of a row also says how much one trial moves (against the mean of its earlier trials)."""
-        before = [x for x in self.obs if x.key == o.key and x.ok and x.time]
-        if o.ok and o.time and before:
-            weight = sum(x.weight for x in before)
-            mean = sum(x.weight * math.log(x.time or 1.0) for x in before) / weight
-            self.devs.append((math.log(o.time) - mean) ** 2 / (1 + 1 / weight))
-        self.obs.append(o)
+    def add_round(self, got: Sequence[Observation]) -> None:
+        """A round of repeats: its rows, each measured again beside one baseline run, also say how much one trial
+        moves: each row's deviation from the mean of its earlier trials, less the round's shared offset (its
+        baseline run's), with n - 1 degrees of freedom among n rows."""
+        found = []
+        for o in got:
+            before = [x for x in self.obs if x.key == o.key and x.ok and x.time and x.source == ""]
+            if o.ok and o.time and before:
+                weight = sum(x.weight for x in before)
+                mean = sum(x.weight * math.log(x.time or 1.0) for x in before) / weight
+                found.append((math.log(o.time) - mean, 1 + 1 / weight))
+        if len(found) >= 2:
+            offset = sum(d for d, _ in found) / len(found)
+            n = len(found)
+            self.devs += [(d - offset) ** 2 * n / (n - 1) / scale for d, scale in found]
+        self.obs.extend(got)
 
 
 def search(start: Sequence[Observation], how: Searching, deviations: Sequence[float] = ()) -> Search:
@@ -285,7 +293,7 @@ def search(start: Sequence[Observation], how: Searching, deviations: Sequence[fl
         tried.add(chosen.key)
         cand.state, cand.note = "failed", "no result"
         for o in got:
-            state.add(o)
+            state.obs.append(o)
             cand.state = "measured" if o.ok else "failed"
             cand.measured_time, cand.measured_mem = o.time, o.rel_mem
             cand.note = o.why_not or ("" if o.ok else o.status)
@@ -346,14 +354,16 @@ def _repeats(state: _State, how: Searching, result: Search, began: float) -> Non
             return
         mine, mean = [mine[k] for k in named], mean[named]
         i, z, _var = state.rivals(mine, mean)
-        close = sorted((k for k in range(len(mine)) if k != i and z[k] < Z_TIE), key=lambda k: mean[k])
+        # the rows the pick would take instead of the fastest, the simplest first: each repeat decides the pick
+        study_batch = how.space.study_batch
+        close = [k for k in range(len(mine)) if k != i and z[k] < Z_TIE]
+        close.sort(key=lambda k: (simplicity(mine[k], study_batch), mean[k]))
         if not close:
             return
         rows = [mine[i].row, *(mine[k].row for k in close[: REPEAT_ROWS - 1])]
         got = how.repeat(rows)
         result.repeats += len(got) + 1  # (and the baseline, once: the rows of a round share it)
-        for o in got:
-            state.add(o)
+        state.add_round(got)
         for c in result.candidates:
             if c.row in rows and c.state == "measured":
                 c.note = (c.note + "; " if c.note else "") + "measured again"

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainwise.search.plan_inputs import Choice, Key, Observation, features
+from trainwise.search.plan_inputs import Choice, Key, Observation, features, interacting
 
 # Priors (log space, natural log). A setting's own effect is learned from its single row, so its prior only keeps
 # the fit finite: sd 1.0 allows a part e times faster or slower.
@@ -36,6 +36,9 @@ TAU_SETTING = 1.0
 # 0.37 at the largest (freeze_embeddings with chunked_ce on a tied head: each alone 97% and 123%, together 78%):
 # sd 0.15 keeps such a pair worth a trial beside a leader and a typical pair close to the product.
 TAU_PAIR = 0.15
+# A pair the registry says interacts (`Strategy.interacts`): the largest interaction measured so far, freeze_embeddings
+# with chunked_ce on a tied head (log 0.78 / (0.97 x 1.23) = -0.42, §D1), as its sd
+TAU_INTERACTS = 0.5
 # A doubling of the batch (b counts doublings; the logs are natural): the per-sample part's prior slope is 0 (on a
 # CPU a sample costs what it costs; a GPU's larger matmuls run nearer its peak, a few to tens of percent a doubling),
 # the per-step part's -ln 2 (the optimizer step and the step's fixed costs shared by twice the samples); sd 0.15 a
@@ -63,21 +66,26 @@ class _Design:
     """The columns: the intercept, each setting, each pair of settings that a candidate holds together, the batch's
     slope and curve, and each setting's own slope."""
 
-    def __init__(self, feats: Sequence[frozenset[str]], study_batch: int):
+    def __init__(self, feats: Sequence[frozenset[str]], study_batch: int, sources: Sequence[str] = ()):
         self.study_batch = study_batch
         names = sorted({f for fs in feats for f in fs})
         pairs = sorted({(a, b) for fs in feats for a in fs for b in fs if a < b})
         self.columns = ["intercept", *names, *(f"{a}&{b}" for a, b in pairs), "slope", "curve"]
         self.columns += [f"{f}@slope" for f in names]
+        # each repeat round's rows share its baseline run: one offset a round (the study's own rows: none)
+        self.columns += [f"source:{s}" for s in sorted(set(sources) - {""})]
         self.index = {c: i for i, c in enumerate(self.columns)}
         self.names = names
+        self.interacting = interacting()
 
     def b(self, batch: int) -> float:
         return math.log2(batch / self.study_batch)
 
-    def row(self, feats: frozenset[str], batch: int) -> np.ndarray:
+    def row(self, feats: frozenset[str], batch: int, source: str = "") -> np.ndarray:
         x = np.zeros(len(self.columns))
         x[0] = 1.0
+        if source:
+            x[self.index[f"source:{source}"]] = 1.0
         b = self.b(batch)
         fs = sorted(f for f in feats if f in self.index)
         for f in fs:
@@ -95,19 +103,24 @@ class _Design:
     def matrix(self, rows: Sequence[tuple[frozenset[str], int]]) -> np.ndarray:
         return np.array([self.row(f, b) for f, b in rows]).reshape(len(rows), len(self.columns))
 
-    def prior(self, slope: float) -> tuple[np.ndarray, np.ndarray]:
-        """Prior means and sds of the columns, for a part whose batch slope's prior mean is `slope`."""
+    def prior(self, slope: float, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+        """Prior means and sds of the columns, for a part whose batch slope's prior mean is `slope`; a round's offset
+        is its baseline run's noise, `sigma`."""
         mean = np.zeros(len(self.columns))
         sd = np.full(len(self.columns), TAU_SETTING)
         for c, i in self.index.items():
             if c == "intercept":
                 sd[i] = TAU_INTERCEPT
+            elif c.startswith("source:"):
+                sd[i] = sigma
             elif c == "slope":
                 mean[i], sd[i] = slope, TAU_SLOPE
             elif c == "curve":
                 sd[i] = TAU_CURVE
             elif c.endswith("@slope"):
                 sd[i] = TAU_SETTING_SLOPE
+            elif "&" in c and tuple(c.split("&")) in self.interacting:  # a pair the registry says interacts
+                sd[i] = TAU_INTERACTS
             elif "&" in c or "~" in c:  # a pair, or a setting beside one the registry says it overlaps
                 sd[i] = TAU_PAIR
         return mean, sd
@@ -142,17 +155,17 @@ class TimeModel:
         self.sigma = sigma
         ok = [o for o in observations if o.ok]
         feats = [c.features for c in choices] + [features(o.key.plan) for o in ok]
-        self.design = _Design(feats, study_batch)
+        self.design = _Design(feats, study_batch, [o.source for o in ok])
         self.two_parts = any(o.parts is not None for o in ok)
         self.parts: list[_Part] = []
         if not ok:
             self.parts = [_Part(*self._prior_part(i)) for i in range(2 if self.two_parts else 1)]
             return
-        X = self.design.matrix([(features(o.key.plan), o.key.batch) for o in ok])
+        X = np.array([self.design.row(features(o.key.plan), o.key.batch, o.source) for o in ok])
         w = np.array([o.weight for o in ok], dtype=float)
         total = np.log([float(o.time or 1.0) for o in ok])
         if not self.two_parts:
-            self.parts = [_fit(X, total, w, sigma, self.design.prior(0.0))]
+            self.parts = [_fit(X, total, w, sigma, self.design.prior(0.0, sigma))]
             return
         known = np.array([o.parts is not None for o in ok])
         shares = np.array([[o.parts[i] / float(o.time or 1.0) if o.parts else 0.5 for o in ok] for i in range(2)])
@@ -162,7 +175,7 @@ class TimeModel:
         def fit(i: int, rows: np.ndarray, weight: np.ndarray) -> _Part:
             # a part's log reads the row's noise over its share of the time
             scale = np.minimum(1.0 / np.maximum(shares[i][rows], 1e-9), PART_NOISE_CAP) ** 2
-            return _fit(X[rows], ys[i][rows], weight[rows] / scale, sigma, self.design.prior(slopes[i]))
+            return _fit(X[rows], ys[i][rows], weight[rows] / scale, sigma, self.design.prior(slopes[i], sigma))
 
         parts = [fit(i, known, w) for i in range(2)]
         if not known.all():  # a row without phases: split as the others predict, weighed as a guess
@@ -174,7 +187,7 @@ class TimeModel:
         self.parts = parts
 
     def _prior_part(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        mean, sd = self.design.prior(STEP_SLOPE if i == 1 else 0.0)
+        mean, sd = self.design.prior(STEP_SLOPE if i == 1 else 0.0, self.sigma)
         if self.two_parts:  # the baseline's time split evenly, for want of a figure
             mean[0] = math.log(0.5)
         return mean, np.diag(sd**2)

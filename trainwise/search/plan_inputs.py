@@ -64,6 +64,7 @@ class Observation:
     rel_mem: float | None = None
     compile_s: float | None = None  # a one-time cost, never part of `time`
     why_not: str | None = None  # a budget the row breaks (None: it meets them)
+    source: str = ""  # the repeat round it was measured in, beside its own baseline run ("": the study)
 
     @property
     def ok(self) -> bool:
@@ -89,6 +90,17 @@ def features(plan: TrialPlan) -> frozenset[str]:
                 feats.discard(f"{k}={_text(v)}")
                 feats.add(f"{k}={_text(v)}~{beside[0]}")
     return frozenset(feats)
+
+
+def interacting() -> frozenset[tuple[str, str]]:
+    """The feature pairs of the strategies the registry says interact (`Strategy.interacts`), each sorted."""
+    found = set()
+    for s in strategies.REGISTRY.values():
+        for other in s.interacts:
+            for a in (f"{k}={_text(v)}" for k, v in s.sets.items()):
+                for b in (f"{k}={_text(v)}" for k, v in strategies.REGISTRY[other].sets.items()):
+                    found.add((min(a, b), max(a, b)))
+    return frozenset(found)
 
 
 def _holds(changed: dict, sets: Mapping[str, object]) -> bool:
@@ -224,6 +236,7 @@ def observation(
     rel_mem: float | None = None,
     compile_s: float | None = None,
     why_not: str | None = None,
+    source: str = "",
 ) -> Observation:
     """One measured row relative to its baseline. `phases`: the medians of a step's data wait, forward/backward,
     optimizer and whole step, in seconds: the row's time splits as they do, into the per-sample part (data and
@@ -246,6 +259,7 @@ def observation(
         rel_mem,
         compile_s if compile_s else None,
         why_not,
+        source,
     )
 
 
@@ -274,7 +288,9 @@ def validity(
     return valid
 
 
-def observations(rows: Sequence[StudyRow], accum: int, study_batch: int, why_not: dict[str, str]) -> list[Observation]:
+def observations(
+    rows: Sequence[StudyRow], accum: int, study_batch: int, why_not: dict[str, str], source: str = ""
+) -> list[Observation]:
     """A study's rows as the model reads them: each relative to the study's baseline (its runs' mean), its phases
     as the two parts per sample, weighed by its ok trials. `why_not`: the budget each row breaks (advise's)."""
     ref = next((r for r in rows if r.baseline and r.status == "ok" and r.samples_per_s), None)
@@ -294,6 +310,7 @@ def observations(rows: Sequence[StudyRow], accum: int, study_batch: int, why_not
             rel_mem=r.rel_mem,
             compile_s=r.compile_s,
             why_not=why_not.get(r.row_text) if r.status == "ok" else None,
+            source=source,
         )
         found.append(o)
     return found

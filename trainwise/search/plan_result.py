@@ -13,7 +13,7 @@ from trainwise import strategies
 from trainwise.core.files import human_bytes
 from trainwise.core.results import StudyRow
 from trainwise.search.acquisition import Search
-from trainwise.search.plan_inputs import row_text, split_row
+from trainwise.search.plan_inputs import base, row_text, split_row
 
 UNMEASURED = "out: not measured (not among the study's rows)"
 
@@ -182,6 +182,7 @@ def _reasons(ctx: Context, chosen: str | None) -> list[dict]:
     by_row = {r.row_text: r for r in ctx.rows}
     times = ctx.found.times
     plan_names, plan_batch = split_row(chosen or "")
+    bare = {base(n): n for n in plan_names}  # (freeze_layers=4 is freeze_layers in the plan)
     at = plan_batch if plan_batch and plan_batch != ctx.study_batch else None
     plan_time = times[chosen][0] if chosen in times else None
     out = []
@@ -189,7 +190,8 @@ def _reasons(ctx: Context, chosen: str | None) -> list[dict]:
         if name == "baseline":
             continue
         alone = by_row.get(name)
-        if name in plan_names:
+        if name in bare:
+            name = bare[name]
             said = (
                 f"in: alone {pct(alone.rel_time)} time, {pct(alone.rel_mem)} memory"
                 if alone and alone.rel_time

@@ -234,6 +234,10 @@ class Strategy:
     # strategies that already do what this one does (tf32 speeds the fp32 matmuls that bf16 autocast no longer runs):
     # beside one of them the plan search predicts its setting to change nothing until a row holding both is measured
     overlaps: frozenset[str] = frozenset()
+    # strategies it may gain (or lose) with far beyond the product of the two alone (freezing a tied embedding also
+    # freezes the LM head, and a loss computed in chunks then skips the head's weight gradient): the plan search's
+    # prior for the pair is wide, so a pair that gains only together is worth a trial
+    interacts: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         unknown = self.requires - set(CAPABILITIES)
