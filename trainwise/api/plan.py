@@ -64,7 +64,7 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     only, never = _names(options.only, "--only"), _names(options.never, "--never")
     out = Path(base.out)
     from trainwise.api import estimates  # heavy: the estimate (torch, transformers), built on first use
-    from trainwise.study.prepare import resolve_device  # heavy: trainwise.study.prepare loads numpy (and torch)
+    from trainwise.study.prepare import resolve_device, too_slow  # heavy: study.prepare loads numpy (and torch)
 
     device, caps = resolve_device(cfg0.device)
     task, accum, batch = cfg0.task, cfg0.accum_steps, cfg0.batch_size
@@ -73,11 +73,13 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     if options.study is None and _default_rows(options):
         extra += [r for r in strategies.default_rows(task, device) if r not in rows0]
     runnable = inputs.validity(task, accum, caps)
-    eco = (
-        ecosystem.default_for(task, device, lambda r: runnable(inputs.split_row(r)[0]))
-        if options.ecosystem_default
-        else None
-    )
+    slow = too_slow(["bf16", "fp16", "bf16_pure"], device, caps) if options.ecosystem_default else {}
+
+    def eco_valid(row: str) -> str | None:  # (a precision this device only emulates: recorded, as a default row is)
+        names = inputs.split_row(row)[0]
+        return runnable(names) or next((slow[n] for n in names if n in slow), None)
+
+    eco = ecosystem.default_for(task, device, eco_valid) if options.ecosystem_default else None
     if eco is not None and eco.row != "baseline":
         extra += _alone(eco.row)  # each of its strategies alone: the search can take one out of it, or add one
     base = dataclasses.replace(base, strategies=[*rows0, *dict.fromkeys(r for r in extra if r not in rows0)])

@@ -8,7 +8,7 @@
    MIN_GAIN of the incumbent's time, until --max-trials or --max-search-time are spent. A candidate's batch is at
    most twice the largest batch measured so far (the model's batch terms are local).
 3. Repeats: while measured candidates are not significantly slower than the fastest (one-sided, Z_TIE, on their
-   contrast), the fastest and the closest of them are measured again beside the baseline (REPEAT_ROWS a round, at
+   contrast), the fastest and the row the pick would take are measured again beside the baseline (at
    most REPEAT_ROUNDS rounds over the search's life).
 4. The pick is the simplest candidate (the fewest strategies, then the study's batch) not significantly slower than
    the fastest; a reference row (the ecosystem's default) is tested against each measured candidate the same way.
@@ -37,7 +37,6 @@ from trainwise.search.plan_inputs import Choice, Key, Observation, Space, base, 
 MIN_GAIN = 0.01
 # "Significantly slower": one-sided at 95% (z 1.645) on the posterior contrast of two candidates' log times.
 Z_TIE = 1.645
-REPEAT_ROWS = 2  # the fastest and the row the pick would take instead (the simplest within reach of it), a round
 # rounds of repeats over a search's life: on a CPU whose trials move ±5-10%, four runs of a row halve its interval,
 # enough to tell apart leaders 6% apart (the pick then loses at most that)
 REPEAT_ROUNDS = 3
@@ -341,9 +340,12 @@ def _helpers(state: _State) -> list[str]:
 
 
 def _repeats(state: _State, how: Searching, result: Search, began: float) -> None:
-    """Measure again, beside the baseline, the fastest and those not significantly slower than it, until none is
-    left within reach, or the rounds or --max-search-time are spent."""
+    """While the pick is not settled, measure it again beside the fastest and one baseline run: the round is worth its
+    three trials while what the pick may lose to the fastest (or, where it is the fastest, what the closest rival may
+    beat it by) is expected at MIN_GAIN of its time per trial or more, the rule a trial of the search is held to.
+    Stops there, or when the rounds or --max-search-time are spent."""
     assert how.repeat is not None
+    study_batch = how.space.study_batch
     for _ in range(max(0, REPEAT_ROUNDS - how.rounds_done)):
         if how.max_seconds is not None and how.clock() - began >= how.max_seconds:
             return
@@ -353,20 +355,33 @@ def _repeats(state: _State, how: Searching, result: Search, began: float) -> Non
         if len(named) < 2:
             return
         mine, mean = [mine[k] for k in named], mean[named]
-        i, z, _var = state.rivals(mine, mean)
-        # the rows the pick would take instead of the fastest, the simplest first: each repeat decides the pick
-        study_batch = how.space.study_batch
+        i, z, var = state.rivals(mine, mean)
         close = [k for k in range(len(mine)) if k != i and z[k] < Z_TIE]
-        close.sort(key=lambda k: (simplicity(mine[k], study_batch), mean[k]))
-        if not close:
+        pick = min([i, *close], key=lambda k: (simplicity(mine[k], study_batch), mean[k]))
+        if pick != i:  # what the pick may lose to the fastest
+            rival, at_stake = pick, _excess(float(mean[pick] - mean[i]), float(var[pick]))
+        else:  # what the closest rival may beat the fastest by
+            rival = min(close, key=lambda k: mean[k], default=None)
+            at_stake = 0.0 if rival is None else _excess(float(mean[i] - mean[rival]), float(var[rival]))
+        rows = [mine[i].row, mine[rival].row] if rival is not None else []
+        if rival is None or at_stake / (len(rows) + 1) < MIN_GAIN:  # (a round's trials: the two rows and a baseline)
             return
-        rows = [mine[i].row, *(mine[k].row for k in close[: REPEAT_ROWS - 1])]
         got = how.repeat(rows)
         result.repeats += len(got) + 1  # (and the baseline, once: the rows of a round share it)
         state.add_round(got)
         for c in result.candidates:
             if c.row in rows and c.state == "measured":
                 c.note = (c.note + "; " if c.note else "") + "measured again"
+
+
+def _excess(mean: float, var: float) -> float:
+    """E[max(0, e^d - 1)] for d ~ N(mean, var): what a row whose log time exceeds another's by d loses, expected."""
+    s = math.sqrt(max(var, 1e-12))
+    return math.exp(mean + var / 2) * _phi((mean + var) / s) - _phi(mean / s)
+
+
+def _phi(z: float) -> float:
+    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
 
 
 def _pick(state: _State, result: Search) -> None:

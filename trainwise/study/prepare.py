@@ -3,6 +3,7 @@ directory) before anything is written, then the data, the tokenizer and the tria
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -115,6 +116,24 @@ def precision_verdicts(rows: list[Row], device: str, facts: DeviceFacts) -> dict
             verdict = dataclasses.replace(verdict, ratio=ratio)
         found[row.text] = verdict
     return found
+
+
+def too_slow(names: list[str], device: str, caps: set[str]) -> dict[str, str]:
+    """Of these strategies, those whose precision this device only emulates, SLOW_RATIO times slower than fp32 or more
+    (bf16 on an AVX2-only CPU), and why: the default rows record them rather than train them, and the plan's row of
+    the ecosystem's defaults is measured without them (said)."""
+    rows = []
+    for name in names:
+        with contextlib.suppress(ConfigError):
+            row = strategies.parse_row(name, 1)
+            if not row.missing_capabilities(caps):
+                rows.append(row)
+    found = precision_verdicts(rows, device, device_facts(device))
+    return {
+        name: v.line()
+        for name, v in found.items()
+        if v.status == "emulated" and (v.ratio is None or v.ratio >= SLOW_RATIO)
+    }
 
 
 def _fit_to_device(cfg: StudyConfig, device: str, caps: set[str], facts: DeviceFacts, unsupported: dict[str, str]):
