@@ -1,6 +1,6 @@
 """The plan search replayed with its noise on a space measured whole (issue 58).
 
-    .venv/bin/python benchmarks/plan_replay.py STUDY [--draws 100] [--max-trials 12] [--old 3a936b5] [--show N]
+    .venv/bin/python benchmarks/plan_replay.py STUDY [--draws 100] [--max-trials 8] [--old 3a936b5] [--show N]
 
 STUDY is a study that `benchmarks/plan_space.py` filled: every candidate of a space (each valid combination of its
 strategies at each of its batch sizes), each with several trials (`--repeat 3`). A draw is one imagined study on
@@ -235,7 +235,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("study", type=Path)
     ap.add_argument("--draws", type=int, default=100)
-    ap.add_argument("--max-trials", type=int, default=12)
+    ap.add_argument("--max-trials", type=int, default=8, help="the search's trials at most (plan's default)")
     ap.add_argument("--old", default="3a936b5", help="the commit whose search/policy.py is the old search")
     ap.add_argument("--no-old", action="store_true")
     ap.add_argument("--no-repeats", action="store_true", help="the new search without its repeat rounds")

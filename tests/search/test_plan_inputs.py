@@ -163,3 +163,22 @@ def test_a_studys_rows_are_read_per_sample_with_their_two_parts():
     assert sized and all(o.key.batch == split_row(o.row)[1] for o in sized)
     assert "cce" not in {n for o in found.values() if o.ok and len(o.names) == 1 for n in o.names}
     assert ("cce" in pool(list(found.values()))) == any(o.ok and "cce" in o.names for o in found.values())
+
+
+def test_a_strategy_the_device_only_emulates_stays_out_though_all_ran():
+    """An AVX2-only CPU records bf16 as emulated (not trained), while `all` trains without it: bf16 is no candidate."""
+    from trainwise.core.results import StudyRow
+
+    def row(text: str, status: str, sps: float | None) -> StudyRow:
+        return StudyRow.from_dict(
+            {"strategy": text, "status": status, "samples_per_s": sps, "baseline": text == "baseline"}
+        )
+
+    rows = [row("baseline", "ok", 10.0), row("bf16", "emulated", None), row("dynamic_pad", "ok", 20.0)]
+    found = observations([*rows, row("all", "ok", 12.0)], 4, 16, {})
+    assert "bf16" in next(o.names for o in found if o.row == "all")  # (its text names it)
+    assert "bf16" not in pool(found) and "dynamic_pad" in pool(found)
+    failed = observations(
+        [*rows[:2], row("dynamic_pad", "oom", None), row("dynamic_pad+smart_batch", "ok", 30.0)], 4, 16, {}
+    )
+    assert "dynamic_pad" in pool(failed)  # (out of memory at a size is no verdict on the strategy)

@@ -436,9 +436,11 @@ class PlanOptions(CompareOptions):
     max_search_time: str | None = option(None, "Search budget: wall time, e.g. 20m (the trial in flight ends).")
     only: str | None = option(None, "Combine only these strategies (comma list).")
     never: str | None = option(None, "Never combine these strategies (comma list).")
-    quality_check: bool = option(True, "Train the plan and the baseline longer over seeds (Welch) before recommending.")
+    quality_check: bool = option(
+        True, "Train the plan and the baseline longer on paired seeds, tested sequentially, before recommending."
+    )
     batch_search: bool = option(
-        True, "Also try the leader at twice its batch size while that is faster per sample and fits (`row@bsN`)."
+        True, "Also search larger batches (`row@bsN`): a doubling at a time while one is expected to pay and fits."
     )
     ecosystem_default: bool = option(
         True,

@@ -11,7 +11,8 @@
    contrast), the fastest and the row the pick would take are measured again beside the baseline (at
    most REPEAT_ROUNDS rounds over the search's life).
 4. The pick is the simplest candidate (the fewest strategies, then the study's batch) not significantly slower than
-   the fastest; a reference row (the ecosystem's default) is tested against each measured candidate the same way.
+   the fastest and expected to lose less than ROUND to it (a tie the repeats did not settle goes to the fastest); a
+   reference row (the ecosystem's default) is tested against each measured candidate the same way.
 
 Pure: no files, no trials. `measure(rows)` and `repeat(rows)` return observations, so the driver
 (`trainwise.api.plan`) runs them as rows of a study, and a test or the replay benchmark serves them from made-up or
@@ -37,6 +38,10 @@ from trainwise.search.plan_inputs import Choice, Key, Observation, Space, base, 
 MIN_GAIN = 0.01
 # "Significantly slower": one-sided at 95% (z 1.645) on the posterior contrast of two candidates' log times.
 Z_TIE = 1.645
+# What a repeat round must be expected to save to run: MIN_GAIN for each of its three trials (the fastest, the row
+# the pick would take instead, one baseline run). The pick takes a simpler row over the fastest only while what it may
+# lose is below it: a tie the rounds did not settle goes to the fastest.
+ROUND = 3 * MIN_GAIN
 # rounds of repeats over a search's life: on a CPU whose trials move ±5-10%, four runs of a row halve its interval,
 # enough to tell apart leaders 6% apart (the pick then loses at most that)
 REPEAT_ROUNDS = 3
@@ -358,14 +363,15 @@ def _repeats(state: _State, how: Searching, result: Search, began: float) -> Non
         i, z, var = state.rivals(mine, mean)
         close = [k for k in range(len(mine)) if k != i and z[k] < Z_TIE]
         pick = min([i, *close], key=lambda k: (simplicity(mine[k], study_batch), mean[k]))
+        rival: int | None
         if pick != i:  # what the pick may lose to the fastest
             rival, at_stake = pick, _excess(float(mean[pick] - mean[i]), float(var[pick]))
         else:  # what the closest rival may beat the fastest by
             rival = min(close, key=lambda k: mean[k], default=None)
             at_stake = 0.0 if rival is None else _excess(float(mean[i] - mean[rival]), float(var[rival]))
-        rows = [mine[i].row, mine[rival].row] if rival is not None else []
-        if rival is None or at_stake / (len(rows) + 1) < MIN_GAIN:  # (a round's trials: the two rows and a baseline)
+        if rival is None or at_stake < ROUND:
             return
+        rows = [mine[i].row, mine[rival].row]
         got = how.repeat(rows)
         result.repeats += len(got) + 1  # (and the baseline, once: the rows of a round share it)
         state.add_round(got)
@@ -376,6 +382,7 @@ def _repeats(state: _State, how: Searching, result: Search, began: float) -> Non
 
 def _excess(mean: float, var: float) -> float:
     """E[max(0, e^d - 1)] for d ~ N(mean, var): what a row whose log time exceeds another's by d loses, expected."""
+    mean, var = float(mean), float(var)
     s = math.sqrt(max(var, 1e-12))
     return math.exp(mean + var / 2) * _phi((mean + var) / s) - _phi(mean / s)
 
@@ -385,13 +392,14 @@ def _phi(z: float) -> float:
 
 
 def _pick(state: _State, result: Search) -> None:
-    """The simplest candidate not significantly slower than the fastest (by their posterior contrast), the posterior
-    times, and the reference against each."""
+    """The simplest candidate not significantly slower than the fastest (by their posterior contrast) whose expected
+    loss to it is under ROUND, the posterior times, and the reference against each."""
     mine, mean = state.measured()
     if not mine:
         return
-    i, z, _var = state.rivals(mine, mean)
-    close = [k for k in range(len(mine)) if z[k] < Z_TIE]
+    i, z, var = state.rivals(mine, mean)
+    # (a tie the repeats did not settle, where the simpler row may still lose a round's worth, goes to the fastest)
+    close = [k for k in range(len(mine)) if k == i or (z[k] < Z_TIE and _excess(mean[k] - mean[i], var[k]) < ROUND)]
     study_batch = state.how.space.study_batch
     k = min(close, key=lambda k: (simplicity(mine[k], study_batch), mean[k]))
     result.fastest, result.incumbent = mine[i].row, mine[k].row

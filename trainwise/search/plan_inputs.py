@@ -331,8 +331,15 @@ def deviations(rows: Sequence[StudyRow]) -> list[float]:
     return out
 
 
+# a single row's statuses that mean the device does not run the strategy (a failed or out-of-memory trial does not)
+NOT_RUN = ("emulated", "unsupported", "inert")
+
+
 def pool(found: Sequence[Observation]) -> list[str]:
     """The strategies the search may combine: each in a row that ran ok (cce, which runs only beside bf16, is in
-    the pool through bf16+cce)."""
+    the pool through bf16+cce), and none whose own row did not (bf16 recorded as emulated is out, though `all` ran:
+    `all` trains without what the device only emulates)."""
     order = list(strategies.REGISTRY)
-    return sorted({n for o in found if o.ok for n in o.names}, key=lambda n: order.index(base(n)))
+    out = {n for o in found if o.ok for n in o.names}
+    out -= {next(iter(o.names)) for o in found if o.status in NOT_RUN and len(o.names) == 1}
+    return sorted(out, key=lambda n: order.index(base(n)))
