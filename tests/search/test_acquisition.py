@@ -160,7 +160,7 @@ def test_each_budget_stops_the_search():
     ticks = iter(range(0, 1000, 10))
     start, how, asked, _space = world(max_trials=40, max_seconds=15, clock=lambda: float(next(ticks)))
     found = search(start, how)
-    assert "--max-search-time 15 s spent" in found.stopped and len(asked) == 1
+    assert "--max-search-time spent" in found.stopped and len(asked) == 1
 
 
 def test_a_resumed_search_keeps_its_record_and_its_budget():

@@ -433,7 +433,9 @@ class PlanOptions(CompareOptions):
     max_epoch_time: str | None = take(AdviseOptions, "max_epoch_time")
     max_epoch_cost: float | None = take(AdviseOptions, "max_epoch_cost")
     max_trials: int = option(8, "Search budget: combination rows measured at most.")
-    max_search_time: str | None = option(None, "Search budget: wall time, e.g. 20m (the trial in flight ends).")
+    max_search_time: str | None = option(
+        None, "Search budget: the plan's wall time, single rows included, e.g. 20m (the trial in flight ends)."
+    )
     only: str | None = option(None, "Combine only these strategies (comma list).")
     never: str | None = option(None, "Never combine these strategies (comma list).")
     quality_check: bool = option(

@@ -254,7 +254,7 @@ def search(start: Sequence[Observation], how: Searching, deviations: Sequence[fl
             result.stopped = f"--max-trials {how.max_trials} spent"
             break
         if how.max_seconds is not None and how.clock() - began >= how.max_seconds:
-            result.stopped = f"--max-search-time {how.max_seconds:g} s spent"
+            result.stopped = "--max-search-time spent"
             break
         top = max((o.key.batch for o in state.obs if o.ok), default=space.study_batch)
         waiting = [c for c in state.choices if c.key not in tried and c.key.batch <= 2 * top]
