@@ -41,7 +41,7 @@ def values() -> set[str]:
 
 def named_outside(package: Path = PACKAGE) -> list[str]:
     """`file:line name` for each string literal that is a strategy's name, outside its family, the registry, the
-    registry's relations (a Strategy's conflicts and with_one_of) and ELSEWHERE, where it is no knob's value."""
+    registry's relations (a Strategy's conflicts, with_one_of, overlaps and interacts) and ELSEWHERE, where it is no knob's value."""
     home, taken, found = homes(package), values(), []
     for path in sorted(package.rglob("*.py")):
         if path == package / "strategies" / "__init__.py":  # the registry: default rows, aliases, the short list
@@ -50,7 +50,7 @@ def named_outside(package: Path = PACKAGE) -> list[str]:
         relations = {
             id(c)
             for node in ast.walk(tree)
-            if isinstance(node, ast.keyword) and node.arg in ("conflicts", "with_one_of")
+            if isinstance(node, ast.keyword) and node.arg in ("conflicts", "with_one_of", "overlaps", "interacts")
             for c in ast.walk(node.value)
         }
         rel = path.relative_to(package).as_posix()
