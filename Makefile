@@ -33,10 +33,11 @@ $(STAMP): requirements.lock pyproject.toml
 
 # the default study planned: its single rows, the search, the plan against the Trainer's defaults (a few minutes on
 # 2 cores: BENCHMARKS §D5); `trainwise compare --out runs/compare` is the table of single rows alone
-# The plan on the default study in at most 6 minutes on a 2-core CPU: short trials (8 steps, 2 untimed), the plan's
-# wall time bounded (its single rows included), no quality check (`trainwise plan --out runs/demo` alone runs it).
+# The plan on the default study in at most 6 minutes on a 2-core CPU: short trials (6 steps, 2 untimed, 32 samples
+# evaluated), the plan's wall time bounded (its single rows included), a trial only where it pays for itself over one
+# epoch, no quality check (`trainwise plan --out runs/demo` alone runs it).
 demo: venv
-	$(VENV)/bin/trainwise plan --out runs/demo --max-steps 8 --warmup-steps 2 --max-search-time 5m --no-quality-check
+	$(VENV)/bin/trainwise plan --out runs/demo --max-steps 6 --warmup-steps 2 --eval-samples 32 --max-search-time 5m --no-quality-check
 
 # The report's browser test (tests/report/test_browser.py) opens report.html in Debian's Chromium, driven by Playwright's
 # pip package (in the lock) through its executable path: never `playwright install`, which downloads a browser of

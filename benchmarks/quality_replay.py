@@ -8,6 +8,10 @@ Two rows of identical math (AdamW and the same AdamW fused) are trained `--seeds
 quality study `trainwise plan` runs, in OUT), then the plan's check (`trainwise.search.verdicts.paired_check`,
 sequential from MIN_SEEDS pairs to MAX_SEEDS) is replayed `--replays` times, each on paired seeds drawn in a random
 order from those measured. Prints each replay's verdict and seeds, and the last line: `rejected R of N`.
+
+`--rows ROW,ROW` (one row twice): the row against itself, the null hypothesis exactly but not bit for bit: it is
+trained 2 x `--seeds` times and seed i is paired with seed i + `--seeds` (another init and data order from the
+same distribution), so each pair differs by the run-to-run spread a real check sees.
 """
 
 from __future__ import annotations
@@ -37,10 +41,19 @@ def main() -> None:
     options = CompareOptions.of(_pairs(extra), None)
     cfg = dataclasses.replace(options.resolve()[0], out=str(args.out))
     first, second = args.rows.split(",")
-    prepared = prepare_study(quality.quality_config(cfg, [first, second], args.steps, args.seeds))
+    itself = first == second
+    rows_run, seeds = ([first], 2 * args.seeds) if itself else ([first, second], args.seeds)
+    prepared = prepare_study(quality.quality_config(cfg, rows_run, args.steps, seeds))
     trials = run_study(prepared, launch, lambda *_a: None, lambda *_a: None)
     rows = {q.strategy: q for q in quality.verdicts(trials, False)}
-    a, b = rows[second], rows[first]
+    if itself:  # the first half's seeds against the second half's, relabelled pair by pair
+        whole = rows[first]
+        ordered = sorted(whole.seeds)
+        b = _only(whole, set(ordered[: args.seeds]))
+        a = _only(whole, set(ordered[args.seeds :]))
+        a = dataclasses.replace(a, seeds=[s - args.seeds for s in a.seeds])
+    else:
+        a, b = rows[second], rows[first]
     print(f"{first}: {b.metric_name} {np.mean(b.values):.2f} over {len(b.values)} seeds (majority {b.majority})")
     print(f"{second}: {a.metric_name} {np.mean(a.values):.2f} over {len(a.values)} seeds")
     common = sorted(set(a.seeds) & set(b.seeds))

@@ -225,6 +225,42 @@ def test_a_one_time_cost_is_added_once_against_the_planned_run():
     assert short.times["bf16+compile"][0] == pytest.approx(0.4 + 100.0 / 200.0, rel=0.05)  # added, not multiplied
 
 
+def test_a_trial_runs_only_while_its_saving_on_the_planned_run_pays_for_it():
+    """Priced (the planned run's seconds and a trial's): on a long run the search measures what it measures unpriced;
+    on a run a few trials long it stops after the greedy stack, saying what the best candidate would save and cost;
+    and where a batch of its own makes a trial dear, it keeps to the cheap ones."""
+    start, how, asked, _space = world(max_trials=40)
+    unpriced = search(start, how)
+    start, how, long_asked, _space = world(max_trials=40, run_s=1e6, trial_s=lambda t, b: 10.0 + 5.0 * t * b / 16)
+    priced = search(start, how)
+    assert long_asked == asked and priced.incumbent == unpriced.incumbent
+    start, how, short_asked, _space = world(max_trials=40, run_s=60.0, trial_s=lambda t, b: 10.0 + 5.0 * t * b / 16)
+    short = search(start, how)
+    assert len(short_asked) == 1 and short.candidates[0].reason.startswith("the greedy stack"), short_asked
+    assert "pays for its trial" in short.stopped and "for a trial of" in short.stopped, short.stopped
+    # a trial at a batch of its own far dearer than one at the study's: the search keeps to the cheap ones
+    assert any(split_row(r)[1] for r in asked), asked
+    start, how, mid_asked, _space = world(max_trials=40, run_s=3000.0, trial_s=lambda t, b: 1.0 if b == 16 else 1e5)
+    search(start, how)
+    assert mid_asked[1:] and not any(split_row(r)[1] for r in mid_asked), mid_asked
+
+
+def test_a_trials_seconds_are_fitted_from_the_studys_trials():
+    """wall = fixed + k x step time, fitted over the study's rows; a candidate's step from the baseline's per sample."""
+    from trainwise.core.results import StudyRow
+    from trainwise.search.plan_inputs import trial_seconds
+
+    rows = [
+        StudyRow("baseline", baseline=True, batch_size=16, status="ok", step_time_s=2.0, wall_s=6.0 + 12 * 2.0),
+        StudyRow("smart_batch", batch_size=16, status="ok", step_time_s=0.5, wall_s=6.0 + 12 * 0.5),
+        StudyRow("bf16", batch_size=16, status="emulated"),
+    ]
+    cost = trial_seconds(rows)
+    assert cost is not None
+    assert cost(1.0, 16) == pytest.approx(30.0) and cost(0.25, 64) == pytest.approx(6.0 + 12 * 2.0)
+    assert trial_seconds(rows[:1]) is None  # one trial fits nothing
+
+
 def test_a_tie_goes_to_the_simpler_row_by_a_test():
     """Two rows 2% apart inside a 5% noise: the simpler is the pick, and the faster one is not dropped from the record;
     8% apart after repeats: the faster."""

@@ -41,7 +41,8 @@ def values() -> set[str]:
 
 def named_outside(package: Path = PACKAGE) -> list[str]:
     """`file:line name` for each string literal that is a strategy's name, outside its family, the registry, the
-    registry's relations (a Strategy's conflicts, with_one_of, overlaps and interacts) and ELSEWHERE, where it is no knob's value."""
+    registry's relations (a Strategy's conflicts, with_one_of, overlaps and interacts) and ELSEWHERE, where it is no
+    knob's value."""
     home, taken, found = homes(package), values(), []
     for path in sorted(package.rglob("*.py")):
         if path == package / "strategies" / "__init__.py":  # the registry: default rows, aliases, the short list

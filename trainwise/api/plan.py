@@ -182,6 +182,7 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
         options.max_trials,
         None if budget_s is None else max(0.0, budget_s - (time.monotonic() - began)),
         run_s=run_s,
+        trial_s=inputs.trial_seconds(rows),
         earlier=_searched_before(out),
         rounds_done=len(done),
         study_noise=next((r.noise_floor for r in rows if r.baseline and r.noise_floor is not None), None),

@@ -5,11 +5,13 @@
    set.
 2. Then each trial is the candidate with the largest expected improvement (EI) over the incumbent (the measured
    candidate with the lowest posterior time) under the model (`trainwise.search.model`), while that EI is at least
-   MIN_GAIN of the incumbent's time, until --max-trials or --max-search-time are spent. A candidate's batch is at
-   most twice the largest batch measured so far (the model's batch terms are local).
+   MIN_GAIN of the incumbent's time, until --max-trials or --max-search-time are spent. Where the planned run and a
+   trial's seconds are known (`run_s`, `trial_s`), a trial must also pay for itself: the candidate is the one whose
+   EI over the planned run exceeds its own trial's seconds by the most, and none is measured once none does. A
+   candidate's batch is at most twice the largest batch measured so far (the model's batch terms are local).
 3. Repeats: while measured candidates are not significantly slower than the fastest (one-sided, Z_TIE, on their
    contrast), the fastest and the row the pick would take are measured again beside the baseline (at
-   most REPEAT_ROUNDS rounds over the search's life).
+   most REPEAT_ROUNDS rounds over the search's life), while what the round may save pays for its three trials.
 4. The pick is the simplest candidate (the fewest strategies, then the study's batch) not significantly slower than
    the fastest and expected to lose less than ROUND to it (a tie the repeats did not settle goes to the fastest); a
    reference row (the ecosystem's default) is tested against each measured candidate the same way.
@@ -115,6 +117,9 @@ class Searching:
     max_seconds: float | None = None
     clock: Callable[[], float] = time.monotonic
     run_s: float | None = None  # the planned run at the baseline's pace (a one-time cost is charged against it)
+    # the seconds one trial of a candidate takes, from its time per sample relative to the baseline and its batch (the
+    # study's trials, fitted by the driver); with run_s, a trial is run only while its expected saving pays for it
+    trial_s: Callable[[float, int], float] | None = None
     earlier: Sequence[Candidate] = ()  # what an earlier run of this search measured (a resumed search's budget)
     rounds_done: int = 0  # repeat rounds an earlier run of this search measured
     study_noise: float | None = None  # the study's own floor (shown)
@@ -198,6 +203,12 @@ class _State:
         found = own or alike
         return float(np.median(found)) / self.how.run_s if found else 0.0
 
+    def cost(self, runs: Sequence[tuple[float, int]]) -> np.ndarray | None:
+        """The seconds a trial of each (time relative to the baseline, batch) takes; None where unpriced."""
+        if self.how.trial_s is None:
+            return None
+        return np.array([self.how.trial_s(t, b) for t, b in runs], dtype=float)
+
     def measured(self) -> tuple[list[Choice], np.ndarray]:
         """The measured candidates that meet the budgets, and their posterior log times (a one-time cost added)."""
         ok = {o.key for o in self.obs if o.feasible}
@@ -267,10 +278,11 @@ def search(start: Sequence[Observation], how: Searching, deviations: Sequence[fl
         pred = model.predict([(c.features, c.key.batch) for c in waiting])
         unknown = pred.var + state.error**2  # (a row not measured: the model's own misses widen it)
         gain = _ei(best, pred.mean, unknown, np.array([state.charge(c.key) for c in waiting]))
+        cost = state.cost([(float(np.exp(m)), c.key.batch) for m, c in zip(pred.mean, waiting, strict=True)])
         j = next((k for k, c in enumerate(waiting) if first is not None and c.key == first.key), None)
         if j is not None:
             reason = "the greedy stack: every strategy that helped alone, where the registry lets it join"
-        else:
+        elif cost is None or how.run_s is None:
             j = int(np.argmax(gain))
             if gain[j] / best < MIN_GAIN:
                 result.stopped = (
@@ -279,6 +291,21 @@ def search(start: Sequence[Observation], how: Searching, deviations: Sequence[fl
                 )
                 break
             reason = f"the largest expected improvement: {gain[j] / best:.1%} of the incumbent's time"
+        else:
+            net = np.where(gain / best >= MIN_GAIN, gain * how.run_s - cost, -np.inf)
+            j = int(np.argmax(net))
+            if not net[j] > 0:
+                k = int(np.argmax(gain))
+                result.stopped = (
+                    f"no candidate's expected saving on the planned run pays for its trial (the largest expected "
+                    f"improvement: {gain[k] / best:.2%} of the incumbent's time, {gain[k] * how.run_s:.1f} s of "
+                    f"{how.run_s:.0f} s, for a trial of {cost[k]:.0f} s: {waiting[k].row})"
+                )
+                break
+            reason = (
+                f"the largest expected improvement net of its trial: {gain[j] / best:.1%} of the incumbent's time, "
+                f"{gain[j] * how.run_s:.1f} s of the planned run for a trial of {cost[j]:.0f} s"
+            )
         first = None
         chosen, sd = waiting[j], math.sqrt(unknown[j])
         result.trials += 1
@@ -347,8 +374,9 @@ def _helpers(state: _State) -> list[str]:
 def _repeats(state: _State, how: Searching, result: Search, began: float) -> None:
     """While the pick is not settled, measure it again beside the fastest and one baseline run: the round is worth its
     three trials while what the pick may lose to the fastest (or, where it is the fastest, what the closest rival may
-    beat it by) is expected at MIN_GAIN of its time per trial or more, the rule a trial of the search is held to.
-    Stops there, or when the rounds or --max-search-time are spent."""
+    beat it by) is expected at MIN_GAIN of its time per trial or more, the rule a trial of the search is held to, and,
+    priced, while that much of the planned run pays for the round's trials. Stops there, or when the rounds or
+    --max-search-time are spent."""
     assert how.repeat is not None
     study_batch = how.space.study_batch
     for _ in range(max(0, REPEAT_ROUNDS - how.rounds_done)):
@@ -370,6 +398,11 @@ def _repeats(state: _State, how: Searching, result: Search, began: float) -> Non
             rival = min(close, key=lambda k: mean[k], default=None)
             at_stake = 0.0 if rival is None else _excess(float(mean[i] - mean[rival]), float(var[rival]))
         if rival is None or at_stake < ROUND:
+            return
+        # (priced: what the round may save over the planned run must pay for its trials, one baseline run included)
+        runs = [(float(np.exp(mean[k])), mine[k].key.batch) for k in (i, rival)] + [(1.0, study_batch)]
+        cost = state.cost(runs)
+        if cost is not None and how.run_s is not None and at_stake * runs[0][0] * how.run_s <= cost.sum():
             return
         rows = [mine[i].row, mine[rival].row]
         got = how.repeat(rows)

@@ -343,3 +343,24 @@ def pool(found: Sequence[Observation]) -> list[str]:
     out = {n for o in found if o.ok for n in o.names}
     out -= {next(iter(o.names)) for o in found if o.status in NOT_RUN and len(o.names) == 1}
     return sorted(out, key=lambda n: order.index(base(n)))
+
+
+def trial_seconds(rows: Sequence[StudyRow]) -> Callable[[float, int], float] | None:
+    """What one trial of a candidate costs, in wall seconds, from the study's trials: a trial's wall time fitted as a
+    fixed part (the process, the model, the data, the evaluation) plus a multiple of its step time (its steps, the
+    warm-up's slower ones and the memory and FLOP steps after them), least squares over every row that ran; a
+    candidate's step time is the baseline's per sample x its predicted time relative to the baseline x its batch.
+    None where the study holds too few trials to fit (fewer than two step times apart, or no baseline)."""
+    base_row = next((r for r in rows if r.baseline and r.status == "ok" and r.step_time_s and r.batch_size), None)
+    points = [(r.step_time_s, r.wall_s) for r in rows if r.status == "ok" and r.step_time_s and r.wall_s]
+    if base_row is None or len(points) < 2:
+        return None
+    xs, ys = [x for x, _ in points], [y for _, y in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx <= 0:
+        return None
+    steps = max(1.0, sum((x - mx) * (y - my) for x, y in points) / sxx)
+    fixed = max(0.0, my - steps * mx)
+    per_sample = float(base_row.step_time_s or 0.0) / (base_row.batch_size or 1)
+    return lambda t, batch: fixed + steps * t * per_sample * batch
