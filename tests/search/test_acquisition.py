@@ -309,10 +309,10 @@ def test_the_reference_is_beaten_by_a_test_or_said_not_to_be():
     start = [obs(r, t) for r, t in rows.items()]
     for reference, faster in (("adamw_fused", True), ("adamw_fused+dynamic_pad", False)):
         again = lambda leaders: [obs(r, rows[r]) for r in leaders]  # noqa: E731 (the tie settles in the repeats)
-        how = Searching(space, valid, ACCUM, lambda _r: [], again, max_trials=0, reference=reference)
+        how = Searching(space, valid, ACCUM, lambda _r: [], again, max_trials=0, references=(reference,))
         found = search(start, how)
         assert found.incumbent == "dynamic_pad"
-        v = found.versus["dynamic_pad"]
+        v = found.versus[reference]["dynamic_pad"]
         assert v["row"] == reference and v["faster"] is faster and v["low"] < v["ratio"] < v["high"], v
         assert v["ratio"] == pytest.approx(rows[reference] / 0.5, rel=0.1)
 

@@ -186,7 +186,7 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
         earlier=_searched_before(out),
         rounds_done=len(done),
         study_noise=next((r.noise_floor for r in rows if r.baseline and r.noise_floor is not None), None),
-        reference=eco_row,
+        references=tuple(r for r in (eco_row,) if r),
         on_trial=on_trial,
     )
     found = search(start_obs, how, inputs.deviations(rows))
@@ -199,7 +199,7 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     if options.quality_check and result.plan and result.plan != "baseline":
         result = _checked(options, base, ctx, result, render)
     result.quality_s = time.monotonic() - checked
-    result.versus_default = found.versus.get(result.plan or "")
+    result.versus_default = found.versus.get(eco_row or "", {}).get(result.plan or "")
     plan_line = next((ln for ln in result.lines if ln.label == "plan"), None)
     if plan_line and plan_line.epoch_time_s:
         result.search_share_of_epoch = found.wall_s / plan_line.epoch_time_s

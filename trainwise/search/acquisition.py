@@ -13,8 +13,9 @@
    contrast), the fastest and the row the pick would take are measured again beside the baseline (at
    most REPEAT_ROUNDS rounds over the search's life), while what the round may save pays for its three trials.
 4. The pick is the simplest candidate (the fewest strategies, then the study's batch) not significantly slower than
-   the fastest and expected to lose less than ROUND to it (a tie the repeats did not settle goes to the fastest); a
-   reference row (the ecosystem's default) is tested against each measured candidate the same way.
+   the fastest and expected to lose less than ROUND to it (a tie the repeats did not settle goes to the fastest); each
+   reference row (the ecosystem's default, the user's own config) is tested against each measured candidate the same
+   way.
 
 Pure: no files, no trials. `measure(rows)` and `repeat(rows)` return observations, so the driver
 (`trainwise.api.plan`) runs them as rows of a study, and a test or the replay benchmark serves them from made-up or
@@ -95,9 +96,10 @@ class Search:
     times: dict[str, list[float]] = field(default_factory=dict)
     contenders: list[str] = field(default_factory=list)  # not significantly slower than the fastest
     skipped: int = 0  # candidates never measured
-    # the reference (the ecosystem's default) against each measured candidate: row -> {row (the reference's), ratio
-    # (its time over the candidate's), low, high (90%), faster (the candidate is significantly faster)}
-    versus: dict[str, dict] = field(default_factory=dict)
+    # each reference (the ecosystem's default, the user's own config) against each measured candidate: reference row
+    # -> candidate row -> {row (the reference's), ratio (its time over the candidate's), low, high (90%), faster (the
+    # candidate is significantly faster)}
+    versus: dict[str, dict[str, dict]] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -123,7 +125,7 @@ class Searching:
     earlier: Sequence[Candidate] = ()  # what an earlier run of this search measured (a resumed search's budget)
     rounds_done: int = 0  # repeat rounds an earlier run of this search measured
     study_noise: float | None = None  # the study's own floor (shown)
-    reference: str | None = None  # the row each candidate is tested against (the ecosystem's default)
+    references: tuple[str, ...] = ()  # rows each candidate is tested against (the ecosystem's default, yours)
     on_trial: Callable[[Search, Candidate], None] = lambda _s, _c: None
 
 
@@ -441,18 +443,26 @@ def _pick(state: _State, result: Search) -> None:
     for c in sorted(range(len(mine)), key=lambda c: mean[c]):
         sd = math.sqrt(own[c])
         result.times[mine[c].row] = [float(np.exp(mean[c] + s * Z_TIE * sd)) for s in (0, -1, 1)]
-    ref = next((o for o in state.obs if o.row == state.how.reference and o.ok), None)
-    if ref is None:
-        return
+    for reference in state.how.references:
+        ref = next((o for o in state.obs if o.row == reference and o.ok), None)
+        if ref is not None:
+            result.versus[reference] = _versus(state, ref, mine, mean)
+
+
+def _versus(state: _State, ref: Observation, mine: list[Choice], mean: np.ndarray) -> dict[str, dict]:
+    """A reference row against each measured candidate: its time over theirs, with a 90% interval (one-sided
+    Z_TIE each way) on their posterior contrast."""
+    out = {}
     theirs = (features(ref.key.plan), ref.key.batch)
     their_mean = math.log(math.exp(float(state.model.predict([theirs]).mean[0])) + state.charge(ref.key))
     var = state.model.contrast([(c.features, c.key.batch) for c in mine], theirs)
     for c, row in enumerate(mine):
         d, sd = their_mean - float(mean[c]), math.sqrt(float(var[c]) + 1e-12)
-        result.versus[row.row] = {
+        out[row.row] = {
             "row": ref.row,
             "ratio": math.exp(d),
             "low": math.exp(d - Z_TIE * sd),
             "high": math.exp(d + Z_TIE * sd),
             "faster": d - Z_TIE * sd > 0,
         }
+    return out

@@ -70,7 +70,7 @@ def default_for(task: str, device: str, valid: Callable[[str], str | None] = lam
             return dataclasses.replace(
                 found, notes=(*found.notes, "TRL is not installed: the HF Trainer's defaults stand in for SFTConfig's")
             )
-        return _build(task, device, defaults_of(SFTConfig), f"TRL {_version('trl')} SFTConfig()", valid, sft=True)
+        return build(task, device, defaults_of(SFTConfig), f"TRL {_version('trl')} SFTConfig()", valid, sft=True)
     return _trainer(task, device, valid)
 
 
@@ -78,10 +78,10 @@ def _trainer(task: str, device: str, valid: Callable[[str], str | None] = lambda
     from transformers import TrainingArguments  # heavy: transformers
 
     source = f"transformers {_version('transformers')} TrainingArguments()"
-    return _build(task, device, defaults_of(TrainingArguments), source, valid, sft=False)
+    return build(task, device, defaults_of(TrainingArguments), source, valid, sft=False)
 
 
-def _build(
+def build(
     task: str, device: str, d: dict[str, object], source: str, valid: Callable[[str], str | None], sft: bool
 ) -> Default:
     """The row of every strategy for `task` whose own `on_by_default` says the library's defaults turn it on (no

@@ -130,8 +130,12 @@ KNOBS: list[Knob] = [PADDING, SAMPLER, PIN_MEMORY]
 
 def _pads_to_longest(lib: LibraryDefaults) -> str | None:
     """The Trainer's DataCollatorWithPadding / ForSeq2Seq and SFTTrainer's collator pad each batch to its longest
-    (pad_to_multiple_of None), unless TRL packs or goes padding-free."""
+    (pad_to_multiple_of None), unless TRL packs or goes padding-free, or pads to a multiple as long as its max length
+    (every batch padded to it: a config that pads as the baseline does)."""
     if lib.fields.get("packing") or lib.fields.get("padding_free"):
+        return None
+    multiple, length = lib.fields.get("pad_to_multiple_of"), lib.fields.get("max_length")
+    if isinstance(multiple, int) and isinstance(length, int) and multiple >= length:
         return None
     return "the collator pads each batch to its longest (pad_to_multiple_of None)"
 
