@@ -452,6 +452,12 @@ class PlanOptions(CompareOptions):
     run_epochs: float = option(
         1.0, "The run you plan, in epochs of the data: a one-time cost (torch.compile) is charged once against it."
     )
+    from_config: str | None = option(
+        None,
+        "Plan your own training: a TRL SFTConfig YAML/JSON (as `trl sft --config` reads it) or a TrainingArguments "
+        "JSON/YAML. Its model, data, batch and settings make the study, it is measured as the row 'yours', and the "
+        "plan is written back into the same file (OUT/plan.sft.yaml or OUT/plan.args.json), only its fields changed.",
+    )
 
     def constraints(self) -> Constraints:
         if self.objective == "quality":

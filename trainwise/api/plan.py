@@ -49,6 +49,11 @@ def plan(config: str | Path | None = None, render: Render | None = STDERR, **opt
 def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     render = Render.of(render)
     began = time.monotonic()
+    yours = None
+    if options.from_config:  # the user's own config: the study's settings, and a row of it
+        from trainwise.api import from_config
+
+        options, yours = from_config.prepare(options)
     constraints = options.constraints()
     budget_s = parse_seconds(options.max_search_time, "--max-search-time") if options.max_search_time else None
     if options.max_trials < 1:
@@ -82,6 +87,8 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     eco = ecosystem.default_for(task, device, eco_valid) if options.ecosystem_default else None
     if eco is not None and eco.row != "baseline":
         extra += _alone(eco.row)  # each of its strategies alone: the search can take one out of it, or add one
+    if yours is not None and yours.row != "baseline":
+        extra += [yours.row, *_alone(yours.row)]
     base = dataclasses.replace(base, strategies=[*rows0, *dict.fromkeys(r for r in extra if r not in rows0)])
     shown: list[Any] = []  # the last table a compare call drew: printed once, at the end
     said: set[str] = set()
@@ -163,6 +170,7 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
             run_s,
             options.run_epochs,
             setting is not None and setting.settings.model_kind == "preset",
+            yours.row if yours else None,
         )
 
     def on_trial(found: Search, c: Candidate) -> None:
@@ -186,7 +194,7 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
         earlier=_searched_before(out),
         rounds_done=len(done),
         study_noise=next((r.noise_floor for r in rows if r.baseline and r.noise_floor is not None), None),
-        references=tuple(r for r in (eco_row,) if r),
+        references=tuple(r for r in (eco_row, yours.row if yours else None) if r),
         on_trial=on_trial,
     )
     found = search(start_obs, how, inputs.deviations(rows))
@@ -200,6 +208,10 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
         result = _checked(options, base, ctx, result, render)
     result.quality_s = time.monotonic() - checked
     result.versus_default = found.versus.get(eco_row or "", {}).get(result.plan or "")
+    if yours is not None:
+        from_config.finish(yours, result, found.versus.get(yours.row, {}), batch, cfg0.max_length, cfg0.nproc)
+        mine = result.yours or {}
+        render.note(f"trainwise plan: your file: {mine.get('line') or 'no plan'} ({mine.get('written', '-')})")
     plan_line = next((ln for ln in result.lines if ln.label == "plan"), None)
     if plan_line and plan_line.epoch_time_s:
         result.search_share_of_epoch = found.wall_s / plan_line.epoch_time_s

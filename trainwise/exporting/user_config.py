@@ -21,6 +21,7 @@ import csv
 import dataclasses
 import enum
 import json
+import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -39,7 +40,10 @@ from trainwise.strategies.memory import ACCUM
 
 SFT, TRAINER = "sft", "trainer"
 # the deprecated names transformers 5 still reads, and the field each stands for
-ALIASES = {"gradient_checkpointing": "activation_checkpointing", "gradient_checkpointing_kwargs": "activation_checkpointing_kwargs"}
+ALIASES = {
+    "gradient_checkpointing": "activation_checkpointing",
+    "gradient_checkpointing_kwargs": "activation_checkpointing_kwargs",
+}
 # what the study takes from the file (beside the strategies' own fields)
 READ = {
     "per_device_train_batch_size",
@@ -197,7 +201,7 @@ def _accepts(value: Any, hint: Any) -> bool:
     origin = typing.get_origin(hint)
     if hint is Any or hint is object:
         return True
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType")):
+    if origin in (typing.Union, types.UnionType):
         return any(_accepts(value, h) for h in typing.get_args(hint))
     if origin is typing.Literal:
         return value in typing.get_args(hint)
@@ -340,7 +344,8 @@ def _unhonoured(cfg: UserConfig, eff: Mapping[str, Any]) -> list[str]:
         if name in cfg.unknown:
             out.append(f"{name}: not a field of {cfg.label.split(' (')[0][5:]} here: kept as written, not read")
             continue
-        if value == cfg.defaults.get(name) or (isinstance(value, str) and value == getattr(cfg.defaults.get(name), "value", None)):
+        default = cfg.defaults.get(name)
+        if value == default or (isinstance(value, str) and value == getattr(default, "value", None)):
             continue
         out.append(f"{name}={value!r}: kept in the file; the trials do not reproduce it")
     return out
@@ -439,7 +444,14 @@ def _shown(value: Any) -> str:
 
 
 def write_back(
-    cfg: UserConfig, plan: TrialPlan, batch: int, task: str, max_length: int, out: Path, nproc: int = 1, device: str = "cpu"
+    cfg: UserConfig,
+    plan: TrialPlan,
+    batch: int,
+    task: str,
+    max_length: int,
+    out: Path,
+    nproc: int = 1,
+    device: str = "cpu",
 ) -> Written:
     """`cfg`'s file with the plan's fields, and no other, changed, written as OUT/plan.sft.yaml (an SFTConfig) or
     OUT/plan.args.json (TrainingArguments), in the file's own format: each field the plan's export sets differently
@@ -450,9 +462,13 @@ def write_back(
     touched = {k for fields_ in _strategy_fields(cfg.kind).values() for k in fields_}
     new = dict(cfg.fields)
     changes: list[tuple[str, Any, Any]] = []
+    # (the checkpointing's keyword arguments are the file's own: non-reentrant is what transformers 5 uses anyway)
+    touched.discard("activation_checkpointing_kwargs")
+    if mine.get("packing") or mine.get("padding_free"):  # rows without padding: no multiple to pad to
+        touched.discard("pad_to_multiple_of")
     for key in sorted(touched, key=lambda k: (k not in cfg.fields, k)):
-        if key in ("activation_checkpointing_kwargs", "pad_to_multiple_of") and key not in mine:
-            want: Any = None if key == "pad_to_multiple_of" else _ABSENT
+        if key == "pad_to_multiple_of" and key not in mine:
+            want: Any = None
         else:
             want = mine.get(key, _off(base.get(key, _ABSENT), eff.get(key)))
         if want is _ABSENT:

@@ -10,6 +10,10 @@ def _pct(x: float | None) -> str:
     return "?" if x is None else f"{x:.0%}"
 
 
+def _value(x: object) -> str:
+    return "unset" if x is None else str(x).lower() if isinstance(x, bool) else str(x)
+
+
 def _signed(x: float | None) -> str:
     return "?" if x is None else f"{x:+.2f}"
 
@@ -50,6 +54,16 @@ def headline(r: dict) -> list[str]:
                 f"no faster than {source} here (`{eco['row']}`, measured in this study): {versus['ratio']:.2f}x "
                 f"(90% interval {versus['low']:.2f}x to {versus['high']:.2f}x), not a significant difference{mem}"
             )
+    y = r.get("yours") or {}
+    if y.get("versus"):
+        v = y["versus"]
+        said = "faster than" if v["faster"] else "no faster than"
+        out.append(
+            f"{said} {y['label']} (`{y['row']}`, measured in this study): {v['ratio']:.2f}x (90% interval "
+            f"{v['low']:.2f}x to {v['high']:.2f}x){'' if v['faster'] else ', not a significant difference'}"
+        )
+    if y.get("written"):
+        out.append(f"your file, changed: {y.get('line')} (written to {y['written']})")
     q = r.get("quality")
     if q:
         out.append(f"quality: {_quality_line(q)}")
@@ -114,6 +128,21 @@ def markdown(r: dict) -> str:
         e = r["ecosystem"]
         fields_ = "; ".join(f"{k} ({v})" for k, v in e["fields"].items())
         out += ["", f"The ecosystem default is {e['source']} read from the installed library: {fields_}."]
+    y = r.get("yours")
+    if y:
+        out += ["", "## Your config", ""]
+        said = "; ".join(f"{k} ({v})" for k, v in (y.get("said") or {}).items())
+        out.append(
+            f"{y['label']} is the row `{y['row']}`: per_device_train_batch_size {y['per_device']} x "
+            f"gradient_accumulation_steps {y['accum']}{'; ' + said if said else ''}."
+        )
+        if y.get("changes"):
+            out += ["", "| field | yours | the plan |", "|---|---|---|"]
+            out += [f"| `{k}` | {_value(a)} | {_value(b)} |" for k, a, b in y["changes"]]
+            out += ["", f"Written to `{y['written']}`: every other field as you wrote it."]
+        elif y.get("written"):
+            out += ["", f"The plan changes no field of your file (`{y['written']}` is a copy)."]
+        out += [f"- {n}" for n in y.get("unhonoured") or []]
     if r.get("checked"):
         out += ["", "## Quality", ""]
         for c in r["checked"]:

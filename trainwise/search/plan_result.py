@@ -59,6 +59,8 @@ class PlanResult:
     run_epochs: float = 1.0  # the planned run a one-time cost is charged against
     random_init: bool = False  # a size preset's random weights
     headline: list[str] = field(default_factory=list)  # plan.md's opening lines
+    # plan --from-config: the user's file, its row, the file written back and its changes, the plan against it
+    yours: dict | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -104,6 +106,7 @@ class Context:
     run_s: float | None = None
     run_epochs: float = 1.0
     random_init: bool = False
+    yours_row: str | None = None  # the user's own config as a row (plan --from-config)
 
 
 def summarize(ctx: Context, chosen: str | None) -> PlanResult:
@@ -120,6 +123,7 @@ def summarize(ctx: Context, chosen: str | None) -> PlanResult:
         line("plan", by_row.get(chosen or "")),
         line("fastest measured", by_row.get(found.fastest or "")) if found.fastest not in (chosen, None) else None,
         line("best single row", best_single),
+        line("yours", by_row.get(ctx.yours_row or "")) if ctx.yours_row else None,
         line("ecosystem default", by_row.get(ctx.eco_row or "")) if ctx.eco_row else None,
         line("all", by_row.get("all")),
         line("baseline", next((r for r in ctx.rows if r.baseline), None)),

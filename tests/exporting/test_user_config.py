@@ -1,0 +1,187 @@
+"""Issue 59: your own training config in, the same config out. An SFTConfig YAML as `trl sft --config` reads it and a
+TrainingArguments JSON as `to_json_string()` writes it: read and checked, made a study and a row ("yours"), and
+written back with only the plan's fields changed."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests import here
+from trainwise.core.errors import ConfigError
+from trainwise.exporting import user_config as uc
+from trainwise.search.plan_inputs import plan_of, split_row, validity
+
+SLOW_SFT = {  # common and deliberately slow: batch 2 x accumulation 8, checkpointing on, no packing, fp32 on the CPU
+    "model_name_or_path": "HuggingFaceTB/SmolLM2-135M",
+    "dataset_name": "pairs.csv",
+    "per_device_train_batch_size": 2,
+    "gradient_accumulation_steps": 8,
+    "gradient_checkpointing": True,
+    "packing": False,
+    "bf16": False,
+    "use_cpu": True,
+    "max_length": 128,
+    "learning_rate": 2.0e-5,
+    "output_dir": "out",
+    "logging_steps": 10,
+    "lr_scheduler_type": "cosine",
+}
+
+
+def _pairs(where: Path, n: int = 64) -> Path:
+    path = where / "pairs.csv"
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["prompt", "completion"])
+        for i in range(n):
+            w.writerow([f"Summarise item {i}: " + "word " * (5 + i % 17), f"item {i} in short"])
+    return path
+
+
+def _sft(where: Path, **changes) -> Path:
+    _pairs(where)
+    path = where / "sft.yaml"
+    path.write_text(yaml.safe_dump({**SLOW_SFT, **changes}, sort_keys=False))
+    return path
+
+
+def _valid(task: str):
+    runnable = validity(task, 1, set())
+    return lambda row: runnable(split_row(row)[0]) if row != "baseline" else None
+
+
+def test_an_sftconfig_yaml_is_a_study_and_a_row(tmp_path):
+    """The effective batch is kept (2 x 8 = 16), the micro-batches are grad_accum=8, each switch the file (or TRL's
+    own default) turns on is its strategy, the data's columns are TRL's, and a field the trials cannot reproduce is
+    named, not dropped."""
+    cfg = uc.read(_sft(tmp_path))
+    assert cfg.kind == uc.SFT
+    r = uc.reading(cfg, "cpu", _valid("causal-lm"))
+    assert r.options["batch_size"] == 16 and r.options["accum_steps"] == 8 and r.options["task"] == "causal-lm"
+    assert r.options["lr"] == 2e-5 and r.options["max_length"] == 128 and r.options["device"] == "cpu"
+    assert r.options["train_file"] == str(tmp_path / "pairs.csv")
+    assert (r.options["prompt_column"], r.options["response_column"]) == ("prompt", "completion")
+    names = split_row(r.row)[0]
+    assert {"grad_accum=8", "grad_ckpt", "adamw_fused", "chunked_ce", "dynamic_pad"} <= names, r.row
+    assert "packing" not in names and "bf16" not in names  # bf16 false in the file: fp32
+    assert r.said["grad_ckpt"] == "gradient_checkpointing=True"
+    assert any(u.startswith("lr_scheduler_type='cosine'") for u in r.unhonoured), r.unhonoured
+
+
+def test_the_plan_goes_back_into_the_same_file_with_only_its_fields_changed(tmp_path):
+    """2 x 8 becomes 16 x 1, checkpointing goes off under the name the file used, packing on; every other line is
+    the user's, and the file is YAML still."""
+    cfg = uc.read(_sft(tmp_path))
+    plan = plan_of(["packing", "chunked_ce", "adamw_fused"], 8)
+    assert plan is not None
+    written = uc.write_back(cfg, plan, 16, "causal-lm", 128, tmp_path)
+    new = yaml.safe_load(written.path.read_text())
+    assert written.path.name == "plan.sft.yaml"
+    assert new["per_device_train_batch_size"] == 16 and new["gradient_accumulation_steps"] == 1
+    assert new["gradient_checkpointing"] is False and "activation_checkpointing" not in new
+    assert new["packing"] is True
+    changed = {k: (a, b) for k, a, b in written.changes}
+    assert {k: v for k, v in new.items() if k in SLOW_SFT and k not in changed} == {
+        k: v for k, v in SLOW_SFT.items() if k not in changed
+    }
+    assert changed["per_device_train_batch_size"] == (2, 16) and "optim" not in changed  # fused: TRL's default
+    assert "per_device_train_batch_size 2 -> 16" in written.line() and "gradient_checkpointing true -> false" in (
+        written.line()
+    )
+
+
+def test_the_same_plan_as_the_file_changes_nothing(tmp_path):
+    cfg = uc.read(_sft(tmp_path))
+    r = uc.reading(cfg, "cpu", _valid("causal-lm"))
+    plan = plan_of(split_row(r.row)[0], 8)
+    assert plan is not None
+    written = uc.write_back(cfg, plan, 16, "causal-lm", 128, tmp_path)
+    assert written.changes == [], written.changes
+
+
+def test_a_trainingarguments_json_dump_is_read_as_the_trainer(tmp_path):
+    """`TrainingArguments(...).to_json_string()` as written: every field, most at their defaults; the trainer's
+    file keeps its own format (JSON) and kind (no SFT fields)."""
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "o"),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=8,
+        gradient_checkpointing=True,
+        use_cpu=True,
+        learning_rate=3e-5,
+        report_to="none",
+    )
+    path = tmp_path / "training_args.json"
+    path.write_text(args.to_json_string())
+    cfg = uc.read(path, "classification")
+    assert cfg.kind == uc.TRAINER and cfg.fmt == "json"
+    r = uc.reading(cfg, "cpu", _valid("classification"))
+    assert r.options["batch_size"] == 16 and "task" not in r.options
+    assert {"grad_accum=8", "grad_ckpt"} <= split_row(r.row)[0], r.row
+    plan = plan_of(["smart_batch", "adamw_fused"], 8)
+    assert plan is not None
+    written = uc.write_back(cfg, plan, 16, "classification", 128, tmp_path)
+    new = json.loads(written.path.read_text())
+    assert written.path.name == "plan.args.json" and new["per_device_train_batch_size"] == 16
+    assert new["train_sampling_strategy"] == "group_by_length" and new["optim"] == "adamw_torch_fused"
+    assert TrainingArguments(**{k: v for k, v in new.items() if not k.startswith("_")}).gradient_accumulation_steps == 1
+
+
+def test_only_what_the_file_can_say_is_searched():
+    """Freezing, LoRA and ZeRO need code or files of their own: a config file cannot switch them."""
+    sft = uc.expressible(uc.SFT, "causal-lm")
+    assert {"packing", "padding_free", "grad_ckpt", "grad_accum", "bf16", "adamw_fused"} <= sft
+    assert not {"freeze_embeddings", "lora", "zero2"} & sft
+    assert "packing" not in uc.expressible(uc.TRAINER, "classification")
+
+
+@pytest.mark.parametrize(
+    "write, says",
+    [
+        (lambda d: (d / "sft.yaml").write_text("per_device_train_batch_size: [1, 2"), "not a readable YAML file"),
+        (lambda d: (d / "sft.yaml").write_text("- a list"), "expected the config's fields"),
+        (lambda d: _sft(d, per_device_train_batch_size="four"), "per_device_train_batch_size must be a whole number"),
+        (lambda d: _sft(d, packing="yes"), "packing must be true or false"),
+        (lambda d: _sft(d, dataset_name="org/hub-dataset"), "is no local .csv / .json / .jsonl file"),
+    ],
+)
+def test_bad_input_is_one_line(tmp_path, write, says):
+    write(tmp_path)
+    with pytest.raises(ConfigError, match=says):
+        cfg = uc.read(tmp_path / "sft.yaml")
+        uc.reading(cfg, "cpu", _valid("causal-lm"))
+
+
+def test_plan_from_config_measures_yours_and_writes_the_file_back(tmp_path):
+    """The CLI round: a study from the file (flags win over it), "yours" measured beside the baseline, the plan
+    tested against it, OUT/plan.sft.yaml written and the change said; no file at all is one line and exit 2."""
+    cfg = _sft(
+        tmp_path,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        gradient_checkpointing=False,
+        optim="adamw_torch",
+        max_length=32,
+    )
+    out = tmp_path / "plan"
+    argv = ["plan", "--from-config", str(cfg), "--model-preset", "llama-tiny", "--out", str(out), "--max-steps", "3"]
+    argv += ["--warmup-steps", "1", "--eval-samples", "0", "--no-quality-check", "--no-ecosystem-default"]
+    argv += ["--strategies", "baseline", "--max-trials", "1", "--retries", "0"]
+    done = here.trainwise(*argv)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((out / "plan.json").read_text())
+    yours = result["yours"]
+    assert split_row(yours["row"])[0] >= {"grad_accum=2", "dynamic_pad", "chunked_ce"}, yours["row"]
+    assert any(ln["label"] == "yours" for ln in result["lines"])
+    assert yours["written"] == str(out / "plan.sft.yaml") and Path(yours["written"]).is_file()
+    assert "## Your config" in (out / "plan.md").read_text() and "your file:" in done.stderr
+    bad = here.trainwise("plan", "--from-config", str(tmp_path / "nosuch.yaml"), "--out", str(tmp_path / "x"))
+    assert bad.returncode == 2 and "--from-config" in bad.stderr and "no such file" in bad.stderr
+    assert len([ln for ln in bad.stderr.splitlines() if "error" in ln]) == 1, bad.stderr

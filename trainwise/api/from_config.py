@@ -1,0 +1,127 @@
+"""`trainwise plan --from-config FILE`'s two edges (issue 59): the user's SFTConfig / TrainingArguments file into the
+plan's options and a row of the study ("yours"), and the plan back into the same file with only its fields changed
+(`trainwise.exporting.user_config` reads and writes the file; `trainwise.api.plan` runs the search between).
+
+- The file's values take the place of the options' defaults (a flag given on the command line wins over the file).
+- "yours" is measured beside the baseline and the ecosystem's default, each of its strategies alone too, and the
+  plan is tested against it as against the default.
+- The search keeps the effective batch (per device x accumulation x processes: 2 x 8 may become 16 x 1) and keeps to
+  the strategies the file can switch by its own fields, so the file trains the plan as it stands.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from trainwise.api.options import PlanOptions, words
+from trainwise.core.errors import ConfigError
+from trainwise.exporting import user_config
+from trainwise.search.plan_result import PlanResult
+
+
+@dataclass
+class Yours:
+    """The user's config, what the study took from it, and its row."""
+
+    cfg: user_config.UserConfig
+    reading: user_config.Reading
+    task: str
+
+    @property
+    def row(self) -> str:
+        return self.reading.row
+
+
+def prepare(options: PlanOptions, given: set[str] | None = None) -> tuple[PlanOptions, Yours]:
+    """The plan's options with the file's values where no flag was given (`given`: the options named on the command
+    line or in the call; None: those that differ from their defaults), and the user's row."""
+    from trainwise.search import plan_inputs as inputs
+    from trainwise.study.prepare import resolve_device  # heavy: torch
+
+    assert options.from_config is not None
+    explicit_task = options.task if "task" in _given(options, given) else None
+    cfg = user_config.read(options.from_config, explicit_task)
+    task = options.task if cfg.kind == user_config.TRAINER else "causal-lm"
+    device, caps = resolve_device(options.device)
+    runnable = inputs.validity(task, 1, caps)
+
+    def valid(row: str) -> str | None:
+        return runnable(inputs.split_row(row)[0]) if row != "baseline" else None
+
+    reading = user_config.reading(cfg, device, valid, options.nproc)
+    chosen = _given(options, given)
+    # a flag wins over the file, and over what the file says in its place (--model-preset over model_name_or_path)
+    instead = {"model": "model_preset", "model_preset": "model", "train_file": "dataset", "dataset": "train_file"}
+    updates: dict[str, Any] = {
+        k: v for k, v in reading.options.items() if k not in chosen and instead.get(k) not in chosen
+    }
+    if reading.epochs is not None and "run_epochs" not in chosen:
+        updates["run_epochs"] = reading.epochs
+    updates["batch_search"] = False  # the effective batch is the user's: the plan changes how it is made up
+    can = user_config.expressible(cfg.kind, task)
+    only = frozenset(words(options.only)) if options.only else can
+    updates["only"] = ",".join(sorted(only & can)) or None
+    if not updates["only"]:
+        raise ConfigError(f"--only {options.only}: none of them can be written into {cfg.label}")
+    if "strategies" not in chosen:  # the default rows a file of this kind can switch that run natively here
+        from trainwise import strategies
+        from trainwise.study.prepare import too_slow
+
+        slow = too_slow(list(strategies.REGISTRY), device, caps)
+        rows = [
+            r
+            for r in strategies.default_rows(task, device)
+            if r == "baseline" or (r in can and valid(r) is None and r not in slow)
+        ]
+        updates["strategies"] = ",".join(rows)
+    try:
+        new = dataclasses.replace(options, **updates)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"--from-config {options.from_config}: {e}") from None
+    return new, Yours(cfg, reading, task)
+
+
+def _given(options: PlanOptions, given: set[str] | None) -> set[str]:
+    if given is not None:
+        return given
+    return {f.name for f in fields(options) if f.init and getattr(options, f.name) != f.default}
+
+
+def finish(yours: Yours, result: PlanResult, versus: dict[str, dict], batch: int, max_length: int, nproc: int) -> None:
+    """The plan written back into the user's file (OUT/plan.sft.yaml or plan.args.json), and what changed, against
+    what, into the result (`result.yours`)."""
+    from trainwise.search.plan_inputs import plan_of, split_row
+
+    out = {
+        "label": yours.cfg.label,
+        "file": str(yours.cfg.path),
+        "row": yours.row,
+        "said": yours.reading.said,
+        "unhonoured": yours.reading.unhonoured,
+        "per_device": yours.reading.per_device,
+        "accum": yours.reading.accum,
+    }
+    if result.plan:
+        names, own = split_row(result.plan)
+        plan = plan_of(names, yours.reading.accum)
+        if plan is not None:
+            device = "cpu" if yours.reading.options.get("device") == "cpu" else "cuda"
+            where = Path(result.study)
+            size = own or batch
+            written = user_config.write_back(yours.cfg, plan, size, yours.task, max_length, where, nproc, device)
+            out.update(written=str(written.path), changes=[list(c) for c in written.changes], line=written.line())
+        out["versus"] = versus.get(result.plan)
+    result.yours = _jsonable(out)
+
+
+def _jsonable(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {str(k): _jsonable(v) for k, v in d.items()}
+    if isinstance(d, list | tuple):
+        return [_jsonable(v) for v in d]
+    if d is None or isinstance(d, bool | int | float | str):
+        return d
+    return str(getattr(d, "value", d))
