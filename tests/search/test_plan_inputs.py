@@ -65,7 +65,7 @@ def test_other_tasks_default_to_the_trainers_runnable_settings():
     image = ecosystem.default_for("image-classification", "cpu")
     assert "dynamic_pad" not in image.row  # no padding for images
     # a library default the device cannot run is left out, and said: bf16 where the registry refuses it
-    refuse = ecosystem._build(
+    refuse = ecosystem.build(
         "causal-lm",
         "cpu",
         {"bf16": True, "optim": "adamw_torch"},
@@ -74,7 +74,7 @@ def test_other_tasks_default_to_the_trainers_runnable_settings():
         True,
     )
     assert "bf16" not in refuse.row and any(n.startswith("bf16: left out") for n in refuse.notes)
-    packed = ecosystem._build("causal-lm", "cpu", {"packing": True, "optim": "adamw_torch"}, "x", lambda _r: None, True)
+    packed = ecosystem.build("causal-lm", "cpu", {"packing": True, "optim": "adamw_torch"}, "x", lambda _r: None, True)
     assert "packing" in packed.row and "dynamic_pad" not in packed.row
 
 

@@ -42,6 +42,9 @@ def options(csv, out) -> dict:
         "quality_check": False,
         "ecosystem_default": False,
         "max_trials": 3,
+        # a long planned run: every trial these tests look for pays for itself (the pricing has tests of its own in
+        # test_acquisition; on 96 rows an epoch is a second, and no trial would)
+        "run_epochs": 10000.0,
     }
 
 

@@ -19,6 +19,8 @@ ELSEWHERE = {
     ("strategies/base.py", "cce"): "the pip extra trainwise[cce]",
     ("strategies/scale.py", "pin_memory"): "DeepSpeed's offload config key, {'device': 'cpu', 'pin_memory': True}",
     ("strategies/batching/__init__.py", "packing"): "TRL's SFTConfig field of that name (then TRL pads nothing)",
+    ("exporting/user_config.py", "packing"): "TRL's SFTConfig field of that name, in the file written back",
+    ("exporting/user_config.py", "padding_free"): "TRL's SFTConfig field of that name, in the file written back",
 }
 
 

@@ -16,9 +16,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from trainwise import strategies
 from trainwise.api.options import PlanOptions, words
 from trainwise.core.errors import ConfigError
 from trainwise.exporting import user_config
+from trainwise.search import plan_inputs as inputs
+from trainwise.search.plan_inputs import plan_of, split_row
 from trainwise.search.plan_result import PlanResult
 
 
@@ -38,7 +41,6 @@ class Yours:
 def prepare(options: PlanOptions, given: set[str] | None = None) -> tuple[PlanOptions, Yours]:
     """The plan's options with the file's values where no flag was given (`given`: the options named on the command
     line or in the call; None: those that differ from their defaults), and the user's row."""
-    from trainwise.search import plan_inputs as inputs
     from trainwise.study.prepare import resolve_device  # heavy: torch
 
     assert options.from_config is not None
@@ -67,8 +69,7 @@ def prepare(options: PlanOptions, given: set[str] | None = None) -> tuple[PlanOp
     if not updates["only"]:
         raise ConfigError(f"--only {options.only}: none of them can be written into {cfg.label}")
     if "strategies" not in chosen:  # the default rows a file of this kind can switch that run natively here
-        from trainwise import strategies
-        from trainwise.study.prepare import too_slow
+        from trainwise.study.prepare import too_slow  # heavy: torch (the device's precision probe)
 
         slow = too_slow(list(strategies.REGISTRY), device, caps)
         rows = [
@@ -93,8 +94,6 @@ def _given(options: PlanOptions, given: set[str] | None) -> set[str]:
 def finish(yours: Yours, result: PlanResult, versus: dict[str, dict], batch: int, max_length: int, nproc: int) -> None:
     """The plan written back into the user's file (OUT/plan.sft.yaml or plan.args.json), and what changed, against
     what, into the result (`result.yours`)."""
-    from trainwise.search.plan_inputs import plan_of, split_row
-
     out = {
         "label": yours.cfg.label,
         "file": str(yours.cfg.path),

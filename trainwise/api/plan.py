@@ -20,6 +20,7 @@ from typing import Any
 
 from trainwise import strategies
 from trainwise.api import compare as compare_api
+from trainwise.api import from_config
 from trainwise.api.options import CompareOptions, PlanOptions, words
 from trainwise.api.render import STDERR, Render
 from trainwise.core.errors import ConfigError
@@ -51,8 +52,6 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
     began = time.monotonic()
     yours = None
     if options.from_config:  # the user's own config: the study's settings, and a row of it
-        from trainwise.api import from_config
-
         options, yours = from_config.prepare(options)
     constraints = options.constraints()
     budget_s = parse_seconds(options.max_search_time, "--max-search-time") if options.max_search_time else None

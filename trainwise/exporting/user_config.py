@@ -35,6 +35,7 @@ from trainwise.core.config import CAUSAL_LM
 from trainwise.core.errors import ConfigError
 from trainwise.core.files import write_atomic
 from trainwise.exporting.scripts import RunSettings, export_doc, sft_arguments
+from trainwise.search.plan_inputs import plan_of
 from trainwise.strategies.knobs import TrialPlan
 from trainwise.strategies.memory import ACCUM
 
@@ -116,10 +117,10 @@ BOOKKEEPING = (
 def _classes(kind: str) -> list[type]:
     """The dataclasses a file of this kind holds fields of (heavy: transformers, TRL)."""
     if kind == SFT:
-        from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments, SFTConfig
+        from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments, SFTConfig  # heavy: TRL (transformers)
 
         return [SFTConfig, ScriptArguments, ModelConfig, DatasetMixtureConfig]
-    from transformers import TrainingArguments
+    from transformers import TrainingArguments  # heavy: transformers
 
     return [TrainingArguments]
 
@@ -375,8 +376,6 @@ def _args(kind: str, plan: TrialPlan, s: RunSettings) -> dict[str, Any]:
 def _strategy_fields(kind: str) -> dict[str, set[str]]:
     """Each strategy's fields in a file of this kind: the keys its export sets, changes or removes against the
     baseline's (grad_accum: the batch's two fields; grad_ckpt: activation_checkpointing...)."""
-    from trainwise.search.plan_inputs import plan_of  # the row's knob values
-
     task = CAUSAL_LM if kind == SFT else "classification"
     s = settings(UserConfig(Path("x"), "yaml", kind, {}), task, 16, 128, 1, "cpu")
     base = _args(kind, TrialPlan(), s)
@@ -399,8 +398,6 @@ def expressible(kind: str, task: str) -> frozenset[str]:
     """The strategies a file of this kind switches by its own fields alone: its export changes no model code, no
     model keyword, no context around training, no DeepSpeed file, and nothing it cannot write (a collator the
     library picks from its own fields counts: TRL's padding_free, the Trainer's padding collator)."""
-    from trainwise.search.plan_inputs import plan_of
-
     s = settings(UserConfig(Path("x"), "yaml", kind, {}), task, 16, 128, 1, "cpu")
     base = export_doc(TrialPlan(), s)
     out = set()
