@@ -352,7 +352,7 @@ def _unhonoured(cfg: UserConfig, eff: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def settings(cfg: UserConfig, task: str, batch: int, max_length: int, nproc: int, device: str) -> RunSettings:
+def settings(task: str, batch: int, max_length: int, nproc: int, device: str) -> RunSettings:
     """The export's settings for a plan of this file (the run's own values are the file's, kept as written)."""
     return RunSettings(
         model="model",
@@ -373,19 +373,24 @@ def _args(kind: str, plan: TrialPlan, s: RunSettings) -> dict[str, Any]:
     return sft_arguments(doc, s) if kind == SFT else dict(doc.args)
 
 
+def _alone(task: str) -> list[tuple[str, TrialPlan]]:
+    """Each strategy of the task with the knob values of its row alone."""
+    out = []
+    for name, st in strategies.REGISTRY.items():
+        plan = plan_of([name], 4) if name != "baseline" and task in st.tasks else None
+        if plan is not None:
+            out.append((name, plan))
+    return out
+
+
 def _strategy_fields(kind: str) -> dict[str, set[str]]:
     """Each strategy's fields in a file of this kind: the keys its export sets, changes or removes against the
     baseline's (grad_accum: the batch's two fields; grad_ckpt: activation_checkpointing...)."""
     task = CAUSAL_LM if kind == SFT else "classification"
-    s = settings(UserConfig(Path("x"), "yaml", kind, {}), task, 16, 128, 1, "cpu")
+    s = settings(task, 16, 128, 1, "cpu")
     base = _args(kind, TrialPlan(), s)
     out: dict[str, set[str]] = {}
-    for name, st in strategies.REGISTRY.items():
-        if name == "baseline" or task not in st.tasks:
-            continue
-        plan = plan_of([name], 4)
-        if plan is None:
-            continue
+    for name, plan in _alone(task):
         mine = _args(kind, plan, s)
         out[name] = {k for k in set(mine) | set(base) if mine.get(k, _ABSENT) != base.get(k, _ABSENT)}
     return out
@@ -398,15 +403,10 @@ def expressible(kind: str, task: str) -> frozenset[str]:
     """The strategies a file of this kind switches by its own fields alone: its export changes no model code, no
     model keyword, no context around training, no DeepSpeed file, and nothing it cannot write (a collator the
     library picks from its own fields counts: TRL's padding_free, the Trainer's padding collator)."""
-    s = settings(UserConfig(Path("x"), "yaml", kind, {}), task, 16, 128, 1, "cpu")
+    s = settings(task, 16, 128, 1, "cpu")
     base = export_doc(TrialPlan(), s)
     out = set()
-    for name, st in strategies.REGISTRY.items():
-        if name == "baseline" or task not in st.tasks:
-            continue
-        plan = plan_of([name], 4)
-        if plan is None:
-            continue
+    for name, plan in _alone(task):
         doc = export_doc(plan, s)
         if (
             doc.model_lines == base.model_lines
@@ -453,7 +453,7 @@ def write_back(
     """`cfg`'s file with the plan's fields, and no other, changed, written as OUT/plan.sft.yaml (an SFTConfig) or
     OUT/plan.args.json (TrainingArguments), in the file's own format: each field the plan's export sets differently
     from what the file resolves to, under the name the file used (gradient_checkpointing stays that)."""
-    s = settings(cfg, task, batch, max_length, nproc, device)
+    s = settings(task, batch, max_length, nproc, device)
     mine, base = _args(cfg.kind, plan, s), _args(cfg.kind, TrialPlan(), s)
     eff = cfg.effective()
     touched = {k for fields_ in _strategy_fields(cfg.kind).values() for k in fields_}
