@@ -434,10 +434,6 @@ def _serve(sock: socket.socket) -> None:
 def main(argv: list[str]) -> int:
 
     die_with_parent()
-    # Ctrl-C reaches the whole foreground group: the zygote ends at once and says nothing (the command says it was
-    # interrupted; a KeyboardInterrupt here printed a traceback under `make demo`'s interrupted line, 2026-11-28).
-    # Its children set their own handlers as they start.
-    signal.signal(signal.SIGINT, lambda _sig, _frame: os._exit(128 + signal.SIGINT))
     sock = socket.socket(fileno=int(argv[0]))
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # a CUDA check by an import must not init CUDA
     for name in PRELOAD:
