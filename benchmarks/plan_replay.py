@@ -32,13 +32,23 @@ import tempfile
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from trainwise import strategies
 from trainwise.search.acquisition import Search, Searching, search
-from trainwise.search.plan_inputs import Key, Observation, build_space, observation, plan_of, split_row, validity
+from trainwise.search.plan_inputs import (
+    Key,
+    Observation,
+    build_space,
+    observation,
+    plan_of,
+    split_row,
+    trial_seconds,
+    validity,
+)
 from trainwise.strategies.knobs import TrialPlan
 
 
@@ -52,6 +62,8 @@ class Trial:
     step_s: float | None
     phases: tuple | None  # data wait, forward/backward, optimizer, step (s)
     peak: float | None
+    wall_s: float | None = None  # the trial's wall time: process, model, data, steps, evaluation
+    epoch_s: float | None = None  # an epoch of the study's data at this row's pace
 
 
 @dataclass
@@ -80,7 +92,8 @@ class Measured:
             step = r.get("step_time_median_s") or r.get("step_time_s")
             phases = (r.get("data_wait_s"), r.get("compute_s"), r.get("optimizer_s"), step)
             trial = Trial(spec["row"], k, names, r["status"], r.get("samples_per_s"), r.get("step_time_s"),
-                          phases if ok else None, r.get("peak_mem_bytes"))  # fmt: skip
+                          phases if ok else None, r.get("peak_mem_bytes"),
+                          r.get("wall_s"), r.get("epoch_time_s"))  # fmt: skip
             table[k].append(trial)
             if not names:
                 base = k
@@ -140,17 +153,40 @@ def base_parts(b1: Trial, b2: Trial) -> tuple[float, float] | None:
     return (a, 1.0 - a)
 
 
-def replay_new(draw: Draw, space, valid, max_trials: int, repeats: bool) -> Search:
+def priced(draw: Draw, epochs: float | None) -> dict:
+    """What a live plan prices its trials with, from this draw's study (its single rows and baseline pair): the planned
+    run (`epochs` at the baseline's pace) and a trial's seconds fitted to the rows' wall times; nothing unpriced."""
+    if not epochs:
+        return {}
+    measured, (b1, b2) = draw.space, draw.pair
+    rows = [SimpleNamespace(baseline=False, status=t.status, step_time_s=t.step_s, batch_size=t.key.batch,
+                            wall_s=t.wall_s) for t in (draw.get(k, 0) for k in draw.singles() if k != measured.base)]
+    rows += [SimpleNamespace(baseline=True, status=t.status, step_time_s=t.step_s, batch_size=t.key.batch,
+                             wall_s=t.wall_s) for t in (b1, b2)]  # fmt: skip
+    epoch = [t.epoch_s for t in (b1, b2) if t.epoch_s]
+    if not epoch:
+        return {}
+    return {"run_s": epochs * statistics.fmean(epoch), "trial_s": trial_seconds(rows)}  # type: ignore[arg-type]
+
+
+def replay_new(
+    draw: Draw, space, valid, max_trials: int, repeats: bool, epochs: float | None = None
+) -> tuple[Search, float]:
+    """The search on one draw, priced where `epochs` is given: what it found and the wall seconds of the trials it
+    asked for (beyond the study's single rows and baseline pair, which every search starts from)."""
     measured = draw.space
     asked: dict[Key, int] = defaultdict(int, {k: 1 for k in draw.singles()})
     asked[measured.base] = 2
+    spent = [0.0]
     start = [observe(draw.get(k, 0), draw.ref) for k in draw.singles() if k != measured.base]
     b1, b2 = draw.pair  # the baseline: its two runs, the reference every time is relative to
     start.append(dataclasses.replace(observe(b1, draw.ref), time=1.0, weight=2.0, parts=base_parts(b1, b2)))
 
     def next_of(key: Key) -> Trial:
         asked[key] += 1
-        return draw.get(key, asked[key] - 1)
+        t = draw.get(key, asked[key] - 1)
+        spent[0] += t.wall_s or 0.0
+        return t
 
     def measure(rows: list[str]) -> list[Observation]:
         keys = [measured.key_of(r) for r in rows]
@@ -164,8 +200,8 @@ def replay_new(draw: Draw, space, valid, max_trials: int, repeats: bool) -> Sear
         return [observe(next_of(measured.key_of(r)), (b.sps, b.step_s), f"round {rounds[0]}") for r in rows]
 
     how = Searching(space, valid, measured.accum, measure, repeat if repeats else None, None, max_trials,
-                    study_noise=draw.floor)  # fmt: skip
-    return search(start, how, [math.log(b1.sps / b2.sps) ** 2 / 2])
+                    study_noise=draw.floor, **priced(draw, epochs))  # fmt: skip
+    return search(start, how, [math.log(b1.sps / b2.sps) ** 2 / 2]), spent[0]
 
 
 def replay_old(old, draw: Draw, valid, max_trials: int) -> tuple[Key, int]:
@@ -239,6 +275,10 @@ def main() -> None:
     ap.add_argument("--old", default="3a936b5", help="the commit whose search/policy.py is the old search")
     ap.add_argument("--no-old", action="store_true")
     ap.add_argument("--no-repeats", action="store_true", help="the new search without its repeat rounds")
+    ap.add_argument("--run-epochs", type=float, default=None,
+                    help="price the new search's trials as a live plan does: the planned run is this many epochs of "
+                    "the study's data at the baseline's pace, a trial's seconds fitted to the rows' wall times "
+                    "(default: unpriced)")  # fmt: skip
     ap.add_argument("--show", type=int, default=0, help="print the new search's trials on the first N draws")
     ap.add_argument("--show-worse", type=float, default=math.inf, help="and on each draw whose pick is this far off")
     args = ap.parse_args()
@@ -253,14 +293,23 @@ def main() -> None:
     best_row = next(c.row for k, c in space.choices.items() if truth[k] == best)
     old = None if args.no_old else old_policy(args.old)
     new_ratios, new_trials, old_ratios, old_trials = [], [], [], []
+    # priced: the search's trials plus the planned run at its pick's true pace, over the planned run at the true
+    # best's (an oracle that knew the best for free), for the priced search and the unpriced one on the same draws
+    run_s = (args.run_epochs or 0) * statistics.fmean(t.epoch_s or 0.0 for t in measured.table[measured.base])
+    totals: dict[str, list[float]] = {"priced": [], "unpriced": []} if run_s else {}
     for d in range(args.draws):
         draw = Draw(measured, d)
-        found = replay_new(draw, space, valid, args.max_trials, not args.no_repeats)
+        found, spent = replay_new(draw, space, valid, args.max_trials, not args.no_repeats, args.run_epochs)
         pick = measured.key_of(found.incumbent) if found.incumbent else measured.base
         if d < args.show or truth[pick] / best > args.show_worse:
             show(d, found, measured, truth)
         new_ratios.append(truth[pick] / best)
         new_trials.append(found.trials + found.repeats)
+        if run_s:
+            totals["priced"].append((spent + run_s * truth[pick]) / (run_s * best))
+            plain, plain_spent = replay_new(Draw(measured, d), space, valid, args.max_trials, not args.no_repeats)
+            plain_pick = measured.key_of(plain.incumbent) if plain.incumbent else measured.base
+            totals["unpriced"].append((plain_spent + run_s * truth[plain_pick]) / (run_s * best))
         if old is not None:
             key, n = replay_old(old, Draw(measured, d), valid, args.max_trials)
             old_ratios.append(truth.get(key, math.inf) / best)
@@ -270,7 +319,12 @@ def main() -> None:
           f"true best {best_row} at {best:.1%}; {args.draws} draws")  # fmt: skip
     if old is not None:
         print(f"old search ({args.old}): {summary(old_ratios, old_trials, beyond)}")
-    print(f"new search: {summary(new_ratios, new_trials, beyond)}")
+    for how, total in totals.items():
+        total.sort()
+        p90 = total[min(len(total) - 1, math.ceil(0.9 * len(total)) - 1)]
+        print(f"{how}: search trials + a {args.run_epochs:g}-epoch run ({run_s:.0f} s at the baseline's pace) over "
+              f"that run at the true best's pace: median {statistics.median(total):.3f} p90 {p90:.3f}")  # fmt: skip
+    print(f"new search{' (priced)' if run_s else ''}: {summary(new_ratios, new_trials, beyond)}")
 
 
 def show(d: int, found: Search, measured: Measured, truth: dict[Key, float]) -> None:

@@ -392,7 +392,7 @@ def _repeats(state: _State, how: Searching, result: Search, began: float) -> Non
         mine, mean = [mine[k] for k in named], mean[named]
         i, z, var = state.rivals(mine, mean)
         close = [k for k in range(len(mine)) if k != i and z[k] < Z_TIE]
-        pick = min([i, *close], key=lambda k: (simplicity(mine[k], study_batch), mean[k]))
+        pick = _simplest(mine, mean, [i, *close], study_batch)
         rival: int | None
         if pick != i:  # what the pick may lose to the fastest
             rival, at_stake = pick, _excess(float(mean[pick] - mean[i]), float(var[pick]))
@@ -415,6 +415,12 @@ def _repeats(state: _State, how: Searching, result: Search, began: float) -> Non
                 c.note = (c.note + "; " if c.note else "") + "measured again"
 
 
+def _simplest(mine: list[Choice], mean: np.ndarray, among: Sequence[int], study_batch: int) -> int:
+    """Of the candidates `among` (indices into `mine`), the simplest (`simplicity`), the fastest of equals: the row
+    the pick takes (`_pick`) and the one a repeat round settles against the fastest (`_repeats`)."""
+    return min(among, key=lambda k: (simplicity(mine[k], study_batch), mean[k]))
+
+
 def _excess(mean: float, var: float) -> float:
     """E[max(0, e^d - 1)] for d ~ N(mean, var): what a row whose log time exceeds another's by d loses, expected."""
     mean, var = float(mean), float(var)
@@ -435,8 +441,7 @@ def _pick(state: _State, result: Search) -> None:
     i, z, var = state.rivals(mine, mean)
     # (a tie the repeats did not settle, where the simpler row may still lose a round's worth, goes to the fastest)
     close = [k for k in range(len(mine)) if k == i or (z[k] < Z_TIE and _excess(mean[k] - mean[i], var[k]) < ROUND)]
-    study_batch = state.how.space.study_batch
-    k = min(close, key=lambda k: (simplicity(mine[k], study_batch), mean[k]))
+    k = _simplest(mine, mean, close, state.how.space.study_batch)
     result.fastest, result.incumbent = mine[i].row, mine[k].row
     result.contenders = [mine[c].row for c in sorted(close, key=lambda c: mean[c]) if c != i]
     own = state.model.predict([(c.features, c.key.batch) for c in mine]).var
