@@ -159,8 +159,10 @@ def priced(draw: Draw, epochs: float | None) -> dict:
     if not epochs:
         return {}
     measured, (b1, b2) = draw.space, draw.pair
-    rows = [SimpleNamespace(baseline=False, status=t.status, step_time_s=t.step_s, batch_size=t.key.batch,
-                            wall_s=t.wall_s) for t in (draw.get(k, 0) for k in draw.singles() if k != measured.base)]
+    rows = [
+        SimpleNamespace(baseline=False, status=t.status, step_time_s=t.step_s, batch_size=t.key.batch, wall_s=t.wall_s)
+        for t in (draw.get(k, 0) for k in draw.singles() if k != measured.base)
+    ]
     rows += [SimpleNamespace(baseline=True, status=t.status, step_time_s=t.step_s, batch_size=t.key.batch,
                              wall_s=t.wall_s) for t in (b1, b2)]  # fmt: skip
     epoch = [t.epoch_s for t in (b1, b2) if t.epoch_s]
