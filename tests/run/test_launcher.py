@@ -153,6 +153,27 @@ def test_a_zygote_that_never_reads_is_unavailable_at_once(tmp_path):
     assert time.monotonic() - began < 60
 
 
+def test_a_zygote_whose_command_ended_with_messages_unread_ends_quietly():
+    """A command interrupted as a trial ended closes its end with the zygote's last message unread: the zygote's
+    next read is reset (ECONNRESET), its next send refused (EPIPE). Either is the command gone: the zygote returns,
+    where it printed a ConnectionResetError traceback under an interrupted `make demo`'s line."""
+    import socket
+
+    from trainwise.run import zygote
+
+    for unread in (True, False):
+        theirs, ours = socket.socketpair()
+        if unread:
+            ours.sendall(b"a reply the command never read")
+        theirs.close()
+        zygote._serve(ours)  # returns (raised ConnectionResetError before)
+        ours.close()
+    theirs, ours = socket.socketpair()
+    theirs.close()
+    assert zygote._told(ours, {"pid": 1}) is False
+    ours.close()
+
+
 # ---- ranks on one machine: forked from the zygote as torchrun would start them -------------------------------
 def _pids(events: list[dict]) -> list[psutil.Process]:
     return [psutil.Process(e["pid"]) for e in events if "pid" in e]

@@ -413,7 +413,10 @@ def _serve(sock: socket.socket) -> None:
     while True:
         ready, _, _ = select.select([sock], [], [], 0.05)
         if ready:
-            got = _recv(sock)
+            try:
+                got = _recv(sock)
+            except OSError:  # reset: the command ended with our messages unread (interrupted while a trial ended)
+                got = None
             if got is None:  # the command is gone: so are we (and, by their lifeline, the children)
                 return
             request, fds = got
@@ -423,12 +426,24 @@ def _serve(sock: socket.socket) -> None:
             for fd in fds:
                 os.close(fd)
             children.add(pid)
-            _send(sock, {"pid": pid})
+            if not _told(sock, {"pid": pid}):
+                return
         for pid in list(children):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
                 children.discard(pid)
-                _send(sock, {"pid": pid, "status": os.waitstatus_to_exitcode(status)})
+                if not _told(sock, {"pid": pid, "status": os.waitstatus_to_exitcode(status)}):
+                    return
+
+
+def _told(sock: socket.socket, message: dict) -> bool:
+    """Send `message` to the command; False where it is gone (its end closed: the zygote ends without a word, an
+    interrupted `make demo` printed this process's ConnectionResetError traceback under its own line, 2026-11-28)."""
+    try:
+        _send(sock, message)
+    except OSError:
+        return False
+    return True
 
 
 def main(argv: list[str]) -> int:
