@@ -460,8 +460,13 @@ class PlanOptions(CompareOptions):
     )
 
     def constraints(self) -> Constraints:
+        """The plan's limits, its search budget checked with them."""
         if self.objective == "quality":
             raise ConfigError("--objective quality: plan searches for speed; bound quality with --max-quality-drop")
+        if self.max_trials < 1:
+            raise ConfigError(f"--max-trials must be >= 1, got {self.max_trials}")
+        if self.run_epochs <= 0:
+            raise ConfigError(f"--run-epochs must be > 0, got {self.run_epochs:g}")
         return Constraints.of({k: getattr(self, k) for k in CONSTRAINTS})
 
     def compare_options(self) -> CompareOptions:

@@ -55,10 +55,6 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
         options, yours = from_config.prepare(options)
     constraints = options.constraints()
     budget_s = parse_seconds(options.max_search_time, "--max-search-time") if options.max_search_time else None
-    if options.max_trials < 1:
-        raise ConfigError(f"--max-trials must be >= 1, got {options.max_trials}")
-    if options.run_epochs <= 0:
-        raise ConfigError(f"--run-epochs must be > 0, got {options.run_epochs:g}")
     base = options.compare_options()
     cfg0 = base.resolve()[0]
     if cfg0.batch_sizes or len(cfg0.num_workers) > 1:
