@@ -469,6 +469,17 @@ class PlanOptions(CompareOptions):
             raise ConfigError(f"--run-epochs must be > 0, got {self.run_epochs:g}")
         return Constraints.of({k: getattr(self, k) for k in CONSTRAINTS})
 
+    def combining(self) -> tuple[frozenset[str], frozenset[str]]:
+        """--only and --never as strategy names, each checked against the registry."""
+        found = []
+        for text, name in ((self.only, "--only"), (self.never, "--never")):
+            names = frozenset(words(text)) if text else frozenset()
+            unknown = sorted(n for n in names if n not in strategies.REGISTRY or n == "baseline")
+            if unknown:
+                raise ConfigError(f"{name}: unknown strategy {unknown[0]!r}; valid names: {strategies.valid_names()}")
+            found.append(names)
+        return found[0], found[1]
+
     def compare_options(self) -> CompareOptions:
         """The study the search runs in: --study's own options (its study.yaml), else this run's."""
         if self.study is None:

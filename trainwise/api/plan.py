@@ -20,7 +20,7 @@ from typing import Any
 
 from trainwise import strategies
 from trainwise.api import compare as compare_api
-from trainwise.api import from_config
+from trainwise.api import from_config, from_objects
 from trainwise.api.options import CompareOptions, PlanOptions, words
 from trainwise.api.render import STDERR, Render
 from trainwise.core.errors import ConfigError
@@ -43,16 +43,23 @@ MAX_CHECKS = 3  # candidates whose quality is checked, in turn, before no plan i
 
 def plan(config: str | Path | None = None, render: Render | None = STDERR, **options: Any) -> PlanResult:
     """`trainwise plan` in Python: the CLI's options as keyword arguments (over a study file's). Returns the
-    PlanResult (`.plan`, `.lines`, `.strategies` with their reasons, `.search`), also in OUT/plan.json."""
-    return start(PlanOptions.of(options, config), render)
+    PlanResult (`.plan`, `.lines`, `.strategies` with their reasons, `.search`), also in OUT/plan.json. Your own
+    training as objects: `trainer=` (a Trainer / SFTTrainer), or `model=` (a model object) with `train_dataset=`,
+    `processing_class=` and `args=`; the plan then also comes back as `.args` (your arguments' class) and
+    `.data_collator` (`trainwise.api.from_objects`)."""
+    objects = from_objects.take(options)
+    if objects is not None:
+        return from_objects.plan(objects, options, config, render)
+    return start(PlanOptions.of(options, config), render, given=set(options))
 
 
-def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
+def start(options: PlanOptions, render: Render | None = STDERR, given: set[str] | None = None) -> PlanResult:
+    """`given`: the options the caller named (a flag or a keyword wins over --from-config's file)."""
     render = Render.of(render)
     began = time.monotonic()
     yours = None
     if options.from_config:  # the user's own config: the study's settings, and a row of it
-        options, yours = from_config.prepare(options)
+        options, yours = from_config.prepare(options, given)
     constraints = options.constraints()
     budget_s = parse_seconds(options.max_search_time, "--max-search-time") if options.max_search_time else None
     base = options.compare_options()
@@ -61,7 +68,7 @@ def start(options: PlanOptions, render: Render | None = STDERR) -> PlanResult:
         raise ConfigError(
             "plan searches at one batch size and worker count: leave out --batch-sizes and a --num-workers list"
         )
-    only, never = _names(options.only, "--only"), _names(options.never, "--never")
+    only, never = options.combining()
     out = Path(base.out)
     from trainwise.api import estimates  # heavy: the estimate (torch, transformers), built on first use
     from trainwise.study.prepare import resolve_device, too_slow  # heavy: study.prepare loads numpy (and torch)
@@ -381,16 +388,6 @@ def _searched_before(out: Path) -> list[Candidate]:
         return [Candidate(**{k: v for k, v in c.items() if k in known}) for c in earlier if c.get("trial")]
     except (OSError, ValueError, KeyError, TypeError):
         return []
-
-
-def _names(text: str | None, flag: str) -> frozenset[str]:
-    if not text:
-        return frozenset()
-    names = frozenset(words(text))
-    unknown = sorted(n for n in names if n not in strategies.REGISTRY or n == "baseline")
-    if unknown:
-        raise ConfigError(f"{flag}: unknown strategy {unknown[0]!r}; valid names: {strategies.valid_names()}")
-    return names
 
 
 def study_rows(out: Path) -> list[StudyRow]:

@@ -4,10 +4,12 @@ the plan out. Built from the study's rows and the search; rendered by `trainwise
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from trainwise import strategies
 from trainwise.core.files import human_bytes
@@ -61,9 +63,14 @@ class PlanResult:
     headline: list[str] = field(default_factory=list)  # plan.md's opening lines
     # plan --from-config: the user's file, its row, the file written back and its changes, the plan against it
     yours: dict | None = None
+    # `trainwise.plan(trainer=...)`: the plan as the caller's objects (not in plan.json)
+    args: Any = field(default=None, repr=False, compare=False)  # a new TrainingArguments / SFTConfig of their class
+    data_collator: Any = field(default=None, repr=False, compare=False)  # the collator the plan needs
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(dataclasses.replace(self, args=None, data_collator=None))
+        del out["args"], out["data_collator"]
+        return out
 
 
 def line(label: str, r: StudyRow | None) -> Line | None:

@@ -1,0 +1,88 @@
+"""`trainwise.plan(trainer=...)` (issue 59): the objects a notebook holds, saved once into the study, planned as
+`--from-config` plans a file, answered as objects of the caller's own classes that the same trainer class trains."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import trainwise
+from trainwise.core.errors import ConfigError
+
+pytest.importorskip("trl")
+
+
+def _objects(tmp_path):
+    from datasets import Dataset
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig
+
+    from trainwise.training.models import preset_config_kwargs, train_tokenizer
+
+    pairs = [(f"what does package {i} do?", f"it provides tool number {i} for the system") for i in range(48)]
+    data = Dataset.from_dict({"prompt": [p for p, _ in pairs], "completion": [c for _, c in pairs]})
+    train_tokenizer([p + " " + c for p, c in pairs], "llama-tiny", tmp_path / "tok")
+    tok = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    family, kwargs = preset_config_kwargs("llama-tiny")
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **{**kwargs, "vocab_size": len(tok)}))
+    args = SFTConfig(
+        output_dir=str(tmp_path / "run"),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=4,
+        gradient_checkpointing=True,
+        max_length=32,
+        use_cpu=True,
+        report_to="none",
+        max_steps=2,
+        optim="adamw_torch",
+    )
+    return model, data, tok, args
+
+
+def test_an_sfttrainer_in_memory_is_planned_and_its_class_trains_the_answer(tmp_path):
+    """An SFTTrainer built from a datasets.Dataset in memory: saved once into OUT/yours, "yours" measured, the plan
+    back as a new SFTConfig (only the changed fields differ from the caller's), which SFTTrainer trains."""
+    from trl import SFTConfig, SFTTrainer
+
+    model, data, tok, args = _objects(tmp_path)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tok)
+    out = tmp_path / "plan"
+    result = trainwise.plan(
+        trainer=trainer,
+        out=str(out),
+        strategies="baseline",
+        max_steps=3,
+        warmup_steps=1,
+        eval_samples=0,
+        quality_check=False,
+        ecosystem_default=False,
+        max_trials=1,
+        retries=0,
+        render=None,
+    )
+    assert (out / "yours" / "model" / "config.json").is_file() and (out / "yours" / "train.jsonl").is_file()
+    assert result.yours is not None and result.yours["row"] != "baseline"
+    assert result.plan is not None
+    assert type(result.args) is SFTConfig and result.args is not args
+    changed = {name: now for name, _was, now in result.yours["changes"]}
+    for name, now in changed.items():
+        assert getattr(result.args, name) == now, name
+    same = ("learning_rate", "max_length", "seed", "output_dir", "max_steps")
+    assert all(getattr(result.args, k) == getattr(args, k) for k in same)
+    assert "args" not in json.loads((out / "plan.json").read_text())  # the objects stay objects
+    again = SFTTrainer(model=model, args=result.args, train_dataset=data, processing_class=tok)
+    assert again.train().global_step == 2
+
+
+def test_objects_trainwise_cannot_measure_are_one_line(tmp_path):
+    model, data, tok, args = _objects(tmp_path)
+    with pytest.raises(ConfigError, match="not a transformers PreTrainedModel"):
+        trainwise.plan(model=object(), train_dataset=data, processing_class=tok, args=args, out=str(tmp_path / "o"))
+    with pytest.raises(ConfigError, match="args= is required"):
+        trainwise.plan(model=model, train_dataset=data, processing_class=tok, out=str(tmp_path / "o"))
+    tokenised = data.map(lambda r: tok(r["prompt"]), remove_columns=["prompt", "completion"])
+    with pytest.raises(ConfigError, match="no column TRL reads"):
+        trainwise.plan(model=model, train_dataset=tokenised, processing_class=tok, args=args, out=str(tmp_path / "o"))
+    with pytest.raises(ConfigError, match="is no transformers Trainer"):
+        trainwise.plan(trainer=object(), out=str(tmp_path / "o"))

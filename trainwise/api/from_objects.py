@@ -1,0 +1,180 @@
+"""`trainwise.plan(trainer=...)`, or `trainwise.plan(model=..., train_dataset=..., processing_class=..., args=...)`
+(issue 59): the objects a notebook or a script holds, planned as `--from-config` plans a file.
+
+- The objects are saved once into the study, OUT/yours/: the model and its tokenizer (`save_pretrained`), the
+  training data as JSON lines, the arguments as the JSON `--from-config` reads (their `model_name_or_path` and
+  `dataset_name` pointing at the two). Every trial process loads them as it loads any local model and data file: no
+  copy per trial, and a study that resumes, reports, exports and trains like any other.
+- The plan comes back as objects of the user's own classes: `result.args`, a new `TrainingArguments` / `SFTConfig`
+  of the class given with only the plan's fields changed, and `result.data_collator` where the plan needs a collator
+  the arguments cannot say (padding-free under a plain Trainer: transformers' `DataCollatorWithFlattening`; TRL's
+  SFTConfig says packing and padding-free itself), else the user's own collator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainwise.core.errors import ConfigError
+from trainwise.exporting.user_config import ALIASES
+
+YOURS = "yours"  # OUT/yours/: the saved objects
+TEXT_COLUMNS = ({"messages"}, {"prompt", "completion"}, {"text"})  # what TRL reads, in its order
+
+
+@dataclass
+class Objects:
+    """What the user handed over."""
+
+    model: Any
+    train_dataset: Any
+    processing_class: Any
+    args: Any
+    data_collator: Any = None
+
+    @classmethod
+    def of(
+        cls,
+        trainer: Any = None,
+        model: Any = None,
+        train_dataset: Any = None,
+        processing_class: Any = None,
+        args: Any = None,
+    ) -> Objects | None:
+        """From a Trainer / SFTTrainer, or from its parts (a part given beside a trainer wins); None where neither
+        (`model` as a string is the option --model, a hub id or a folder, not an object)."""
+        if trainer is None and (model is None or isinstance(model, str | Path)):
+            if train_dataset is not None or args is not None:
+                raise ConfigError("plan: train_dataset= and args= come with model= (a model object) or trainer=")
+            return None
+        if trainer is not None:
+            if not all(hasattr(trainer, a) for a in ("model", "args", "train_dataset")):
+                raise ConfigError(f"trainer=: a {type(trainer).__name__} is no transformers Trainer or SFTTrainer")
+            model = model if model is not None else trainer.model
+            train_dataset = train_dataset if train_dataset is not None else trainer.train_dataset
+            processing_class = processing_class or getattr(trainer, "processing_class", None)
+            args = args if args is not None else trainer.args
+            collator = getattr(trainer, "data_collator", None)
+        else:
+            collator = None
+        found = cls(model, train_dataset, processing_class, args, collator)
+        found.check()
+        return found
+
+    def check(self) -> None:
+        from transformers import PreTrainedModel, TrainingArguments  # heavy: transformers
+
+        model = self.model
+        if not isinstance(model, PreTrainedModel):
+            kind = type(model).__name__
+            if hasattr(model, "peft_config"):
+                raise ConfigError(
+                    f"model: a {kind} (PEFT): pass its base model and measure LoRA with --strategies lora / qlora"
+                )
+            raise ConfigError(f"model: a {kind} is not a transformers PreTrainedModel trainwise can measure")
+        if self.args is None:
+            raise ConfigError("plan: args= is required with model= (your TrainingArguments or SFTConfig)")
+        if not isinstance(self.args, TrainingArguments):
+            raise ConfigError(f"args: a {type(self.args).__name__} is no TrainingArguments or SFTConfig")
+        if self.processing_class is None:
+            raise ConfigError("plan: processing_class= (the tokenizer) is required with model=")
+        columns = getattr(self.train_dataset, "column_names", None)
+        if not isinstance(columns, list) or not hasattr(self.train_dataset, "to_json"):
+            raise ConfigError(
+                "train_dataset: expected a datasets.Dataset (an IterableDataset or a torch Dataset is "
+                "not saved into the study: save it as a CSV or JSON lines file and use --from-config)"
+            )
+
+    @property
+    def sft(self) -> bool:
+        return type(self.args).__name__ == "SFTConfig" or any(
+            c.__name__ == "SFTConfig" for c in type(self.args).__mro__
+        )
+
+    def save(self, out: Path) -> Path:
+        """The objects into OUT/yours/ (see the module's docstring); the arguments' file, for --from-config."""
+        where = out / YOURS
+        model_dir, data = where / "model", where / "train.jsonl"
+        columns = set(self.train_dataset.column_names)
+        if self.sft and not any(c <= columns for c in TEXT_COLUMNS):
+            field = getattr(self.args, "dataset_text_field", "text")
+            if field not in columns:
+                raise ConfigError(
+                    f"train_dataset: no column TRL reads (messages, prompt and completion, or {field!r}); it has "
+                    f"{sorted(columns)[:6]} (trainwise tokenises the text itself: pass the dataset before tokenising)"
+                )
+        if not self.sft and "input_ids" in columns and not columns - {"input_ids", "attention_mask", "labels",
+                                                                    "label", "token_type_ids"}:  # fmt: skip
+            raise ConfigError(
+                "train_dataset: tokenised only (input_ids, labels): trainwise tokenises the text itself: pass the "
+                "dataset with its text and label columns"
+            )
+        where.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(model_dir)
+        self.processing_class.save_pretrained(model_dir)
+        self.train_dataset.to_json(str(data), lines=True, force_ascii=False)
+        fields = {k: v for k, v in self.args.to_dict().items() if not k.startswith("_")}
+        fields.update(model_name_or_path=str(model_dir), dataset_name=str(data))
+        path = where / "args.json"
+        path.write_text(json.dumps(fields, indent=2, default=str) + "\n")
+        return path
+
+    def answer(self, changes: list[list[Any]], plan: str | None) -> tuple[Any, Any]:
+        """The plan as the user's objects: a new arguments object of their class with each changed field (and its
+        newer name, where the file used the old one), and the collator the plan needs."""
+        if not plan:
+            return self.args, self.data_collator
+        new: dict[str, Any] = {}
+        for name, _was, now in changes:
+            new[name] = now
+            if name in ALIASES:
+                new[ALIASES[name]] = now
+        known = {f.name for f in dataclasses.fields(self.args) if f.init}
+        args = dataclasses.replace(self.args, **{k: v for k, v in new.items() if k in known})
+        collator = self.data_collator
+        names = set(plan.partition("@bs")[0].split("+"))
+        if not self.sft and "padding_free" in names:
+            from transformers import DataCollatorWithFlattening  # heavy: transformers
+
+            collator = DataCollatorWithFlattening()
+        return args, collator
+
+
+OBJECT_KEYS = ("trainer", "train_dataset", "processing_class", "tokenizer", "args")
+
+
+def take(options: dict[str, Any]) -> Objects | None:
+    """The objects among a call's keyword arguments (taken out of them; `tokenizer` is `processing_class`'s older
+    name), or None where there are none."""
+    given = {k: options.pop(k) for k in OBJECT_KEYS if k in options}
+    model = options.get("model")
+    processing_class = given.pop("processing_class", None) or given.pop("tokenizer", None)
+    found = Objects.of(given.get("trainer"), model, given.get("train_dataset"), processing_class, given.get("args"))
+    if found is not None and not isinstance(model, str | Path):
+        options.pop("model", None)
+    if found is not None and options.get("from_config"):
+        raise ConfigError("plan: from_config= or your objects (trainer=, or model= with args=), not both")
+    return found
+
+
+def plan(found: Objects, options: dict[str, Any], config: str | Path | None, render: Any) -> Any:
+    """The plan of the objects: saved into the study, planned as --from-config plans their file, answered as
+    objects (`result.args`, `result.data_collator`)."""
+    from trainwise.api import plan as plan_api  # (the verb, whose `plan` calls this)
+    from trainwise.api.options import PlanOptions
+
+    from trainwise.study.store import check_ours, mark  # heavy: the study store
+
+    chosen = PlanOptions.of(options, config)
+    out = Path(chosen.out)
+    check_ours(out, chosen.force)  # (an --out of the user's files is refused before anything is written into it)
+    out.mkdir(parents=True, exist_ok=True)
+    mark(out)
+    path = found.save(out)
+    result = plan_api.start(dataclasses.replace(chosen, from_config=str(path)), render, given=set(options))
+    result.args, result.data_collator = found.answer((result.yours or {}).get("changes", []), result.plan)
+    return result
