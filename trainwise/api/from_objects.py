@@ -166,7 +166,6 @@ def plan(found: Objects, options: dict[str, Any], config: str | Path | None, ren
     objects (`result.args`, `result.data_collator`)."""
     from trainwise.api import plan as plan_api  # (the verb, whose `plan` calls this)
     from trainwise.api.options import PlanOptions
-
     from trainwise.study.store import check_ours, mark  # heavy: the study store
 
     chosen = PlanOptions.of(options, config)
