@@ -134,6 +134,26 @@ def test_a_trainingarguments_json_dump_is_read_as_the_trainer(tmp_path):
     assert TrainingArguments(**{k: v for k, v in new.items() if not k.startswith("_")}).gradient_accumulation_steps == 1
 
 
+def test_the_files_kind_without_a_task(tmp_path):
+    """No --task: an SFT-only field says SFTConfig; the model and data keys both kinds of script read say what their
+    local model is (a classifier's folder: TrainingArguments; a causal LM's: SFTConfig); none of them, the Trainer."""
+
+    def kind(fields: dict, arch: str | None = None) -> str:
+        if arch is not None:
+            (tmp_path / "m").mkdir(exist_ok=True)
+            (tmp_path / "m" / "config.json").write_text(json.dumps({"architectures": [arch]}))
+            fields = {**fields, "model_name_or_path": str(tmp_path / "m")}
+        path = tmp_path / "args.json"
+        path.write_text(json.dumps({"per_device_train_batch_size": 2, **fields}))
+        return uc.read(path).kind
+
+    assert kind({}) == uc.TRAINER
+    assert kind({"packing": True}) == uc.SFT
+    assert kind({"dataset_name": "x.csv"}, "BertForSequenceClassification") == uc.TRAINER
+    assert kind({"dataset_name": "x.csv"}, "LlamaForCausalLM") == uc.SFT
+    assert kind({"dataset_name": "x.csv", "model_name_or_path": "org/hub-model"}) == uc.SFT
+
+
 def test_only_what_the_file_can_say_is_searched():
     """Freezing, LoRA and ZeRO need code or files of their own: a config file cannot switch them."""
     sft = uc.expressible(uc.SFT, "causal-lm")

@@ -174,7 +174,7 @@ def read(path: str | Path, task: str | None = None) -> UserConfig:
 
     plain = {f.name for f in dataclasses.fields(TrainingArguments)}
     fields_ = {str(k): v for k, v in raw.items()}
-    kind = SFT if task == CAUSAL_LM or any(k not in plain for k in fields_) and task in (None, CAUSAL_LM) else TRAINER
+    kind = _kind(fields_, task, plain)
     if kind == SFT:
         try:
             classes = _classes(SFT)
@@ -196,6 +196,28 @@ def read(path: str | Path, task: str | None = None) -> UserConfig:
             raise ConfigError(f"{where}: {name} must be {_described(hints[name])}, got {value!r}")
     unknown = tuple(k for k in fields_ if k not in hints)
     return UserConfig(p, "json" if p.suffix == ".json" else "yaml", kind, fields_, defaults, unknown)
+
+
+# keys a TrainingArguments user's script reads beside its arguments as TRL's do (transformers' examples name them alike)
+SHARED = {"model_name_or_path", "dataset_name", "dataset_config", "dataset_config_name", "dataset_train_split"}
+
+
+def _kind(fields_: Mapping[str, Any], task: str | None, plain: set[str]) -> str:
+    """SFTConfig or TrainingArguments: the task where one is given; else SFTConfig where the file sets a field a
+    TrainingArguments has not (beyond the model and data keys both kinds of script read), or where those keys name a
+    local causal LM (its config.json's architectures); else TrainingArguments."""
+    if task is not None:
+        return SFT if task == CAUSAL_LM else TRAINER
+    if any(k not in plain and k not in SHARED for k in fields_):
+        return SFT
+    if not any(k in SHARED for k in fields_):
+        return TRAINER
+    model = Path(str(fields_.get("model_name_or_path") or "")) / "config.json"
+    try:
+        architectures = json.loads(model.read_text(encoding="utf-8")).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return SFT  # (a hub id: TRL's scripts are the ones that read these keys from the arguments' file)
+    return SFT if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures) else TRAINER
 
 
 def _accepts(value: Any, hint: Any) -> bool:
