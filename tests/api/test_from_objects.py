@@ -65,6 +65,7 @@ def test_an_sfttrainer_in_memory_is_planned_and_its_class_trains_the_answer(tmp_
     assert result.yours is not None and result.yours["row"] != "baseline"
     assert result.plan is not None
     assert type(result.args) is SFTConfig and result.args is not args
+    assert result.data_collator is None  # (SFTTrainer builds its collator from the new SFTConfig)
     changed = {name: now for name, _was, now in result.yours["changes"]}
     for name, now in changed.items():
         assert getattr(result.args, name) == now, name

@@ -117,11 +117,15 @@ def test_a_trainingarguments_json_dump_is_read_as_the_trainer(tmp_path):
         use_cpu=True,
         learning_rate=3e-5,
         report_to="none",
+        lr_scheduler_type="cosine",
     )
     path = tmp_path / "training_args.json"
     path.write_text(args.to_json_string())
     cfg = uc.read(path, "classification")
     assert cfg.kind == uc.TRAINER and cfg.fmt == "json"
+    # the dump's normalised defaults (accelerator_config {...}, debug [], pin memory off on the CPU) are no choice of
+    # the user's: only the cosine schedule is named
+    assert [line.split("=")[0] for line in uc._unhonoured(cfg, cfg.effective())] == ["lr_scheduler_type"]
     r = uc.reading(cfg, "cpu", _valid("classification"))
     assert r.options["batch_size"] == 16 and "task" not in r.options
     assert {"grad_accum=8", "grad_ckpt"} <= split_row(r.row)[0], r.row

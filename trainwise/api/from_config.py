@@ -37,6 +37,13 @@ class Yours:
     def row(self) -> str:
         return self.reading.row
 
+    @property
+    def always(self) -> frozenset[str]:
+        """The strategies of yours that no field of its file switches (the collator's padding to the longest): the
+        file trains them whatever the plan writes into it, so every candidate keeps them."""
+        fields_ = user_config.strategy_fields(self.cfg.kind)
+        return frozenset(n for n in split_row(self.row)[0] if n in fields_ and not fields_[n])
+
 
 def prepare(options: PlanOptions, given: set[str] | None = None) -> tuple[PlanOptions, Yours]:
     """The plan's options with the file's values where no flag was given (`given`: the options named on the command

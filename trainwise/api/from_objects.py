@@ -7,8 +7,8 @@
   copy per trial, and a study that resumes, reports, exports and trains like any other.
 - The plan comes back as objects of the user's own classes: `result.args`, a new `TrainingArguments` / `SFTConfig`
   of the class given with only the plan's fields changed, and `result.data_collator` where the plan needs a collator
-  the arguments cannot say (padding-free under a plain Trainer: transformers' `DataCollatorWithFlattening`; TRL's
-  SFTConfig says packing and padding-free itself), else the user's own collator.
+  the arguments cannot say (padding-free under a plain Trainer: transformers' `DataCollatorWithFlattening`), else the
+  Trainer's own; None for an SFTTrainer, which builds its collator from the new SFTConfig (packing, padding-free).
 """
 
 from __future__ import annotations
@@ -135,9 +135,10 @@ class Objects:
                 new[ALIASES[name]] = now
         known = {f.name for f in dataclasses.fields(self.args) if f.init}
         args = dataclasses.replace(self.args, **{k: v for k, v in new.items() if k in known})
+        if self.sft:  # (TRL builds its collator from the arguments: the trainer's own was built for the old ones)
+            return args, None
         collator = self.data_collator
-        names = set(plan.partition("@bs")[0].split("+"))
-        if not self.sft and "padding_free" in names:
+        if "padding_free" in set(plan.partition("@bs")[0].split("+")):
             from transformers import DataCollatorWithFlattening  # heavy: transformers
 
             collator = DataCollatorWithFlattening()

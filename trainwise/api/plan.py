@@ -120,7 +120,7 @@ def start(options: PlanOptions, render: Render | None = STDERR, given: set[str] 
             f"{out} has no baseline row that finished ok: the search measures every combination against it "
             "(add baseline to the study's rows)"
         )
-    valid = inputs.validity(task, accum, caps, only, never)
+    valid = inputs.validity(task, accum, caps, only, never, yours.always if yours else frozenset())
     run_s = _run_seconds(rows, options.run_epochs)
 
     def observe(found: list[StudyRow], source: str = "") -> list[inputs.Observation]:

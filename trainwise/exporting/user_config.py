@@ -135,6 +135,9 @@ class UserConfig:
     fields: dict[str, Any]
     defaults: dict[str, Any] = field(default_factory=dict)
     unknown: tuple[str, ...] = ()  # keys no class of its kind has: kept as written, not read
+    # the class's defaults as its dump writes them (`to_json_string()` after __post_init__: accelerator_config {...},
+    # debug [], dataloader_pin_memory false under use_cpu): a dump's value equal to one is no choice of the user's
+    dumped: dict[str, Any] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -195,7 +198,21 @@ def read(path: str | Path, task: str | None = None) -> UserConfig:
         if name in hints and not _accepts(value, hints[name]):
             raise ConfigError(f"{where}: {name} must be {_described(hints[name])}, got {value!r}")
     unknown = tuple(k for k in fields_ if k not in hints)
-    return UserConfig(p, "json" if p.suffix == ".json" else "yaml", kind, fields_, defaults, unknown)
+    fmt = "json" if p.suffix == ".json" else "yaml"
+    return UserConfig(p, fmt, kind, fields_, defaults, unknown, _dumped(classes[0], fields_.get("use_cpu") is True))
+
+
+def _dumped(cls: type, use_cpu: bool) -> dict[str, Any]:
+    """`cls()`'s fields as its dump writes them (see UserConfig.dumped); none where it cannot be built here."""
+    import tempfile
+    import warnings
+
+    try:
+        with warnings.catch_warnings(), tempfile.TemporaryDirectory() as where:
+            warnings.simplefilter("ignore")
+            return dict(json.loads(cls(output_dir=where, use_cpu=use_cpu).to_json_string()))
+    except Exception:  # noqa: BLE001 (a class this library version builds differently: the raw defaults still hold)
+        return {}
 
 
 # keys a TrainingArguments user's script reads beside its arguments as TRL's do (transformers' examples name them alike)
@@ -359,16 +376,18 @@ def _columns(path: Path) -> list[str]:
 def _unhonoured(cfg: UserConfig, eff: Mapping[str, Any]) -> list[str]:
     """Each field set away from its class's default that neither the study nor a strategy reads, and that is no
     bookkeeping: the trials train without it (linear decay, no warm-up, no weight decay, their own clipping)."""
-    strategy_fields = {k for fields_ in _strategy_fields(cfg.kind).values() for k in fields_}
+    read_by_one = {k for fields_ in strategy_fields(cfg.kind).values() for k in fields_}
     out = []
     for name, value in cfg.fields.items():
-        if name in READ or name in strategy_fields or name in ALIASES or name.startswith(BOOKKEEPING):
+        if name in READ or name in read_by_one or name in ALIASES or name.startswith(BOOKKEEPING):
             continue
         if name in cfg.unknown:
             out.append(f"{name}: not a field of {cfg.label.split(' (')[0][5:]} here: kept as written, not read")
             continue
         default = cfg.defaults.get(name)
         if value == default or (isinstance(value, str) and value == getattr(default, "value", None)):
+            continue
+        if name in cfg.dumped and value == cfg.dumped[name]:
             continue
         out.append(f"{name}={value!r}: kept in the file; the trials do not reproduce it")
     return out
@@ -405,7 +424,7 @@ def _alone(task: str) -> list[tuple[str, TrialPlan]]:
     return out
 
 
-def _strategy_fields(kind: str) -> dict[str, set[str]]:
+def strategy_fields(kind: str) -> dict[str, set[str]]:
     """Each strategy's fields in a file of this kind: the keys its export sets, changes or removes against the
     baseline's (grad_accum: the batch's two fields; grad_ckpt: activation_checkpointing...)."""
     task = CAUSAL_LM if kind == SFT else "classification"
@@ -478,7 +497,7 @@ def write_back(
     s = settings(task, batch, max_length, nproc, device)
     mine, base = _args(cfg.kind, plan, s), _args(cfg.kind, TrialPlan(), s)
     eff = cfg.effective()
-    touched = {k for fields_ in _strategy_fields(cfg.kind).values() for k in fields_}
+    touched = {k for fields_ in strategy_fields(cfg.kind).values() for k in fields_}
     new = dict(cfg.fields)
     changes: list[tuple[str, Any, Any]] = []
     # (the checkpointing's keyword arguments are the file's own: non-reentrant is what transformers 5 uses anyway)

@@ -264,15 +264,26 @@ def observation(
 
 
 def validity(
-    task: str, accum: int, caps: set[str], only: frozenset[str] = frozenset(), never: frozenset[str] = frozenset()
+    task: str,
+    accum: int,
+    caps: set[str],
+    only: frozenset[str] = frozenset(),
+    never: frozenset[str] = frozenset(),
+    always: frozenset[str] = frozenset(),
 ) -> Callable[[frozenset[str]], str | None]:
     """`valid(names)`: None when the registry allows the combination on this task and device (conflicts,
-    requirements, capabilities, packages) and --only / --never admit it; else why not."""
+    requirements, capabilities, packages) and --only / --never admit it; else why not. `always`: what the user's
+    own config does whatever its fields say (the Trainer's collator pads each batch to its longest): a combination
+    must set what they set too, or do what cannot be combined with them (packing in place of padding)."""
 
     def valid(names: frozenset[str]) -> str | None:
         bare = {base(n) for n in names}
         if only and not bare <= only or bare & never:
             return "outside --only / --never"
+        if always and not always <= names:
+            with_them = plan_of(names | always, accum)
+            if with_them is not None and with_them != plan_of(names, accum):
+                return f"without {'+'.join(sorted(always))}, which your config does whatever its fields say"
         try:
             row = strategies.parse_row(row_text(names), accum)
         except ConfigError as e:
