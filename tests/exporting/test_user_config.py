@@ -135,7 +135,11 @@ def test_a_trainingarguments_json_dump_is_read_as_the_trainer(tmp_path):
     new = json.loads(written.path.read_text())
     assert written.path.name == "plan.args.json" and new["per_device_train_batch_size"] == 16
     assert new["train_sampling_strategy"] == "group_by_length" and new["optim"] == "adamw_torch_fused"
-    assert TrainingArguments(**{k: v for k, v in new.items() if not k.startswith("_")}).gradient_accumulation_steps == 1
+    trained = TrainingArguments(**{k: v for k, v in new.items() if not k.startswith("_")})
+    assert trained.gradient_accumulation_steps == 1
+    # the dump holds checkpointing under both names: both turned off, or the written file still checkpoints
+    assert new["gradient_checkpointing"] is False and new["activation_checkpointing"] is False
+    assert not trained.activation_checkpointing and not trained.gradient_checkpointing
 
 
 def test_the_files_kind_without_a_task(tmp_path):

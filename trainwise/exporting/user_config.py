@@ -514,9 +514,12 @@ def write_back(
         have = eff.get(key)
         if _same(have, want):
             continue
-        name = next((old for old, n in ALIASES.items() if n == key and old in cfg.fields), key)
-        new[name] = want
-        changes.append((name, have, want))
+        # under each name the file holds it by (a dump writes both gradient_checkpointing and activation_checkpointing:
+        # one left true kept the plan's run checkpointing, 2026-11-28), else under the field's own
+        names = [n for n in (*(old for old, n in ALIASES.items() if n == key), key) if n in cfg.fields] or [key]
+        for name in names:
+            new[name] = want
+        changes.append((names[0], have, want))
     suffix = ".sft" if cfg.kind == SFT else ".args"
     path = out / f"plan{suffix}.{'json' if cfg.fmt == 'json' else 'yaml'}"
     header = f"# {cfg.label} with the plan of {out} (trainwise plan --from-config): {len(changes)} field(s) changed\n"
