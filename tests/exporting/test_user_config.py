@@ -213,3 +213,15 @@ def test_plan_from_config_measures_yours_and_writes_the_file_back(tmp_path):
     bad = here.trainwise("plan", "--from-config", str(tmp_path / "nosuch.yaml"), "--out", str(tmp_path / "x"))
     assert bad.returncode == 2 and "--from-config" in bad.stderr and "no such file" in bad.stderr
     assert len([ln for ln in bad.stderr.splitlines() if "error" in ln]) == 1, bad.stderr
+
+
+def test_a_flag_named_on_the_line_wins_over_the_file_even_at_its_default(tmp_path):
+    """`--max-length 128` (the option's default) over a file's `max_length: 32`: named on the line, it wins; a value
+    only at its default (not named) leaves the file's."""
+    from trainwise.api import from_config
+    from trainwise.api.options import PlanOptions
+
+    cfg = _sft(tmp_path, max_length=32)
+    options = PlanOptions.of({"from_config": str(cfg), "max_length": 128, "out": str(tmp_path / "o")})
+    assert from_config.prepare(options, {"from_config", "max_length", "out"})[0].max_length == 128
+    assert from_config.prepare(options, {"from_config", "out"})[0].max_length == 32

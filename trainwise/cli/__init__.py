@@ -49,6 +49,7 @@ app = typer.Typer(
 RECIPE = "A shipped study file by name, e.g. seed-001 (`trainwise recipes` lists them); flags given win."
 CONFIG = "A YAML file of this command's options (keys: the option names, e.g. max_steps: 8); flags given win."
 FROM_LINE = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+GIVEN: set[str] = set()  # the options the running command named on its line (a flag wins over --from-config's file)
 
 
 def _cli_type(hint: Any) -> Any:
@@ -99,6 +100,8 @@ def verb(options: type[api.Options], name: str | None = None, json_help: str | N
                     raise ConfigError("--recipe and --config: give one (a recipe is a study file trainwise ships)")
                 config = recipes.recipe(recipe, options.VERB).path
             given = {k: v for k, v in values.items() if ctx.get_parameter_source(k) in FROM_LINE}
+            GIVEN.clear()
+            GIVEN.update(given if config is None else {})
             handler(options.of(given, config), as_json)
 
         command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
@@ -160,7 +163,8 @@ def plan(o: api.PlanOptions, as_json: bool) -> None:
     from trainwise.report import terminal  # start-up: rich
     from trainwise.report.plan import markdown  # (beside the verb it renders)
 
-    result = plan_api.start(o, _study_render(terminal.err if as_json else terminal.out)[1])
+    # (the flags named on the line win over --from-config's file, a value equal to the default included)
+    result = plan_api.start(o, _study_render(terminal.err if as_json else terminal.out)[1], GIVEN or None)
     if as_json:
         return terminal.out.print_json(json.dumps(result.to_dict()))
     terminal.out.print(markdown(result.to_dict()), markup=False, highlight=False, soft_wrap=True)
