@@ -7,8 +7,8 @@
   copy per trial, and a study that resumes, reports, exports and trains like any other.
 - The plan comes back as objects of the user's own classes: `result.args`, a new `TrainingArguments` / `SFTConfig`
   of the class given with only the plan's fields changed, and `result.data_collator` where the plan needs a collator
-  the arguments cannot say (padding-free under a plain Trainer: transformers' `DataCollatorWithFlattening`), else the
-  Trainer's own; None for an SFTTrainer, which builds its collator from the new SFTConfig (packing, padding-free).
+  the arguments cannot say: None for an SFTTrainer, which builds its collator from the new SFTConfig (packing,
+  padding-free), the Trainer's own for a Trainer (no strategy its arguments switch needs another).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainwise.api.options import PlanOptions
 from trainwise.core.errors import ConfigError
 from trainwise.exporting.user_config import ALIASES
 
@@ -135,14 +136,9 @@ class Objects:
                 new[ALIASES[name]] = now
         known = {f.name for f in dataclasses.fields(self.args) if f.init}
         args = dataclasses.replace(self.args, **{k: v for k, v in new.items() if k in known})
-        if self.sft:  # (TRL builds its collator from the arguments: the trainer's own was built for the old ones)
-            return args, None
-        collator = self.data_collator
-        if "padding_free" in set(plan.partition("@bs")[0].split("+")):
-            from transformers import DataCollatorWithFlattening  # heavy: transformers
-
-            collator = DataCollatorWithFlattening()
-        return args, collator
+        # (TRL builds its collator from the arguments: the trainer's own was built for the old ones; a Trainer's
+        # collator pads as the plan's rows do: no strategy a TrainingArguments file switches needs another)
+        return args, None if self.sft else self.data_collator
 
 
 OBJECT_KEYS = ("trainer", "train_dataset", "processing_class", "tokenizer", "args")
@@ -162,11 +158,9 @@ def take(options: dict[str, Any]) -> Objects | None:
     return found
 
 
-def plan(found: Objects, options: dict[str, Any], config: str | Path | None, render: Any) -> Any:
+def plan(found: Objects, options: dict[str, Any], config: str | Path | None, render: Any, start: Any) -> Any:
     """The plan of the objects: saved into the study, planned as --from-config plans their file, answered as
-    objects (`result.args`, `result.data_collator`)."""
-    from trainwise.api import plan as plan_api  # (the verb, whose `plan` calls this)
-    from trainwise.api.options import PlanOptions
+    objects (`result.args`, `result.data_collator`). `start`: the verb's (`trainwise.api.plan.start`)."""
     from trainwise.study.store import check_ours, mark  # heavy: the study store
 
     chosen = PlanOptions.of(options, config)
@@ -175,6 +169,6 @@ def plan(found: Objects, options: dict[str, Any], config: str | Path | None, ren
     out.mkdir(parents=True, exist_ok=True)
     mark(out)
     path = found.save(out)
-    result = plan_api.start(dataclasses.replace(chosen, from_config=str(path)), render, given=set(options))
+    result = start(dataclasses.replace(chosen, from_config=str(path)), render, given=set(options))
     result.args, result.data_collator = found.answer((result.yours or {}).get("changes", []), result.plan)
     return result

@@ -49,7 +49,7 @@ def plan(config: str | Path | None = None, render: Render | None = STDERR, **opt
     `.data_collator` (`trainwise.api.from_objects`)."""
     objects = from_objects.take(options)
     if objects is not None:
-        return from_objects.plan(objects, options, config, render)
+        return from_objects.plan(objects, options, config, render, start)
     return start(PlanOptions.of(options, config), render, given=set(options))
 
 

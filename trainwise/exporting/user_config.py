@@ -21,8 +21,10 @@ import csv
 import dataclasses
 import enum
 import json
+import tempfile
 import types
 import typing
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -204,9 +206,6 @@ def read(path: str | Path, task: str | None = None) -> UserConfig:
 
 def _dumped(cls: type, use_cpu: bool) -> dict[str, Any]:
     """`cls()`'s fields as its dump writes them (see UserConfig.dumped); none where it cannot be built here."""
-    import tempfile
-    import warnings
-
     try:
         with warnings.catch_warnings(), tempfile.TemporaryDirectory() as where:
             warnings.simplefilter("ignore")
