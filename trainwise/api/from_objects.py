@@ -21,6 +21,7 @@ from typing import Any
 
 from trainwise.api.options import PlanOptions
 from trainwise.core.errors import ConfigError
+from trainwise.core.files import write_atomic
 from trainwise.exporting.user_config import ALIASES
 
 YOURS = "yours"  # OUT/yours/: the saved objects
@@ -92,9 +93,7 @@ class Objects:
 
     @property
     def sft(self) -> bool:
-        return type(self.args).__name__ == "SFTConfig" or any(
-            c.__name__ == "SFTConfig" for c in type(self.args).__mro__
-        )
+        return any(c.__name__ == "SFTConfig" for c in type(self.args).__mro__)
 
     def save(self, out: Path) -> Path:
         """The objects into OUT/yours/ (see the module's docstring); the arguments' file, for --from-config."""
@@ -121,14 +120,14 @@ class Objects:
         fields = {k: v for k, v in self.args.to_dict().items() if not k.startswith("_")}
         fields.update(model_name_or_path=str(model_dir), dataset_name=str(data))
         path = where / "args.json"
-        path.write_text(json.dumps(fields, indent=2, default=str) + "\n")
+        write_atomic(path, json.dumps(fields, indent=2, default=str) + "\n")
         return path
 
     def answer(self, changes: list[list[Any]], plan: str | None) -> tuple[Any, Any]:
         """The plan as the user's objects: a new arguments object of their class with each changed field (and its
         newer name, where the file used the old one), and the collator the plan needs."""
         if not plan:
-            return self.args, self.data_collator
+            return self.args, None if self.sft else self.data_collator
         new: dict[str, Any] = {}
         for name, _was, now in changes:
             new[name] = now
