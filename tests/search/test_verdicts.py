@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 
 import pytest
 
@@ -37,18 +38,49 @@ def _trials(study, made: dict[str, list[float]]):
     ]
 
 
-def test_a_difference_counts_only_outside_the_seeds_ranges(tmp_path, cls_csv):
+def test_two_paired_seeds_are_judged_by_the_paired_t_test(tmp_path, cls_csv):
     rows = ["baseline", "bf16", "smart_batch", "grad_accum"]
     study = tiny_study(tmp_path, cls_csv, "classification", rows, eval_samples=0, repeat=2, seed_per_repeat=True)
     assert [s.settings.seed for s in study.specs] == [0] * 4 + [1] * 4, "one seed per repeat"
-    made = {"baseline": [40, 44], "bf16": [43, 46], "smart_batch": [50, 52], "grad_accum": [30, 35]}
+    # bf16's range (45-48) lies above the baseline's (40-44): the old range rule said "better"; 5 and 4 points over
+    # 2 pairs is t=9 against 12.71 at one degree of freedom: two seeds cannot say
+    made = {"baseline": [40, 44], "bf16": [45, 48], "smart_batch": [50, 55], "grad_accum": [30, 35]}
     found = {r.strategy: r for r in verdicts(_trials(study, made), random_init=True)}
     assert found["baseline"].verdict == "reference" and found["baseline"].mean == 42
-    assert found["bf16"].verdict == INCONCLUSIVE and found["bf16"].delta == pytest.approx(2.5)  # 2 seeds can't say
-    assert found["smart_batch"].verdict == "better" and found["grad_accum"].verdict == "worse"
-    assert found["bf16"].eval_loss == pytest.approx(1.5) and (found["bf16"].low, found["bf16"].high) == (43, 46)
+    assert found["bf16"].verdict == INCONCLUSIVE and found["bf16"].delta == pytest.approx(4.5)
+    assert found["bf16"].test == "paired t=9.00 over 2 seeds, |t|>12.71 at 5%"
+    assert found["smart_batch"].verdict == "better" and found["grad_accum"].verdict == "worse"  # 10,11 / -10,-9
+    assert found["bf16"].eval_loss == pytest.approx(1.5) and (found["bf16"].low, found["bf16"].high) == (45, 48)
     one = tiny_study(tmp_path / "one", cls_csv, "classification", rows[:2], eval_samples=0)
     assert verdicts(_trials(one, made), False)[1].verdict == "one seed: no verdict"
+
+
+def test_an_equal_row_is_called_different_one_time_in_twenty_whatever_its_seeds_share():
+    """Two rows of identical math: each seed moves both alike by `shared` (its head, its data order), each run adds
+    noise of its own. The paired test calls a difference about 5% of the time at any number of seeds and any
+    share; the old 2-seed rule (ranges that do not overlap) about a third of the time where the seeds share
+    nothing."""
+    from trainwise.search.verdicts import compare
+
+    rng = random.Random(58)
+    draws = 2000
+    for shared, own in ((4.0, 1.0), (0.0, 2.0)):
+        called = {2: 0, 3: 0, 5: 0}
+        ranges = 0
+        for _ in range(draws):
+            for n in called:
+                seeds = [rng.gauss(50, shared) for _ in range(n)]
+                base = [s + rng.gauss(0, own) for s in seeds]
+                row = [s + rng.gauss(0, own) for s in seeds]
+                diffs = [a - b for a, b in zip(row, base, strict=True)]
+                called[n] += compare(row, base, diffs)[0] in ("better", "worse")
+                if n == 2:
+                    ranges += min(row) > max(base) or max(row) < min(base)
+        for n, k in called.items():
+            assert 0.03 < k / draws < 0.07, (shared, n, k)
+        if not shared:
+            assert ranges / draws > 0.25, "the rule it replaces"
+    assert compare([40.0, 41.0, 42.0], [40.0, 40.0, 40.0], [0.0, 1.0, 2.0])[1].startswith("paired t=1.73 over 3")
 
 
 def test_three_seeds_or_more_are_judged_by_welchs_t_test(tmp_path, cls_csv):
@@ -67,7 +99,7 @@ def test_three_seeds_or_more_are_judged_by_welchs_t_test(tmp_path, cls_csv):
     assert compare(noisy, base)[0] == NOT_SIGNIFICANT and "Welch" in compare(noisy, base)[1]
     assert compare([50.0, 50.0, 50.0], [40.0, 40.0, 40.0])[0] == "better", "no spread at all, means apart"
     assert compare([40.0, 40.0, 40.0], [40.0, 40.0, 40.0])[0] == NOT_SIGNIFICANT
-    assert compare([42.5, 43.0], base)[1] == "seeds' ranges overlap?", "a row with 2 seeds: the range rule"
+    assert compare([41.0, 43.0], base)[0] == INCONCLUSIVE, "a row with 2 unpaired seeds: Welch's, undecided"
 
 
 def test_a_phase_that_learned_nothing_says_so(tmp_path, cls_csv, capsys):

@@ -503,8 +503,8 @@ def quality_seeds(verdicts: QualityVerdicts) -> tuple[str, str, str] | None:
     fig.tight_layout()
     caption = (
         f"Does a plan cost quality? Each row trained again with {verdicts.seeds} seeds: every seed's {name}, their "
-        "mean, and the baseline's mean (dashed). A verdict is a difference beyond the seeds' spread (Welch's t-test "
-        "with 3 or more seeds, the ranges' overlap with 2)."
+        "mean, and the baseline's mean (dashed). A verdict is a difference beyond the seeds' spread (the paired "
+        "t-test over the seeds both rows ran, two-sided at 5%)."
     )
     return "quality", _svg(fig), caption
 

@@ -231,9 +231,10 @@ def quality_table(rows: list, seeds: int) -> None:
         )
     out.print(grid)
     test = (
-        "by Welch's t-test at the 5% level (quality.json has each t)"
+        "by the paired t-test over the seeds (two-sided, 5%; quality.json has each t)"
         if seeds >= 3
-        else "only when the seeds' ranges do not overlap (2 seeds: a coarse test; --seeds 3 or more uses a t-test)"
+        else "by the paired t-test over the 2 seeds (two-sided, 5%: it calls only a large, steady difference; "
+        "--seeds 3 or more decides more)"
     )
     say(
         f"  a difference is called {test}; advise reads these verdicts (quality/quality.json) instead of "

@@ -418,7 +418,7 @@ def with_quality(rows: list[StudyRow], verdicts: QualityVerdicts) -> tuple[list[
     note = (
         f"quality from the quality phase ({steps} steps x {verdicts.seeds} seeds) for "
         + ", ".join(by_row)
-        + "; a difference its test does not call (seeds' ranges with 2 seeds, Welch's t with 3 or more) counts as "
+        + "; a difference its test does not call (the paired t over the seeds, 5%) counts as "
         "none; the other rows' short-trial quality is not used"
     )
 
