@@ -4,9 +4,11 @@ the fastest; budgets, a resumed search, memory and one-time costs."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -259,6 +261,41 @@ def test_a_trials_seconds_are_fitted_from_the_studys_trials():
     assert cost is not None
     assert cost(1.0, 16) == pytest.approx(30.0) and cost(0.25, 64) == pytest.approx(6.0 + 12 * 2.0)
     assert trial_seconds(rows[:1]) is None  # one trial fits nothing
+
+
+def test_a_quality_check_is_priced_before_it_runs_and_said_when_it_costs_more_than_the_run():
+    """A check of N steps per trial costs the study's fitted fixed part plus N steps (and the speed trial's extra
+    step times) at each row's own pace; against a planned run shorter than that, the note says so."""
+    import types
+
+    from trainwise.core.results import StudyRow
+    from trainwise.search.plan_inputs import check_seconds
+    from trainwise.search.plan_result import Context, check_note
+
+    rows = [  # 10-step speed trials: 12 step times each (2 more), 6 s fixed
+        StudyRow("baseline", baseline=True, batch_size=16, status="ok", step_time_s=2.0, wall_s=6.0 + 12 * 2.0),
+        StudyRow("smart_batch", batch_size=16, status="ok", step_time_s=0.5, wall_s=6.0 + 12 * 0.5),
+    ]
+    trials = [("baseline", 40), ("smart_batch", 40)] * 3  # three paired seeds of 40 steps
+    cost = check_seconds(rows, trials, study_steps=10)
+    assert cost == pytest.approx(3 * ((6.0 + 42 * 2.0) + (6.0 + 42 * 0.5)))
+    assert check_seconds(rows, [("dynamic_pad", 40)], 10) is None, "a row the study did not measure"
+    found = types.SimpleNamespace(times={"smart_batch": (0.25, 0.2, 0.3)})
+    ctx = Context(Path("x"), rows, found, 16, lambda _n: None, run_s=100.0, run_epochs=1.0)  # type: ignore[arg-type]
+    short = check_note(ctx, "smart_batch", 40, 3, trials, 10)
+    assert short.endswith("more than the planned run it protects (25 s at the plan's pace, --run-epochs 1); "
+                          "--no-quality-check plans on speed alone"), short  # fmt: skip
+    assert "3 paired seeds, about 6 min" in short, short  # 351 s
+    long = check_note(dataclasses.replace(ctx, run_s=1e5, run_epochs=1000), "smart_batch", 40, 3, trials, 10)
+    assert long.endswith("about 6 min"), long
+    from trainwise.report.plan import headline
+
+    plan = {"label": "plan", "row": "smart_batch", "rel_time": 0.25, "rel_mem": 1.0, "epoch_time_s": 25.0}
+    said = headline({"lines": [plan], "quality_s": 351.0, "run_epochs": 1.0})
+    assert any(
+        ln.startswith("the quality check took 6 min, more than the planned run it protects (25 s") for ln in said
+    )
+    assert not any("quality check" in ln for ln in headline({"lines": [plan], "quality_s": 351.0, "run_epochs": 20}))
 
 
 def test_a_tie_goes_to_the_simpler_row_by_a_test():

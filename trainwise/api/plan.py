@@ -32,7 +32,7 @@ from trainwise.search import ecosystem
 from trainwise.search import plan_inputs as inputs
 from trainwise.search.acquisition import Candidate, Search, Searching, search
 from trainwise.search.model import MemoryModel
-from trainwise.search.plan_result import Context, PlanResult, summarize
+from trainwise.search.plan_result import Context, PlanResult, check_note, summarize
 from trainwise.search.ranking import Constraints, advise, one_kind
 from trainwise.search.verdicts import INCONCLUSIVE, MAX_SEEDS, MIN_SEEDS, NO_VERDICT, WORSE
 from trainwise.study.store import PAGE, PLAN, PLAN_MD, Store, write_report
@@ -297,12 +297,13 @@ def _quality(options: PlanOptions, base: CompareOptions, ctx: Context, row: str,
     carried = {r.row_text: r.samples_per_s * r.step_time_s for r in ctx.rows if r.samples_per_s and r.step_time_s}
     base_carried = next((carried.get(r.row_text) for r in ctx.rows if r.baseline), None)
     ratio = {k: v / base_carried for k, v in carried.items()} if base_carried else {}
-    seeds = max(MIN_SEEDS, options.seeds)
+    seeds = first = max(MIN_SEEDS, options.seeds)
     last = max(seeds, MAX_SEEDS)
     while True:
         prepared = prepare_study(quality.quality_config(cfg, ["baseline", row], steps, seeds))
         rules = quality.equal_samples(prepared, ratio)
-        render.note(f"trainwise plan: quality check: {row} against the baseline, {steps} steps x {seeds} paired seeds")
+        new = [t for t in prepared.specs if seeds == first or t.repeat >= seeds - 1]  # earlier pairs are stored
+        render.note(check_note(ctx, row, steps, seeds, [(t.row, t.steps or steps) for t in new], base.max_steps or 16))
         with render.progress(prepared) as (on_event, on_done):
             trials = run_study(prepared, launch, on_event, on_done)
         rows = quality.verdicts(trials, False)

@@ -4,6 +4,7 @@ against, every strategy in or out, every candidate measured, the quality checks,
 from __future__ import annotations
 
 from trainwise.core.files import human_bytes
+from trainwise.core.units import human_seconds
 
 
 def _pct(x: float | None) -> str:
@@ -76,6 +77,13 @@ def headline(r: dict) -> list[str]:
             f"{plan['flops_per_s'] / 1e12:.3g} TFLOP/s (counted FLOPs): {plan['flops_per_s'] / top:.1%} of the "
             f"device's best measured matmul peak here, {top / 1e12:.3g} TFLOP/s ({peak.get('mode')}, measured by "
             f"{peak.get('row')})"
+        )
+    run = (plan.get("epoch_time_s") or 0.0) * (r.get("run_epochs") or 1.0)
+    if run and (r.get("quality_s") or 0.0) > run:
+        out.append(
+            f"the quality check took {human_seconds(r['quality_s'])}, more than the planned run it protects "
+            f"({human_seconds(run)} at the plan's pace, --run-epochs {r.get('run_epochs') or 1.0:g}): for a run this "
+            "short, --no-quality-check plans on speed alone"
         )
     share = r.get("search_share_of_epoch")
     if share is not None and share > 1:

@@ -363,8 +363,31 @@ def trial_seconds(rows: Sequence[StudyRow]) -> Callable[[float, int], float] | N
     candidate's step time is the baseline's per sample x its predicted time relative to the baseline x its batch.
     None where the study holds too few trials to fit (fewer than two step times apart, or no baseline)."""
     base_row = next((r for r in rows if r.baseline and r.status == "ok" and r.step_time_s and r.batch_size), None)
+    fit = _wall_fit(rows)
+    if base_row is None or fit is None:
+        return None
+    fixed, steps = fit
+    per_sample = float(base_row.step_time_s or 0.0) / (base_row.batch_size or 1)
+    return lambda t, batch: fixed + steps * t * per_sample * batch
+
+
+def check_seconds(rows: Sequence[StudyRow], trials: Sequence[tuple[str, int]], study_steps: int) -> float | None:
+    """What a quality check's `trials` (each a row's text and its optimizer steps) cost, in wall seconds: each one
+    the study's fitted fixed part plus its steps and the speed trial's extra step times, at its row's measured step
+    time. None where the study cannot say (too few trials to fit, or a row it did not measure)."""
+    fit = _wall_fit(rows)
+    pace = {r.row_text: r.step_time_s for r in rows if r.status == "ok" and r.step_time_s}
+    if fit is None or any(row not in pace for row, _ in trials):
+        return None
+    fixed, steps = fit
+    extra = max(0.0, steps - study_steps)  # the warm-up's slower steps, the memory and FLOP steps
+    return sum(fixed + (n + extra) * float(pace[row] or 0.0) for row, n in trials)
+
+
+def _wall_fit(rows: Sequence[StudyRow]) -> tuple[float, float] | None:
+    """A trial's wall time as (fixed seconds, step times per trial), least squares over every row that ran."""
     points = [(r.step_time_s, r.wall_s) for r in rows if r.status == "ok" and r.step_time_s and r.wall_s]
-    if base_row is None or len(points) < 2:
+    if len(points) < 2:
         return None
     xs, ys = [x for x, _ in points], [y for _, y in points]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
@@ -372,6 +395,4 @@ def trial_seconds(rows: Sequence[StudyRow]) -> Callable[[float, int], float] | N
     if sxx <= 0:
         return None
     steps = max(1.0, sum((x - mx) * (y - my) for x, y in points) / sxx)
-    fixed = max(0.0, my - steps * mx)
-    per_sample = float(base_row.step_time_s or 0.0) / (base_row.batch_size or 1)
-    return lambda t, batch: fixed + steps * t * per_sample * batch
+    return max(0.0, my - steps * mx), steps

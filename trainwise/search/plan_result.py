@@ -14,8 +14,9 @@ from typing import Any
 from trainwise import strategies
 from trainwise.core.files import human_bytes
 from trainwise.core.results import StudyRow
+from trainwise.core.units import human_seconds
 from trainwise.search.acquisition import Search
-from trainwise.search.plan_inputs import base, row_text, split_row
+from trainwise.search.plan_inputs import base, check_seconds, row_text, split_row
 
 UNMEASURED = "out: not measured (not among the study's rows)"
 
@@ -238,3 +239,20 @@ def _reasons(ctx: Context, chosen: str | None) -> list[dict]:
                 why = f"{pct(alone.rel_time)} time alone, but no combination with it was predicted to beat the plan"
         out.append({"strategy": name, "in": False, "reason": f"out: {why}" if why else UNMEASURED})
     return out
+
+
+def check_note(ctx: Context, row: str, steps: int, seeds: int, trials: list[tuple[str, int]], study_steps: int) -> str:
+    """The quality check about to run (`trials`: each a row and its steps), with what it will cost, and whether that
+    is more than the planned run it protects."""
+    line = f"trainwise plan: quality check: {row} against the baseline, {steps} steps x {seeds} paired seeds"
+    cost = check_seconds(ctx.rows, trials, study_steps)
+    if cost is None:
+        return line
+    run = ctx.run_s * ctx.found.times[row][0] if ctx.run_s and row in ctx.found.times else None
+    more = (
+        f": more than the planned run it protects ({human_seconds(run)} at the plan's pace, --run-epochs "
+        f"{ctx.run_epochs:g}); --no-quality-check plans on speed alone"
+        if run and cost > run
+        else ""
+    )
+    return f"{line}, about {human_seconds(cost)}{more}"
