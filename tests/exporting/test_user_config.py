@@ -225,3 +225,25 @@ def test_a_flag_named_on_the_line_wins_over_the_file_even_at_its_default(tmp_pat
     options = PlanOptions.of({"from_config": str(cfg), "max_length": 128, "out": str(tmp_path / "o")})
     assert from_config.prepare(options, {"from_config", "max_length", "out"})[0].max_length == 128
     assert from_config.prepare(options, {"from_config", "out"})[0].max_length == 32
+
+
+def test_a_precision_the_device_only_emulates_is_said_before_yours_is_measured(tmp_path, monkeypatch):
+    """TRL's SFTConfig trains bf16 by default, on a CPU without bf16 too (a notebook's "yours" ran emulated bf16 for
+    over 12 minutes, unsaid): the plan says which precision, whose choice it was, and the field that turns it off."""
+    import trainwise.study.prepare
+    from trainwise.api import from_config
+    from trainwise.api.options import PlanOptions
+
+    monkeypatch.setattr(trainwise.study.prepare, "too_slow", lambda names, *_: {n: "emulated here" for n in names})
+    cfg = _sft(tmp_path)
+    del_bf16 = yaml.safe_load(cfg.read_text())
+    del_bf16.pop("bf16", None)
+    cfg.write_text(yaml.safe_dump(del_bf16, sort_keys=False))
+    options = PlanOptions.of({"from_config": str(cfg), "out": str(tmp_path / "o"), "device": "cpu"})
+    notes = from_config.prepare(options, {"from_config", "out", "device"})[1].notes
+    assert notes == (
+        "yours trains bf16 (the SFTConfig default), which this cpu only emulates (emulated here): it is measured as "
+        "it would train here, and `bf16: false` trains fp32; the plan writes that where fp32 is faster",
+    )
+    cfg.write_text(yaml.safe_dump({**del_bf16, "bf16": False}, sort_keys=False))
+    assert from_config.prepare(options, {"from_config", "out", "device"})[1].notes == (), "fp32: nothing to say"

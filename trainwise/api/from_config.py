@@ -32,6 +32,7 @@ class Yours:
     cfg: user_config.UserConfig
     reading: user_config.Reading
     task: str
+    notes: tuple[str, ...] = ()  # what the plan says of the file before it measures it (a precision emulated here)
 
     @property
     def row(self) -> str:
@@ -89,7 +90,25 @@ def prepare(options: PlanOptions, given: set[str] | None = None) -> tuple[PlanOp
         new = dataclasses.replace(options, **updates)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"--from-config {options.from_config}: {e}") from None
-    return new, Yours(cfg, reading, task)
+    return new, Yours(cfg, reading, task, _emulated(cfg, reading, device, caps))
+
+
+def _emulated(
+    cfg: user_config.UserConfig, reading: user_config.Reading, device: str, caps: set[str]
+) -> tuple[str, ...]:
+    """A line for each precision of yours this device only emulates, and which field (or the class's default) asks
+    for it: TRL's SFTConfig trains bf16 by default, on a CPU without bf16 too, several times slower than fp32."""
+    from trainwise.study.prepare import too_slow  # heavy: torch (the device's precision probe)
+
+    mine = [n for n in split_row(reading.row)[0] if n in ("bf16", "fp16")]
+    out = []
+    for name, why in too_slow(mine, device, caps).items():
+        whose = "as your file sets it" if name in cfg.fields else f"the {cfg.label.split()[1]} default"
+        out.append(
+            f"yours trains {name} ({whose}), which this {device} only emulates ({why}): it is measured as it would "
+            f"train here, and `{name}: false` trains fp32; the plan writes that where fp32 is faster"
+        )
+    return tuple(out)
 
 
 def _given(options: PlanOptions, given: set[str] | None) -> set[str]:
@@ -106,7 +125,7 @@ def finish(yours: Yours, result: PlanResult, versus: dict[str, dict], batch: int
         "file": str(yours.cfg.path),
         "row": yours.row,
         "said": yours.reading.said,
-        "unhonoured": yours.reading.unhonoured,
+        "unhonoured": [*yours.notes, *yours.reading.unhonoured],
         "per_device": yours.reading.per_device,
         "accum": yours.reading.accum,
     }

@@ -60,6 +60,8 @@ def start(options: PlanOptions, render: Render | None = STDERR, given: set[str] 
     yours = None
     if options.from_config:  # the user's own config: the study's settings, and a row of it
         options, yours = from_config.prepare(options, given)
+        for line in yours.notes:
+            render.note(f"trainwise plan: {line}")
     constraints = options.constraints()
     budget_s = parse_seconds(options.max_search_time, "--max-search-time") if options.max_search_time else None
     base = options.compare_options()
