@@ -300,8 +300,14 @@ def test_pairs_cut_at_max_length_are_said_as_chats_are(tokenizer):
     cut = sum(p + r > limit for p, r in sizes)
     # the prompt keeps at most what the response leaves, and at least half the room: the response loses the rest
     lost = sum(p + r > limit and r > limit - min(p, max(limit - r, limit // 2)) for p, r in sizes)
+    # TRL cuts the joined pair's end instead: a prompt as long as the room leaves no response token, and is dropped
+    masked = sum(p >= limit for p, _r in sizes)
     (note,) = pair_notes(rows, tokenizer, limit, "held-out")
     assert note.startswith(f"{cut} of 12 held-out prompt/response pairs are longer than --max-length {limit} tokens")
-    assert note.endswith(f"; {lost} of them lose the end of their response too" if lost else "prompt's beginning first")
+    tail = f"; {lost} of them lose the end of their response too" if lost else "prompt's beginning first"
+    trl = f"; TRL's SFTTrainer (truncation_mode keep_start, unpacked) keeps {masked} of them as their prompt alone"
+    assert note.endswith(tail + (f"{trl} and drops them" if masked else "")), note
     (short,) = pair_notes(rows, tokenizer, 4)  # shorter than most responses: they lose their end
     assert "of them lose the end of their response too" in short
+    every = sum(p >= 4 for p, _r in sizes)
+    assert every and short.endswith(f"keeps {every} of them as their prompt alone and drops them"), short

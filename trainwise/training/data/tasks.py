@@ -65,18 +65,27 @@ def pair_notes(rows, tokenizer, max_length: int, which: str = "training") -> lis
     _pad, eos = lm_ids(tokenizer)
     prompts = tokenizer([r["text"] for r in rows], add_special_tokens=False)["input_ids"]
     responses = tokenizer([r["target"] for r in rows], add_special_tokens=False)["input_ids"]
-    cut = lost = 0
+    cut = lost = masked = 0
     for p, r in zip(prompts, responses, strict=True):
         if len(p) + len(r) + 1 > max_length:
             cut += 1
             _ids, labels = prompt_response(p, [*r, eos], max_length)
             lost += sum(1 for y in labels if y != IGNORE_INDEX) < len(r) + 1
+            masked += len(p) >= max_length
     if not cut:
         return []
     part = f"; {lost} of them lose the end of their response too" if lost else ""
+    # TRL's SFTTrainer cuts the joined pair's end (truncation_mode keep_start) and, unpacked, drops a pair left with
+    # no response token: `trl sft` on this data trains fewer pairs than these trials (issue 59, BENCHMARKS §U1)
+    trl = (
+        f"; TRL's SFTTrainer (truncation_mode keep_start, unpacked) keeps {masked} of them as their prompt alone and "
+        "drops them"
+        if masked
+        else ""
+    )
     return [
         f"{cut} of {len(rows)} {which} prompt/response pairs are longer than --max-length {max_length} tokens: "
-        f"each loses its prompt's beginning first{part}"
+        f"each loses its prompt's beginning first{part}{trl}"
     ]
 
 
