@@ -36,6 +36,7 @@ def _objects(tmp_path):
         report_to="none",
         max_steps=2,
         optim="adamw_torch",
+        bf16=False,  # (SFTConfig's default is bf16, on a CPU without it too: emulated, several times slower)
     )
     return model, data, tok, args
 
@@ -87,3 +88,30 @@ def test_objects_trainwise_cannot_measure_are_one_line(tmp_path):
         trainwise.plan(model=model, train_dataset=tokenised, processing_class=tok, args=args, out=str(tmp_path / "o"))
     with pytest.raises(ConfigError, match="is no transformers Trainer"):
         trainwise.plan(trainer=object(), out=str(tmp_path / "o"))
+
+
+def test_compare_and_estimate_take_the_same_objects(tmp_path):
+    """`trainwise.compare(model=obj, train_dataset=, processing_class=, args=)`: a study at the arguments' settings
+    (2 x 4 is a batch of 8 in micro-batches of 2) with yours among its rows; `trainwise.estimate` on the same parts:
+    the baseline and yours, from the model's config alone."""
+    model, data, tok, args = _objects(tmp_path)
+    out = tmp_path / "study"
+    study = trainwise.compare(
+        model=model, train_dataset=data, processing_class=tok, args=args, out=str(out), strategies="baseline",
+        max_steps=2, warmup_steps=1, eval_samples=0, remeasure=False, retries=0, render=None,
+    )  # fmt: skip
+    assert [r.strategy for r in study.rows] == ["baseline"] and study.rows[0].status == "ok"
+    said = study.settings
+    assert "--batch-size 8 --max-length 32" in said["command"] and said["batch"].startswith("8 samples"), said
+    from trainwise.api import from_objects
+
+    found = from_objects.take({"model": model, "train_dataset": data, "processing_class": tok, "args": args})
+    chosen = from_objects.compare(found, {"out": str(tmp_path / "rows")}, None, None, lambda o, _r: o)
+    rows = chosen.strategies.split(",")
+    assert rows[0] == "baseline" and "grad_accum=4" in rows[-1] and len(rows) > 2, rows  # the defaults, then yours
+    report = trainwise.estimate(model=model, train_dataset=data, processing_class=tok, args=args, render=None)
+    rows = [r for r, _e in report.estimates]
+    assert rows[0] == "baseline" and "grad_ckpt" in rows[1] and "grad_accum=4" in rows[1], rows
+    assert all(e.peak_bytes > 0 for _r, e in report.estimates)
+    with pytest.raises(ConfigError, match="args= is required"):
+        trainwise.compare(model=model, train_dataset=data, processing_class=tok, out=str(tmp_path / "x"))

@@ -99,7 +99,17 @@ def _log_table(out: Path, done: Any, changed: bool) -> bool:
 def compare(config: str | Path | None = None, render: Render | None = STDERR, **options: Any) -> Study:
     """`trainwise compare` in Python: the CLI's options as keyword arguments, with its defaults and its
     validation (a bad value is one ConfigError), over a study file's (`config=`). Returns the study
-    (`.rows`, `.to_pandas()`, `.advise()`). Progress and notes go to stderr; `render=None`: silence."""
+    (`.rows`, `.to_pandas()`, `.advise()`). Progress and notes go to stderr; `render=None`: silence.
+
+    The objects you train with compare as `trainwise.plan` plans them: `trainer=` (a Trainer or SFTTrainer), or
+    `model=` (the model object) with `train_dataset=`, `processing_class=` and `args=`: saved once into the study,
+    its settings your arguments' (a keyword given wins), its rows the defaults and yours
+    (`trainwise.api.from_objects`)."""
+    from trainwise.api import from_objects
+
+    objects = from_objects.take(options)
+    if objects is not None:
+        return from_objects.compare(objects, options, config, render, start)
     return start(CompareOptions.of(options, config), render)
 
 

@@ -41,7 +41,14 @@ def start(options: EstimateOptions, render: Render | None = STDERR) -> EstimateR
 
 def estimate(config: str | Path | None = None, render: Render | None = STDERR, **options: Any) -> EstimateReport:
     """`trainwise estimate` in Python: the CLI's options as keyword arguments (over a study file's).
-    Returns the report (`.estimates`, `.to_json()`)."""
+    Returns the report (`.estimates`, `.to_json()`). `trainer=`, or `model=` (the object) with `train_dataset=`,
+    `processing_class=` and `args=`: the estimate of your own training, the baseline and yours (your arguments'
+    strategies), at your arguments' settings (`trainwise.api.from_objects`)."""
+    from trainwise.api import from_objects
+
+    objects = from_objects.take(options)
+    if objects is not None:
+        return from_objects.estimate(objects, options, config, render, start)
     return start(EstimateOptions.of(options, config), render)
 
 

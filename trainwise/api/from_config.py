@@ -49,25 +49,14 @@ class Yours:
 def prepare(options: PlanOptions, given: set[str] | None = None) -> tuple[PlanOptions, Yours]:
     """The plan's options with the file's values where no flag was given (`given`: the options named on the command
     line or in the call; None: those that differ from their defaults), and the user's row."""
-    from trainwise.study.prepare import resolve_device  # heavy: torch
-
     assert options.from_config is not None
-    explicit_task = options.task if "task" in _given(options, given) else None
-    cfg = user_config.read(options.from_config, explicit_task)
-    task = options.task if cfg.kind == user_config.TRAINER else "causal-lm"
-    device, caps = resolve_device(options.device)
+    chosen = _given(options, given)
+    cfg, reading, task, device, caps, updates = _read(options, options.from_config, chosen)
     runnable = inputs.validity(task, 1, caps)
 
     def valid(row: str) -> str | None:
         return runnable(inputs.split_row(row)[0]) if row != "baseline" else None
 
-    reading = user_config.reading(cfg, device, valid, options.nproc)
-    chosen = _given(options, given)
-    # a flag wins over the file, and over what the file says in its place (--model-preset over model_name_or_path)
-    instead = {"model": "model_preset", "model_preset": "model", "train_file": "dataset", "dataset": "train_file"}
-    updates: dict[str, Any] = {
-        k: v for k, v in reading.options.items() if k not in chosen and instead.get(k) not in chosen
-    }
     if reading.epochs is not None and "run_epochs" not in chosen:
         updates["run_epochs"] = reading.epochs
     updates["batch_search"] = False  # the effective batch is the user's: the plan changes how it is made up
@@ -109,6 +98,37 @@ def _emulated(
             f"train here, and `{name}: false` trains fp32; the plan writes that where fp32 is faster"
         )
     return tuple(out)
+
+
+def _read(options: Any, path: str, chosen: set[str]) -> tuple:
+    """The file at `path` as (its config, what a study takes from it, the task, the device and its capabilities, the
+    options it sets where none of `chosen` says otherwise)."""
+    from trainwise.study.prepare import resolve_device  # heavy: torch
+
+    cfg = user_config.read(path, options.task if "task" in chosen else None)
+    task = options.task if cfg.kind == user_config.TRAINER else "causal-lm"
+    device, caps = resolve_device(options.device)
+    runnable = inputs.validity(task, 1, caps)
+
+    def valid(row: str) -> str | None:
+        return runnable(inputs.split_row(row)[0]) if row != "baseline" else None
+
+    reading = user_config.reading(cfg, device, valid, options.nproc)
+    # a flag wins over the file, and over what the file says in its place (--model-preset over model_name_or_path)
+    instead = {"model": "model_preset", "model_preset": "model", "train_file": "dataset", "dataset": "train_file"}
+    updates = {k: v for k, v in reading.options.items() if k not in chosen and instead.get(k) not in chosen}
+    return cfg, reading, task, device, caps, updates
+
+
+def settings(options: Any, path: str, given: set[str]) -> tuple[Any, str]:
+    """The options of another verb (compare, estimate) with the file's values where `given` names none, and its row
+    yours (the file's strategies, as `trainwise plan --from-config` measures it)."""
+    _cfg, reading, _task, _device, _caps, updates = _read(options, path, given)
+    known = {f.name for f in fields(options) if f.init}
+    try:
+        return dataclasses.replace(options, **{k: v for k, v in updates.items() if k in known}), reading.row
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{path}: {e}") from None
 
 
 def _given(options: PlanOptions, given: set[str] | None) -> set[str]:

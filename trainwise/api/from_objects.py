@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainwise.api.options import PlanOptions
+from trainwise.api.options import CompareOptions, EstimateOptions, PlanOptions, words
 from trainwise.core.errors import ConfigError
 from trainwise.core.files import write_atomic
 from trainwise.exporting.user_config import ALIASES
@@ -51,7 +51,7 @@ class Objects:
         (`model` as a string is the option --model, a hub id or a folder, not an object)."""
         if trainer is None and (model is None or isinstance(model, str | Path)):
             if train_dataset is not None or args is not None:
-                raise ConfigError("plan: train_dataset= and args= come with model= (a model object) or trainer=")
+                raise ConfigError("train_dataset= and args= come with model= (a model object) or trainer=")
             return None
         if trainer is not None:
             if not all(hasattr(trainer, a) for a in ("model", "args", "train_dataset")):
@@ -79,11 +79,11 @@ class Objects:
                 )
             raise ConfigError(f"model: a {kind} is not a transformers PreTrainedModel trainwise can measure")
         if self.args is None:
-            raise ConfigError("plan: args= is required with model= (your TrainingArguments or SFTConfig)")
+            raise ConfigError("args= is required with model= (your TrainingArguments or SFTConfig)")
         if not isinstance(self.args, TrainingArguments):
             raise ConfigError(f"args: a {type(self.args).__name__} is no TrainingArguments or SFTConfig")
         if self.processing_class is None:
-            raise ConfigError("plan: processing_class= (the tokenizer) is required with model=")
+            raise ConfigError("processing_class= (the tokenizer) is required with model=")
         columns = getattr(self.train_dataset, "column_names", None)
         if not isinstance(columns, list) or not hasattr(self.train_dataset, "to_json"):
             raise ConfigError(
@@ -95,8 +95,9 @@ class Objects:
     def sft(self) -> bool:
         return any(c.__name__ == "SFTConfig" for c in type(self.args).__mro__)
 
-    def save(self, out: Path) -> Path:
-        """The objects into OUT/yours/ (see the module's docstring); the arguments' file, for --from-config."""
+    def save(self, out: Path, weights: bool = True) -> Path:
+        """The objects into OUT/yours/ (see the module's docstring); the arguments' file, for --from-config.
+        `weights=False`: the model's config alone (an estimate reads the shapes, never the weights)."""
         where = out / YOURS
         model_dir, data = where / "model", where / "train.jsonl"
         columns = set(self.train_dataset.column_names)
@@ -114,7 +115,10 @@ class Objects:
                 "dataset with its text and label columns"
             )
         where.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(model_dir)
+        if weights:
+            self.model.save_pretrained(model_dir)
+        else:
+            self.model.config.save_pretrained(model_dir)
         self.processing_class.save_pretrained(model_dir)
         self.train_dataset.to_json(str(data), lines=True, force_ascii=False)
         fields = {k: v for k, v in self.args.to_dict().items() if not k.startswith("_")}
@@ -153,21 +157,55 @@ def take(options: dict[str, Any]) -> Objects | None:
     if found is not None and not isinstance(model, str | Path):
         options.pop("model", None)
     if found is not None and options.get("from_config"):
-        raise ConfigError("plan: from_config= or your objects (trainer=, or model= with args=), not both")
+        raise ConfigError("from_config= or your objects (trainer=, or model= with args=), not both")
     return found
 
 
 def plan(found: Objects, options: dict[str, Any], config: str | Path | None, render: Any, start: Any) -> Any:
     """The plan of the objects: saved into the study, planned as --from-config plans their file, answered as
     objects (`result.args`, `result.data_collator`). `start`: the verb's (`trainwise.api.plan.start`)."""
-    from trainwise.study.store import check_ours, mark  # heavy: the study store
-
     chosen = PlanOptions.of(options, config)
-    out = Path(chosen.out)
-    check_ours(out, chosen.force)  # (an --out of the user's files is refused before anything is written into it)
-    out.mkdir(parents=True, exist_ok=True)
-    mark(out)
-    path = found.save(out)
+    path = _saved(found, Path(chosen.out), chosen.force)
     result = start(dataclasses.replace(chosen, from_config=str(path)), render, given=set(options))
     result.args, result.data_collator = found.answer((result.yours or {}).get("changes", []), result.plan)
     return result
+
+
+def compare(found: Objects, options: dict[str, Any], config: str | Path | None, render: Any, start: Any) -> Any:
+    """A study of the objects: saved into it as for a plan, its settings the arguments' (a keyword given wins), its
+    rows the verb's defaults and yours (the arguments' own strategies). `start`: `trainwise.api.compare.start`."""
+    from trainwise.api import from_config
+
+    chosen = CompareOptions.of(options, config)
+    path = _saved(found, Path(chosen.out), chosen.force)
+    new, row = from_config.settings(chosen, str(path), set(options))
+    if "strategies" not in options and row not in words(new.strategies):
+        new = dataclasses.replace(new, strategies=",".join([*words(new.strategies), row]))
+    return start(new, render)
+
+
+def estimate(found: Objects, options: dict[str, Any], config: str | Path | None, render: Any, start: Any) -> Any:
+    """The memory estimate of the objects: the model's config (not its weights), tokenizer, data and arguments
+    saved into a folder of their own for the call, read as `compare` reads them; the rows: the baseline and yours,
+    unless strategies= names them. `start`: `trainwise.api.estimate.start`."""
+    import tempfile
+
+    from trainwise.api import from_config
+
+    chosen = EstimateOptions.of(options, config)
+    with tempfile.TemporaryDirectory(prefix="trainwise-estimate-") as where:
+        path = found.save(Path(where), weights=False)
+        new, row = from_config.settings(chosen, str(path), set(options))
+        if "strategies" not in options:
+            new = dataclasses.replace(new, strategies=",".join(dict.fromkeys(["baseline", row])))
+        return start(new, render)
+
+
+def _saved(found: Objects, out: Path, force: bool) -> Path:
+    """The objects saved into the study at `out` (refused where `out` holds files that are no study's)."""
+    from trainwise.study.store import check_ours, mark  # heavy: the study store
+
+    check_ours(out, force)  # (an --out of the user's files is refused before anything is written into it)
+    out.mkdir(parents=True, exist_ok=True)
+    mark(out)
+    return found.save(out)
