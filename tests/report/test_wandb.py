@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,14 +18,20 @@ pytest.importorskip("wandb", reason="trainwise[wandb] is in requirements.lock: m
 
 
 @pytest.fixture
-def offline(tmp_path) -> dict[str, str]:
-    """W&B offline, its own files in the test's folder (no login, nothing written to HOME)."""
-    return {
+def offline(tmp_path) -> Iterator[dict[str, str]]:
+    """W&B offline, its own files in the test's folder (no login, nothing written to HOME). A test that logs in
+    this process starts W&B's service: it is shut down when the test ends, not left to the interpreter's exit (where
+    its atexit hook met a service already gone: "Exception ignored in atexit callback ... ConnectionResetError"
+    after the suite's summary, issue 60)."""
+    yield {
         "WANDB_MODE": "offline",
         "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
         "WANDB_CACHE_DIR": str(tmp_path / "wandb-cache"),
         "WANDB_DATA_DIR": str(tmp_path / "wandb-data"),
     }
+    import wandb
+
+    wandb.teardown()
 
 
 def _compare(cls_csv: Path, out: Path, rows: str) -> list[str]:
