@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from trainwise.api import from_objects
 from trainwise.api.options import CompareOptions
 from trainwise.api.render import STDERR, Render
 from trainwise.api.study import Study
@@ -105,8 +106,6 @@ def compare(config: str | Path | None = None, render: Render | None = STDERR, **
     `model=` (the model object) with `train_dataset=`, `processing_class=` and `args=`: saved once into the study,
     its settings your arguments' (a keyword given wins), its rows the defaults and yours
     (`trainwise.api.from_objects`)."""
-    from trainwise.api import from_objects
-
     objects = from_objects.take(options)
     if objects is not None:
         return from_objects.compare(objects, options, config, render, start)

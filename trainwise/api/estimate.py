@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from trainwise.api import from_objects
 from trainwise.api.options import EstimateOptions
 from trainwise.api.render import STDERR, Render, probes
 from trainwise.core.errors import ConfigError
@@ -44,8 +45,6 @@ def estimate(config: str | Path | None = None, render: Render | None = STDERR, *
     Returns the report (`.estimates`, `.to_json()`). `trainer=`, or `model=` (the object) with `train_dataset=`,
     `processing_class=` and `args=`: the estimate of your own training, the baseline and yours (your arguments'
     strategies), at your arguments' settings (`trainwise.api.from_objects`)."""
-    from trainwise.api import from_objects
-
     objects = from_objects.take(options)
     if objects is not None:
         return from_objects.estimate(objects, options, config, render, start)

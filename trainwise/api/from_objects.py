@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainwise.api import from_config
 from trainwise.api.options import CompareOptions, EstimateOptions, PlanOptions, words
 from trainwise.core.errors import ConfigError
 from trainwise.core.files import write_atomic
@@ -174,8 +176,6 @@ def plan(found: Objects, options: dict[str, Any], config: str | Path | None, ren
 def compare(found: Objects, options: dict[str, Any], config: str | Path | None, render: Any, start: Any) -> Any:
     """A study of the objects: saved into it as for a plan, its settings the arguments' (a keyword given wins), its
     rows the verb's defaults and yours (the arguments' own strategies). `start`: `trainwise.api.compare.start`."""
-    from trainwise.api import from_config
-
     chosen = CompareOptions.of(options, config)
     path = _saved(found, Path(chosen.out), chosen.force)
     new, row = from_config.settings(chosen, str(path), set(options))
@@ -188,10 +188,6 @@ def estimate(found: Objects, options: dict[str, Any], config: str | Path | None,
     """The memory estimate of the objects: the model's config (not its weights), tokenizer, data and arguments
     saved into a folder of their own for the call, read as `compare` reads them; the rows: the baseline and yours,
     unless strategies= names them. `start`: `trainwise.api.estimate.start`."""
-    import tempfile
-
-    from trainwise.api import from_config
-
     chosen = EstimateOptions.of(options, config)
     with tempfile.TemporaryDirectory(prefix="trainwise-estimate-") as where:
         path = found.save(Path(where), weights=False)
