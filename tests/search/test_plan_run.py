@@ -255,7 +255,8 @@ def test_a_check_trains_each_row_on_as_many_samples(tmp_path, cls_csv):
         (["--only", "dynamic_pad,baseline"], "--only: unknown strategy 'baseline'"),
         (["--objective", "quality"], "--objective quality"),
         (["--max-trials", "0"], "--max-trials must be >= 1"),
-        (["--memory-budget", "1KB"], "meets the constraints"),
+        # (the study's own rows only: a default row added first would train before the constraint is read)
+        (["--memory-budget", "1KB", "--no-ecosystem-default"], "meets the constraints"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(searched, extra, says):

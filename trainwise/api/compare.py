@@ -43,7 +43,8 @@ def run(
     from trainwise.study.run import run_study  # heavy: trainwise.study.run loads numpy
 
     render = Render.of(render)
-    launcher.warm()  # the trials' process starts its imports while the data is prepared
+    if cfg.ray_address is None:  # (a cluster's trials start in its own workers: a local zygote would idle)
+        launcher.warm()  # the trials' process starts its imports while the data is prepared
     with render.status(f"trainwise compare: validating input, preparing data and model ({cfg.task})..."):
         prepared = prepare_study(cfg, render.note)
     if options is not None:
