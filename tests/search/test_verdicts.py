@@ -81,6 +81,8 @@ def test_an_equal_row_is_called_different_one_time_in_twenty_whatever_its_seeds_
         if not shared:
             assert ranges / draws > 0.25, "the rule it replaces"
     assert compare([40.0, 41.0, 42.0], [40.0, 40.0, 40.0], [0.0, 1.0, 2.0])[1].startswith("paired t=1.73 over 3")
+    # one held-out example in both seeds (160 rows: 0.625 points a step): no spread, not an infinite t
+    assert compare([40.625, 45.625], [40.0, 45.0], [0.625, 0.625])[0] == INCONCLUSIVE
 
 
 def test_three_seeds_or_more_are_judged_by_welchs_t_test(tmp_path, cls_csv):

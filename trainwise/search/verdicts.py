@@ -11,7 +11,6 @@ baseline, "better"/"worse", "no significant difference" or "inconclusive", by a 
 paired where the rows ran the same seeds (they do: the seed is the repeat's), so the seed's own luck cancels,
 else Welch's. A difference it does not call with 2 seeds is "inconclusive", not "no significant difference": two
 seeds cannot tell an equal row from a worse one. The verdicts are
-writtenThe verdicts are
 written to `--out/quality/quality.json` (by trainwise.study.store), which `advise` reads instead of the speed
 trials' quality.
 """
@@ -116,6 +115,8 @@ def compare(row: list[float], baseline: list[float], paired: list[float] | None 
     seeds' ranges that did not overlap (the rule before) called it worse 1 time in 6 and better as often (issue 58)."""
     if paired is not None and len(paired) >= 2:
         n, t = len(paired), _t(paired)
+        if n < 3 and math.isinf(t):  # two pairs apart by the same step (an accuracy moves in steps): no spread to read
+            return INCONCLUSIVE, f"paired: both seeds {paired[0]:+.2f}, no spread to test over 2 seeds"
         critical = T975[n - 2] if n - 1 <= len(T975) else 1.96
         test = f"paired t={t:.2f} over {n} seeds, |t|>{critical:.2f} at 5%"
     elif len(row) < 2 or len(baseline) < 2:
