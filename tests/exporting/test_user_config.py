@@ -234,7 +234,9 @@ def test_a_precision_the_device_only_emulates_is_said_before_yours_is_measured(t
     from trainwise.api import from_config
     from trainwise.api.options import PlanOptions
 
-    monkeypatch.setattr(trainwise.study.prepare, "too_slow", lambda names, *_: {n: "emulated here" for n in names})
+    monkeypatch.setattr(
+        trainwise.study.prepare, "too_slow", lambda names, *_: {n: "emulated here" for n in names if n == "bf16"}
+    )
     cfg = _sft(tmp_path)
     del_bf16 = yaml.safe_load(cfg.read_text())
     del_bf16.pop("bf16", None)

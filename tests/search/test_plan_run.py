@@ -290,3 +290,21 @@ def test_a_plan_json_of_an_earlier_search_is_read_back(searched, tmp_path):
         dataclasses.asdict(earlier[0])["row"]
         == json.loads((out / "plan.json").read_text())["search"]["candidates"][0]["row"]
     )
+
+
+def test_a_check_is_priced_on_the_trials_it_will_run(tmp_path, cls_csv):
+    """A second candidate's check reuses the baseline's stored quality trials: only the trials the store does not
+    stand for are priced (an earlier pair, or a resumed check, costs nothing again)."""
+    from tests.conftest import tiny_study
+    from trainwise.core.results import TrialResult
+    from trainwise.study.run import unstored
+    from trainwise.study.store import STORE, Store
+
+    prepared = tiny_study(tmp_path, cls_csv, "classification", ["baseline", "dynamic_pad"], repeat=2)
+    assert unstored(prepared) == prepared.specs
+    store = Store(prepared.out / STORE)
+    for spec in prepared.specs:
+        if spec.row == "baseline":
+            store.put(spec, TrialResult(spec.row, "ok"))
+    store.close()
+    assert [t.row for t in unstored(prepared)] == ["dynamic_pad", "dynamic_pad"]

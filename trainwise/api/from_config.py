@@ -89,9 +89,8 @@ def _emulated(
     for it: TRL's SFTConfig trains bf16 by default, on a CPU without bf16 too, several times slower than fp32."""
     from trainwise.study.prepare import too_slow  # heavy: torch (the device's precision probe)
 
-    mine = [n for n in split_row(reading.row)[0] if n in ("bf16", "fp16")]
     out = []
-    for name, why in too_slow(mine, device, caps).items():
+    for name, why in too_slow(sorted(split_row(reading.row)[0]), device, caps).items():
         whose = "as your file sets it" if name in cfg.fields else f"the {cfg.label.split()[1]} default"
         out.append(
             f"yours trains {name} ({whose}), which this {device} only emulates ({why}): it is measured as it would "

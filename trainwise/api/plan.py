@@ -292,20 +292,20 @@ def _quality(options: PlanOptions, base: CompareOptions, ctx: Context, row: str,
     from trainwise.run.launcher import launch  # heavy: the trial machinery, only when a check runs
     from trainwise.search import verdicts as quality  # heavy: numpy (the statistics)
     from trainwise.study.prepare import prepare_study  # heavy: trainwise.study.prepare loads numpy (and torch)
-    from trainwise.study.run import run_study  # heavy: trainwise.study.run loads numpy
+    from trainwise.study.run import run_study, unstored  # heavy: trainwise.study.run loads numpy
 
     steps = options.quality_steps or 4 * (base.max_steps or 16)
     cfg = base.resolve()[0]
     carried = {r.row_text: r.samples_per_s * r.step_time_s for r in ctx.rows if r.samples_per_s and r.step_time_s}
     base_carried = next((carried.get(r.row_text) for r in ctx.rows if r.baseline), None)
     ratio = {k: v / base_carried for k, v in carried.items()} if base_carried else {}
-    seeds = first = max(MIN_SEEDS, options.seeds)
+    seeds = max(MIN_SEEDS, options.seeds)
     last = max(seeds, MAX_SEEDS)
     while True:
         prepared = prepare_study(quality.quality_config(cfg, ["baseline", row], steps, seeds))
         rules = quality.equal_samples(prepared, ratio)
-        new = [t for t in prepared.specs if seeds == first or t.repeat >= seeds - 1]  # earlier pairs are stored
-        render.note(check_note(ctx, row, steps, seeds, [(t.row, t.steps or steps) for t in new], base.max_steps or 16))
+        new = [(t.row, t.steps or steps) for t in unstored(prepared)]  # (an earlier check's baseline is stored)
+        render.note(check_note(ctx, row, steps, seeds, new, base.max_steps or 16))
         with render.progress(prepared) as (on_event, on_done):
             trials = run_study(prepared, launch, on_event, on_done)
         rows = quality.verdicts(trials, False)

@@ -53,6 +53,15 @@ def _stored(store: Store, spec: TrialSpec, prepared: PreparedStudy) -> TrialResu
     return None
 
 
+def unstored(prepared: PreparedStudy) -> list[TrialSpec]:
+    """The trials a run of `prepared` would launch now: those no stored result stands for."""
+    store = Store(prepared.out / STORE)
+    try:
+        return [s for s in prepared.specs if _stored(store, s, prepared) is None]
+    finally:
+        store.close()
+
+
 def _clock(prepared: PreparedStudy, store: Store) -> projection.Clock:
     """The study's projected time, over the trials this run launches."""
     cfg = prepared.config
