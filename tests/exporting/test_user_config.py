@@ -64,6 +64,13 @@ def test_an_sftconfig_yaml_is_a_study_and_a_row(tmp_path):
     r = uc.reading(cfg, "cpu", _valid("causal-lm"))
     assert r.options["batch_size"] == 16 and r.options["accum_steps"] == 8 and r.options["task"] == "causal-lm"
     assert r.options["lr"] == 2e-5 and r.options["max_length"] == 128 and r.options["device"] == "cpu"
+    assert r.options["truncation"] == "keep_start"  # TRL's default cut: the trials cut and drop as `trl sft` will
+    assert (
+        uc.reading(uc.read(_sft(tmp_path, truncation_mode="keep_end")), "cpu", _valid("causal-lm")).options[
+            "truncation"
+        ]
+        == "keep_end"
+    )
     assert r.options["train_file"] == str(tmp_path / "pairs.csv")
     assert (r.options["prompt_column"], r.options["response_column"]) == ("prompt", "completion")
     names = split_row(r.row)[0]
@@ -178,6 +185,7 @@ def test_only_what_the_file_can_say_is_searched():
         (lambda d: _sft(d, per_device_train_batch_size="four"), "per_device_train_batch_size must be a whole number"),
         (lambda d: _sft(d, packing="yes"), "packing must be true or false"),
         (lambda d: _sft(d, dataset_name="org/hub-dataset"), "is no local .csv / .json / .jsonl file"),
+        (lambda d: _sft(d, truncation_mode="keep_middle"), "truncation_mode must be keep_start or keep_end"),
     ],
 )
 def test_bad_input_is_one_line(tmp_path, write, says):
@@ -196,7 +204,7 @@ def test_plan_from_config_measures_yours_and_writes_the_file_back(tmp_path):
         gradient_accumulation_steps=2,
         gradient_checkpointing=False,
         optim="adamw_torch",
-        max_length=32,
+        max_length=16,
     )
     out = tmp_path / "plan"
     argv = ["plan", "--from-config", str(cfg), "--model-preset", "llama-tiny", "--out", str(out), "--max-steps", "3"]
@@ -210,6 +218,20 @@ def test_plan_from_config_measures_yours_and_writes_the_file_back(tmp_path):
     assert any(ln["label"] == "yours" for ln in result["lines"])
     assert yours["written"] == str(out / "plan.sft.yaml") and Path(yours["written"]).is_file()
     assert "## Your config" in (out / "plan.md").read_text() and "your file:" in done.stderr
+    # the trials cut and drop the pairs as `trl sft` will (TRL's default keep_start): an unpacked epoch holds the
+    # pairs TRL keeps, and the note says how many it drops
+    from trainwise.study.store import read_results
+    from trainwise.training.data.prepared import read_prepared
+    from trainwise.training.data.tasks import trl_cut, trl_examples
+    from trainwise.training.models import ModelSource, load_tokenizer
+
+    tokenizer = load_tokenizer(ModelSource("preset", "llama-tiny"), str(out / "tokenizer"))
+    examples = trl_examples(read_prepared(str(out / "data"))[0], tokenizer, "prompt_response")
+    kept = len(trl_cut(examples, 16, "keep_start"))
+    assert 8 <= kept < len(examples), kept
+    base = next(r for r in read_results(out) if r.baseline and r.status == "ok")
+    assert base.epoch_time_s * base.samples_per_s == pytest.approx(kept)
+    assert f"{len(examples) - kept} of them keep no response token and are dropped" in done.stderr
     bad = here.trainwise("plan", "--from-config", str(tmp_path / "nosuch.yaml"), "--out", str(tmp_path / "x"))
     assert bad.returncode == 2 and "--from-config" in bad.stderr and "no such file" in bad.stderr
     assert len([ln for ln in bad.stderr.splitlines() if "error" in ln]) == 1, bad.stderr

@@ -311,3 +311,46 @@ def test_pairs_cut_at_max_length_are_said_as_chats_are(tokenizer):
     assert "of them lose the end of their response too" in short
     every = sum(p >= 4 for p, _r in sizes)
     assert every and short.endswith(f"keeps {every} of them as their prompt alone and drops them"), short
+
+
+@pytest.mark.parametrize("mode", ["keep_start", "keep_end"])
+def test_trl_truncation_prepares_what_sft_trainer_trains(tokenizer, mode, tmp_path):
+    """Issue 59: with a `truncation` (a study of the user's own SFTConfig), prompt/response pairs are the very examples
+    TRL's SFTTrainer builds from the same rows: unpacked, cut by truncation_mode and the fully masked ones dropped;
+    packed, every pair kept with the same tokens and loss tokens. The note says how many the unpacked rows drop."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    from trainwise.training.data.tasks import pair_notes, trl_cut, trl_examples
+
+    rows = pairs(24, seed=5)
+    data = [{"text": r["question"], "target": r["answer"]} for r in rows]
+    ds = Dataset.from_list([{"prompt": r["question"], "completion": r["answer"]} for r in rows])
+    model = build_model(ModelSource("preset", "llama-tiny"), "causal-lm", 2, 0)
+    examples = trl_examples(data, tokenizer, "prompt_response")
+    for packing in (False, True):
+        args = SFTConfig(
+            output_dir=str(tmp_path / f"sft-{packing}"),
+            max_length=12,
+            truncation_mode=mode,
+            packing=packing,
+            use_cpu=True,
+            bf16=False,
+            report_to=[],
+            shuffle_dataset=False,
+        )
+        theirs = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tokenizer).train_dataset
+        ours = trl_cut(examples, 12, mode, packed=packing)
+        scored = lambda labels: sum(sum(y != IGNORE_INDEX for y in x) for x in labels)  # noqa: E731
+        if packing:  # bfd bins the same examples into rows: the same tokens, the same loss tokens
+            assert sum(len(x) for x in theirs["input_ids"]) == sum(ours.lengths())
+            assert scored(theirs["labels"]) == scored(ours.labels) > 0
+            assert len(ours) == len(rows)
+        else:
+            assert [list(x) for x in theirs["input_ids"]] == ours.input_ids
+            assert [list(x) for x in theirs["labels"]] == ours.labels
+    dropped = len(rows) - len(trl_cut(examples, 12, mode))
+    assert (dropped > 0) == (mode == "keep_start")  # keep_end keeps every response's end
+    (note,) = pair_notes(data, tokenizer, 12, truncation=mode)
+    assert f"as TRL's SFTTrainer cuts it (truncation_mode {mode})" in note
+    assert (f"; {dropped} of them keep no response token and are dropped from unpacked rows" in note) == bool(dropped)

@@ -223,6 +223,7 @@ class Shape(Options):
     accum_steps: int = take(StudyConfig, "accum_steps")
     max_length: int = take(StudyConfig, "max_length")
     max_target_length: int = take(StudyConfig, "max_target_length")
+    truncation: str = take(StudyConfig, "truncation")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -315,6 +316,7 @@ class CompareOptions(Scale, Measurement, Training, Shape, ModelData, Priced):
         unread = {
             "batch_size": True,  # in batch_sizes
             "max_target_length": self.task != "seq2seq",
+            "truncation": not self.truncation,  # a study before issue 59's field reads as trainwise's cut
             "image_size": self.task != IMAGE_TASK,
             "remeasure": self.repeat > 1,
         }

@@ -127,6 +127,14 @@ class StudyConfig:
     accum_steps: int = option(4, "grad_accum: micro-batches per step (each batch/N).")
     max_length: int = option(128, "Max input tokens; the baseline pads to it.")
     max_target_length: int = option(48, "Max target tokens (seq2seq).")
+    # causal-lm text and prompt/response rows: "" trainwise's own cut (a pair loses its prompt's beginning first and
+    # keeps its response), or TRL's SFTTrainer's (issue 59; --from-config sets it from the file's truncation_mode)
+    truncation: str = option(
+        "",
+        "causal-lm: cut long examples as TRL's SFTTrainer does, keep_start or keep_end (its truncation_mode; "
+        "unpacked rows drop an example left with no loss token) \\[default: a pair keeps its response, losing its "
+        "prompt's beginning first].",
+    )
     # None: the run's own schedule says (train's --epochs/--max-steps, tune's --max-steps), not a trial's count
     max_steps: int | None = option(16, "Optimizer steps per trial, warm-up included.")
     warmup_steps: int = option(3, "First steps excluded from timing.")
@@ -219,6 +227,10 @@ class StudyConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0, got {value}")
         if not 0 <= self.retries <= 10:
             raise ConfigError(f"--retries must be between 0 and 10, got {self.retries}")
+        if self.truncation not in ("", "keep_start", "keep_end"):
+            raise ConfigError(f"--truncation must be keep_start or keep_end, not {self.truncation!r}")
+        if self.truncation and self.task != "causal-lm":
+            raise ConfigError(f"--truncation {self.truncation} applies to --task causal-lm only")
         if self.eval_samples < 0:
             raise ConfigError(f"--eval-samples must be >= 0, got {self.eval_samples}")
         if self.image_size <= 0:
@@ -542,6 +554,7 @@ class TrialSettings:
     # causal-lm: "text" (raw text cut into blocks, every token carries loss), "prompt_response" (the
     # response's tokens carry it) or "chat" (conversations: the assistant turns carry it); "" for the other tasks
     data_format: str = ""
+    truncation: str = ""  # causal-lm: "" trainwise's cut, or TRL's truncation_mode (keep_start / keep_end)
 
 
 @dataclass(frozen=True)

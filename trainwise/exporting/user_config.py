@@ -63,6 +63,7 @@ READ = {
     "dataset_config",
     "dataset_train_split",
     "dataset_text_field",
+    "truncation_mode",
 }
 # fields that say where and how a run is logged, saved and evaluated: kept as written, nothing to measure
 BOOKKEEPING = (
@@ -305,6 +306,11 @@ def reading(cfg: UserConfig, device: str, valid: Callable[[str], str | None], np
             options[option] = eff[name]
     if cfg.kind == SFT and isinstance(eff.get("max_length"), int):
         options["max_length"] = eff["max_length"]
+    if cfg.kind == SFT:  # the trials cut and drop long examples as `trl sft` will (its default: keep_start)
+        mode = getattr(eff.get("truncation_mode"), "value", eff.get("truncation_mode")) or "keep_start"
+        if mode not in ("keep_start", "keep_end"):
+            raise ConfigError(f"{where}: truncation_mode must be keep_start or keep_end, not {mode!r}")
+        options["truncation"] = mode
     if eff.get("dataloader_num_workers"):
         options["num_workers"] = str(eff["dataloader_num_workers"])
     if eff.get("use_cpu"):

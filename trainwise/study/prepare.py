@@ -264,13 +264,15 @@ def prepare_study(cfg: StudyConfig, on_note: Callable[[str], None] = lambda _lin
             from trainwise.training.data.tasks import pair_notes  # heavy: trainwise.training.data.tasks loads torch
 
             tokenizer = load_tokenizer(source, tokenizer_dir)
-            held_out = pair_notes(evals[: cfg.eval_samples], tokenizer, cfg.max_length, "held-out")
-            cuts = [f"trainwise: data: {note}" for note in pair_notes(train, tokenizer, cfg.max_length) + held_out]
+            cut = cfg.truncation
+            held_out = pair_notes(evals[: cfg.eval_samples], tokenizer, cfg.max_length, "held-out", cut)
+            trained = pair_notes(train, tokenizer, cfg.max_length, truncation=cut)
+            cuts = [f"trainwise: data: {note}" for note in trained + held_out]
             for note in cuts:  # after the notes above: a preset's tokenizer is trained only now
                 on_note(note)
             notes += cuts
         if data.data_format == "text":
-            n_train = lm_samples(source, tokenizer_dir, train, cfg.max_length, "text")
+            n_train = lm_samples(source, tokenizer_dir, train, cfg.max_length, "text", truncation=cfg.truncation)
             if n_train < largest:
                 raise ConfigError(
                     f"the training text makes {n_train} blocks of --max-length {cfg.max_length} tokens, fewer than "
@@ -278,7 +280,9 @@ def prepare_study(cfg: StudyConfig, on_note: Callable[[str], None] = lambda _lin
                 )
         viewed = [r for r in cfg.rows if strategies.runtime(r.plan, cfg.task, "cpu").data_view is not None]
         if cfg.task == CAUSAL_LM and viewed:  # rows of packed examples: enough of them for a batch
-            packed = lm_samples(source, tokenizer_dir, train, cfg.max_length, data.data_format, packed=True)
+            packed = lm_samples(
+                source, tokenizer_dir, train, cfg.max_length, data.data_format, packed=True, truncation=cfg.truncation
+            )
             if packed < largest:
                 raise ConfigError(
                     f"{viewed[0].text}: the training examples fill {packed} rows of --max-length {cfg.max_length} "
@@ -343,13 +347,14 @@ def lm_samples(
     max_length: int,
     data_format: str,
     packed: bool = False,
+    truncation: str = "",
 ) -> int:
-    """A causal LM's training samples: raw text's blocks of max_length tokens, or the examples, or (packed)
-    the rows of max_length tokens they fill."""
+    """A causal LM's training samples: raw text's blocks of max_length tokens, or the examples (under TRL's
+    `truncation`, each document one), or (packed) the rows of max_length tokens they fill."""
     from trainwise.strategies.lm.packing import pack  # heavy: trainwise.strategies.lm.packing loads torch
     from trainwise.training.data.tasks import encode_lm  # heavy: trainwise.training.data.tasks loads torch
 
-    enc = encode_lm(train, load_tokenizer(source, tokenizer_dir), data_format, max_length)
+    enc = encode_lm(train, load_tokenizer(source, tokenizer_dir), data_format, max_length, truncation, packed)
     return len(pack(enc.lengths(), max_length)) if packed else len(enc)
 
 

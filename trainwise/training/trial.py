@@ -155,7 +155,9 @@ def run_trial(spec: TrialSpec, progress: Emit | None = None, trace_path: Path | 
         tokens_per_s=summary["tokens_per_s"],
         padding_waste=1 - ours["real"] / ours["padded"],
         loss_token_share=data.loss_token_share,  # the training set's, not the sample's: the same for every row
-        epoch_time_s=s.n_train / samples_per_s,
+        # an epoch of what this row trains: unpacked rows under TRL's cut hold only the examples it keeps
+        epoch_time_s=(data.examples if data.examples is not None and parts.rt.data_view is None else s.n_train)
+        / samples_per_s,
         peak_mem_bytes=int(peak),
         mem_kind=mem_kind,
         flops_per_step=flops_per_step,

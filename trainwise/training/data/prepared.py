@@ -28,6 +28,8 @@ from trainwise.training.data.tasks import (
     encode,
     lm_ids,
     shifted_loss_sum,
+    trl_cut,
+    trl_examples,
 )
 from trainwise.training.models import ModelSource, load_tokenizer
 from trainwise.training.vision import IMAGE_TASK, ImageDataset, Images, collate_images, read_images
@@ -65,6 +67,9 @@ class TrialData:
     # causal LM: the share of the training set's tokens that carry loss, counted over every example as encoded
     # (HF's shifted loss: an example's first token is never scored), not over the batches a trial draws
     loss_token_share: float | None = None
+    # the training examples an unpacked epoch holds, where they are not the study's n_train: TRL's cut drops those
+    # left with no loss token from unpacked rows, and packed rows keep them (issue 59)
+    examples: int | None = None
 
 
 def save_text_model(model, path: Path, tokenizer, labels: list[str], task: str, state_dict: dict | None) -> None:
@@ -103,9 +108,18 @@ def _text_data(spec: TrialSpec) -> TrialData:
     train_rows, eval_rows, labels = read_prepared(s.data_dir)
     label2id = {label: i for i, label in enumerate(labels)}
     lengths = (s.max_length, s.max_target_length)
-    train = encode(train_rows, tokenizer, s.task, *lengths, label2id, s.data_format)
+    trl = s.truncation if s.task == "causal-lm" and s.data_format != "chat" else ""
+    if trl:  # TRL's cut (issue 59): unpacked rows drop what packed rows keep, so each is cut from the same examples
+        examples = trl_examples(train_rows, tokenizer, s.data_format)
+        train = trl_cut(examples, s.max_length, trl)
+        whole = trl_cut(examples, s.max_length, trl, packed=True)
+    else:
+        train = whole = encode(train_rows, tokenizer, s.task, *lengths, label2id, s.data_format)
     eval_rows = eval_rows[: s.eval_samples]
-    evals = encode(eval_rows, tokenizer, s.task, *lengths, label2id, s.data_format)
+    evals = encode(eval_rows, tokenizer, s.task, *lengths, label2id, s.data_format, trl)
+    if trl and s.data_format == "prompt_response":  # the references of the pairs the cut kept
+        kept = trl_examples(eval_rows, tokenizer, s.data_format)
+        eval_rows = [r for r, (_ids, y) in zip(eval_rows, kept, strict=True) if _scored(y, s.max_length, trl)]
     gold = [r["target"] for r in eval_rows] if s.data_format != "chat" else chat_references(evals, tokenizer)
     pad = lm_ids(tokenizer)[0] if s.task == "causal-lm" else tokenizer.pad_token_id
     evaluate = evaluate_lm if s.task == "causal-lm" else evaluate_text
@@ -117,9 +131,16 @@ def _text_data(spec: TrialSpec) -> TrialData:
         lambda model, acc: evaluate(model, acc, evals, gold, spec, tokenizer, labels),
         METRICS[s.task],
         save=lambda model, path, weights: save_text_model(model, path, tokenizer, labels, s.task, weights),
-        packed=(lambda: packed_rows(train, pad, s.max_length)) if s.task == "causal-lm" else None,
+        packed=(lambda: packed_rows(whole, pad, s.max_length)) if s.task == "causal-lm" else None,
         loss_token_share=loss_token_share(train) if s.task == "causal-lm" else None,
+        examples=len(train) if trl else None,
     )
+
+
+def _scored(labels: list[int], max_length: int, truncation: str) -> bool:
+    """Whether an example keeps a loss token once cut as TRL cuts it (trl_cut's drop, for one example)."""
+    cut = labels[:max_length] if truncation == "keep_start" else labels[-max_length:]
+    return any(y != IGNORE_INDEX for y in cut)
 
 
 def loss_token_share(enc: Encoded) -> float:

@@ -8,6 +8,12 @@ predicts label t+1): raw text is concatenated, an EOS after each document, and c
 max_length (the last partial block kept), every token a label; a prompt/response row is the prompt's
 tokens, the response's and EOS, labelled -100 on the prompt; a conversation is its chat template's
 rendering, labelled on the assistant turns only (trainwise.training.data.chat).
+
+With a `truncation` (TRL's SFTTrainer `truncation_mode`, issue 59: a study of the user's own SFTConfig), text and
+prompt/response rows are prepared as `trl sft` prepares them instead: each document, or prompt + response, tokenized
+as one string with the tokenizer's special tokens and the EOS token's text appended; the joined example cut to
+max_length at its end (keep_start) or its start (keep_end), and an example left with no loss token dropped. Packed
+rows (TRL's bfd) cut every example keep_start and drop none (`encode_lm(..., packed=True)`).
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from trainwise.training.data.chat import IGNORE_INDEX, encode_chat
+
+TRUNCATIONS = ("keep_start", "keep_end")  # TRL's SFTConfig.truncation_mode values
 
 
 @dataclass
@@ -57,11 +65,61 @@ def prompt_response(prompt: list[int], response: list[int], max_length: int) -> 
     return kept + answer, [IGNORE_INDEX] * len(kept) + answer
 
 
-def pair_notes(rows, tokenizer, max_length: int, which: str = "training") -> list[str]:
-    """What cutting prompt/response pairs at --max-length did (as prompt_response cuts them), a line (none when
-    nothing was cut): how many pairs lost the prompt's beginning, and how many lost part of the response too."""
+def trl_examples(rows, tokenizer, data_format: str) -> list[tuple[list[int], list[int]]]:
+    """Text or prompt/response rows as TRL's SFTTrainer tokenizes them, uncut: (input ids, labels). A document is
+    `text + eos_token` tokenized with the special tokens, every token a label; a pair is `prompt + response +
+    eos_token` tokenized as one string, its labels -100 where its tokens agree with the prompt's own tokenization
+    (TRL's completion mask: the completion starts where the two diverge)."""
+    eos = tokenizer.eos_token or ""
+    if not rows:  # (a tokenizer called on no text fails)
+        return []
+    if data_format == "text":
+        docs = tokenizer([r["text"] + eos for r in rows])["input_ids"]
+        return [(ids, list(ids)) for ids in docs]
+    prompts = tokenizer([r["text"] for r in rows])["input_ids"]
+    joined = tokenizer([r["text"] + r["target"] + eos for r in rows])["input_ids"]
+    out = []
+    for p, ids in zip(prompts, joined, strict=True):
+        n = next((i for i, (a, b) in enumerate(zip(p, ids, strict=False)) if a != b), min(len(p), len(ids)))
+        out.append((ids, [IGNORE_INDEX] * n + ids[n:]))
+    return out
+
+
+def trl_cut(
+    examples: list[tuple[list[int], list[int]]], max_length: int, truncation: str, packed: bool = False
+) -> Encoded:
+    """TRL's cut of its examples (see the module's docstring): unpacked, each cut by `truncation` and the examples left
+    with no loss token dropped; packed (bfd), each cut keep_start and none dropped."""
+    cut = slice(None, max_length) if packed or truncation == "keep_start" else slice(-max_length, None)
+    kept = [(ids[cut], labels[cut]) for ids, labels in examples]
+    if not packed:
+        kept = [(ids, labels) for ids, labels in kept if any(y != IGNORE_INDEX for y in labels)]
+    return Encoded([ids for ids, _ in kept], [labels for _, labels in kept])
+
+
+def pair_notes(rows, tokenizer, max_length: int, which: str = "training", truncation: str = "") -> list[str]:
+    """What cutting prompt/response pairs at --max-length did (as prompt_response cuts them, or TRL's `truncation`),
+    a line (none when nothing was cut): how many pairs lost the prompt's beginning, and how many lost part of the
+    response too; under TRL's cut, how many the unpacked rows drop."""
     if not rows:
         return []
+    if truncation:
+        examples = trl_examples(rows, tokenizer, "prompt_response")
+        long = sum(len(ids) > max_length for ids, _ in examples)
+        if not long:
+            return []
+        dropped = len(examples) - len(trl_cut(examples, max_length, truncation))
+        how = "its end" if truncation == "keep_start" else "its beginning"
+        gone = (
+            f"; {dropped} of them keep no response token and are dropped from unpacked rows, as TRL drops them "
+            "(packed rows keep them, cut at their end, without loss)"
+            if dropped
+            else ""
+        )
+        return [
+            f"{long} of {len(rows)} {which} prompt/response pairs are longer than --max-length {max_length} tokens: "
+            f"each loses {how}, as TRL's SFTTrainer cuts it (truncation_mode {truncation}){gone}"
+        ]
     _pad, eos = lm_ids(tokenizer)
     prompts = tokenizer([r["text"] for r in rows], add_special_tokens=False)["input_ids"]
     responses = tokenizer([r["target"] for r in rows], add_special_tokens=False)["input_ids"]
@@ -89,13 +147,18 @@ def pair_notes(rows, tokenizer, max_length: int, which: str = "training") -> lis
     ]
 
 
-def encode_lm(rows, tokenizer, data_format: str, max_length: int) -> Encoded:
+def encode_lm(
+    rows, tokenizer, data_format: str, max_length: int, truncation: str = "", packed: bool = False
+) -> Encoded:
     """causal-lm samples (see the module's docstring); text has no special tokens but the EOS added here (a
-    conversation has those its chat template writes)."""
+    conversation has those its chat template writes). With a `truncation`, text and pairs as TRL prepares them for
+    unpacked rows, or (`packed`) for its packed rows."""
     _pad, eos = lm_ids(tokenizer)
     if data_format == "chat":  # conversations left with no assistant token at max_length are left out
         chat = encode_chat(rows, tokenizer, max_length)
         return Encoded(chat.input_ids, chat.labels)
+    if truncation:
+        return trl_cut(trl_examples(rows, tokenizer, data_format), max_length, truncation, packed)
     prompts = tokenizer([r["text"] for r in rows], add_special_tokens=False)["input_ids"]
     if data_format == "text":
         blocks = text_blocks(prompts, eos, max_length)
@@ -106,12 +169,19 @@ def encode_lm(rows, tokenizer, data_format: str, max_length: int) -> Encoded:
 
 
 def encode(
-    rows, tokenizer, task: str, max_length: int, max_target_length: int, label2id=None, data_format: str = ""
+    rows,
+    tokenizer,
+    task: str,
+    max_length: int,
+    max_target_length: int,
+    label2id=None,
+    data_format: str = "",
+    truncation: str = "",
 ) -> Encoded:
     if not rows:
         return Encoded([], [])
     if task == "causal-lm":
-        return encode_lm(rows, tokenizer, data_format, max_length)
+        return encode_lm(rows, tokenizer, data_format, max_length, truncation)
     texts = [r["text"] for r in rows]
     ids = tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
     if task == "classification":
