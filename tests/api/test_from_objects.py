@@ -113,5 +113,19 @@ def test_compare_and_estimate_take_the_same_objects(tmp_path):
     rows = [r for r, _e in report.estimates]
     assert rows[0] == "baseline" and "grad_ckpt" in rows[1] and "grad_accum=4" in rows[1], rows
     assert all(e.peak_bytes > 0 for _r, e in report.estimates)
+    # a GPU's estimate on a machine without one: the device is the target, not refused; the model by its own name;
+    # a field of the arguments yours leaves out is said
+    model.config.name_or_path, args.lr_scheduler_type = "tiny/llama-sft", "cosine"
+    gpu = trainwise.estimate(
+        model=model,
+        train_dataset=data,
+        processing_class=tok,
+        args=args,
+        device="cuda",
+        strategies="baseline",
+        render=None,
+    )
+    assert gpu.device == "cuda" and gpu.model == "tiny/llama-sft", (gpu.device, gpu.model)
+    assert any(n.startswith("your arguments: lr_scheduler_type='cosine'") for n in gpu.notes), gpu.notes
     with pytest.raises(ConfigError, match="args= is required"):
         trainwise.compare(model=model, train_dataset=data, processing_class=tok, out=str(tmp_path / "x"))

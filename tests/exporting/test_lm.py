@@ -23,7 +23,7 @@ from tests.conftest import write_csv
 from tests.training.test_causal_lm import pairs
 from tests.training.test_chat import IM_END, conversations
 from trainwise import strategies
-from trainwise.exporting.scripts import RunSettings, export_doc, sft_arguments, write_export
+from trainwise.exporting.scripts import RunSettings, export_doc, sft_arguments, train_command, write_export
 
 STEPS = 4
 # what third-party libraries print into a script's output unless it silences them first (DeepSpeed on a CPU, peft
@@ -435,6 +435,38 @@ def test_raw_and_pair_scripts_tokenize_as_trainwise(tmp_path, lm_export_study):
             else:
                 labels = [g.get("labels", g["input_ids"]) for g in got]
             assert labels == ours.labels, (data_format, sft)
+
+
+@pytest.mark.parametrize("mode", ["keep_start", "keep_end"])
+def test_a_study_cut_as_trl_cuts_exports_the_same_cut(lm_export_study, mode):
+    """A study whose trials cut as TRL does (`--truncation`, a study of an SFTConfig): the Trainer's lines give the
+    trials' very examples (joined, cut, the fully masked dropped); TRL gets the rows as they are, with the study's
+    truncation_mode in its config, and cuts them itself (tests/training/test_causal_lm.py checks TRL's cut is ours)."""
+    from datasets import Dataset
+
+    from trainwise.exporting.scripts import _lm_data_lines
+    from trainwise.training.data.prepared import read_prepared
+    from trainwise.training.data.tasks import trl_cut, trl_examples
+    from trainwise.training.models import ModelSource, load_tokenizer
+
+    s = lm_export_study.specs[0].settings
+    tokenizer = load_tokenizer(ModelSource("preset", "llama-tiny"), s.tokenizer_dir)
+    rows, _, _ = read_prepared(s.data_dir)
+    for data_format in ("prompt_response", "text"):
+        run = dataclasses.replace(
+            LM, max_length=12, train_rows=f"{s.data_dir}/train.jsonl", data_format=data_format, truncation=mode
+        )
+        ours = trl_cut(trl_examples(rows, tokenizer, data_format), 12, mode)
+        namespace: dict = {"tokenizer": tokenizer, "json": json, "Dataset": Dataset}
+        exec("\n".join(_lm_data_lines(run, sft=False)), namespace)
+        got = namespace["train_dataset"]
+        assert [g["input_ids"] for g in got] == ours.input_ids and [g["labels"] for g in got] == ours.labels
+        assert (len(got) < len(rows)) == (mode == "keep_start" and data_format == "prompt_response")
+        exec("\n".join(_lm_data_lines(run, sft=True)), namespace)
+        keys = {"prompt", "completion"} if data_format == "prompt_response" else {"text"}
+        assert len(namespace["train_dataset"]) == len(rows) and set(namespace["train_dataset"][0]) == keys
+        assert sft_arguments(export_doc(plan_of("baseline"), run), run)["truncation_mode"] == mode
+    assert "--truncation keep_end" in train_command(dataclasses.replace(LM, truncation="keep_end"))
 
 
 def test_chat_scripts_label_the_assistant_turns_as_trainwise(tmp_path, chat_tokenizer):

@@ -99,14 +99,19 @@ def _emulated(
     return tuple(out)
 
 
-def _read(options: Any, path: str, chosen: set[str]) -> tuple:
+def _read(options: Any, path: str, chosen: set[str], probe: bool = True) -> tuple:
     """The file at `path` as (its config, what a study takes from it, the task, the device and its capabilities, the
-    options it sets where none of `chosen` says otherwise)."""
+    options it sets where none of `chosen` says otherwise). `probe`: the device is this machine's (a study runs on
+    it); without, the device named is a target (an estimate for a GPU, on a machine without one: a GPU from Ampere
+    on, bf16 and fp16 native)."""
     from trainwise.study.prepare import resolve_device  # heavy: torch
 
     cfg = user_config.read(path, options.task if "task" in chosen else None)
     task = options.task if cfg.kind == user_config.TRAINER else "causal-lm"
-    device, caps = resolve_device(options.device)
+    if probe or options.device != "cuda":
+        device, caps = resolve_device(options.device)
+    else:
+        device, caps = "cuda", {"cuda", "fp16", "bf16"}
     runnable = inputs.validity(task, 1, caps)
 
     def valid(row: str) -> str | None:
@@ -119,15 +124,17 @@ def _read(options: Any, path: str, chosen: set[str]) -> tuple:
     return cfg, reading, task, device, caps, updates
 
 
-def settings(options: Any, path: str, given: set[str]) -> tuple[Any, str]:
-    """The options of another verb (compare, estimate) with the file's values where `given` names none, and its row
-    yours (the file's strategies, as `trainwise plan --from-config` measures it)."""
-    _cfg, reading, _task, _device, _caps, updates = _read(options, path, given)
+def settings(options: Any, path: str, given: set[str], probe: bool = True) -> tuple[Any, str, list[str]]:
+    """The options of another verb (compare, estimate) with the file's values where `given` names none, its row
+    yours (the file's strategies, as `trainwise plan --from-config` measures it), and the fields of the file the rows
+    do not reproduce, in words (`probe`: see `_read`; an estimate's device is a target)."""
+    _cfg, reading, _task, _device, _caps, updates = _read(options, path, given, probe)
     known = {f.name for f in fields(options) if f.init}
     try:
-        return dataclasses.replace(options, **{k: v for k, v in updates.items() if k in known}), reading.row
+        new = dataclasses.replace(options, **{k: v for k, v in updates.items() if k in known})
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{path}: {e}") from None
+    return new, reading.row, list(reading.unhonoured)
 
 
 def _given(options: PlanOptions, given: set[str] | None) -> set[str]:

@@ -178,7 +178,7 @@ def compare(found: Objects, options: dict[str, Any], config: str | Path | None, 
     rows the verb's defaults and yours (the arguments' own strategies). `start`: `trainwise.api.compare.start`."""
     chosen = CompareOptions.of(options, config)
     path = _saved(found, Path(chosen.out), chosen.force)
-    new, row = from_config.settings(chosen, str(path), set(options))
+    new, row, _unhonoured = from_config.settings(chosen, str(path), set(options))  # (the study's report says them)
     if "strategies" not in options and row not in words(new.strategies):
         new = dataclasses.replace(new, strategies=",".join([*words(new.strategies), row]))
     return start(new, render)
@@ -191,10 +191,15 @@ def estimate(found: Objects, options: dict[str, Any], config: str | Path | None,
     chosen = EstimateOptions.of(options, config)
     with tempfile.TemporaryDirectory(prefix="trainwise-estimate-") as where:
         path = found.save(Path(where), weights=False)
-        new, row = from_config.settings(chosen, str(path), set(options))
+        # the device is the estimate's target (a GPU, estimated on a machine without one), not this machine's
+        new, row, unhonoured = from_config.settings(chosen, str(path), set(options), probe=False)
         if "strategies" not in options:
             new = dataclasses.replace(new, strategies=",".join(dict.fromkeys(["baseline", row])))
-        return start(new, render)
+        report = start(new, render)
+    # named by the model's own name, not the folder it was saved into for the call; the fields yours leaves out, said
+    name = getattr(getattr(found.model, "config", None), "name_or_path", "") or report.model
+    said = [f"your arguments: {line}" for line in unhonoured]
+    return dataclasses.replace(report, model=str(name), notes=[*report.notes, *said])
 
 
 def _saved(found: Objects, out: Path, force: bool) -> Path:

@@ -83,6 +83,7 @@ class RunSettings:
     # chat: sft_train.py hands TRL the conversations ('messages', assistant_only_loss=True), checked to label as
     # trainwise does (trainwise.training.data.chat.trl_labels_as_ours); False: the tokens and trainwise's labels
     chat_messages: bool = False
+    truncation: str = ""  # causal-lm: "" trainwise's cut, or TRL's truncation_mode the study's trials followed
 
     def batch_line(self, doc: ExportDoc) -> str:
         """The batch, global and per device, said once for every file."""
@@ -147,6 +148,8 @@ def sft_arguments(doc: ExportDoc, s: RunSettings) -> dict:
         )
     if s.chat_messages:  # TRL labels the chat template's {% generation %} spans: the assistant turns
         args["assistant_only_loss"] = True
+    if s.truncation:  # the study's trials cut as TRL does: TRL gets the rows as they are, and cuts them so
+        args["truncation_mode"] = s.truncation
     return {**args, **doc.sft}
 
 
@@ -185,6 +188,7 @@ def train_command(s: RunSettings, out: str | None = None) -> str:
         "--max-length",
         str(s.max_length),
         *(["--max-target-length", str(s.max_target_length)] if s.task == "seq2seq" else []),
+        *(["--truncation", s.truncation] if s.truncation else []),
         "--lr",
         str(s.lr),
         "--epochs",
@@ -199,6 +203,46 @@ def train_command(s: RunSettings, out: str | None = None) -> str:
         out or train_out("runs/export", s.row),
     ]
     return shlex.join(argv)
+
+
+def _trl_data_lines(s: RunSettings, sft: bool, lines: list[str]) -> list[str]:
+    """A study whose trials cut its examples as TRL does (`--truncation`, a study of an SFTConfig): TRL gets the rows
+    as they are and prepares them itself (its truncation_mode in sft_config.json); the HF Trainer gets them as TRL would
+    (trainwise.training.data.tasks.trl_examples / trl_cut): text or prompt + response + EOS tokenized as one string,
+    cut, and an example left with no loss token dropped."""
+    prompted = s.data_format == "prompt_response"
+    if sft:
+        record = "{'prompt': row['text'], 'completion': row['target']}" if prompted else "{'text': row['text']}"
+        return [
+            *lines,
+            f"# TRL tokenizes and cuts them itself (truncation_mode {s.truncation!r}), as the study's trials did",
+            f"train_dataset = Dataset.from_list([{record} for row in rows])",
+        ]
+    cut = "[:MAX_LENGTH]" if s.truncation == "keep_start" else "[-MAX_LENGTH:]"
+    if prompted:
+        body = [
+            "    ids = tokenizer(row['text'] + row['target'] + tokenizer.eos_token)['input_ids']",
+            "    prompt = tokenizer(row['text'])['input_ids']",
+            "    # the completion starts where the two tokenizations diverge (TRL's completion mask)",
+            "    n = next((i for i, (a, b) in enumerate(zip(prompt, ids)) if a != b), min(len(prompt), len(ids)))",
+            "    labels = [-100] * n + ids[n:]",
+        ]
+    else:
+        body = ["    ids = tokenizer(row['text'] + tokenizer.eos_token)['input_ids']", "    labels = list(ids)"]
+    return [
+        *lines,
+        f"MAX_LENGTH = {s.max_length}",
+        "",
+        "",
+        "def encode(row):",
+        f'    """As TRL\'s SFTTrainer prepares it (truncation_mode {s.truncation!r}): one string with EOS, cut."""',
+        *body,
+        f"    return {{'input_ids': ids{cut}, 'labels': labels{cut}}}",
+        "",
+        "",
+        "# an example left with no loss token is dropped, as TRL drops it",
+        "train_dataset = [x for x in map(encode, rows) if any(y != -100 for y in x['labels'])]",
+    ]
 
 
 def _data_lines(doc: ExportDoc, s: RunSettings) -> list[str]:
@@ -265,6 +309,8 @@ def _lm_data_lines(s: RunSettings, sft: bool) -> list[str]:
     ]
     if s.data_format == "chat":
         return _chat_data_lines(s, sft, lines)
+    if s.truncation:
+        return _trl_data_lines(s, sft, lines)
     lines += [f"MAX_LENGTH = {s.max_length}", "eos = tokenizer.eos_token_id"]
     if s.data_format == "text":
         lines += [
@@ -685,7 +731,7 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         cfg.lr,
     )
     max_steps, nproc, seed, epochs = cfg.max_steps or 1000, cfg.nproc or 1, 0, 1
-    origin, train_rows, tokenizer_dir, data_format = None, None, None, ""
+    origin, train_rows, tokenizer_dir, data_format, truncation = None, None, None, "", ""
     chat_messages, chat_note = False, ""
     source: ModelSource | None = None  # without a study: the model the options name
     labels: tuple[str, ...] = ()
@@ -720,6 +766,7 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         train_rows = str(prepared) if prepared.is_file() else None
         tokenizer_dir = s.tokenizer_dir if preset else None
         data_format = s.data_format if task == CAUSAL_LM else ""
+        truncation = s.truncation if task == CAUSAL_LM else ""
         if data_format == "chat":
             chat_messages, chat_note = chat_form(s, train_rows)
     else:
@@ -776,6 +823,7 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
         tokenizer_dir=tokenizer_dir,
         data_format=data_format,
         chat_messages=chat_messages,
+        truncation=truncation,
     )
     paths, notes = write_export(row.plan, run, out, cfg.force)
     if chat_note:

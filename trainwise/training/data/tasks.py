@@ -123,15 +123,16 @@ def pair_notes(rows, tokenizer, max_length: int, which: str = "training", trunca
     _pad, eos = lm_ids(tokenizer)
     prompts = tokenizer([r["text"] for r in rows], add_special_tokens=False)["input_ids"]
     responses = tokenizer([r["target"] for r in rows], add_special_tokens=False)["input_ids"]
-    cut = lost = masked = 0
+    cut = lost = 0
     for p, r in zip(prompts, responses, strict=True):
         if len(p) + len(r) + 1 > max_length:
             cut += 1
             _ids, labels = prompt_response(p, [*r, eos], max_length)
             lost += sum(1 for y in labels if y != IGNORE_INDEX) < len(r) + 1
-            masked += len(p) >= max_length
     if not cut:
         return []
+    examples = trl_examples(rows, tokenizer, "prompt_response")  # as TRL tokenizes them: special tokens, joined
+    masked = len(examples) - len(trl_cut(examples, max_length, "keep_start"))
     part = f"; {lost} of them lose the end of their response too" if lost else ""
     # TRL's SFTTrainer cuts the joined pair's end (truncation_mode keep_start) and, unpacked, drops a pair left with
     # no response token: `trl sft` on this data trains fewer pairs than these trials (issue 59, BENCHMARKS §U1)
