@@ -177,6 +177,20 @@ def test_only_what_the_file_can_say_is_searched():
     assert "packing" not in uc.expressible(uc.TRAINER, "classification")
 
 
+def test_a_dataset_load_dataset_reads_is_the_studys_dataset(tmp_path):
+    """`dataset_name` as TRL reads it through `datasets.load_dataset`: a folder of parquet files (or a hub id, from the
+    local cache offline) becomes the study's --dataset, its columns TRL's; a hub id neither cached nor reachable is one
+    line (the bad-input cases below)."""
+    from datasets import Dataset
+
+    folder = tmp_path / "parquet"
+    folder.mkdir()
+    Dataset.from_dict({"prompt": ["a", "b"], "completion": ["c", "d"]}).to_parquet(str(folder / "train.parquet"))
+    r = uc.reading(uc.read(_sft(tmp_path, dataset_name=str(folder))), "cpu", _valid("causal-lm"))
+    assert r.options["dataset"] == str(folder) and "train_file" not in r.options
+    assert (r.options["prompt_column"], r.options["response_column"]) == ("prompt", "completion")
+
+
 @pytest.mark.parametrize(
     "write, says",
     [
@@ -184,7 +198,7 @@ def test_only_what_the_file_can_say_is_searched():
         (lambda d: (d / "sft.yaml").write_text("- a list"), "expected the config's fields"),
         (lambda d: _sft(d, per_device_train_batch_size="four"), "per_device_train_batch_size must be a whole number"),
         (lambda d: _sft(d, packing="yes"), "packing must be true or false"),
-        (lambda d: _sft(d, dataset_name="org/hub-dataset"), "is no local .csv / .json / .jsonl file"),
+        (lambda d: _sft(d, dataset_name="org/hub-dataset"), "cannot load dataset 'org/hub-dataset'"),
         (lambda d: _sft(d, truncation_mode="keep_middle"), "truncation_mode must be keep_start or keep_end"),
     ],
 )

@@ -40,6 +40,7 @@ from trainwise.exporting.scripts import RunSettings, export_doc, sft_arguments
 from trainwise.search.plan_inputs import plan_of
 from trainwise.strategies.knobs import TrialPlan
 from trainwise.strategies.memory import ACCUM
+from trainwise.training.data.sources import hub_columns
 
 SFT, TRAINER = "sft", "trainer"
 # the deprecated names transformers 5 still reads, and the field each stands for
@@ -331,8 +332,9 @@ def reading(cfg: UserConfig, device: str, valid: Callable[[str], str | None], np
 
 def _data(cfg: UserConfig, eff: Mapping[str, Any], where: str) -> dict[str, Any]:
     """The training data as the verbs read it: `dataset_name` a local .csv / .json / .jsonl file, or a folder
-    holding one (its `dataset_train_split` file first); and the columns TRL reads (prompt/completion, messages, or
-    `dataset_text_field`)."""
+    holding one (its `dataset_train_split` file first); else what `datasets.load_dataset` reads, as TRL reads it (a
+    hub id, from the local cache offline, with `dataset_config`; a folder of parquet files): the study's --dataset.
+    And the columns TRL reads (prompt/completion, messages, or `dataset_text_field`)."""
     name = str(cfg.fields["dataset_name"])
     p = Path(name)
     if not p.is_absolute():
@@ -344,16 +346,16 @@ def _data(cfg: UserConfig, eff: Mapping[str, Any], where: str) -> dict[str, Any]
         found = sorted(f for f in p.iterdir() if f.suffix in (".csv", ".json", ".jsonl"))
         split = str(eff.get("dataset_train_split") or "train")
         files = [f for f in found if f.stem == split] or found
-    if not files:
-        raise ConfigError(
-            f"{where}: dataset_name {name!r} is no local .csv / .json / .jsonl file or folder holding one "
-            "(a hub dataset: download it into a folder first; offline, the hub is not reachable)"
-        )
     if len(files) > 1:
         shown = ", ".join(f.name for f in files[:3])
         raise ConfigError(f"{where}: dataset_name {name!r} holds several data files ({shown}): name one")
-    out: dict[str, Any] = {"train_file": str(files[0])}
-    columns = _columns(files[0])
+    out: dict[str, Any]
+    if files:
+        out, columns = {"train_file": str(files[0])}, _columns(files[0])
+    else:  # load_dataset's: a hub id, or a folder of other files; one ConfigError line when it cannot be read
+        config = eff.get("dataset_config")
+        dataset = str(p if p.is_dir() else name) + (f":{config}" if config else "")
+        out, columns = {"dataset": dataset}, hub_columns(dataset)
     if cfg.kind == SFT:
         if "messages" in columns:
             out["messages_column"] = "messages"

@@ -258,6 +258,28 @@ def hub_name(dataset: str) -> tuple[str, str | None]:
 
 
 def _load_hub(dataset: str, columns: Columns) -> tuple[Rows, Rows, tuple[Skipped, ...], Columns]:
+    name, _config = hub_name(dataset)
+    ds = open_hub(dataset)
+    split_train = list(ds["train"] if "train" in ds else ds[next(iter(ds))])
+    columns = columns.resolved(_available(split_train))
+    train, read = _split_rows(split_train, name, columns)
+    eval_split = next((ds[s] for s in ("validation", "test") if s in ds), None)
+    if eval_split is None:
+        held_out = [r for r in train if _is_eval(r["text"])]
+        return [r for r in train if not _is_eval(r["text"])], held_out, (read,), columns
+    evals, eval_read = _split_rows(list(eval_split), name, columns)
+    return train, evals, (read, eval_read), columns
+
+
+def hub_columns(dataset: str) -> list[str]:
+    """The columns of a dataset `--dataset` would load (its training split's), or one ConfigError line."""
+    ds = open_hub(dataset)
+    return list((ds["train"] if "train" in ds else ds[next(iter(ds))]).column_names)
+
+
+def open_hub(dataset: str):
+    """The splits of `--dataset NAME[:CONFIG]`: a hub dataset (the local Hugging Face cache offline), a directory
+    `save_to_disk` wrote, or a directory of CSV / JSON / parquet files; a failure is one ConfigError line."""
     name, config = hub_name(dataset)
     try:
         import datasets  # optional extra: pip install 'trainwise[hub]'
@@ -285,15 +307,7 @@ def _load_hub(dataset: str, columns: Columns) -> tuple[Rows, Rows, tuple[Skipped
         raise ConfigError(f"cannot load dataset {dataset!r} ({first[:160]}); {instead}") from None
     if isinstance(ds, datasets.Dataset):  # save_to_disk of one split: the training rows
         ds = {"train": ds}
-    split_train = list(ds["train"] if "train" in ds else ds[next(iter(ds))])
-    columns = columns.resolved(_available(split_train))
-    train, read = _split_rows(split_train, name, columns)
-    eval_split = next((ds[s] for s in ("validation", "test") if s in ds), None)
-    if eval_split is None:
-        held_out = [r for r in train if _is_eval(r["text"])]
-        return [r for r in train if not _is_eval(r["text"])], held_out, (read,), columns
-    evals, eval_read = _split_rows(list(eval_split), name, columns)
-    return train, evals, (read, eval_read), columns
+    return ds
 
 
 def _split_rows(records: list, name: str, columns: Columns) -> tuple[Rows, Skipped]:
