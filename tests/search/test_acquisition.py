@@ -280,6 +280,8 @@ def test_a_quality_check_is_priced_before_it_runs_and_said_when_it_costs_more_th
     cost = check_seconds(rows, trials, study_steps=10)
     assert cost == pytest.approx(3 * ((6.0 + 42 * 2.0) + (6.0 + 42 * 0.5)))
     assert check_seconds(rows, [("dynamic_pad", 40)], 10) is None, "a row the study did not measure"
+    swept = [*rows, StudyRow("smart_batch", batch_size=64, status="ok", step_time_s=1.5, wall_s=6.0 + 12 * 1.5)]
+    assert check_seconds(swept, trials, 10) is None, "a row's text at two batch sizes: no pace to guess"
     found = types.SimpleNamespace(times={"smart_batch": (0.25, 0.2, 0.3)})
     ctx = Context(Path("x"), rows, found, 16, lambda _n: None, run_s=100.0, run_epochs=1.0)  # type: ignore[arg-type]
     short = check_note(ctx, "smart_batch", 40, 3, trials, 10)

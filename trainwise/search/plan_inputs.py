@@ -374,9 +374,14 @@ def trial_seconds(rows: Sequence[StudyRow]) -> Callable[[float, int], float] | N
 def check_seconds(rows: Sequence[StudyRow], trials: Sequence[tuple[str, int]], study_steps: int) -> float | None:
     """What a quality check's `trials` (each a row's text and its optimizer steps) cost, in wall seconds: each one
     the study's fitted fixed part plus its steps and the speed trial's extra step times, at its row's measured step
-    time. None where the study cannot say (too few trials to fit, or a row it did not measure)."""
+    time. None where the study cannot say (too few trials to fit, a row it did not measure, or a row's text measured
+    at several batch sizes: a --batch-sizes sweep's cells share it, and a row's own size is in its text, `@bs64`)."""
     fit = _wall_fit(rows)
-    pace = {r.row_text: r.step_time_s for r in rows if r.status == "ok" and r.step_time_s}
+    measured = [r for r in rows if r.status == "ok" and r.step_time_s]
+    sizes: dict[str, set] = {}
+    for r in measured:
+        sizes.setdefault(r.row_text, set()).add(r.batch_size)
+    pace = {r.row_text: r.step_time_s for r in measured if len(sizes[r.row_text]) == 1}
     if fit is None or any(row not in pace for row, _ in trials):
         return None
     fixed, steps = fit
