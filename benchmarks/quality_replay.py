@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--replays", type=int, default=20)
     args, extra = ap.parse_known_args()
     from trainwise.api.options import CompareOptions
+    from trainwise.core.quality import INCONCLUSIVE
     from trainwise.run.launcher import launch
     from trainwise.search import verdicts as quality
     from trainwise.study.prepare import prepare_study
@@ -63,7 +64,7 @@ def main() -> None:
         for n in range(quality.MIN_SEEDS, quality.MAX_SEEDS + 1):
             chosen = set(order[:n])
             check = quality.paired_check(_only(a, chosen), _only(b, chosen), None)
-            if check.verdict != quality.INCONCLUSIVE:
+            if check.verdict != INCONCLUSIVE:
                 break
         rejected += check.verdict == quality.WORSE
         print(f"replay {r}: {check.verdict} over {check.seeds} seeds ({check.said})")

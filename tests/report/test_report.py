@@ -69,7 +69,7 @@ def demo_rows() -> list[StudyRow]:
 
 def demo_verdicts():
     """The quality phase's verdicts for three of the demo's rows, three seeds each."""
-    from trainwise.search.verdicts import QualityRow, QualityVerdicts
+    from trainwise.core.quality import QualityRow, QualityVerdicts
 
     def row(name, values, verdict):
         return QualityRow(name, "accuracy", values, [1.0, 1.1, 0.9], 120, False, verdict=verdict)

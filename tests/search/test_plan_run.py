@@ -180,8 +180,9 @@ def test_a_rejected_pick_falls_back_in_order(monkeypatch, tmp_path):
     ecosystem's default last; a check that learned nothing ends the checks and is never a pass."""
     import trainwise.api.plan as plan_api
     from trainwise.api.options import PlanOptions
+    from trainwise.core.quality import INCONCLUSIVE
     from trainwise.search.plan_result import Context, summarize
-    from trainwise.search.verdicts import INCONCLUSIVE, NO_LOSS, NO_VERDICT, WORSE
+    from trainwise.search.verdicts import NO_LOSS, NO_VERDICT, WORSE
 
     times = {
         "baseline": 1.0,

@@ -11,9 +11,10 @@ import pytest
 from tests.conftest import tiny_study
 from trainwise.api.quality import candidates
 from trainwise.cli import main
+from trainwise.core.quality import INCONCLUSIVE, NOT_SIGNIFICANT, QualityVerdicts
 from trainwise.core.results import StudyRow, TrialResult
 from trainwise.search.ranking import Constraints, advise, with_quality
-from trainwise.search.verdicts import INCONCLUSIVE, NOT_SIGNIFICANT, QualityVerdicts, quality_config, verdicts
+from trainwise.search.verdicts import quality_config, verdicts
 
 
 def typed(rows: list[dict]) -> list[StudyRow]:
@@ -107,9 +108,9 @@ def test_three_seeds_or_more_are_judged_by_welchs_t_test(tmp_path, cls_csv):
 def test_a_phase_that_learned_nothing_says_so(tmp_path, cls_csv, capsys):
     """On a 40-class CSV of package descriptions, 120 steps x 3 seeds left every candidate at 40.0%: the
     commonest class's share. The verdicts ('no significant difference') were true and meaningless."""
+    from trainwise.core.quality import unlearned
     from trainwise.report.format import majority_note
     from trainwise.report.terminal import quality_table
-    from trainwise.search.verdicts import unlearned
 
     study = tiny_study(tmp_path, cls_csv, "classification", ["baseline", "bf16"], eval_samples=0, repeat=2)
     trials = _trials(study, {"baseline": [40.0, 40.0], "bf16": [40.0, 40.0]})
@@ -242,7 +243,7 @@ def test_bad_quality_options(args, message, capsys, tmp_path):
 
 
 def _row(name: str, values: list[float], losses: list[float], **kw):
-    from trainwise.search.verdicts import QualityRow
+    from trainwise.core.quality import QualityRow
 
     n = len(values)
     kw.setdefault("majority", 20.0)

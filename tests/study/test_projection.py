@@ -126,8 +126,8 @@ def test_the_study_says_its_projection_where_the_user_sees_it(tmp_path, cls_csv,
 def test_a_training_progress_line_has_its_rate_and_time_left():
     """train's live line: step i/N, loss, samples/s at the median of the last steps' wall time (an evaluation
     between two steps is not a slow step), and the time left at that pace; a step that goes back is another run."""
+    from trainwise.report.progress import TrainLine
     from trainwise.run.events import Step
-    from trainwise.study.projection import TrainLine
 
     progress = TrainLine()
     assert progress.line(Step(1, 10, 2.5, samples=8), now=100.0) == "step 1/10  loss 2.5000"  # nothing to time yet

@@ -21,8 +21,8 @@ from trainwise.api.estimates import advise_study
 from trainwise.api.options import CompareOptions
 from trainwise.core.config import TrialSpec
 from trainwise.core.errors import ConfigError
+from trainwise.core.quality import QualityVerdicts
 from trainwise.search.ranking import Constraints
-from trainwise.search.verdicts import QualityVerdicts
 from trainwise.study import store
 
 OLD = Path(__file__).resolve().parents[1] / "data" / "study_e874211"

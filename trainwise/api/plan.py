@@ -25,6 +25,7 @@ from trainwise.api.options import CompareOptions, PlanOptions, words
 from trainwise.api.render import STDERR, Render
 from trainwise.core.errors import ConfigError
 from trainwise.core.files import write_atomic
+from trainwise.core.quality import INCONCLUSIVE
 from trainwise.core.results import StudyRow
 from trainwise.core.units import parse_seconds
 from trainwise.report.plan import headline, markdown
@@ -34,7 +35,7 @@ from trainwise.search.acquisition import Candidate, Search, Searching, search
 from trainwise.search.model import MemoryModel
 from trainwise.search.plan_result import Context, PlanResult, check_note, summarize
 from trainwise.search.ranking import Constraints, advise, one_kind
-from trainwise.search.verdicts import INCONCLUSIVE, MAX_SEEDS, MIN_SEEDS, NO_VERDICT, WORSE
+from trainwise.search.verdicts import MAX_SEEDS, MIN_SEEDS, NO_VERDICT, WORSE
 from trainwise.study.store import PAGE, PLAN, PLAN_MD, Store, write_report
 
 REPEATS = "repeats"  # OUT/repeats/N: the N-th round of repeats, a study of its own

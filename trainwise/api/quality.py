@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from trainwise.core.config import StudyConfig
+from trainwise.core.quality import QualityVerdicts
 from trainwise.core.results import StudyRow
 from trainwise.search import verdicts as quality
 from trainwise.search.ranking import Constraints, advise
@@ -34,6 +35,6 @@ def run_quality(cfg: StudyConfig, table: list[StudyRow], steps: int, seeds: int,
         trials = run_study(prepared, launch, on_event, on_done)
     s = prepared.specs[0].settings
     found = quality.verdicts(trials, s.model_kind == "preset" and s.task != "image-classification")
-    write_quality(prepared.out, quality.QualityVerdicts(seeds, found))
+    write_quality(prepared.out, QualityVerdicts(seeds, found))
     on_table(found, seeds)
     return found

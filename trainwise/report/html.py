@@ -16,10 +16,10 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from trainwise.core.quality import QualityVerdicts
 from trainwise.core.results import StudyRow
 from trainwise.report.format import batch_cells, batch_legend, headers, notes, quality, table_cells
 from trainwise.report.write import SETTINGS
-from trainwise.search.verdicts import QualityVerdicts
 
 MiB = 2**20
 STYLE = """

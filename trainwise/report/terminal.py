@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 
 from trainwise import strategies as catalogue
+from trainwise.core.quality import unlearned
 from trainwise.core.units import human_seconds
 from trainwise.report.format import (
     RANDOM_INIT_NOTE,
@@ -24,9 +25,8 @@ from trainwise.report.format import (
     notes,
     table_cells,
 )
+from trainwise.report.progress import TrainLine
 from trainwise.run.events import Eval, Event, Note, Phase, Projection, Step
-from trainwise.search.verdicts import unlearned
-from trainwise.study.projection import TrainLine
 
 # Piped or in CI, rich would wrap the table at 80 columns; give it room instead.
 out = Console() if sys.stdout.isatty() else Console(width=240)  # pipes and files: the whole table

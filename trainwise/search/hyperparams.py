@@ -40,6 +40,7 @@ from trainwise.core.files import failed, refused_by, write_atomic
 from trainwise.core.option import option, take
 from trainwise.core.results import TuneTrialResult
 from trainwise.exporting.scripts import RunSettings, epochs_for, named_model, train_command, train_out
+from trainwise.report.progress import TrainLine
 from trainwise.run import cluster
 from trainwise.run.events import Emit, Eval, Event, Step, Warn
 from trainwise.run.faults import seamed
@@ -54,7 +55,6 @@ from trainwise.search.space import (
     load_space,
     sample,
 )
-from trainwise.study.projection import TrainLine
 from trainwise.study.store import hold
 
 

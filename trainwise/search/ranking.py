@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from trainwise.core.errors import ConfigError, check_number
+from trainwise.core.quality import INCONCLUSIVE, NOT_SIGNIFICANT, QualityVerdicts, unlearned
 from trainwise.core.results import StudyRow
 from trainwise.core.units import parse_bytes, parse_seconds
 from trainwise.report.format import RANDOM_INIT_NOTE, human_bytes
-from trainwise.search.verdicts import INCONCLUSIVE, NOT_SIGNIFICANT, QualityVerdicts, unlearned
 from trainwise.training.measure.memory import CUDA_CONTEXT_BYTES
 
 OBJECTIVES = ("time", "cost", "quality")

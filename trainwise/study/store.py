@@ -21,10 +21,10 @@ from typing import Any
 from trainwise.core.config import DataOrigin, TrialSpec
 from trainwise.core.errors import ConfigError, read_json
 from trainwise.core.files import failed, write_atomic, writing
+from trainwise.core.quality import QualityVerdicts
 from trainwise.core.results import StudyRow, TrialResult
 from trainwise.report.html import report_html
 from trainwise.report.write import caption, chart, csv_text, markdown
-from trainwise.search.verdicts import QualityVerdicts
 
 STORE = "study.sqlite"  # the finished trials (Store)
 RESULTS = "results.json"  # the table's rows (StudyRow) beside the study's settings (`study`)
