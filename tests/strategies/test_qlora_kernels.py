@@ -17,11 +17,11 @@ from tests.conftest import write_csv
 from tests.training.test_causal_lm import pairs
 from trainwise import strategies
 from trainwise.cli import main
+from trainwise.core.device import DeviceFacts
 from trainwise.core.errors import ConfigError
 from trainwise.exporting.scripts import RunSettings, write_export
 from trainwise.study.store import read_rows
 from trainwise.training.loop import apply_plan, loss_sum
-from trainwise.training.measure.device import DeviceFacts
 from trainwise.training.models import ModelSource, build_model, meta_model, model_config
 
 LM = ["compare", "--task", "causal-lm", "--model-preset", "llama-tiny", "--prompt-column", "question"]

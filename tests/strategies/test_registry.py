@@ -30,7 +30,7 @@ def test_no_effect_text_claims_an_unmeasured_speed():
     """Issue 27: `strategies` once said bf16 was ~25% faster "on this CPU", where it measured 19x slower. A
     speed-up in a summary names the hardware it holds on; a verdict about this device says its facts (flags,
     compute capability), and its speed only as the measured ratio that `Support.line` adds."""
-    from trainwise.training.measure.device import DeviceFacts
+    from trainwise.core.device import DeviceFacts
 
     hardware = ("GPU", "CUDA", "Ampere", "AMX", "tensor-core", "where ")
     for s in strategies.REGISTRY.values():

@@ -12,10 +12,10 @@ import pytest
 
 from tests.conftest import tiny_study
 from trainwise import strategies
+from trainwise.core.device import DeviceFacts
 from trainwise.core.results import TrialResult, combine_ranks
 from trainwise.training.measure import device as dev
 from trainwise.training.measure import flops
-from trainwise.training.measure.device import DeviceFacts
 from trainwise.training.measure.timing import StepTimes, summarize_steps
 
 AVX2 = DeviceFacts("cpu", "AMD EPYC", frozenset({"avx2"}))

@@ -30,7 +30,7 @@ from trainwise.strategies.base import (
 from trainwise.strategies.knobs import KNOBS, TrialPlan
 
 if TYPE_CHECKING:
-    from trainwise.training.measure.device import DeviceFacts
+    from trainwise.core.device import DeviceFacts
 
 T = TypeVar("T")
 BASELINE = Strategy("baseline", "vanilla fp32, AdamW, pad to max length; the 100% row")

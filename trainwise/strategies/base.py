@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
-    from trainwise.training.measure.device import DeviceFacts
+    from trainwise.core.device import DeviceFacts
 
 V = TypeVar("V")
 

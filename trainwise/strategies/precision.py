@@ -20,7 +20,7 @@ from trainwise.strategies.base import (
 )
 
 if TYPE_CHECKING:
-    from trainwise.training.measure.device import DeviceFacts
+    from trainwise.core.device import DeviceFacts
 
 # ---- precision -----------------------------------------------------------------------------------
 # fp32: everything fp32. bf16 / fp16: autocast computes in 16 bits from fp32 weights (the master copy);

@@ -25,6 +25,7 @@ from trainwise.core.config import (
     TrialSettings,
     TrialSpec,
 )
+from trainwise.core.device import DeviceFacts
 from trainwise.core.errors import ConfigError
 from trainwise.core.files import write_atomic, writing
 from trainwise.strategies import Row, Support
@@ -33,8 +34,8 @@ from trainwise.training import gguf
 from trainwise.training.data.chat import chat_notes, check_chat_template, encode_chat
 from trainwise.training.data.metrics import missing_text_metric_packages
 from trainwise.training.data.sources import read_task_data, tokenizer_corpus
-from trainwise.training.measure.device import DeviceFacts, precision_ratio
 from trainwise.training.measure.device import facts as device_facts
+from trainwise.training.measure.device import precision_ratio
 from trainwise.training.models import (
     ModelSource,
     head_note,

@@ -18,7 +18,7 @@ from trainwise.strategies.base import (
 from trainwise.strategies.lm import LM_TASKS, packable
 
 if TYPE_CHECKING:
-    from trainwise.training.measure.device import DeviceFacts
+    from trainwise.core.device import DeviceFacts
 
 
 def _padding_runtime(value: str, rt: Runtime) -> None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from trainwise.strategies.base import PROBED, ExportDoc, Knob, MemoryTerms, Runtime, Strategy, Support
 
 if TYPE_CHECKING:
-    from trainwise.training.measure.device import DeviceFacts
+    from trainwise.core.device import DeviceFacts
 
 LM_TASKS = frozenset({"causal-lm"})
 CHUNK_TOKENS = 1024  # rows of logits alive at once: 1024 x 151,936 x 4 bytes = 0.6 GB at Qwen2's vocabulary

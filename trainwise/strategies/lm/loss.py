@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from trainwise.training.data.tasks import IGNORE_INDEX
+from trainwise.core.batch import IGNORE_INDEX
 
 
 def _logits(h: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainwise.training.data.tasks import IGNORE_INDEX, Batch
+from trainwise.core.batch import IGNORE_INDEX, Batch
 
 Example = tuple[list[int], list[int]]  # (input_ids, labels aligned with them, -100 where no loss)
 

@@ -29,9 +29,9 @@ import json
 import re
 from dataclasses import dataclass
 
+from trainwise.core.batch import IGNORE_INDEX
 from trainwise.core.errors import ConfigError
 
-IGNORE_INDEX = -100  # the label transformers' losses skip (trainwise.training.data.tasks re-exports it)
 ROLES = ("system", "user", "assistant")
 MESSAGES = "messages"  # the column read when no column is named and the data has no 'text'
 

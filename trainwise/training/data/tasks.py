@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from trainwise.training.data.chat import IGNORE_INDEX, encode_chat
+from trainwise.core.batch import IGNORE_INDEX, Batch
+from trainwise.training.data.chat import encode_chat
 
 TRUNCATIONS = ("keep_start", "keep_end")  # TRL's SFTConfig.truncation_mode values
 
@@ -202,41 +203,6 @@ def shifted_loss_sum(logits: torch.Tensor, labels: torch.Tensor, label_smoothing
         reduction="sum",
         label_smoothing=label_smoothing,
     )
-
-
-@dataclass
-class Batch:
-    """A collated batch plus the counts the measurements need."""
-
-    inputs: dict[str, torch.Tensor]  # input_ids, attention_mask
-    labels: torch.Tensor
-    n_samples: int
-    real_tokens: int  # non-pad tokens (inputs + targets)
-    padded_tokens: int  # positions computed on, pads included (inputs + targets)
-    # what the loss averages over: samples, or non-ignored target tokens (causal-lm: labels after the shift)
-    loss_items: int
-
-    def pin_memory(self) -> Batch:
-        """Called by DataLoader(pin_memory=True) worker threads, so host->GPU copies can overlap."""
-        return Batch(
-            {k: v.pin_memory() for k, v in self.inputs.items()},
-            self.labels.pin_memory(),
-            self.n_samples,
-            self.real_tokens,
-            self.padded_tokens,
-            self.loss_items,
-        )
-
-    def to(self, device: torch.device | str) -> Batch:
-        non_blocking = torch.device(device).type == "cuda"
-        return Batch(
-            {k: v.to(device, non_blocking=non_blocking) for k, v in self.inputs.items()},
-            self.labels.to(device, non_blocking=non_blocking),
-            self.n_samples,
-            self.real_tokens,
-            self.padded_tokens,
-            self.loss_items,
-        )
 
 
 def _pad(seqs: list[list[int]], width: int, value: int) -> torch.Tensor:
