@@ -100,8 +100,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from trainwise.core.config import StudyConfig
+    from trainwise.core.env import environment
     from trainwise.study.prepare import prepare_study
-    from trainwise.training.measure.env import environment
 
     out = tempfile.mkdtemp(prefix="trainwise-overhead-")
     cfg = StudyConfig(

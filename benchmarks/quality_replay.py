@@ -34,7 +34,7 @@ def main() -> None:
     args, extra = ap.parse_known_args()
     from trainwise.api.options import CompareOptions
     from trainwise.core.quality import INCONCLUSIVE
-    from trainwise.run.launcher import launch
+    from trainwise.training.job import launch
     from trainwise.search import verdicts as quality
     from trainwise.study.prepare import prepare_study
     from trainwise.study.run import run_study

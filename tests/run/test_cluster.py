@@ -21,11 +21,11 @@ import pytest
 
 from tests import here
 from trainwise.core.config import TrialSpec
+from trainwise.core.env import KIND_LABEL
 from trainwise.core.results import TrialResult
 from trainwise.run import cluster
 from trainwise.study.aggregate import aggregate
 from trainwise.study.run import per_kind
-from trainwise.training.measure.env import KIND_LABEL
 
 pytestmark = pytest.mark.slow
 

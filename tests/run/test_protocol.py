@@ -29,6 +29,7 @@ from trainwise.run.events import (
     event_of,
     lines,
 )
+from trainwise.training import job as trial_job
 from trainwise.training.measure.contention import MIN_WINDOW_S
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,7 +99,7 @@ def test_a_compare_trial_returns_its_row_leaving_no_file(tmp_path, cls_csv, back
     spec = tiny_study(tmp_path / "s", cls_csv, "classification", ["baseline"], max_steps=2).specs[0]
     trial_dir = tmp_path / "trial"
     seen: list = []
-    r = launcher.run(launcher.TrialJob(spec, trial_dir), seen.append, backend=backend, timeout_s=300)
+    r = launcher.run(trial_job.TrialJob(spec, trial_dir), seen.append, backend=backend, timeout_s=300)
     assert r.status == "ok", r.message
     assert r.strategy == "baseline" and r.wall_s is not None and r.timed_steps > 0
     assert [e.phase for e in seen if isinstance(e, Phase)] == ["data", "model", "train", "eval", "measure"]
@@ -115,7 +116,7 @@ def test_a_killed_trial_is_a_crashed_row_naming_the_signal(tmp_path, cls_csv, mo
     """A killed compare trial is a crashed row naming the signal."""
     monkeypatch.setenv("TRAINWISE_FAULT", "baseline:kill@1")
     spec = tiny_study(tmp_path / "s", cls_csv, "classification", ["baseline"], max_steps=2).specs[0]
-    r = launcher.launch(spec, tmp_path / "trial", 300, lambda e: None)
+    r = trial_job.launch(spec, tmp_path / "trial", 300, lambda e: None)
     assert r.status == "crashed" and r.message.startswith("trial process killed by SIGKILL (")
 
 

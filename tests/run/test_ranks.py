@@ -15,8 +15,8 @@ from tests.conftest import tiny_study
 from trainwise import strategies
 from trainwise.core.errors import ConfigError
 from trainwise.core.results import TrialResult, combine_ranks
-from trainwise.run.launcher import launch
 from trainwise.strategies.batching.samplers import RandomBatches, RankShard
+from trainwise.training.job import launch
 
 
 def _rank(i: int, **kw) -> TrialResult:

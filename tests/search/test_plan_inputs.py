@@ -124,10 +124,10 @@ def test_the_commit_is_trainwises_never_an_enclosing_repos(tmp_path):
     env = {"GIT_AUTHOR_NAME": "x", "GIT_AUTHOR_EMAIL": "x@y", "GIT_COMMITTER_NAME": "x", "GIT_COMMITTER_EMAIL": "x@y"}
     for cmd in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "user's project"]):
         subprocess.run(["git", "-C", str(project), *cmd], check=True, env={**env, "PATH": "/usr/bin:/bin"})
-    code = "from trainwise.training.measure.env import git_commit; print(git_commit())"
+    code = "from trainwise.core.env import git_commit; print(git_commit())"
     done = subprocess.run([sys.executable, "-c", code], cwd=site, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "None", done.stdout
-    from trainwise.training.measure.env import git_commit
+    from trainwise.core.env import git_commit
 
     assert git_commit() is None or len(git_commit().split("-")[0]) == 12  # this checkout's own, when it is one
 

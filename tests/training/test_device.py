@@ -386,9 +386,9 @@ def test_a_trial_contended_by_a_busy_process_is_measured_again(tmp_path, cls_csv
     from trainwise.report.format import cells, notes
     from trainwise.run import zygote
     from trainwise.run.events import Note
-    from trainwise.run.launcher import launch
     from trainwise.study.aggregate import aggregate
     from trainwise.study.run import run_study
+    from trainwise.training.job import launch
     from trainwise.training.measure.contention import CONTENDED_SHARE
 
     # 4 steps: the loaded run's window (~1 s a step with two spinning processes on 2 cores) is long enough to

@@ -24,8 +24,8 @@ from trainwise.report import tracking
 from trainwise.report.format import headers, table_cells
 from trainwise.report.tracking import compare_report_to
 from trainwise.run import launcher
-from trainwise.run.launcher import launch
 from trainwise.study.store import PAGE, RESULTS, STUDY_FILE, Store, keep_reports, read_results, write_report
+from trainwise.training.job import launch
 
 
 def run(

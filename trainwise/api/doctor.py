@@ -16,11 +16,11 @@ from trainwise import strategies
 from trainwise.api.options import DoctorOptions
 from trainwise.api.render import STDERR, Render
 from trainwise.core.config import DEVICES, IMAGE_TASK
+from trainwise.core.env import environment, package_version
 from trainwise.core.errors import ConfigError
 from trainwise.core.files import write_atomic
 from trainwise.run import launcher
 from trainwise.run.events import Event, Phase
-from trainwise.run.launcher import launch
 from trainwise.study.device_checks import (
     LIBRARIES,
     Check,
@@ -31,8 +31,8 @@ from trainwise.study.device_checks import (
     strategy_of,
     verdict,
 )
+from trainwise.training.job import launch
 from trainwise.training.measure import device as dev
-from trainwise.training.measure.env import environment, package_version
 
 
 def start(options: DoctorOptions, render: Render | None = STDERR) -> DoctorReport:

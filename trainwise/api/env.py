@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwise.api.options import EnvOptions
-from trainwise.training.measure.env import environment
+from trainwise.core.env import environment
 
 
 def start(options: EnvOptions) -> dict[str, Any]:

@@ -8,9 +8,9 @@ from typing import Any
 from trainwise.api.options import FindBatchOptions
 from trainwise.api.render import STDERR, Render
 from trainwise.run import launcher
-from trainwise.run.launcher import launch
 from trainwise.search.batch_size import FindBatchReport
 from trainwise.search.batch_size import find_batch as search
+from trainwise.training.job import launch
 
 
 def start(options: FindBatchOptions, render: Render | None = STDERR) -> FindBatchReport:

@@ -290,10 +290,10 @@ def _quality(options: PlanOptions, base: CompareOptions, ctx: Context, row: str,
     """`row` against the baseline, trained longer with paired seeds (the same seeds for both), one pair more at a
     time from MIN_SEEDS while the check is undecided, up to MAX_SEEDS. The row trains on as many samples as the
     baseline (by what a step of each carries), at the rate a user would scale it to."""
-    from trainwise.run.launcher import launch  # heavy: the trial machinery, only when a check runs
     from trainwise.search import verdicts as quality  # heavy: numpy (the statistics)
     from trainwise.study.prepare import prepare_study  # heavy: trainwise.study.prepare loads numpy (and torch)
     from trainwise.study.run import run_study, unstored  # heavy: trainwise.study.run loads numpy
+    from trainwise.training.job import launch  # heavy: the trial machinery, only when a check runs
 
     steps = options.quality_steps or 4 * (base.max_steps or 16)
     cfg = base.resolve()[0]

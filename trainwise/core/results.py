@@ -249,7 +249,7 @@ class StudyRow:
     precision_ratio: float | None = None
     metric_name: str | None = None
     plan: dict = field(default_factory=dict)  # knob values (TrialPlan.to_dict)
-    env: dict = field(default_factory=dict)  # trainwise.training.measure.env.environment: free-form
+    env: dict = field(default_factory=dict)  # trainwise.core.env.environment: free-form
     world_size: int = 1
     rank_peak_mem_bytes: list | None = None
     trace: str | None = None

@@ -41,10 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from trainwise.core.env import device_kind
 from trainwise.core.errors import ConfigError, RunFailed
 from trainwise.run import launcher
 from trainwise.run.worker import job_blob, job_of
-from trainwise.training.measure.env import device_kind
 
 # where Ray (2.52+) reads a cluster's token, first match wins; trainwise passes its environment through unchanged
 TOKEN_SOURCES = "RAY_AUTH_TOKEN, the file named by RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token"

@@ -455,7 +455,7 @@ def main(argv: list[str]) -> int:
         importlib.import_module(name)
     import torch  # heavy: torch (imported by the preload already)
 
-    from trainwise.training.measure.env import git_commit  # after the preload: the zygote starts light, then loads
+    from trainwise.core.env import git_commit  # after the preload: the zygote starts light, then loads
 
     # the commit of the code loaded here (cached): a forked trial runs it, so it reports it, not what HEAD is when it
     # starts (a study of 27 min recorded the commit made while it ran)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwise.core.config import TEXT_TASKS, Cell, DataOrigin
+from trainwise.core.env import environment
 from trainwise.core.errors import RunFailed
 from trainwise.core.results import StudyRow, TrialResult
 from trainwise.report.format import add_cost
@@ -19,7 +20,6 @@ from trainwise.strategies.memory import ACCUM
 from trainwise.study.prepare import PreparedStudy
 from trainwise.study.store import Trials, read_origin, write_reports
 from trainwise.training.measure.device import facts as device_facts
-from trainwise.training.measure.env import environment
 from trainwise.training.models import bundled_minilm_dir
 
 # The timing columns and everything derived from them (time %, epoch time, $/epoch) come from ONE trial

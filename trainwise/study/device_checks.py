@@ -37,7 +37,7 @@ class Check:
 @dataclass
 class DoctorReport:
     device: dict  # trainwise.training.measure.device.DeviceFacts.to_dict()
-    environment: dict  # versions and the commit (trainwise.training.measure.env), plus LIBRARIES' versions
+    environment: dict  # versions and the commit (trainwise.core.env), plus LIBRARIES' versions
     peaks_flops_per_s: dict[str, float]  # linear-layer mode -> measured FLOP/s
     precision_ratios: dict[str, float]  # precision -> a linear layer's time over fp32's
     checks: list[Check] = field(default_factory=list)

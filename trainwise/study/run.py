@@ -405,6 +405,7 @@ def _on_node(spec_blob: dict, cfg: Retry, files: bytes, meet: dict | None = None
     launcher as a child of this worker (exec'd: one trial per worker), with the CPUs Ray gave it as its threads, and
     run again while the node is loaded, as locally. Returns the result, its notes and the end of its log."""
     from trainwise.run import launcher  # heavy: the trial machinery, on the node only
+    from trainwise.training import job as trial_job  # (light itself; beside the launcher it runs on)
 
     spec = TrialSpec.from_dict(spec_blob)
     root = cluster.settle(files, spec.settings.nproc if is_multiprocess(spec) else 1)  # each rank its share
@@ -423,9 +424,9 @@ def _on_node(spec_blob: dict, cfg: Retry, files: bytes, meet: dict | None = None
 
     try:
         if meet is None:
-            result = _measured(spec, trial_dir, launcher.launch, cfg, emit)
+            result = _measured(spec, trial_dir, trial_job.launch, cfg, emit)
         else:  # this node's ranks of a trial spanning nodes (not run again under load: the group is measured once)
-            job = launcher.TrialJob(spec, trial_dir, Rendezvous.from_dict(meet))
+            job = trial_job.TrialJob(spec, trial_dir, Rendezvous.from_dict(meet))
             result = launcher.run(job, emit, backend="exec", timeout_s=timeout_for(spec, cfg.trial_timeout))
         log = (trial_dir / "stderr.log").read_bytes()[-LOG_TAIL:].decode(errors="replace")
     finally:

@@ -17,12 +17,12 @@ from pathlib import Path
 import torch
 
 from trainwise.core.config import TrialSpec
+from trainwise.core.env import environment
 from trainwise.core.results import TrialResult
 from trainwise.run.events import Emit, Phase, Step, ignore
 from trainwise.training import loop
 from trainwise.training.data.prepared import load_data
 from trainwise.training.measure import contention, flops, memory
-from trainwise.training.measure.env import environment
 from trainwise.training.measure.timing import StepTimer, summarize_steps
 from trainwise.training.measure.trace import Tracer
 

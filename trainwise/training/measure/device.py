@@ -20,10 +20,10 @@ from pathlib import Path
 import psutil
 
 from trainwise.core.device import PRECISION_FLAGS, DeviceFacts
+from trainwise.core.env import cpu_name
 from trainwise.core.errors import OutputFailed
 from trainwise.core.files import write_atomic
 from trainwise.training.measure import contention
-from trainwise.training.measure.env import cpu_name
 
 
 def cpu_flags() -> frozenset[str]:
