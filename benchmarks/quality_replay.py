@@ -34,10 +34,10 @@ def main() -> None:
     args, extra = ap.parse_known_args()
     from trainwise.api.options import CompareOptions
     from trainwise.core.quality import INCONCLUSIVE
-    from trainwise.training.job import launch
     from trainwise.search import verdicts as quality
     from trainwise.study.prepare import prepare_study
     from trainwise.study.run import run_study
+    from trainwise.training.job import launch
 
     options = CompareOptions.of(_pairs(extra), None)
     cfg = dataclasses.replace(options.resolve()[0], out=str(args.out))

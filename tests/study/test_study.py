@@ -12,10 +12,10 @@ import pytest
 from tests.conftest import tiny_study
 from trainwise.cli import main
 from trainwise.report.write import caption
-from trainwise.training.job import launch
 from trainwise.study.aggregate import aggregate
 from trainwise.study.run import run_study
 from trainwise.study.store import read_rows
+from trainwise.training.job import launch
 
 pytestmark = pytest.mark.slow
 
