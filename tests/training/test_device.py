@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import tiny_study
 from trainwise import strategies
 from trainwise.core.device import DeviceFacts
-from trainwise.core.results import TrialResult, combine_ranks
+from trainwise.core.results import TrialResult, combine_ranks, utilisation
 from trainwise.training.measure import device as dev
 from trainwise.training.measure import flops
 from trainwise.training.measure.timing import StepTimes, summarize_steps
@@ -231,10 +231,10 @@ def test_a_probe_taken_under_load_is_not_cached(tmp_path, monkeypatch):
 
 def test_mfu_above_100_percent_is_never_printed():
     """1348% once: the peak had been timed on a kernel the model did not run. Such a row says so instead."""
-    assert flops.utilisation(2e9, 1.0, 10e9) == (0.2, "")
-    mfu, note = flops.utilisation(13.48e9, 1.0, 1e9)
+    assert utilisation(2e9, 1.0, 10e9) == (0.2, "")
+    mfu, note = utilisation(13.48e9, 1.0, 1e9)
     assert mfu is None and "peak probe is wrong" in note
-    assert flops.utilisation(None, 1.0, 1e9) == (None, "")
+    assert utilisation(None, 1.0, 1e9) == (None, "")
 
 
 # ---- one statistic per row ---------------------------------------------------------------------------------

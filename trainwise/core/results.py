@@ -6,8 +6,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import asdict, dataclass, field, fields
 
-from trainwise.training.measure.flops import utilisation
-
 # "emulated": a default row whose precision this device only emulates, recorded from the linear-layer
 # micro-benchmark and not trained (minutes per step on such a CPU); a row the user names is trained.
 STATUSES = ("ok", "unsupported", "emulated", "oom", "error", "timeout", "crashed")
@@ -367,3 +365,17 @@ _ABSENT_WHEN_NONE = frozenset(
 )
 _ABSENT_WHEN_UNSET = frozenset({"added_steps", "uncertain"})  # 0 / False: the key is left out
 _ROW_FIELDS = frozenset(f.name for f in fields(StudyRow)) - {"extra"}
+
+
+def utilisation(flops_per_step: float | None, step_s: float, peak_flops_per_s: float) -> tuple[float | None, str]:
+    """MFU of a step (counted FLOPs / step time / peak) and a note. Above 100% the peak is wrong
+    (measured on another kernel than the model runs, or under load), never the step: no MFU then."""
+    if not flops_per_step or step_s <= 0 or peak_flops_per_s <= 0:
+        return None, ""
+    mfu = flops_per_step / step_s / peak_flops_per_s
+    if mfu > 1.0:
+        return None, (
+            f"no MFU: the step ran {flops_per_step / step_s / 1e9:.3g} GFLOP/s, above the probe's peak "
+            f"{peak_flops_per_s / 1e9:.3g} GFLOP/s, so the peak probe is wrong for this row (a report would help)"
+        )
+    return mfu, ""

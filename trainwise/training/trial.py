@@ -18,7 +18,7 @@ import torch
 
 from trainwise.core.config import TrialSpec
 from trainwise.core.env import environment
-from trainwise.core.results import TrialResult
+from trainwise.core.results import TrialResult, utilisation
 from trainwise.run.events import Emit, Phase, Step, ignore
 from trainwise.training import loop
 from trainwise.training.data.prepared import load_data
@@ -129,7 +129,7 @@ def run_trial(spec: TrialSpec, progress: Emit | None = None, trace_path: Path | 
     flops_per_step = measured.per_step(ours["padded"], our_steps)
     # MFU: the FLOPs of the steps the time is over (with any added ones), not only the study's
     timed_flops = measured.per_step(counts["padded"], len(timed))
-    mfu, mfu_note = flops.utilisation(timed_flops, summary["step_time_s"], measured.peak_flops_per_s)
+    mfu, mfu_note = utilisation(timed_flops, summary["step_time_s"], measured.peak_flops_per_s)
     return TrialResult(
         strategy=spec.row,
         status="ok",

@@ -80,17 +80,3 @@ def _tf32_on() -> bool:
     import torch  # heavy: torch
 
     return bool(torch.backends.cuda.matmul.allow_tf32)
-
-
-def utilisation(flops_per_step: float | None, step_s: float, peak_flops_per_s: float) -> tuple[float | None, str]:
-    """MFU of a step (counted FLOPs / step time / peak) and a note. Above 100% the peak is wrong
-    (measured on another kernel than the model runs, or under load), never the step: no MFU then."""
-    if not flops_per_step or step_s <= 0 or peak_flops_per_s <= 0:
-        return None, ""
-    mfu = flops_per_step / step_s / peak_flops_per_s
-    if mfu > 1.0:
-        return None, (
-            f"no MFU: the step ran {flops_per_step / step_s / 1e9:.3g} GFLOP/s, above the probe's peak "
-            f"{peak_flops_per_s / 1e9:.3g} GFLOP/s, so the peak probe is wrong for this row (a report would help)"
-        )
-    return mfu, ""
