@@ -411,7 +411,7 @@ def test_report_of_a_killed_study_says_it_is_partial(tmp_path):
 
 
 def test_report_refuses_a_study_another_command_is_running_in(tmp_path):
-    from trainwise.study.store import hold
+    from trainwise.core.files import hold
 
     study = _copy(tmp_path)
     with hold(study):

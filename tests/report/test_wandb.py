@@ -99,8 +99,8 @@ def test_train_logs_its_curves_and_result(tmp_path, cls_csv, offline):
 
 
 def test_a_resumed_training_run_continues_its_wandb_run(tmp_path, offline, monkeypatch):
-    from trainwise.report.tracking import Tracker
     from trainwise.run.events import Step
+    from trainwise.training.tracking import Tracker
 
     for k, v in offline.items():
         monkeypatch.setenv(k, v)
@@ -126,8 +126,8 @@ def test_a_resumed_training_run_continues_its_wandb_run(tmp_path, offline, monke
 
 
 def test_a_wandb_failure_is_a_warning_and_the_run_goes_on(tmp_path, offline, monkeypatch):
-    from trainwise.report import tracking
     from trainwise.run.events import Step
+    from trainwise.training import tracking
 
     def down(*a, **k):
         raise TimeoutError("the W&B server did not answer")
@@ -144,7 +144,7 @@ def test_a_wandb_failure_is_a_warning_and_the_run_goes_on(tmp_path, offline, mon
 @pytest.mark.slow
 def test_compare_says_a_wandb_failure_once_and_stores_all(tmp_path, cls_csv, offline, monkeypatch):
     """A compare whose wandb fails says it once and stores every trial."""
-    from trainwise.report import tracking
+    from trainwise.training import tracking
 
     calls = []
 

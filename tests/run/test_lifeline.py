@@ -153,7 +153,7 @@ def test_a_second_command_on_an_out_in_use_is_refused(tmp_path, cls_csv, capsys,
     """Issue 17: two commands never share a study's trial directories and store: while one runs in --out
     (it holds a lock on the folder's mark), another one there is refused in one line."""
     from trainwise.cli import main
-    from trainwise.study.store import hold
+    from trainwise.core.files import hold
 
     out = tmp_path / "busy"
     argv = [verb, "--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--strategies", "baseline"]

@@ -20,12 +20,12 @@ from trainwise.api.render import STDERR, Render
 from trainwise.api.study import Study
 from trainwise.core.config import IMAGE_TASK, StudyConfig
 from trainwise.core.errors import ConfigError
-from trainwise.report import tracking
 from trainwise.report.format import headers, table_cells
-from trainwise.report.tracking import compare_report_to
 from trainwise.run import launcher
 from trainwise.study.store import PAGE, RESULTS, STUDY_FILE, Store, keep_reports, read_results, write_report
+from trainwise.training import tracking
 from trainwise.training.job import launch
+from trainwise.training.tracking import compare_report_to
 
 
 def run(

@@ -30,7 +30,6 @@ from trainwise.core.files import write_atomic
 from trainwise.core.option import PRICE, QUALITY, RUN, flag, option, take
 from trainwise.core.units import parse_bytes
 from trainwise.exporting.scripts import ExportConfig
-from trainwise.report.tracking import compare_report_to
 from trainwise.run import cluster
 from trainwise.run.ranks import Rendezvous
 from trainwise.search import verdicts as quality
@@ -39,6 +38,7 @@ from trainwise.search.cost import resolve_price
 from trainwise.search.hyperparams import TuneConfig
 from trainwise.search.memory import EstimateConfig
 from trainwise.search.ranking import Constraints
+from trainwise.training.tracking import compare_report_to
 
 _STUDY: dict[str, Any] = {f.name: f.default for f in fields(StudyConfig) if f.init}  # the shared defaults
 CONSTRAINTS = ("objective", "memory_budget", "max_quality_drop", "max_epoch_time", "max_epoch_cost")  # advise's

@@ -10,9 +10,9 @@ from typing import Any
 from trainwise.api.options import TrainOptions
 from trainwise.api.render import STDERR, Render
 from trainwise.core.errors import ConfigError
-from trainwise.report.tracking import parse_report_to
 from trainwise.run import launcher
 from trainwise.run.events import Event, Warn
+from trainwise.training.tracking import parse_report_to
 
 
 def start(options: TrainOptions, render: Render | None = STDERR):

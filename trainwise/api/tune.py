@@ -7,6 +7,7 @@ from typing import Any
 
 from trainwise.api.options import TuneOptions
 from trainwise.api.render import STDERR, Render
+from trainwise.exporting.commands import best_train_command
 from trainwise.search.hyperparams import tune as search_space
 from trainwise.search.space import TuneResult
 
@@ -17,7 +18,7 @@ def start(options: TuneOptions, render: Render | None = STDERR) -> tuple[TuneRes
     render = Render.of(render)
     cfg, study = options.resolve()
     with render.status("trainwise tune: ...") as status:
-        return search_space(cfg, study, options.price(), render.update(status), render.line)
+        return search_space(cfg, study, options.price(), render.update(status), render.line, best_train_command)
 
 
 def tune(config: str | Path | None = None, render: Render | None = STDERR, **options: Any) -> tuple[TuneResult, dict]:

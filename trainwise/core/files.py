@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import re
 import shutil
@@ -208,3 +209,32 @@ def exit_line(e: Exception) -> tuple[str, int]:
     return " ".join(
         str(failed(Path(where), reason) if where else f"{reason} ({type(e).__name__}: {e})").split()
     ), OUTPUT_EXIT
+
+
+MARK = ".trainwise"  # in every --out trainwise writes: what is there is ours to replace
+
+
+@contextlib.contextmanager
+def hold(out: Path, part: str | None = None) -> Iterator[None]:
+    """Run a command's trials (or its training) in `out` alone: a second trainwise command on the same
+    --out, while this one runs, is refused in one line rather than sharing trial directories and the
+    store. An advisory lock (flock) on the folder's mark file; the kernel drops it when the holder dies.
+    `part`: the command holds only its part of `out` (a training run's node other than the first, which
+    shares the folder with the node that holds it): a lock file of that part's own."""
+    out.mkdir(parents=True, exist_ok=True)
+    lock = out / MARK if part is None else out / f".trainwise-{part}.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by the trial processes
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(
+                f"--out {out} is in use by another trainwise command running now; wait for it to end, "
+                "or choose another --out"
+            ) from None
+        if os.fstat(fd).st_size == 0 and part is None:
+            with writing(out / MARK):
+                os.write(fd, b"written by trainwise\n")
+        yield
+    finally:
+        os.close(fd)

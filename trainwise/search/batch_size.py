@@ -26,13 +26,13 @@ import psutil
 from trainwise import strategies
 from trainwise.core.config import StudyConfig
 from trainwise.core.errors import ConfigError
-from trainwise.core.files import write_atomic, writing
+from trainwise.core.files import hold, write_atomic, writing
 from trainwise.core.option import option
 from trainwise.core.results import TrialResult
 from trainwise.report.format import human_bytes
 from trainwise.run.events import Event, Note, Step
 from trainwise.search.memory import calibrate, estimate_plan, runtime_overhead, shape_of, target_length
-from trainwise.study.store import FIND_BATCH, PAGE, RESULTS, hold, page_of, read_results, read_settings
+from trainwise.study.store import FIND_BATCH, PAGE, RESULTS, page_of, read_results, read_settings
 from trainwise.training.measure.memory import CUDA_CONTEXT_BYTES
 from trainwise.training.models import ModelSource, model_config
 

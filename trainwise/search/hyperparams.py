@@ -29,17 +29,15 @@ from trainwise.core.config import (
     DataOrigin,
     StudyConfig,
     TrainConfig,
-    TrialSettings,
     TrialSpec,
     check_monitor,
     maximize,
     monitored,
 )
 from trainwise.core.errors import ConfigError, RunFailed, check_number
-from trainwise.core.files import failed, refused_by, write_atomic
+from trainwise.core.files import failed, hold, refused_by, write_atomic
 from trainwise.core.option import option, take
 from trainwise.core.results import TuneTrialResult
-from trainwise.exporting.scripts import RunSettings, epochs_for, named_model, train_command, train_out
 from trainwise.report.progress import TrainLine
 from trainwise.run import cluster
 from trainwise.run.events import Emit, Eval, Event, Step, Warn
@@ -55,7 +53,6 @@ from trainwise.search.space import (
     load_space,
     sample,
 )
-from trainwise.study.store import hold
 
 
 def make_sampler(search: str, seed: int, n_trials: int):
@@ -372,10 +369,21 @@ def check_some_complete(result: TuneResult) -> None:
         raise RunFailed(f"no trial of {len(result.trials)} produced a value{why}")
 
 
+# the `trainwise train` command of the best trial, and a note: (its spec, the result, the config, the data's origin,
+# --out) -> (command, note) or None (trainwise.exporting.commands.best_train_command, given by the verb)
+CommandOf = Callable[[TrialSpec, TuneResult, "TuneConfig", DataOrigin | None, Path], tuple[str, str | None] | None]
+
+
 def tune(
-    cfg: TuneConfig, study: StudyConfig, price, on_status: Callable[[str], None], on_line: Callable[[str], None]
+    cfg: TuneConfig,
+    study: StudyConfig,
+    price,
+    on_status: Callable[[str], None],
+    on_line: Callable[[str], None],
+    command_of: CommandOf | None = None,
 ) -> tuple[TuneResult, dict]:
-    """Check, prepare the data once, search; returns the result and tune_result.json's content (cost too)."""
+    """Check, prepare the data once, search; returns the result and tune_result.json's content (cost too, and the
+    best trial's train command where `command_of` writes one)."""
     from trainwise.study.prepare import prepare_study  # heavy: trainwise.study.prepare loads numpy
     from trainwise.training.fit import check_one_process  # heavy: trainwise.training.fit loads torch and transformers
 
@@ -395,38 +403,7 @@ def tune(
     on_status("trainwise tune: validating input, preparing data and model...")
     spec = prepare_study(study, on_line).specs[0]
     with hold(out):  # one command at a time in --out
-        return _search(cfg, spec, out, price, on_line, DataOrigin.of(study), on_status)
-
-
-def best_train_command(
-    spec: TrialSpec, result: TuneResult, cfg: TuneConfig, origin: DataOrigin | None, out: Path
-) -> tuple[str, str | None] | None:
-    """The `trainwise train` command that trains the best trial's settings (its values on the tune's model,
-    data and plan, for the trial's --max-steps, into a run folder beside --out), and a note naming the
-    tuned values `train` has no option for (it trains those at their defaults). None: no trial finished."""
-
-    if not result.best_params:
-        return None
-    best = apply(spec, result.best_params)
-    s = best.settings
-    model, preset = named_model(s)
-    run = RunSettings(
-        model, s.task, s.batch_size, s.max_length, s.max_target_length, s.lr, cfg.max_steps, seed=s.seed,
-        model_is_preset=preset, row=spec.row, accum_steps=s.accum_steps, origin=origin,
-        epochs=epochs_for(best, cfg.max_steps),
-    )  # fmt: skip
-    defaults = {f.name: f.default for f in dataclasses.fields(TrialSettings)}
-    untold = {k: v for k, v in result.best_params.items() if k not in ("lr", "batch_size")}
-    notes = []
-    if untold:
-        trained = ", ".join(f"{k}={defaults[k]}" for k in untold)
-        notes.append(f"train has no option for {shown(untold)}: this command trains {trained} (the defaults)")
-    if cfg.search == "pbt":
-        notes.append(
-            "PBT's best values are the last of a schedule its member followed on weights it inherited; "
-            "trained from scratch with them, a run is not the one measured"
-        )
-    return train_command(run, train_out(out, f"{out.name}-best")), "; ".join(notes) or None
+        return _search(cfg, spec, out, price, on_line, DataOrigin.of(study), on_status, command_of)
 
 
 def tie_note(trials: list[dict], search: str, monitor: str | None = None) -> str | None:
@@ -456,6 +433,7 @@ def _search(
     on_line: Callable[[str], None],
     origin: DataOrigin | None = None,
     on_status: Callable[[str], None] = lambda _text: None,
+    command_of: CommandOf | None = None,
 ) -> tuple[TuneResult, dict]:
     train_args = dataclasses.asdict(cfg.train_config())
 
@@ -497,7 +475,7 @@ def _search(
             "rework": price.rework_factor(),
             "low_priority": price.low_priority,
         }
-    if (command := best_train_command(spec, result, cfg, origin, out)) is not None:
+    if command_of is not None and (command := command_of(spec, result, cfg, origin, out)) is not None:
         report["train_command"], report["train_command_note"] = command
     if (tied := tie_note(result.trials, cfg.search, cfg.monitor)) is not None:
         report["tie_note"] = tied

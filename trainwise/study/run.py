@@ -12,7 +12,7 @@ from pathlib import Path
 
 from trainwise.core.config import StudyConfig, TrialSpec
 from trainwise.core.errors import ConfigError, RunFailed
-from trainwise.core.files import failed, refused_by
+from trainwise.core.files import failed, hold, refused_by
 from trainwise.core.results import TrialResult, combine_ranks
 from trainwise.run import cluster
 from trainwise.run.events import Event, Note
@@ -21,7 +21,7 @@ from trainwise.strategies import Support
 from trainwise.strategies.precision import COMPILE
 from trainwise.study import projection
 from trainwise.study.prepare import PreparedStudy
-from trainwise.study.store import STORE, Store, Trials, hold, still_there
+from trainwise.study.store import STORE, Store, Trials, still_there
 from trainwise.training.measure import contention
 
 Launch = Callable[[TrialSpec, Path, float, Callable[[Event], None]], TrialResult]

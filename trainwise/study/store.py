@@ -5,22 +5,18 @@ and the quality phase's verdicts (quality/quality.json)."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import json
-import os
 import shutil
 import sqlite3
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from trainwise.core.config import DataOrigin, TrialSpec
 from trainwise.core.errors import ConfigError, read_json
-from trainwise.core.files import failed, write_atomic, writing
+from trainwise.core.files import MARK, failed, hold, write_atomic, writing
 from trainwise.core.quality import QualityVerdicts
 from trainwise.core.results import StudyRow, TrialResult
 from trainwise.report.html import report_html
@@ -36,7 +32,6 @@ ESTIMATES = "estimates.json"  # each row's memory as `trainwise estimate` predic
 PLAN = "plan.json"  # a `trainwise plan` search in this study: the plan, its candidates and reasons
 PLAN_MD = "plan.md"  # the same, as text
 FIND_BATCH = "find_batch.json"  # a `trainwise find-batch` search (its own --out, or a study's)
-MARK = ".trainwise"  # in every --out trainwise writes: what is there is ours to replace
 REPLACED = "replaced"  # OUT/replaced/N/: the reports of a study --replace replaced
 # what a study's report is (its files, and its quality phase's verdicts): kept whole when it is replaced
 REPORTS = (
@@ -96,32 +91,6 @@ def mark(out: Path) -> None:
     with writing(out / MARK), open(out / MARK, "a+") as f:
         if f.tell() == 0:
             f.write("written by trainwise\n")
-
-
-@contextlib.contextmanager
-def hold(out: Path, part: str | None = None) -> Iterator[None]:
-    """Run a command's trials (or its training) in `out` alone: a second trainwise command on the same
-    --out, while this one runs, is refused in one line rather than sharing trial directories and the
-    store. An advisory lock (flock) on the folder's mark file; the kernel drops it when the holder dies.
-    `part`: the command holds only its part of `out` (a training run's node other than the first, which
-    shares the folder with the node that holds it): a lock file of that part's own."""
-    out.mkdir(parents=True, exist_ok=True)
-    lock = out / MARK if part is None else out / f".trainwise-{part}.lock"
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by the trial processes
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(
-                f"--out {out} is in use by another trainwise command running now; wait for it to end, "
-                "or choose another --out"
-            ) from None
-        if os.fstat(fd).st_size == 0 and part is None:
-            with writing(out / MARK):
-                os.write(fd, b"written by trainwise\n")
-        yield
-    finally:
-        os.close(fd)
 
 
 def _check_writable(out: Path) -> None:

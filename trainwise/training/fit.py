@@ -39,6 +39,7 @@ from trainwise.core.errors import ConfigError, OutputFailed, RunFailed
 from trainwise.core.files import (
     failed,
     free_space,
+    hold,
     human_bytes,
     plain_modes,
     refused_by,
@@ -47,14 +48,13 @@ from trainwise.core.files import (
     writing,
 )
 from trainwise.core.results import TrainResult
-from trainwise.report.tracking import Tracker
 from trainwise.run.events import Checkpoint, Emit, Eval, Event, Note, Step, Warn, ignore
 from trainwise.run.faults import seamed
 from trainwise.run.launcher import Exit, Listener, Place, run
 from trainwise.run.ranks import Ranks, Rendezvous, all_sum, is_multiprocess, several_nodes
-from trainwise.study.store import hold
 from trainwise.training import loop
 from trainwise.training.data.prepared import TrialData, load_data
+from trainwise.training.tracking import Tracker
 
 LATEST = "latest"
 
