@@ -143,7 +143,10 @@ def test_tune_ends_with_the_train_command_of_its_best_trial(tmp_path, cls_study,
     monkeypatch.setattr(tw, "run_tune", lambda *a, **k: tw.TuneResult(0.5, best, [trial], []))  # as if searched
     out = tmp_path / "tune"
     out.mkdir()
-    result, report = tw._search(cfg, spec, out, None, lambda line: None, DataOrigin(train_file=str(cls_csv)))
+    from trainwise.exporting.commands import best_train_command  # (what the verb hands the search)
+
+    origin = DataOrigin(train_file=str(cls_csv))
+    result, report = tw._search(cfg, spec, out, None, lambda line: None, origin, command_of=best_train_command)
     assert json.loads((out / "tune_result.json").read_text())["train_command"] == report["train_command"]
     argv = shlex.split(report["train_command"])
     given = dict(zip(argv[2::2], argv[3::2], strict=True))

@@ -46,7 +46,7 @@ def device_kind(device: str, cpus: int | None = None) -> str:
 def git_commit() -> str | None:
     """The commit of trainwise's own checkout (None where trainwise is not run from one: an installed package whose
     folder lies inside another repository, a user's project with its .venv, records no commit of that project)."""
-    repo = Path(__file__).resolve().parents[3]  # trainwise/core/env.py -> the checkout
+    repo = Path(__file__).resolve().parents[2]  # trainwise/core/env.py -> the checkout
     try:
         out = subprocess.run(
             ["git", "-C", str(repo), "rev-parse", "--show-toplevel", "--short=12", "HEAD"],
