@@ -12,7 +12,8 @@ import pytest
 from tests import here
 from trainwise.cli import main
 from trainwise.core.errors import ConfigError
-from trainwise.training.fit import EarlyStopping, TrainConfig, find_resumable, verify
+from trainwise.training.checkpoint import find_resumable, verify
+from trainwise.training.fit import EarlyStopping, TrainConfig
 
 
 def test_early_stopping_triggers_on_a_plateau():
