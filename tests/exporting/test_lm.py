@@ -23,7 +23,9 @@ from tests.conftest import write_csv
 from tests.training.test_causal_lm import pairs
 from tests.training.test_chat import IM_END, conversations
 from trainwise import strategies
-from trainwise.exporting.scripts import RunSettings, export_doc, sft_arguments, train_command, write_export
+from trainwise.exporting.arguments import RunSettings, export_doc, sft_arguments
+from trainwise.exporting.commands import train_command
+from trainwise.exporting.scripts import write_export
 
 STEPS = 4
 # what third-party libraries print into a script's output unless it silences them first (DeepSpeed on a CPU, peft
@@ -107,7 +109,8 @@ def _spec_of(study, row: str):
 
 
 def _export(study, row: str, out: Path) -> None:
-    from trainwise.exporting.scripts import ExportConfig, export_plan
+    from trainwise.api.export import export_plan
+    from trainwise.exporting.scripts import ExportConfig
 
     export_plan(ExportConfig(study=str(study.out), strategies=row, device="cpu"), out)
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from trainwise import strategies
-from trainwise.exporting.scripts import RunSettings, export_doc, snippet, training_arguments, write_export
+from trainwise.exporting.arguments import RunSettings, export_doc, training_arguments
+from trainwise.exporting.scripts import snippet, write_export
 from trainwise.strategies.optim import OPTIMIZERS
 
 
@@ -194,7 +195,8 @@ def test_the_trainer_snippet_reproduces_the_losses(tmp_path, monkeypatch, csv_st
     """compare's trial vs the HF Trainer running export's train_snippet.py unchanged (its data, labels, model
     edits, collator and TrainingArguments), step by step. transformers 5.x logs the loss multiplied by
     gradient_accumulation_steps (num_items_in_batch); the optimisation is the same (documented in docs/export.md)."""
-    from trainwise.exporting.scripts import ExportConfig, export_plan
+    from trainwise.api.export import export_plan
+    from trainwise.exporting.scripts import ExportConfig
     from trainwise.training.data.prepared import read_labels
 
     study, data = csv_study
@@ -226,8 +228,9 @@ def test_the_seq2seq_snippet_as_written_reproduces_the_losses(tmp_path, monkeypa
     from transformers import AutoModelForSeq2SeqLM
 
     from tests.conftest import make_rows, write_csv
+    from trainwise.api.export import export_plan
     from trainwise.core.config import StudyConfig
-    from trainwise.exporting.scripts import ExportConfig, export_plan
+    from trainwise.exporting.scripts import ExportConfig
     from trainwise.study.prepare import prepare_study
     from trainwise.training.models import _preset_config, train_tokenizer
 
@@ -325,7 +328,8 @@ def test_accelerate_launch_runs_the_exported_config_and_snippet(tmp_path, csv_st
     import subprocess
     import sys
 
-    from trainwise.exporting.scripts import ExportConfig, export_plan
+    from trainwise.api.export import export_plan
+    from trainwise.exporting.scripts import ExportConfig
 
     study, _ = csv_study
     row = "grad_accum"
@@ -363,8 +367,9 @@ def test_the_train_command_trains_the_csv_to_the_same_loss(tmp_path, csv_study):
     written (plus --out), it ends at the loss of the study's trial."""
     import shlex
 
+    from trainwise.api.export import export_plan
     from trainwise.cli import main
-    from trainwise.exporting.scripts import ExportConfig, export_plan
+    from trainwise.exporting.scripts import ExportConfig
 
     study, data = csv_study
     row = "grad_accum"
@@ -424,10 +429,11 @@ def test_the_exported_train_command_names_where_its_run_goes(tmp_path):
 
 def test_an_image_study_is_refused_in_one_line(tmp_path):
     """An image-classification study trained trainwise's own ResNeXt: no transformers script can reproduce it."""
+    from trainwise.api.export import export_plan
     from trainwise.core.config import StudyConfig
     from trainwise.core.errors import ConfigError
     from trainwise.core.results import TrialResult
-    from trainwise.exporting.scripts import ExportConfig, export_plan
+    from trainwise.exporting.scripts import ExportConfig
     from trainwise.study.prepare import prepare_study
     from trainwise.study.store import Store
 
@@ -455,7 +461,7 @@ def test_the_train_command_carries_only_the_plan_s_own_settings(row, accum):
     import dataclasses
     import shlex
 
-    from trainwise.exporting.scripts import train_command
+    from trainwise.exporting.commands import train_command
 
     argv = shlex.split(train_command(dataclasses.replace(SETTINGS, task="causal-lm", row=row, accum_steps=4)))
     assert (argv[argv.index("--accum-steps") + 1] if "--accum-steps" in argv else None) == accum

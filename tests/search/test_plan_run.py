@@ -114,7 +114,8 @@ def test_the_cli_gives_the_api_plan_and_runs_no_trial_again(searched):
 def test_the_leader_doubled_is_a_row_and_exports_at_that_size(tmp_path, cls_csv):
     """A sized row is a row of the same study, relative to the same baseline per sample; export writes it at its
     size; --no-batch-search leaves it out of the search (nothing new measured, no sized pick)."""
-    from trainwise.exporting.scripts import ExportConfig, export_plan
+    from trainwise.api.export import export_plan
+    from trainwise.exporting.scripts import ExportConfig
 
     out = tmp_path / "study"
     one = {"strategies": "smart_batch", "max_trials": 2}

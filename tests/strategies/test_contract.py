@@ -293,7 +293,7 @@ def test_bf16_pure_keeps_no_fp32_copy(cls_study):
     ada = terms_of(strategies.parse_row("bf16_pure+adafactor", 4).plan, "cpu")
     assert state_parts(shape, ada)[0]["optimizer"] == 4 * 150 and not terms.autocast_copies
     # export: the snippet loads the model in bf16 and says why TrainingArguments cannot
-    from trainwise.exporting.scripts import RunSettings, export_doc
+    from trainwise.exporting.arguments import RunSettings, export_doc
 
     doc = export_doc(strategies.parse_row("bf16_pure", 4).plan, RunSettings("m", "classification", 8, 16, 8, 1e-4, 2))
     assert doc.model_kwargs == {"dtype": "torch.bfloat16"} and doc.args["bf16"] is False

@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 
 from trainwise import strategies
-from trainwise.exporting.scripts import RunSettings, export_doc
+from trainwise.exporting.arguments import RunSettings, export_doc
 from trainwise.strategies.base import NA, PROBED, MemoryTerms
 from trainwise.strategies.knobs import TrialPlan
 

@@ -19,7 +19,8 @@ from trainwise import strategies
 from trainwise.cli import main
 from trainwise.core.device import DeviceFacts
 from trainwise.core.errors import ConfigError
-from trainwise.exporting.scripts import RunSettings, write_export
+from trainwise.exporting.arguments import RunSettings
+from trainwise.exporting.scripts import write_export
 from trainwise.study.store import read_rows
 from trainwise.training.loop import apply_plan, loss_sum
 from trainwise.training.models import ModelSource, build_model, meta_model, model_config

@@ -152,7 +152,8 @@ def test_train_bad_input_is_one_line(tmp_path, cls_csv, capsys):
 def test_the_command_export_writes_is_accepted_by_train(tmp_path, capsys):
     import shlex
 
-    from trainwise.exporting.scripts import RunSettings, train_command
+    from trainwise.exporting.arguments import RunSettings
+    from trainwise.exporting.commands import train_command
 
     run = RunSettings("t5-small", "seq2seq", 8, 64, 16, 1e-4, 10, model_is_preset=True, row="bf16+grad_ckpt")
     argv = shlex.split(train_command(run))[1:]

@@ -1,14 +1,63 @@
-"""The commands a verb hands back: `trainwise train` of a tune's best trial."""
+"""The commands a verb hands back: `trainwise train` of a plan (train_command.txt), and of a tune's best trial."""
 
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from pathlib import Path
 
+from trainwise import strategies
 from trainwise.core.config import DataOrigin, TrialSettings, TrialSpec
-from trainwise.exporting.scripts import RunSettings, epochs_for, named_model, train_command, train_out
+from trainwise.exporting.arguments import RunSettings, epochs_for, named_model
 from trainwise.search.hyperparams import TuneConfig, shown
 from trainwise.search.space import TuneResult, apply
+
+
+def train_out(beside: Path | str, name: str) -> str:
+    """Where a written `trainwise train` command puts its run: a folder `train-NAME` beside `beside` (the
+    export or tune directory), so its checkpoints land where the user already looks, not in a default."""
+    return str(Path(beside).parent / f"train-{name}")
+
+
+def reads_accum_steps(row: str) -> bool:
+    """Whether the row's plan depends on --accum-steps (a `grad_accum` written without =N, or an alias holding one)."""
+    return strategies.parse_row(row, 2).plan != strategies.parse_row(row, 3).plan
+
+
+def train_command(s: RunSettings, out: str | None = None) -> str:
+    """The `trainwise train` command that trains this plan on the same model, data and settings, into `out`
+    (default: runs/train-ROW). Only what the plan reads: --accum-steps only for a row whose plan depends on it."""
+    model_flag = ["--model-preset", s.model] if s.model_is_preset else ["--model", s.model]
+    argv = [
+        "trainwise",
+        "train",
+        "--strategies",
+        s.row,
+        *model_flag,
+        "--task",
+        s.task,
+        *(s.origin.flags() if s.origin is not None else []),
+        "--batch-size",
+        str(s.batch_size),
+        *(["--accum-steps", str(s.accum_steps)] if reads_accum_steps(s.row) else []),
+        "--max-length",
+        str(s.max_length),
+        *(["--max-target-length", str(s.max_target_length)] if s.task == "seq2seq" else []),
+        *(["--truncation", s.truncation] if s.truncation else []),
+        "--lr",
+        str(s.lr),
+        "--epochs",
+        str(s.epochs),
+        "--max-steps",
+        str(s.max_steps),
+        "--seed",
+        str(s.seed),
+        *(["--nproc", str(s.nproc)] if s.nproc > 1 else []),
+        *(["--num-workers", str(s.num_workers)] if s.num_workers else []),
+        "--out",
+        out or train_out("runs/export", s.row),
+    ]
+    return shlex.join(argv)
 
 
 def best_train_command(

@@ -22,187 +22,33 @@ transformers 5.x logs the training loss x accumulation steps for models that acc
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
-import math
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from trainwise import strategies
-from trainwise.core.config import DEFAULT_LR, DataOrigin, StudyConfig, TrialSettings, TrialSpec, check_nproc
+from trainwise.core.config import DEFAULT_LR, StudyConfig, TrialSettings, check_nproc
 from trainwise.core.errors import ConfigError, check_number
 from trainwise.core.files import write_atomic
 from trainwise.core.option import option, take
+from trainwise.exporting.arguments import RunSettings, export_doc, sft_arguments
+from trainwise.exporting.commands import train_command, train_out
 from trainwise.search.memory import EstimateConfig
-from trainwise.search.ranking import pick
 from trainwise.strategies.base import ExportDoc
 from trainwise.strategies.knobs import TrialPlan
-from trainwise.study.store import MARK, Store, check_ours, mark, partial_note, read_results
+from trainwise.study.store import MARK, check_ours, mark
 from trainwise.training.data.chat import trl_labels_as_ours
 from trainwise.training.models import (
     CAUSAL_LM,
     ModelSource,
     load_tokenizer,
     preset_config_kwargs,
-    resolve_model,
 )
 
 TRL_VERSION = "1.16.0"  # the TRL that sft_train.py is written for and tested with (trainwise[sft])
 AUTO_CLASSES = {"seq2seq": "AutoModelForSeq2SeqLM", CAUSAL_LM: "AutoModelForCausalLM"}
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """What an exported plan needs besides the plan itself."""
-
-    model: str  # what the user passes to from_pretrained / --model (or a preset name)
-    task: str
-    batch_size: int  # global: samples per optimizer step over every rank
-    max_length: int
-    max_target_length: int
-    lr: float
-    max_steps: int
-    seed: int = 0
-    max_grad_norm: float = 1.0
-    num_workers: int = 0
-    nproc: int = 1
-    device: str = "cuda"
-    model_is_preset: bool = False
-    row: str = "baseline"
-    accum_steps: int = 4  # what a bare `grad_accum` in the row means
-    origin: DataOrigin | None = None  # a study's data, as the user gave it
-    labels: tuple[str, ...] = ()  # classification: the class names, in id order
-    train_rows: str | None = None  # a study's prepared training rows (JSONL: text, target)
-    epochs: int = 1  # passes `trainwise train` may make (its cap on the steps), enough for max_steps
-    tokenizer_dir: str | None = None  # a preset's tokenizer, trained by a study on its data
-    data_format: str = ""  # causal-lm: "text" (raw text cut into blocks), "prompt_response" or "chat"; "": not known
-    # chat: sft_train.py hands TRL the conversations ('messages', assistant_only_loss=True), checked to label as
-    # trainwise does (trainwise.training.data.chat.trl_labels_as_ours); False: the tokens and trainwise's labels
-    chat_messages: bool = False
-    truncation: str = ""  # causal-lm: "" trainwise's cut, or TRL's truncation_mode the study's trials followed
-
-    def batch_line(self, doc: ExportDoc) -> str:
-        """The batch, global and per device, said once for every file."""
-        per_device = doc.args.get("per_device_train_batch_size", self.batch_size)
-        accum = doc.args.get("gradient_accumulation_steps", 1)
-        return (
-            f"batch: {self.batch_size} samples per optimizer step in all (trainwise's --batch-size is global) = "
-            f"per_device_train_batch_size {per_device} x gradient_accumulation_steps {accum} x {self.nproc} process(es)"
-        )
-
-
-def export_doc(plan: TrialPlan, s: RunSettings, output_dir: str = "out") -> ExportDoc:
-    """The run's settings, then every knob's part: the TrainingArguments, snippet and config contents."""
-    args: dict = {
-        "output_dir": output_dir,
-        "learning_rate": s.lr,
-        "max_steps": s.max_steps,
-        "lr_scheduler_type": "linear",
-        "warmup_steps": 0,
-        "weight_decay": 0.0,
-        "max_grad_norm": s.max_grad_norm,
-        "seed": s.seed,
-        "dataloader_num_workers": s.num_workers,
-        "logging_steps": 1,
-        "save_strategy": "no",
-        "report_to": "none",
-    }
-    if s.device == "cpu":
-        args["use_cpu"] = True
-        # trainwise pins batches only for a GPU; the Trainer's default (True) makes torch warn on every CPU run
-        args["dataloader_pin_memory"] = False
-    doc = ExportDoc(s.task, s.device, s.nproc, s.batch_size, s.max_length, args)
-    doc.accelerate = {
-        "compute_environment": "LOCAL_MACHINE",
-        "num_machines": 1,
-        "num_processes": s.nproc,
-        "machine_rank": 0,
-        "use_cpu": s.device == "cpu",
-        "distributed_type": "NO",
-    }
-    if s.nproc > 1:
-        # MULTI_GPU launches N ranks (gloo when no GPU is visible). On CPU, use_cpu / --cpu would make
-        # `accelerate launch` run ONE process despite num_processes, so it is left off.
-        doc.accelerate.update(distributed_type="MULTI_GPU", use_cpu=False)
-    doc = strategies.export_doc(plan, doc)
-    if s.task == CAUSAL_LM:  # trainwise builds a causal LM with sdpa attention unless the plan says otherwise
-        doc.model_kwargs.setdefault("attn_implementation", repr("sdpa"))
-    return doc
-
-
-def sft_arguments(doc: ExportDoc, s: RunSettings) -> dict:
-    """`trl.SFTConfig` keyword arguments: the TrainingArguments, every TRL default that differs from them said
-    out loud (SFTConfig turns on activation checkpointing and bf16 unless told), the rows' length, and the loss
-    over the response only for prompt/response data."""
-    args = {**doc.args, "activation_checkpointing": doc.args.get("activation_checkpointing", False)}
-    args["bf16"] = doc.args.get("bf16", False)
-    args["max_length"] = s.max_length
-    if s.data_format:  # without a study: TRL decides from the dataset's columns (prompt/completion or text)
-        # a completion_mask (prompt/response, chat as tokens) says where the loss is; raw text: every token
-        args["completion_only_loss"] = s.data_format == "prompt_response" or (
-            s.data_format == "chat" and not s.chat_messages
-        )
-    if s.chat_messages:  # TRL labels the chat template's {% generation %} spans: the assistant turns
-        args["assistant_only_loss"] = True
-    if s.truncation:  # the study's trials cut as TRL does: TRL gets the rows as they are, and cuts them so
-        args["truncation_mode"] = s.truncation
-    return {**args, **doc.sft}
-
-
-def training_arguments(plan: TrialPlan, s: RunSettings, output_dir: str = "out") -> dict:
-    """TrainingArguments kwargs that reproduce the plan (its loop, its schedule, its optimizer)."""
-    return export_doc(plan, s, output_dir).args
-
-
-def train_out(beside: Path | str, name: str) -> str:
-    """Where a written `trainwise train` command puts its run: a folder `train-NAME` beside `beside` (the
-    export or tune directory), so its checkpoints land where the user already looks, not in a default."""
-    return str(Path(beside).parent / f"train-{name}")
-
-
-def reads_accum_steps(row: str) -> bool:
-    """Whether the row's plan depends on --accum-steps (a `grad_accum` written without =N, or an alias holding one)."""
-    return strategies.parse_row(row, 2).plan != strategies.parse_row(row, 3).plan
-
-
-def train_command(s: RunSettings, out: str | None = None) -> str:
-    """The `trainwise train` command that trains this plan on the same model, data and settings, into `out`
-    (default: runs/train-ROW). Only what the plan reads: --accum-steps only for a row whose plan depends on it."""
-    model_flag = ["--model-preset", s.model] if s.model_is_preset else ["--model", s.model]
-    argv = [
-        "trainwise",
-        "train",
-        "--strategies",
-        s.row,
-        *model_flag,
-        "--task",
-        s.task,
-        *(s.origin.flags() if s.origin is not None else []),
-        "--batch-size",
-        str(s.batch_size),
-        *(["--accum-steps", str(s.accum_steps)] if reads_accum_steps(s.row) else []),
-        "--max-length",
-        str(s.max_length),
-        *(["--max-target-length", str(s.max_target_length)] if s.task == "seq2seq" else []),
-        *(["--truncation", s.truncation] if s.truncation else []),
-        "--lr",
-        str(s.lr),
-        "--epochs",
-        str(s.epochs),
-        "--max-steps",
-        str(s.max_steps),
-        "--seed",
-        str(s.seed),
-        *(["--nproc", str(s.nproc)] if s.nproc > 1 else []),
-        *(["--num-workers", str(s.num_workers)] if s.num_workers else []),
-        "--out",
-        out or train_out("runs/export", s.row),
-    ]
-    return shlex.join(argv)
 
 
 def _trl_data_lines(s: RunSettings, sft: bool, lines: list[str]) -> list[str]:
@@ -626,8 +472,6 @@ def _yaml(d: dict) -> str:
 
 # ---- the verb ------------------------------------------------------------------------------------
 
-BUNDLED_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"  # trainwise resolves it to the bundled copy offline
-
 
 @dataclass(frozen=True)
 class ExportConfig:
@@ -703,139 +547,3 @@ def chat_form(s: TrialSettings, train_rows: str | None) -> tuple[bool, str]:
         f"chat: sft_train.py hands TRL the tokens and a completion_mask, labelled in the script as trainwise does "
         f"(the assistant turns), not the conversations: {why}"
     )
-
-
-def named_model(s: TrialSettings) -> tuple[str, bool]:
-    """How a written command names a study's model, and whether it is a size preset."""
-    if s.model_label == "all-MiniLM-L6-v2":  # the bundled copy's path is this machine's venv
-        return BUNDLED_HUB_ID, False
-    preset = s.model_kind == "preset"
-    return (s.model_label if preset else s.model_ref), preset
-
-
-def epochs_for(spec: TrialSpec, max_steps: int) -> int:
-    """A trial cycles its data for max_steps; train stops at --epochs: enough passes for the same steps."""
-    from trainwise.training import loop  # heavy: trainwise.training.loop loads torch and transformers
-
-    return max(1, math.ceil(max_steps / max(1, loop.steps_per_epoch(spec, spec.settings.n_train))))
-
-
-def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str]]:
-    """Resolve the plan and its settings (from the study, or from the options), then write the files."""
-
-    task, batch, accum, lengths, lr = (
-        cfg.task,
-        cfg.batch_size,
-        cfg.accum_steps,
-        (cfg.max_length, cfg.max_target_length),
-        cfg.lr,
-    )
-    max_steps, nproc, seed, epochs = cfg.max_steps or 1000, cfg.nproc or 1, 0, 1
-    origin, train_rows, tokenizer_dir, data_format, truncation = None, None, None, "", ""
-    chat_messages, chat_note = False, ""
-    source: ModelSource | None = None  # without a study: the model the options name
-    labels: tuple[str, ...] = ()
-    if cfg.study is not None:
-        from trainwise.training.data.prepared import read_labels  # heavy: trainwise.training.data.prepared loads torch
-
-        store = Store.of(Path(cfg.study))
-        try:
-            entry = pick(read_results(Path(cfg.study)), cfg.strategies, f"--study {cfg.study}")
-            spec = store.spec(entry.row_text)
-            origin = store.origin()
-        finally:
-            store.close()
-        if spec is None:
-            raise ConfigError(f"--study {cfg.study}: the store holds no trial of {entry.strategy!r}")
-        s = spec.settings
-        check_exportable(s.task)
-        text, (model, preset) = spec.row, named_model(s)
-        task, batch, accum, lengths, lr = (
-            s.task,
-            entry.batch_size if entry.batch_size is not None else s.batch_size,
-            s.accum_steps,
-            (s.max_length, s.max_target_length),
-            s.lr,
-        )
-        max_steps = cfg.max_steps or spec.steps or 1000
-        nproc = cfg.nproc or s.nproc
-        seed = s.seed
-        labels = tuple(read_labels(s.data_dir)) if task == "classification" else ()
-        epochs = epochs_for(dataclasses.replace(spec, settings=dataclasses.replace(s, batch_size=batch)), max_steps)
-        prepared = Path(s.data_dir) / "train.jsonl"
-        train_rows = str(prepared) if prepared.is_file() else None
-        tokenizer_dir = s.tokenizer_dir if preset else None
-        data_format = s.data_format if task == CAUSAL_LM else ""
-        truncation = s.truncation if task == CAUSAL_LM else ""
-        if data_format == "chat":
-            chat_messages, chat_note = chat_form(s, train_rows)
-    else:
-        assert cfg.strategies is not None, "ExportConfig requires one of them"
-        text = cfg.strategies
-        source = resolve_model(cfg.model, cfg.model_preset, cfg.task, (cfg.max_length, cfg.max_target_length))
-        preset = source.kind == "preset"
-        model = BUNDLED_HUB_ID if source.label == "all-MiniLM-L6-v2" else source.ref
-    own = strategies.parse_row(text, accum).batch_size  # a row at its own batch size (`bf16@bs32`)
-    if own:
-        text, batch = text.partition("@")[0].strip(), own
-    parsed = EstimateConfig(
-        rows=(text,),
-        task=task,
-        batch_size=batch,
-        accum_steps=accum,
-        max_length=lengths[0],
-        max_target_length=lengths[1],
-        nproc=nproc,
-        zero_stage=cfg.zero,
-        offload=cfg.offload,
-    )
-    row = parsed.parsed[0]
-    if source is not None and source.kind != "preset":
-        # the plan's model edits apply to this model, as a study checks before its trials: TRL's packing and
-        # padding-free batches keep examples apart through position ids, as trainwise's do, and a family that ignores
-        # them (OPT, Bloom, Falcon) would let them attend to each other, silently; refused here
-        from trainwise.study.prepare import check_plan_applies  # heavy: numpy, and torch to build the meta model
-
-        check_plan_applies(source, task, row)
-    if cfg.device == "cpu" and "cuda" in row.requires:
-        names = ", ".join(s.name for s, _ in row.parts if "cuda" in s.requires)
-        raise ConfigError(
-            f"{row.text!r} needs CUDA ({names}); --device cpu cannot run it (on CPU the HF Trainer would silently "
-            "train fp16 in fp32)"
-        )
-    run = RunSettings(
-        model,
-        task,
-        batch,
-        *lengths,
-        lr,
-        max_steps,
-        seed=seed,
-        nproc=nproc,
-        device=cfg.device,
-        model_is_preset=preset,
-        row=row.text,
-        accum_steps=accum,
-        origin=origin,
-        labels=labels,
-        train_rows=train_rows,
-        epochs=epochs,
-        tokenizer_dir=tokenizer_dir,
-        data_format=data_format,
-        chat_messages=chat_messages,
-        truncation=truncation,
-    )
-    paths, notes = write_export(row.plan, run, out, cfg.force)
-    if chat_note:
-        notes.append(chat_note)
-    if cfg.study is not None:
-        partial = partial_note(Path(cfg.study))
-        if partial:
-            notes.insert(0, partial)
-    if cfg.study is not None and origin is None:
-        notes.insert(
-            0,
-            f"{cfg.study} does not record where its data came from (written by an older trainwise): "
-            "add its --dataset or --train-file/--text-column/--target-column to train_command.txt",
-        )
-    return row.text, paths, notes

@@ -36,7 +36,7 @@ from trainwise import strategies
 from trainwise.core.config import CAUSAL_LM
 from trainwise.core.errors import ConfigError
 from trainwise.core.files import write_atomic
-from trainwise.exporting.scripts import RunSettings, export_doc, sft_arguments
+from trainwise.exporting.arguments import RunSettings, export_doc, sft_arguments
 from trainwise.search.plan_inputs import plan_of
 from trainwise.strategies.knobs import TrialPlan
 from trainwise.strategies.memory import ACCUM
