@@ -12,20 +12,14 @@ from trainwise import strategies
 from trainwise.core.config import TrialSpec
 from trainwise.core.errors import ConfigError
 from trainwise.core.results import StudyRow
-from trainwise.search.memory import (
-    MemoryEstimate,
-    calibrate,
-    estimate_plan,
-    largest_batch,
-    runtime_overhead,
-    shape_of,
-    target_length,
-)
+from trainwise.estimate.basis import estimate_basis, price
+from trainwise.estimate.peak import largest_batch, target_length
+from trainwise.estimate.probe import calibrate
+from trainwise.estimate.shapes import shape_of
 from trainwise.search.ranking import Advice, Constraints, needs, pick, with_quality
 from trainwise.search.ranking import advise as rank
 from trainwise.strategies.knobs import TrialPlan
 from trainwise.study.store import Store, check_ours, partial_note, read_quality, read_results
-from trainwise.training.models import ModelSource, model_config
 
 
 def advise_study(
@@ -104,32 +98,6 @@ def _study_line(label: str, rows: list[StudyRow]) -> str:
     if device == "cpu" and env.get("torch_threads"):
         device = f"cpu, {env['torch_threads']} thread" + ("s" if env["torch_threads"] > 1 else "")
     return f"{label}: {env.get('device_name', '?')} ({device}), {price}"
-
-
-def estimate_basis(study: Path):
-    """What `trainwise estimate` prices a study's plans on: its trials' settings (model, batch, lengths, device),
-    the model's config and the runtime's overhead; None when the study has no trial or its model cannot be
-    built here (a hub id offline)."""
-    spec = _stored_spec(study)
-    if spec is None:
-        return None
-    s = spec.settings
-    try:
-        config = model_config(ModelSource(s.model_kind, s.model_ref), s.task, s.num_labels or 2)
-    except ConfigError:
-        return None
-    return s, config, runtime_overhead(s.device)
-
-
-def price(found, plan: TrialPlan, batch: int, on_probe: Callable[[int, int], None] | None = None) -> MemoryEstimate:
-    """`trainwise estimate` of a plan of a study (`estimate_basis`'s settings, config and overhead) at a global batch
-    size: each of the study's --nproc ranks takes its share, at the study's lengths (ConfigError: a plan the
-    estimate does not model). Calibrates once per knob set (cached)."""
-    s, config, overhead = found
-    cal, shape = calibrate(config, s.task, plan, s.device, on_probe), shape_of(config, s.task, plan)
-    target = target_length(s.task, s.max_length, s.max_target_length)
-    per_rank = max(1, batch // s.nproc)
-    return estimate_plan(shape, cal, plan, per_rank, s.max_length, target, s.device, s.nproc, overhead)
 
 
 def memory_estimates(

@@ -10,9 +10,9 @@ from typing import Any
 from trainwise import strategies
 from trainwise.api.options import ExportOptions
 from trainwise.core.errors import ConfigError
+from trainwise.estimate.data import EstimateConfig
 from trainwise.exporting.arguments import BUNDLED_HUB_ID, RunSettings, epochs_for, named_model
 from trainwise.exporting.scripts import ExportConfig, chat_form, check_exportable, write_export
-from trainwise.search.memory import EstimateConfig
 from trainwise.search.ranking import pick
 from trainwise.study.store import Store, partial_note, read_results
 from trainwise.training.models import CAUSAL_LM, ModelSource, resolve_model

@@ -29,6 +29,7 @@ from trainwise.core.errors import ConfigError, check_names
 from trainwise.core.files import write_atomic
 from trainwise.core.option import PRICE, QUALITY, RUN, flag, option, take
 from trainwise.core.units import parse_bytes
+from trainwise.estimate.data import EstimateConfig
 from trainwise.exporting.scripts import ExportConfig
 from trainwise.run import cluster
 from trainwise.run.ranks import Rendezvous
@@ -36,7 +37,6 @@ from trainwise.search import verdicts as quality
 from trainwise.search.batch_size import FindBatchConfig
 from trainwise.search.cost import resolve_price
 from trainwise.search.hyperparams import TuneConfig
-from trainwise.search.memory import EstimateConfig
 from trainwise.search.ranking import Constraints
 from trainwise.training.tracking import compare_report_to
 

@@ -29,9 +29,11 @@ from trainwise.core.errors import ConfigError
 from trainwise.core.files import hold, write_atomic, writing
 from trainwise.core.option import option
 from trainwise.core.results import TrialResult
+from trainwise.estimate.peak import estimate_plan, runtime_overhead, target_length
+from trainwise.estimate.probe import calibrate
+from trainwise.estimate.shapes import shape_of
 from trainwise.report.format import human_bytes
 from trainwise.run.events import Event, Note, Step
-from trainwise.search.memory import calibrate, estimate_plan, runtime_overhead, shape_of, target_length
 from trainwise.study.store import FIND_BATCH, PAGE, RESULTS, page_of, read_results, read_settings
 from trainwise.training.measure.memory import CUDA_CONTEXT_BYTES
 from trainwise.training.models import ModelSource, model_config
