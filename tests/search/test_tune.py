@@ -133,8 +133,8 @@ def test_tune_ends_with_the_train_command_of_its_best_trial(tmp_path, cls_study,
     import shlex
 
     tw = importlib.import_module("trainwise.search.hyperparams")  # trainwise.search.hyperparams: the API's call
-    from trainwise.core.config import DataOrigin
     from trainwise.report import terminal
+    from trainwise.study.origin import DataOrigin
 
     spec = next(s for s in cls_study.specs if s.row == "baseline")
     cfg = tw.TuneConfig(_space(tmp_path, "lr: {low: 1.0e-5, high: 1.0e-3}\n"), trials=2, max_steps=40, eval_every=20)

@@ -7,9 +7,10 @@ import math
 from dataclasses import dataclass
 
 from trainwise import strategies
-from trainwise.core.config import DataOrigin, TrialSettings, TrialSpec
+from trainwise.core.config import TrialSettings, TrialSpec
 from trainwise.strategies.base import ExportDoc
 from trainwise.strategies.knobs import TrialPlan
+from trainwise.study.origin import DataOrigin
 from trainwise.training.models import (
     CAUSAL_LM,
 )
