@@ -15,6 +15,7 @@ from matplotlib.transforms import Bbox
 
 from tests import here
 from trainwise.core.results import StudyRow
+from trainwise.report import figures
 from trainwise.report import html as page
 from trainwise.study.store import read_results
 
@@ -188,12 +189,12 @@ def test_the_incumbent_moves_only_within_every_budget():
     import matplotlib.pyplot as plt
 
     drawn = []
-    original = page._svg
+    original = figures._svg
     try:
-        page._svg = lambda fig: drawn.append(fig) or ""
-        page.plan_path(demo_plan())
+        figures._svg = lambda fig: drawn.append(fig) or ""
+        figures.plan_path(demo_plan())
     finally:
-        page._svg = original
+        figures._svg = original
     (ax,) = drawn[0].axes
     path = next(line for line in ax.get_lines() if line.get_label() == "incumbent")
     xs = list(path.get_xdata())
@@ -350,9 +351,9 @@ def test_labels_never_overlap_each_other_a_point_or_the_legend(rows):
     if rows == "crowded":
         table = [dataclasses.replace(table[i % 10], strategy=f"row {i}", rel_time=0.5 + 0.01 * i) for i in range(30)]
         table[0] = dataclasses.replace(table[0], baseline=True, rel_time=1.0, rel_mem=1.0)
-    fig, ax, labels = page.tradeoff_figure(table)
+    fig, ax, labels = figures.tradeoff_figure(table)
     renderer = fig.canvas.get_renderer()
-    boxes = [page._text_box(label, renderer) for label in labels]
+    boxes = [figures._text_box(label, renderer) for label in labels]
     for a, b in itertools.combinations(boxes, 2):
         assert not a.overlaps(b), (a, b)
     frame, legend = ax.get_window_extent(renderer), ax.get_legend().get_window_extent(renderer)
@@ -366,8 +367,8 @@ def test_labels_never_overlap_each_other_a_point_or_the_legend(rows):
 
 def test_the_pareto_front_is_the_rows_nothing_beats_on_both():
     points = [(100, 100), (23, 61), (22, 60), (44, 61), (46, 32), (159, 48), (97, 55)]
-    assert page.pareto_front(points) == [2, 4]
-    assert page.pareto_front([(1, 1)]) == [0]
+    assert figures.pareto_front(points) == [2, 4]
+    assert figures.pareto_front([(1, 1)]) == [0]
 
 
 def _copy(tmp_path: Path) -> Path:
@@ -424,7 +425,7 @@ def test_a_failing_figure_is_said_and_the_page_still_written(monkeypatch):
     def broken(table):
         raise ValueError("no room")
 
-    monkeypatch.setattr(page, "FIGURES", (broken, page.losses))
+    monkeypatch.setattr(page, "FIGURES", (broken, figures.losses))
     text = page.report_html(demo_rows(), "t")
     assert "Not drawn: broken: ValueError: no room" in text and '<figure id="losses">' in text
 

@@ -346,7 +346,8 @@ def find_batch(
 def write_outputs(result: SearchResult, out: Path, title: str) -> list[Path]:
     """find_batch.json (the search, read back by `trainwise report`), find_batch.png and report.html (the page: the
     verdict, every size's figures and the curve), each written whole."""
-    from trainwise.report.html import batch_page, batch_search_figure, png  # heavy: matplotlib
+    from trainwise.report.figures import batch_search_figure, png  # heavy: matplotlib
+    from trainwise.report.html import batch_page  # (beside the figures it shows)
 
     out.mkdir(parents=True, exist_ok=True)
     data, page = out / FIND_BATCH, out / PAGE
