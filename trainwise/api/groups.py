@@ -1,0 +1,246 @@
+"""What every verb's options share (trainwise.api.options holds one class per verb): `Options`, their one checked
+construction from keyword arguments, the CLI's given flags or a study file (names, types, a `config=` YAML file), and
+the groups of options several verbs share (Priced, ModelData, Shape, Training, Measurement, Scale), each option
+declared in one group."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, ClassVar
+
+import yaml
+
+from trainwise.core.config import StudyConfig
+from trainwise.core.errors import ConfigError, check_names
+from trainwise.core.files import write_atomic
+from trainwise.core.option import PRICE, flag, option, take
+from trainwise.search.cost import resolve_price
+
+_STUDY: dict[str, Any] = {f.name: f.default for f in fields(StudyConfig) if f.init}  # the shared defaults
+CONSTRAINTS = ("objective", "memory_budget", "max_quality_drop", "max_epoch_time", "max_epoch_cost")  # advise's
+PATHS = ("out", "train_file", "eval_file", "price_file", "space", "study", "plan_study")  # absolute in a study file
+REPLACE = (
+    "Run into an --out whose study was measured with other settings (refused otherwise): this run becomes its "
+    "study; the report it had is kept in OUT/replaced/N/, its trials in the store."
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Options:
+    """What every verb's options share: checked construction from keyword arguments or a study file."""
+
+    VERB: ClassVar[str] = ""
+
+    @classmethod
+    def of(cls, options: Mapping[str, Any] | None = None, config: str | Path | None = None) -> Any:
+        """From keyword arguments (or the CLI's given flags) over a YAML study file's keys over the defaults.
+        An unknown name, a value of the wrong type or an unreadable file is one ConfigError."""
+        values = read_config(config, cls) if config is not None else {}
+        given = dict(options or {})
+        check_names(cls.VERB, given, {f.name for f in fields(cls)})
+        values.update(given)
+        hints = typing.get_type_hints(cls)
+        for name, value in values.items():
+            check_type(name, value, hints[name], f" (in {config})" if name not in given else "")
+        missing = [f.name for f in fields(cls) if f.name not in values and f.default is dataclasses.MISSING]
+        if missing:
+            raise ConfigError(
+                f"{cls.VERB}: --{missing[0].replace('_', '-')} is required (a flag, or a key of --config)"
+            )
+        return cls(**values)
+
+    def study_config(self, **fixed: Any) -> StudyConfig:
+        """The StudyConfig of a verb: its options named like StudyConfig fields, then the verb's own values."""
+        values = {k: v for k, v in dataclasses.asdict(self).items() if k in _STUDY and k not in fixed}
+        if "strategies" in values:
+            values["strategies"] = words(values["strategies"])
+        return StudyConfig(**values, **fixed)
+
+    def to_file(self) -> dict[str, Any]:
+        """The options as a study file's keys: every one, with paths made absolute so the file reruns the
+        same run from any directory."""
+        once = {f.name for f in fields(self) if f.metadata.get("saved") is False}  # this run's alone (--replace)
+        values = {k: v for k, v in dataclasses.asdict(self).items() if k not in once}
+        own, first = set(type(self).__annotations__), set(ModelData.__annotations__)
+        values = {k: values[k] for k in sorted(values, key=lambda k: (k not in first, k not in own))}  # as --help
+        for name in PATHS:
+            if isinstance(values.get(name), str) and not values[name].lstrip().startswith("{"):  # an inline space
+                values[name] = str(Path(values[name]).resolve())
+        for name in ("model", "dataset"):  # a local directory (a hub id stays as given)
+            if isinstance(values.get(name), str) and Path(values[name]).is_dir():
+                values[name] = str(Path(values[name]).resolve())
+        return values
+
+    def save(self, path: Path) -> None:
+        header = f"# trainwise {self.VERB} --config {path.name}: the options this run used (flags win over it)\n"
+        write_atomic(path, header + yaml.safe_dump(self.to_file(), sort_keys=False))
+
+
+def read_config(path: str | Path, cls: type[Options]) -> dict[str, Any]:
+    """A study file: a YAML mapping of option names (`max_steps` or `max-steps`) to values."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--config {path}: no such file")
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
+        raise ConfigError(f"--config {path}: not a readable YAML file ({' '.join(str(e).split())[:120]})") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"--config {path}: expected option names and values (a mapping), got {type(raw).__name__}")
+    known = {f.name for f in fields(cls)}
+    values = {}
+    for key, value in raw.items():
+        name = str(key).replace("-", "_")
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"--config {path}: unknown key {key!r} for {cls.VERB}{hint}")
+        values[name] = value
+    return values
+
+
+def _accepts(value: Any, hint: Any) -> bool:
+    if hint is Any:
+        return True
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_accepts(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if origin in (list, tuple):
+        (item, *_) = typing.get_args(hint) or (Any,)
+        return isinstance(value, list | tuple) and all(_accepts(v, item) for v in value)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _described(hint: Any) -> str:
+    names = {int: "a whole number", float: "a number", bool: "true or false", str: "text", type(None): "nothing"}
+    parts = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    return " or ".join(names.get(p, "a list") for p in parts)
+
+
+def check_type(name: str, value: Any, hint: Any, where: str = "") -> None:
+    if not _accepts(value, hint):
+        raise ConfigError(f"--{name.replace('_', '-')}{where}: expected {_described(hint)}, got {value!r}")
+
+
+def words(value: str | list[str]) -> list[str]:
+    return value.split(",") if isinstance(value, str) else list(value)
+
+
+def ints(value: Any, option: str) -> tuple[int, ...]:
+    """8,16,32 (text, a list or one number) -> (8, 16, 32), duplicates dropped; ConfigError otherwise."""
+    items = value.split(",") if isinstance(value, str) else value if isinstance(value, list | tuple) else [value]
+    try:
+        values = tuple(dict.fromkeys(int(x) for x in items if str(x).strip()))
+    except (TypeError, ValueError):
+        raise ConfigError(f"{option} {value!r}: give whole numbers like 8,16,32") from None
+    if not values:
+        raise ConfigError(f"{option} {value!r}: give whole numbers like 8,16,32")
+    return values
+
+
+# ---- the groups of options several verbs share ----------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Priced(Options):
+    """Cost: a price per hour, or a SKU of the price table (trainwise.search.cost validates them)."""
+
+    price_per_hour: float | None = option(
+        None, "Cost: machine price in USD per hour (or --sku from the price table).", role=PRICE
+    )
+    sku: str | None = option(None, "Cost: a machine in the price table (built in: ND40rs_v2, seed 000).", role=PRICE)
+    price_file: str | None = option(
+        None, 'Cost: JSON adding/overriding SKUs: {"NAME": {"dedicated": 3.1, "low_priority": 0.6}}.', role=PRICE
+    )
+    low_priority: bool = flag(
+        "low-priority", "Cost: the SKU's low-priority (spot) price, plus expected re-work.", role=PRICE
+    )
+    preemptions_per_hour: float = option(0.5, "Cost, low-priority: preemptions per hour (an assumption).", role=PRICE)
+
+    def priced(self) -> bool:
+        """Whether a price is given (a SKU, a price per hour or a price file)."""
+        return any(v is not None for v in (self.price_per_hour, self.sku, self.price_file))
+
+    def price(self, checkpoint_minutes: float = 0.0):
+        values = (self.price_per_hour, self.sku, self.price_file, self.low_priority, self.preemptions_per_hour)
+        return resolve_price(*values, checkpoint_minutes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelData(Options):
+    """The model and the data a study or a run trains (compare, train, tune): shown first by --help. The other
+    verbs take those of them they read, from the same declarations (StudyConfig's)."""
+
+    model: str | None = take(StudyConfig, "model")
+    model_preset: str | None = take(StudyConfig, "model_preset")
+    task: str = take(StudyConfig, "task")
+    dataset: str | None = take(StudyConfig, "dataset")
+    train_file: str | None = take(StudyConfig, "train_file")
+    eval_file: str | None = take(StudyConfig, "eval_file")
+    text_column: str | None = take(StudyConfig, "text_column")
+    target_column: str | None = take(StudyConfig, "target_column")
+    prompt_column: str | None = take(StudyConfig, "prompt_column")
+    response_column: str | None = take(StudyConfig, "response_column")
+    messages_column: str | None = take(StudyConfig, "messages_column")
+
+
+# ---- option groups: each option declared in one group, the verbs composed of the groups they read ----------------
+@dataclass(frozen=True, kw_only=True)
+class Shape(Options):
+    """What a step holds: the batch, its micro-batches and the lengths (compare, plan, train)."""
+
+    batch_size: int = take(StudyConfig, "batch_size")
+    accum_steps: int = take(StudyConfig, "accum_steps")
+    max_length: int = take(StudyConfig, "max_length")
+    max_target_length: int = take(StudyConfig, "max_target_length")
+    truncation: str = take(StudyConfig, "truncation")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Training(Options):
+    """How a run trains and is evaluated, whatever the verb (compare, plan, train)."""
+
+    lr: float | None = take(StudyConfig, "lr")
+    seed: int = take(StudyConfig, "seed")
+    device: str = take(StudyConfig, "device")
+    eval_samples: int = take(StudyConfig, "eval_samples")
+    max_train_samples: int | None = take(StudyConfig, "max_train_samples")
+    nproc: int = take(StudyConfig, "nproc")
+    force: bool = take(StudyConfig, "force")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measurement(Options):
+    """How a study measures its rows: the trials' steps, repeats, timeouts and re-runs (compare, plan)."""
+
+    max_steps: int = take(StudyConfig, "max_steps")
+    warmup_steps: int = take(StudyConfig, "warmup_steps")
+    repeat: int = take(StudyConfig, "repeat")
+    remeasure: bool = take(StudyConfig, "remeasure")
+    trial_timeout: float = take(StudyConfig, "trial_timeout")
+    retry_failed: bool = take(StudyConfig, "retry_failed")
+    retries: int = take(StudyConfig, "retries")
+    profile: bool = take(StudyConfig, "profile")
+    image_size: int = take(StudyConfig, "image_size")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scale(Options):
+    """Where a study's trials run: sweeps of batch and workers, nodes of a Ray cluster (compare, plan)."""
+
+    batch_sizes: str | list[int] | None = take(StudyConfig, "batch_sizes")
+    num_workers: str | int | list[int] = take(StudyConfig, "num_workers")
+    nodes_per_trial: int = take(StudyConfig, "nodes_per_trial")
+    ray_address: str | None = take(StudyConfig, "ray_address")
