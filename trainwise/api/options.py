@@ -11,8 +11,6 @@ library config that declares the option, with its help and default (`StudyConfig
 from __future__ import annotations
 
 import dataclasses
-import os
-import socket
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -147,15 +145,6 @@ class CompareOptions(Scale, Measurement, Training, Shape, ModelData, Priced):
 def _needs_company(name: str) -> bool:
     found = strategies.REGISTRY.get(name.partition("=")[0].strip())
     return found is not None and bool(found.with_one_of)
-
-
-def _env_int(name: str, default: Any) -> Any:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    if not value.isdigit():
-        raise ConfigError(f"${name}={value!r}: expected a whole number")
-    return int(value)
 
 
 def _said(value: Any) -> str:
@@ -464,33 +453,13 @@ class TrainOptions(Training, Shape, ModelData, Priced):
         return self.nproc_per_node or self.nproc
 
     def rendezvous(self) -> Rendezvous | None:
-        """Where this run's ranks meet when it spans several machines (the options, else Slurm's and torchrun's
-        environment: SLURM_NNODES, SLURM_NODEID, MASTER_ADDR, MASTER_PORT); None on one machine."""
-        env = os.environ
-        # Slurm's count only inside an srun step (one task per node): a batch script's own step runs on one node
-        slurm = "SLURM_STEP_ID" in env
-        nnodes = self.nnodes if self.nnodes is not None else _env_int("SLURM_NNODES", 1) if slurm else 1
-        if nnodes < 1:
-            raise ConfigError(f"--nnodes must be >= 1, got {nnodes}")
-        if nnodes == 1:
-            if self.node_rank not in (None, 0):
-                raise ConfigError(f"--node-rank {self.node_rank} with one node: give --nnodes too")
+        """Where this run's ranks meet when it spans several machines (trainwise.run.ranks.Rendezvous.resolve: the
+        options, else Slurm's and torchrun's environment), the batch checked to split over every rank; None on one
+        machine."""
+        meet = Rendezvous.resolve(self.nnodes, self.node_rank, self.master_addr, self.master_port)
+        if meet is None:
             return None
-        node_rank = self.node_rank if self.node_rank is not None else _env_int("SLURM_NODEID", None) if slurm else None
-        if node_rank is None or not 0 <= node_rank < nnodes:
-            raise ConfigError(f"--node-rank: give this machine's place, 0 to {nnodes - 1} (--nnodes {nnodes})")
-        addr = self.master_addr or env.get("MASTER_ADDR")
-        if not addr:
-            raise ConfigError(
-                "--nnodes > 1 needs --master-addr (node 0's address, the same on each node) or MASTER_ADDR"
-            )
-        try:  # torchrun would retry an address it cannot resolve for its whole rendezvous timeout
-            socket.getaddrinfo(addr, None)
-        except OSError as e:
-            raise ConfigError(f"--master-addr {addr}: cannot resolve it ({e.strerror or e})") from None
-        port = self.master_port if self.master_port is not None else _env_int("MASTER_PORT", 29500)
-        if not 0 < port < 65536:
-            raise ConfigError(f"--master-port must be a port number, got {port}")
+        nnodes = meet.nnodes
         world = nnodes * self.ranks_here()
         rows = strategies.parse_rows(self.strategies or "baseline", self.accum_steps)
         accum = strategies.runtime(rows[0].plan, self.task, "cpu").accum_steps if len(rows) == 1 else 1
@@ -499,7 +468,7 @@ class TrainOptions(Training, Shape, ModelData, Priced):
                 f"--batch-size {self.batch_size}: each micro-batch of {self.batch_size // accum} must split evenly "
                 f"over {world} ranks on {nnodes} nodes; use a multiple of {accum * world}"
             )
-        return Rendezvous(nnodes, node_rank, addr, port)
+        return meet
 
 
 @dataclass(frozen=True, kw_only=True)

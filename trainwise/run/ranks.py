@@ -9,11 +9,13 @@ trains on its shard of every global batch, and sends its own result; the launche
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trainwise import strategies
+from trainwise.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from trainwise.core.config import TrialSpec
@@ -104,6 +106,49 @@ class Rendezvous:
     @classmethod
     def from_dict(cls, d: dict | None) -> Rendezvous | None:
         return None if d is None else cls(int(d["nnodes"]), int(d["node_rank"]), str(d["addr"]), int(d["port"]))
+
+    @classmethod
+    def resolve(
+        cls, nnodes: int | None, node_rank: int | None, master_addr: str | None, master_port: int | None
+    ) -> Rendezvous | None:
+        """Where a run's ranks meet when it spans several machines: the values given, else Slurm's and torchrun's
+        environment (SLURM_NNODES, SLURM_NODEID, MASTER_ADDR, MASTER_PORT), checked (ConfigError: one line); None
+        on one machine."""
+        env = os.environ
+        # Slurm's count only inside an srun step (one task per node): a batch script's own step runs on one node
+        slurm = "SLURM_STEP_ID" in env
+        nnodes = nnodes if nnodes is not None else _env_int("SLURM_NNODES", 1) if slurm else 1
+        if nnodes < 1:
+            raise ConfigError(f"--nnodes must be >= 1, got {nnodes}")
+        if nnodes == 1:
+            if node_rank not in (None, 0):
+                raise ConfigError(f"--node-rank {node_rank} with one node: give --nnodes too")
+            return None
+        node_rank = node_rank if node_rank is not None else _env_int("SLURM_NODEID", None) if slurm else None
+        if node_rank is None or not 0 <= node_rank < nnodes:
+            raise ConfigError(f"--node-rank: give this machine's place, 0 to {nnodes - 1} (--nnodes {nnodes})")
+        addr = master_addr or env.get("MASTER_ADDR")
+        if not addr:
+            raise ConfigError(
+                "--nnodes > 1 needs --master-addr (node 0's address, the same on each node) or MASTER_ADDR"
+            )
+        try:  # torchrun would retry an address it cannot resolve for its whole rendezvous timeout
+            socket.getaddrinfo(addr, None)
+        except OSError as e:
+            raise ConfigError(f"--master-addr {addr}: cannot resolve it ({e.strerror or e})") from None
+        port = master_port if master_port is not None else _env_int("MASTER_PORT", 29500)
+        if not 0 < port < 65536:
+            raise ConfigError(f"--master-port must be a port number, got {port}")
+        return cls(nnodes, node_rank, addr, port)
+
+
+def _env_int(name: str, default: Any) -> Any:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    if not value.isdigit():
+        raise ConfigError(f"${name}={value!r}: expected a whole number")
+    return int(value)
 
 
 def several_nodes() -> bool:
