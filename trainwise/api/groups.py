@@ -19,7 +19,7 @@ import yaml
 from trainwise.core.config import StudyConfig
 from trainwise.core.errors import ConfigError, check_names
 from trainwise.core.files import write_atomic
-from trainwise.core.option import PRICE, flag, option, take
+from trainwise.core.option import PRICE, flag, option, take, words
 from trainwise.search.cost import resolve_price
 
 _STUDY: dict[str, Any] = {f.name: f.default for f in fields(StudyConfig) if f.init}  # the shared defaults
@@ -134,22 +134,6 @@ def _described(hint: Any) -> str:
 def check_type(name: str, value: Any, hint: Any, where: str = "") -> None:
     if not _accepts(value, hint):
         raise ConfigError(f"--{name.replace('_', '-')}{where}: expected {_described(hint)}, got {value!r}")
-
-
-def words(value: str | list[str]) -> list[str]:
-    return value.split(",") if isinstance(value, str) else list(value)
-
-
-def ints(value: Any, option: str) -> tuple[int, ...]:
-    """8,16,32 (text, a list or one number) -> (8, 16, 32), duplicates dropped; ConfigError otherwise."""
-    items = value.split(",") if isinstance(value, str) else value if isinstance(value, list | tuple) else [value]
-    try:
-        values = tuple(dict.fromkeys(int(x) for x in items if str(x).strip()))
-    except (TypeError, ValueError):
-        raise ConfigError(f"{option} {value!r}: give whole numbers like 8,16,32") from None
-    if not values:
-        raise ConfigError(f"{option} {value!r}: give whole numbers like 8,16,32")
-    return values
 
 
 # ---- the groups of options several verbs share ----------------------------------------------------------------

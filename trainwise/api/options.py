@@ -27,12 +27,10 @@ from trainwise.api.groups import (
     Scale,
     Shape,
     Training,
-    ints,
-    words,
 )
-from trainwise.core.config import DEFAULT_LR, IMAGE_TASK, StudyConfig, TrainConfig
+from trainwise.core.config import StudyConfig, TrainConfig
 from trainwise.core.errors import ConfigError
-from trainwise.core.option import PRICE, QUALITY, RUN, flag, option, take
+from trainwise.core.option import PRICE, QUALITY, RUN, flag, ints, option, take, words
 from trainwise.core.units import parse_bytes
 from trainwise.estimate.data import EstimateConfig
 from trainwise.exporting.scripts import ExportConfig
@@ -42,6 +40,7 @@ from trainwise.search import verdicts as quality
 from trainwise.search.batch_size import FindBatchConfig
 from trainwise.search.hyperparams import TuneConfig
 from trainwise.search.ranking import Constraints
+from trainwise.study import resume
 from trainwise.training.tracking import compare_report_to
 
 
@@ -85,58 +84,16 @@ class CompareOptions(Scale, Measurement, Training, Shape, ModelData, Priced):
         )
 
     def measured(self) -> dict[str, Any]:
-        """The options that define what the study measures (those with no `role`), each written one way, so
-        that two spellings of one value compare equal (a list or comma text, a relative or absolute path, lr
-        unset or the task's default); an option the study does not read is left out."""
-        roles = {f.name: f.metadata.get("role") for f in fields(self)}
-        values = {k: v for k, v in self.to_file().items() if roles[k] is None}
-        # the batch sizes the rows run at: a sweep's, or --batch-size
-        values["batch_sizes"] = ints(self.batch_sizes, "--batch-sizes") if self.batch_sizes else (self.batch_size,)
-        values["num_workers"] = ints(self.num_workers, "--num-workers")
-        values["lr"] = DEFAULT_LR[self.task] if self.lr is None else self.lr
-        unread = {
-            "batch_size": True,  # in batch_sizes
-            "max_target_length": self.task != "seq2seq",
-            "truncation": not self.truncation,  # a study before issue 59's field reads as trainwise's cut
-            "image_size": self.task != IMAGE_TASK,
-            "remeasure": self.repeat > 1,
-        }
-        return {k: v for k, v in values.items() if not unread.get(k)}
+        """trainwise.study.resume.measured: what the study measures, each value written one way."""
+        return resume.measured(self)
 
     def changed(self, stored: CompareOptions) -> list[str]:
-        """What differs from the study `stored` describes and would replace its report, as 'max_steps 16 → 4':
-        an option that defines the measurement, a price where both give one, a quality phase where both run one."""
-        old, now = stored.measured(), self.measured()
-        pairs = [(k, old.get(k), now.get(k)) for k in dict.fromkeys([*old, *now])]
-        if self.priced() and stored.priced():
-            pairs += [(f.name, getattr(stored, f.name), getattr(self, f.name)) for f in self._of_role(PRICE)]
-        if self.quality_steps is not None and stored.quality_steps is not None:
-            pairs += [(f.name, getattr(stored, f.name), getattr(self, f.name)) for f in self._of_role(QUALITY)]
-        return [f"{k} {_said(old)} → {_said(new)}" for k, old, new in pairs if old != new]
+        """trainwise.study.resume.changed: what differs from the study `stored` describes."""
+        return resume.changed(self, stored)
 
     def over(self, stored: CompareOptions, reported: list[str]) -> tuple[CompareOptions, list[str]]:
-        """This run over the study already in its --out (`stored`, whose report has the rows `reported`), and a
-        note for each thing the study keeps: its report never loses a row, a price or a quality phase that this
-        run does not ask for (rows are added; --replace runs exactly what is asked)."""
-        rows = [r.strip() for r in words(self.strategies)]
-        reported = list(dict.fromkeys(reported))  # in the report's order, then this run's new rows
-        kept = [r for r in reported if r not in rows]
-        changes: dict[str, Any] = {"strategies": [*reported, *(r for r in rows if r not in reported)]} if kept else {}
-        notes = []
-        if kept:
-            notes.append(f"{self.out} holds rows this run does not name: {', '.join(kept)}; they stay in its report")
-        if stored.priced() and not self.priced():
-            changes |= {f.name: getattr(stored, f.name) for f in self._of_role(PRICE)}
-            notes.append(
-                f"{self.out} is priced: its report stays priced ({stored.price(stored.checkpoint_minutes).label})"
-            )
-        if stored.quality_steps is not None and self.quality_steps is None:
-            changes |= {f.name: getattr(stored, f.name) for f in self._of_role(QUALITY)}
-            notes.append(
-                f"{self.out} has a quality phase: it runs too (--quality-steps {stored.quality_steps}, "
-                f"--seeds {stored.seeds}; its finished trials come from its store)"
-            )
-        return dataclasses.replace(self, **changes), [f"trainwise: note: {n}" for n in notes]
+        """trainwise.study.resume.over: this run over the study already in its --out."""
+        return resume.over(self, stored, reported)
 
     def _of_role(self, role: str) -> list[dataclasses.Field]:
         return [f for f in fields(self) if f.metadata.get("role") == role]
@@ -145,13 +102,6 @@ class CompareOptions(Scale, Measurement, Training, Shape, ModelData, Priced):
 def _needs_company(name: str) -> bool:
     found = strategies.REGISTRY.get(name.partition("=")[0].strip())
     return found is not None and bool(found.with_one_of)
-
-
-def _said(value: Any) -> str:
-    """An option's value as a line says it: a list as the CLI's comma text, nothing as 'none'."""
-    if isinstance(value, list | tuple):
-        return ",".join(map(str, value)) or "none"
-    return "none" if value is None else str(value)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import MISSING, Field, field, fields
 from typing import Any
 
+from trainwise.core.errors import ConfigError
+
 # What an option is to the study already in compare's --out (its `role`). An option with none defines the
 # measurement (model, data, batch, lengths, steps, device, seed, ...): another value is another study, refused
 # over a study's report unless --replace. ROWS adds rows to the study; PRICE and QUALITY add to its report (a run
@@ -75,3 +77,19 @@ def take(
     meta |= more
     value = meta["default"] if config_default is _SAME else config_default
     return field(default=value, metadata=meta)
+
+
+def words(value: str | list[str]) -> list[str]:
+    return value.split(",") if isinstance(value, str) else list(value)
+
+
+def ints(value: Any, option: str) -> tuple[int, ...]:
+    """8,16,32 (text, a list or one number) -> (8, 16, 32), duplicates dropped; ConfigError otherwise."""
+    items = value.split(",") if isinstance(value, str) else value if isinstance(value, list | tuple) else [value]
+    try:
+        values = tuple(dict.fromkeys(int(x) for x in items if str(x).strip()))
+    except (TypeError, ValueError):
+        raise ConfigError(f"{option} {value!r}: give whole numbers like 8,16,32") from None
+    if not values:
+        raise ConfigError(f"{option} {value!r}: give whole numbers like 8,16,32")
+    return values
