@@ -273,7 +273,7 @@ def test_bad_input_is_one_line_and_exit_2(searched, extra, says):
 
 def test_the_estimate_prices_a_combination_before_it_trains(searched):
     """The driver's memory figure: `trainwise estimate` on the study's model, batch and lengths."""
-    from trainwise.api.estimates import pricer as _estimate
+    from trainwise.api.stored import pricer as _estimate
 
     out = searched[0]
     need = _estimate(out, 4)(frozenset({"smart_batch"}), 8)

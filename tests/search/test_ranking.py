@@ -137,7 +137,7 @@ def test_a_pick_that_lost_short_trial_quality_is_cautioned(tmp_path, capsys):
     """Issue 27: advise recommended a row 8.75 accuracy points below the baseline, measured by a few-step
     speed trial, without a word. Beyond the held-out noise it says so and points to compare --quality-steps;
     within the noise, for the baseline itself, or with a quality-phase verdict, it does not."""
-    from trainwise.api.estimates import advise_study
+    from trainwise.api.stored import advise_study
     from trainwise.core.config import TrialSettings, TrialSpec
     from trainwise.core.results import TrialResult
     from trainwise.strategies.knobs import TrialPlan
@@ -341,8 +341,8 @@ def test_advise_runs_the_study_on_the_fly_and_adds_batch_hints(tmp_path, cls_csv
 def test_a_batch_hint_never_contradicts_a_measured_row(tmp_path, cls_csv, monkeypatch):
     """Issue 15, part 3: the hints come from the estimate, but a row measured within the budget at the
     study's batch is never said to fit only below it ("fits up to ~0" beside a feasible row)."""
-    import trainwise.api.estimates
-    from trainwise.api.estimates import advise_study
+    import trainwise.api.stored
+    from trainwise.api.stored import advise_study
     from trainwise.search.ranking import needs
 
     out = tmp_path / "study"
@@ -352,7 +352,7 @@ def test_a_batch_hint_never_contradicts_a_measured_row(tmp_path, cls_csv, monkey
     assert main([*argv, "--warmup-steps", "1", "--eval-samples", "0", "--out", str(out)]) == 0
     rows = read_rows(out / "results.json")
     budget = max(needs(r) for r in typed(rows)) + 1  # every row measured within it
-    monkeypatch.setattr(trainwise.api.estimates, "largest_batch", lambda *a, **k: 0)  # an estimate that disagrees
+    monkeypatch.setattr(trainwise.api.stored, "largest_batch", lambda *a, **k: 0)  # an estimate that disagrees
     advice = advise_study(out, Constraints(memory_budget_bytes=budget))
     assert all(v.feasible for v in advice.verdicts)
     reasons = " ".join(v.reason for v in advice.verdicts)

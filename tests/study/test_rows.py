@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from trainwise.api.estimates import advise_study
 from trainwise.api.quality import candidates
+from trainwise.api.stored import advise_study
 from trainwise.api.study import Study
 from trainwise.core.results import StudyRow
 from trainwise.report import terminal

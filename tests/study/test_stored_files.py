@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 import trainwise
-from trainwise.api.estimates import advise_study
 from trainwise.api.options import CompareOptions
+from trainwise.api.stored import advise_study
 from trainwise.core.config import TrialSpec
 from trainwise.core.errors import ConfigError
 from trainwise.core.quality import QualityVerdicts

@@ -292,7 +292,7 @@ def test_train_plan_takes_advises_pick_and_the_studys_settings(tmp_path, cls_csv
     err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
     assert f"{pick!r}, the plan advise recommends in {study}" in err
     # the study's model and batch: the checkpoint's fingerprint is the one of the study's trial spec
-    from trainwise.api.estimates import study_spec
+    from trainwise.api.stored import study_spec
     from trainwise.training.fit import fingerprint
 
     manifest = json.loads((tmp_path / "r" / "checkpoints" / f"ckpt-{2:08d}" / "extra.json").read_text())

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from trainwise.api import compare
-from trainwise.api.estimates import advise_study
 from trainwise.api.options import AdviseOptions
 from trainwise.api.render import STDERR, Render, probes
+from trainwise.api.stored import advise_study
 from trainwise.search.ranking import Advice
 from trainwise.study.store import partial_note
 

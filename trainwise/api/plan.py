@@ -73,7 +73,7 @@ def start(options: PlanOptions, render: Render | None = STDERR, given: set[str] 
         )
     only, never = options.combining()
     out = Path(base.out)
-    from trainwise.api import estimates  # heavy: the estimate (torch, transformers), built on first use
+    from trainwise.api import stored  # heavy: the estimate (torch, transformers), built on first use
     from trainwise.study.prepare import resolve_device, too_slow  # heavy: study.prepare loads numpy (and torch)
 
     device, caps = resolve_device(cfg0.device)
@@ -191,7 +191,7 @@ def start(options: PlanOptions, render: Render | None = STDERR, given: set[str] 
         accum,
         measure,
         repeat,
-        MemoryModel(estimates.pricer(out, accum), _capacity(device, constraints)),
+        MemoryModel(stored.pricer(out, accum), _capacity(device, constraints)),
         options.max_trials,
         None if budget_s is None else max(0.0, budget_s - (time.monotonic() - began)),
         run_s=run_s,

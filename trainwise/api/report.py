@@ -120,7 +120,7 @@ def start(options: ReportOptions, render_to: Render | None = STDERR) -> Written:
 def estimate(study: Path, render: Render) -> Path:
     """`--estimate`: each row's memory as `trainwise estimate` predicts it, written to STUDY/estimates.json for
     the page to draw beside the measured; a row it cannot price is one note."""
-    from trainwise.api.estimates import memory_estimates  # heavy: the estimate (torch, transformers)
+    from trainwise.api.stored import memory_estimates  # heavy: the estimate (torch, transformers)
 
     rows = read_results(study, runs=False)
     with render.status("trainwise report: estimating each row's memory...") as status:

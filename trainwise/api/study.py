@@ -43,7 +43,7 @@ class Study:
     def advise(self, **options: Any) -> Any:
         """`trainwise advise` on this study: objective, memory_budget ("8GiB"), max_quality_drop,
         max_epoch_time ("30m"), max_epoch_cost, as the CLI's options. Returns the Advice."""
-        from trainwise.api.estimates import advise_study  # heavy: trainwise.api.estimates loads numpy
+        from trainwise.api.stored import advise_study  # heavy: trainwise.api.stored loads numpy
 
         check_names("advise", options, CONSTRAINTS)
         return advise_study([self.path], AdviseOptions.of({"study": [str(self.path)], **options}).constraints())

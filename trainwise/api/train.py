@@ -30,7 +30,7 @@ def start(options: TrainOptions, render: Render | None = STDERR):
         raise ConfigError("--plan trains a study's row on one machine; over several, give the plan with --strategies")
     options.price()  # a bad price is said now, not after the run (the summary prices it)
     if options.plan_study is not None:
-        from trainwise.api.estimates import study_spec  # heavy: trainwise.api.estimates loads numpy
+        from trainwise.api.stored import study_spec  # heavy: trainwise.api.stored loads numpy
 
         taken = ("model", "model_preset", "dataset", "train_file", "eval_file", "lr")
         given = [f"--{k.replace('_', '-')}" for k in taken if getattr(options, k)]

@@ -1,6 +1,6 @@
-"""advise on studies on disk: their results, the quality phase's verdicts, batch hints from the estimate,
-and a study's row as a trial spec for `train --plan` (below the verbs: `Study`, advise and train use it).
-The ranking itself is `trainwise.search.ranking` (pure)."""
+"""Studies on disk, as the verbs read them: their results and advice, the quality phase's verdicts, memory and batch
+hints from the estimate, and a study's row as a trial spec for `train --plan` (below the verbs: `Study`, advise and
+train use it). The ranking itself is `trainwise.search.ranking` (pure)."""
 
 from __future__ import annotations
 
