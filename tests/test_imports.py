@@ -179,3 +179,13 @@ def test_each_room_imports_only_the_rooms_below_it():
     }
     assert up - KNOWN_UP == set(), f"imports from a room above: {sorted(up - KNOWN_UP)}"
     assert KNOWN_UP - up == set(), f"gone (drop them from KNOWN_UP): {sorted(KNOWN_UP - up)}"
+
+
+def test_no_room_or_module_shadows_a_verb():
+    """`trainwise.estimate(...)` is a verb found on first use (trainwise/__init__.py); a subpackage or top-level module
+    of that name would replace it on import (`trainwise.estimate` the package: 'module' object is not callable)."""
+    import trainwise
+
+    names = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir() if p.suffix == ".py" or p.is_dir()}
+    clash = names & (trainwise._VERBS | {"open", "recipe"})
+    assert not clash, f"trainwise/ holds a module named as a verb: {sorted(clash)}"

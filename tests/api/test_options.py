@@ -14,7 +14,7 @@ from trainwise.api import options as api
 from trainwise.cli import app
 from trainwise.core.config import StudyConfig, TrainConfig
 from trainwise.core.option import declared, option, take
-from trainwise.estimate.data import EstimateConfig
+from trainwise.estimating.data import EstimateConfig
 from trainwise.exporting.scripts import ExportConfig
 from trainwise.search.batch_size import FindBatchConfig
 from trainwise.search.hyperparams import TuneConfig

@@ -136,10 +136,10 @@ def test_the_estimate_knows_distilberts_shapes(tmp_path, monkeypatch):
 
     from transformers import DistilBertConfig
 
-    from trainwise.estimate.probe import calibrate
+    from trainwise.estimating.probe import calibrate
     from trainwise.strategies.knobs import TrialPlan
 
-    est = importlib.import_module("trainwise.estimate.probe")
+    est = importlib.import_module("trainwise.estimating.probe")
     monkeypatch.setenv("TRAINWISE_CACHE", str(tmp_path))  # a quarter of the design, in a cache of its own: the
     monkeypatch.setattr(est, "PROBE_DESIGN", est.PROBE_DESIGN[::4])  # shapes the probe builds, not the fit
 

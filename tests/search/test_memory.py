@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from trainwise import strategies
-from trainwise.estimate.peak import estimate_plan, state_parts, step_temporaries
-from trainwise.estimate.probe import Calibration, calibrate
-from trainwise.estimate.shapes import FEATURES, Shape, shape_of, terms_of
+from trainwise.estimating.peak import estimate_plan, state_parts, step_temporaries
+from trainwise.estimating.probe import Calibration, calibrate
+from trainwise.estimating.shapes import FEATURES, Shape, shape_of, terms_of
 from trainwise.strategies.knobs import TrialPlan
 from trainwise.strategies.optim import OPTIMIZERS
 from trainwise.training.models import ModelSource, build_model, model_config
@@ -152,7 +152,7 @@ def test_estimate_predicts_the_memory_compare_shows(tmp_path, cls_csv):
     as the data's longest row, which the estimate reads from the data (the rows are shorter than 64)."""
     from tests.conftest import tiny_study
     from trainwise.api.estimate import run_estimate
-    from trainwise.estimate.data import EstimateConfig
+    from trainwise.estimating.data import EstimateConfig
     from trainwise.training.trial import run_trial
 
     rows = ["baseline", "grad_ckpt", "dynamic_pad"]
@@ -184,7 +184,7 @@ def test_unknown_family_falls_back_to_probing_its_own_config(tmp_path, capsys, m
     """A family with no tiny-config recipe (ELECTRA) is probed on its own config, cached, and the CLI says so."""
     from transformers import ElectraConfig, ElectraForSequenceClassification
 
-    est = importlib.import_module("trainwise.estimate.probe")  # trainwise.estimate: the API's call
+    est = importlib.import_module("trainwise.estimating.probe")  # the calibration
     from trainwise.cli import main
     from trainwise.training.models import train_tokenizer
 
@@ -212,7 +212,7 @@ def test_unknown_family_falls_back_to_probing_its_own_config(tmp_path, capsys, m
 def test_calibration_is_cached_and_says_which_it_was(tmp_path, monkeypatch, capsys):
     """The probe runs once per family and plan; the estimate says "calibrated now" when this command
     measured it and "cached" only when it was read from the cache (issue 27)."""
-    est = importlib.import_module("trainwise.estimate.probe")  # trainwise.estimate: the API's call
+    est = importlib.import_module("trainwise.estimating.probe")  # the calibration
     from trainwise.cli import main
 
     monkeypatch.setenv("TRAINWISE_CACHE", str(tmp_path))
@@ -265,7 +265,7 @@ def test_cli_table_json_and_fit(capsys):
 
 @pytest.mark.probe
 def test_cli_impossible_budget_says_so_and_what_would_fit(capsys, monkeypatch, tmp_path):
-    est = importlib.import_module("trainwise.estimate.probe")  # trainwise.estimate: the API's call
+    est = importlib.import_module("trainwise.estimating.probe")  # the calibration
     from trainwise.cli import main
 
     # what is said, not the fit: a quarter of the design, in a cache of its own (bf16's probe is emulated on an
@@ -323,7 +323,7 @@ def test_cli_bad_input_is_one_line_exit_2(capsys, args, expected):
 
 
 def test_largest_batch_is_the_edge_of_the_estimate():
-    from trainwise.estimate.peak import largest_batch
+    from trainwise.estimating.peak import largest_batch
 
     cal = _cal()
     s = _shape(n_params=10, n_trainable=10, largest_trainable=10)
@@ -348,7 +348,7 @@ def test_estimate_says_which_rows_of_the_data_it_skipped(tmp_path, cls_csv):
     """Issue 27: estimate reads the data as compare does, and says what it left out as compare does."""
     import csv
 
-    from trainwise.estimate.data import DataFacts, EstimateConfig
+    from trainwise.estimating.data import DataFacts, EstimateConfig
     from trainwise.training.models import resolve_model
 
     with open(cls_csv, encoding="utf-8") as f:

@@ -11,8 +11,8 @@ import pytest
 from tests.conftest import write_csv
 from tests.training.test_causal_lm import pairs
 from trainwise import strategies
-from trainwise.estimate.probe import _tiny_config
-from trainwise.estimate.shapes import features, shape_of, terms_of
+from trainwise.estimating.probe import _tiny_config
+from trainwise.estimating.shapes import features, shape_of, terms_of
 from trainwise.strategies.knobs import TrialPlan
 from trainwise.strategies.lm import CHUNK_TOKENS
 from trainwise.training.models import auto_class, model_config, resolve_model
@@ -87,7 +87,7 @@ def _predicted_and_measured(tmp_path, rows: list[str]) -> tuple[dict[str, int], 
     """Per row: the peak estimate predicts from compare's data, and the peak of live tensors compare measures."""
     from tests.conftest import tiny_study
     from trainwise.api.estimate import run_estimate
-    from trainwise.estimate.data import EstimateConfig
+    from trainwise.estimating.data import EstimateConfig
     from trainwise.training.trial import run_trial
 
     pr_csv = write_csv(tmp_path / "pr.csv", pairs(400))  # enough for 16 packed rows of 128 tokens
@@ -138,7 +138,7 @@ def test_qlora_base_weights_are_counted_in_four_bits():
     """qlora's base Linear layers hold NF4 weights (0.5 byte + double-quantized scales); embeddings, norms and the
     output head stay fp32; the adapters train as lora's do."""
     pytest.importorskip("bitsandbytes")
-    from trainwise.estimate.peak import state_parts
+    from trainwise.estimating.peak import state_parts
     from trainwise.strategies.freezing import NF4_BYTES
 
     config = config_of("smollm2-135m")

@@ -273,8 +273,8 @@ def test_state_bytes_count_weights_grads_and_optimizer_state(tmp_path, cls_csv):
 def test_bf16_pure_keeps_no_fp32_copy(cls_study):
     """bf16_pure: weights, gradients and AdamW state in bf16, no autocast, no fp32 master; half the state."""
     from tests.search.test_memory import _shape
-    from trainwise.estimate.peak import state_parts
-    from trainwise.estimate.shapes import terms_of
+    from trainwise.estimating.peak import state_parts
+    from trainwise.estimating.shapes import terms_of
     from trainwise.training.data.prepared import load_data
 
     spec = _spec(cls_study, "bf16_pure")

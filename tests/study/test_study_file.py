@@ -78,7 +78,7 @@ def test_the_file_fills_the_options_and_flags_win(tmp_path):
 
 
 def test_the_api_reads_the_same_files(tmp_path, monkeypatch):
-    from trainwise.estimate.probe import NO_ACTIVATIONS
+    from trainwise.estimating.probe import NO_ACTIVATIONS
 
     # what is read, not what is measured: bf16's own calibration probe (~30 s on an AVX2 CPU) is test_estimate's
     monkeypatch.setattr(importlib.import_module("trainwise.api.estimate"), "calibrate", lambda *a, **k: NO_ACTIVATIONS)

@@ -1,5 +1,5 @@
 """`trainwise estimate` as a call: each plan's peak training memory, predicted without training (the model
-and the calibration are `trainwise.estimate`); when none fits the device memory, why, and what would."""
+and the calibration are `trainwise.estimating`); when none fits the device memory, why, and what would."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from trainwise.api import from_objects
 from trainwise.api.options import EstimateOptions
 from trainwise.api.render import STDERR, Render, probes
 from trainwise.core.errors import ConfigError
-from trainwise.estimate.data import DataFacts, EstimateConfig
-from trainwise.estimate.peak import MemoryEstimate, estimate_plan, min_ranks_for_zero3, runtime_overhead, what_fits
-from trainwise.estimate.probe import LOOSE_FIT, Calibration, calibrate
-from trainwise.estimate.shapes import Shape, shape_of, terms_of
+from trainwise.estimating.data import DataFacts, EstimateConfig
+from trainwise.estimating.peak import MemoryEstimate, estimate_plan, min_ranks_for_zero3, runtime_overhead, what_fits
+from trainwise.estimating.probe import LOOSE_FIT, Calibration, calibrate
+from trainwise.estimating.shapes import Shape, shape_of, terms_of
 from trainwise.report.format import human_bytes
 from trainwise.strategies.knobs import TrialPlan
 from trainwise.training.models import model_config, resolve_model

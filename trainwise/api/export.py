@@ -10,7 +10,7 @@ from typing import Any
 from trainwise import strategies
 from trainwise.api.options import ExportOptions
 from trainwise.core.errors import ConfigError
-from trainwise.estimate.data import EstimateConfig
+from trainwise.estimating.data import EstimateConfig
 from trainwise.exporting.arguments import BUNDLED_HUB_ID, RunSettings, epochs_for, named_model
 from trainwise.exporting.scripts import ExportConfig, chat_form, check_exportable, write_export
 from trainwise.search.ranking import pick

@@ -32,7 +32,7 @@ from trainwise.core.config import StudyConfig, TrainConfig
 from trainwise.core.errors import ConfigError
 from trainwise.core.option import PRICE, QUALITY, RUN, flag, ints, option, take, words
 from trainwise.core.units import parse_bytes
-from trainwise.estimate.data import EstimateConfig
+from trainwise.estimating.data import EstimateConfig
 from trainwise.exporting.scripts import ExportConfig
 from trainwise.run import cluster
 from trainwise.run.ranks import Rendezvous
@@ -94,9 +94,6 @@ class CompareOptions(Scale, Measurement, Training, Shape, ModelData, Priced):
     def over(self, stored: CompareOptions, reported: list[str]) -> tuple[CompareOptions, list[str]]:
         """trainwise.study.resume.over: this run over the study already in its --out."""
         return resume.over(self, stored, reported)
-
-    def _of_role(self, role: str) -> list[dataclasses.Field]:
-        return [f for f in fields(self) if f.metadata.get("role") == role]
 
 
 def _needs_company(name: str) -> bool:

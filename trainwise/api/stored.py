@@ -12,10 +12,10 @@ from trainwise import strategies
 from trainwise.core.config import TrialSpec
 from trainwise.core.errors import ConfigError
 from trainwise.core.results import StudyRow
-from trainwise.estimate.basis import estimate_basis, price
-from trainwise.estimate.peak import largest_batch, target_length
-from trainwise.estimate.probe import calibrate
-from trainwise.estimate.shapes import shape_of
+from trainwise.estimating.basis import estimate_basis, price
+from trainwise.estimating.peak import largest_batch, target_length
+from trainwise.estimating.probe import calibrate
+from trainwise.estimating.shapes import shape_of
 from trainwise.search.ranking import Advice, Constraints, needs, pick, with_quality
 from trainwise.search.ranking import advise as rank
 from trainwise.strategies.knobs import TrialPlan

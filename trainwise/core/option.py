@@ -3,7 +3,7 @@ its default (`option`), and every verb that offers it takes that field (`take`),
 Python API's keyword argument and a study file's key are made from the one declaration.
 
     max_steps: int = option(16, "Optimizer steps per trial, warm-up included.")   # StudyConfig, config.py
-    max_steps: int = take(StudyConfig, "max_steps")                               # CompareOptions, api/options.py
+    max_steps: int = take(StudyConfig, "max_steps")                               # Measurement, api/groups.py
 
 A verb whose value differs from the declaration's says so through `take`'s `default=` or `help=` (a verb's own
 default, or its own words for what the option does there); `config_default=` is the library config's value where

@@ -33,7 +33,7 @@ from trainwise.core.config import DEFAULT_LR, StudyConfig, TrialSettings, check_
 from trainwise.core.errors import ConfigError, check_number
 from trainwise.core.files import write_atomic
 from trainwise.core.option import option, take
-from trainwise.estimate.data import EstimateConfig
+from trainwise.estimating.data import EstimateConfig
 from trainwise.exporting.arguments import RunSettings, export_doc, sft_arguments
 from trainwise.exporting.commands import train_command, train_out
 from trainwise.strategies.base import ExportDoc

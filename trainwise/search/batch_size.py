@@ -29,9 +29,9 @@ from trainwise.core.errors import ConfigError
 from trainwise.core.files import hold, write_atomic, writing
 from trainwise.core.option import option
 from trainwise.core.results import TrialResult
-from trainwise.estimate.peak import estimate_plan, runtime_overhead, target_length
-from trainwise.estimate.probe import calibrate
-from trainwise.estimate.shapes import shape_of
+from trainwise.estimating.peak import estimate_plan, runtime_overhead, target_length
+from trainwise.estimating.probe import calibrate
+from trainwise.estimating.shapes import shape_of
 from trainwise.report.format import human_bytes
 from trainwise.run.events import Event, Note, Step
 from trainwise.study.store import FIND_BATCH, PAGE, RESULTS, page_of, read_results, read_settings

@@ -252,7 +252,7 @@ def export_doc(plan: TrialPlan, doc: ExportDoc) -> ExportDoc:
 
 
 def memory_terms(plan: TrialPlan, terms: MemoryTerms) -> MemoryTerms:
-    """The plan's effect on the memory estimate (`trainwise.estimate`)."""
+    """The plan's effect on the memory estimate (`trainwise.estimating`)."""
     for knob, value in plan.items():
         if isinstance(knob.memory, Probed):
             terms.probe[knob.name] = value

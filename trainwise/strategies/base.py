@@ -4,7 +4,7 @@ Strategy (a named, documented setting of knobs).
 A knob's three seams say what a value does
 - to the run: `runtime` writes into the `Runtime` that `trainwise.training.loop` builds the training from,
 - to the exported files: `export` writes into an `ExportDoc` (TrainingArguments, snippet, configs),
-- to the memory estimate: `memory` writes into the `MemoryTerms` that `trainwise.estimate` evaluates,
+- to the memory estimate: `memory` writes into the `MemoryTerms` that `trainwise.estimating` evaluates,
 or, for a seam that does not apply, why not: `NA("reason")`, which export and estimate print.
 Nothing outside a knob's own module interprets its value; the loop, export and estimate only read
 what the seams wrote. `tests/strategies/test_knobs.py` walks every knob over every seam.
@@ -116,7 +116,7 @@ class ExportDoc:
 @dataclass
 class MemoryTerms:
     """What the memory estimate is computed from, written by the knobs' memory seams
-    (`trainwise.estimate` evaluates them against the model's shapes). Bytes are per parameter."""
+    (`trainwise.estimating` evaluates them against the model's shapes). Bytes are per parameter."""
 
     device: str
     nproc: int

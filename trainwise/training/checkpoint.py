@@ -1,6 +1,6 @@
 """A training run's checkpoints (trainwise.training.fit): a directory `ckpt-<step>` holding the model (safetensors),
 the optimizer's tensors (safetensors) and its structure, the scheduler, the sampler position and the RNG states, plus
-a `state.json` with a sha256 of every file. Written under a temporary name and renamed into place, and only then does
+a `manifest.json` with a sha256 of every file. Written under a temporary name and renamed into place, and only then does
 the `latest` pointer (itself written then renamed) move to it, so a kill at any moment leaves the previous checkpoint
 as latest; read back verified, falling back to the previous good one."""
 
@@ -29,7 +29,7 @@ LATEST = "latest"
 
 @dataclass
 class TrainState:
-    """Everything besides tensors that a resumed run needs; stored in state.json."""
+    """Everything besides tensors that a resumed run needs; stored in extra.json (its "trainer" entry)."""
 
     step: int = 0
     micro: int = 0  # micro-batches consumed in total (the sampler position)

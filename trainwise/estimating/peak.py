@@ -31,9 +31,9 @@ from trainwise import strategies
 from trainwise.core.config import (
     CAUSAL_LM,
 )
-from trainwise.estimate.data import EstimateConfig
-from trainwise.estimate.probe import NO_ACTIVATIONS, Calibration, calibrate
-from trainwise.estimate.shapes import FEATURES, Shape, cast_bytes, features, shape_of, terms_of
+from trainwise.estimating.data import EstimateConfig
+from trainwise.estimating.probe import NO_ACTIVATIONS, Calibration, calibrate
+from trainwise.estimating.shapes import FEATURES, Shape, cast_bytes, features, shape_of, terms_of
 from trainwise.strategies.base import MemoryTerms
 from trainwise.strategies.knobs import TrialPlan
 from trainwise.training.measure.memory import CUDA_CONTEXT_BYTES, rss_bytes

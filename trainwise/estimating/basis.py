@@ -7,9 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainwise.core.errors import ConfigError
-from trainwise.estimate.peak import MemoryEstimate, estimate_plan, runtime_overhead, target_length
-from trainwise.estimate.probe import calibrate
-from trainwise.estimate.shapes import shape_of
+from trainwise.estimating.peak import MemoryEstimate, estimate_plan, runtime_overhead, target_length
+from trainwise.estimating.probe import calibrate
+from trainwise.estimating.shapes import shape_of
 from trainwise.strategies.knobs import TrialPlan
 from trainwise.study.store import Store
 from trainwise.training.models import ModelSource, model_config

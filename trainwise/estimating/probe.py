@@ -20,7 +20,7 @@ from trainwise.core.config import (
     CAUSAL_LM,
 )
 from trainwise.core.files import write_atomic
-from trainwise.estimate.shapes import FAMILY_KEYS, FEATURES, cast_bytes, features, shape_of, terms_of
+from trainwise.estimating.shapes import FAMILY_KEYS, FEATURES, cast_bytes, features, shape_of, terms_of
 from trainwise.run.ranks import unwrap
 from trainwise.strategies.knobs import TrialPlan
 from trainwise.training.measure.memory import AllocatedPeak

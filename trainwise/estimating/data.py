@@ -19,7 +19,7 @@ from trainwise.core.config import (
 )
 from trainwise.core.errors import ConfigError
 from trainwise.core.option import option, take
-from trainwise.estimate.shapes import terms_of
+from trainwise.estimating.shapes import terms_of
 from trainwise.strategies import Row
 from trainwise.strategies.knobs import TrialPlan
 from trainwise.strategies.lm import PACKING
