@@ -236,7 +236,7 @@ def test_zero_rows_configure_deepspeed_and_the_cpu_optimizer():
 
 
 def test_the_report_names_every_ranks_peak_and_the_total():
-    from tests.core.test_units import aggregate_of
+    from tests.core.test_small_pieces import aggregate_of
     from trainwise.report.format import notes
 
     combined = combine_ranks([_rank(0, plan={"zero_stage": 2}), _rank(1, plan={"zero_stage": 2})], 2)

@@ -79,7 +79,7 @@ def prepare(options: PlanOptions, given: set[str] | None = None) -> tuple[PlanOp
         new = dataclasses.replace(options, **updates)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"--from-config {options.from_config}: {e}") from None
-    return new, Yours(cfg, reading, task, _emulated(cfg, reading, device, caps))
+    return new, Yours(cfg, reading, task, (*_emulated(cfg, reading, device, caps), *_trl_step(cfg)))
 
 
 def _emulated(
@@ -97,6 +97,18 @@ def _emulated(
             f"train here, and `{name}: false` trains fp32; the plan writes that where fp32 is faster"
         )
     return tuple(out)
+
+
+def _trl_step(cfg: user_config.UserConfig) -> tuple[str, ...]:
+    """What the trials do not time for an SFTConfig: TRL's own step (BENCHMARKS §U1: its data is now TRL's, its step
+    is still trainwise's loop)."""
+    if cfg.kind != user_config.SFT:
+        return ()
+    return (
+        "the rows are timed with trainwise's training loop on the examples TRL's SFTTrainer builds (its cut and drop), "
+        "not with SFTTrainer's own step, which also computes each token's entropy and top-1 accuracy through its LM "
+        "head for its logs: `trl sft` may run the file at a smaller speed-up than the plan states",
+    )
 
 
 def _read(options: Any, path: str, chosen: set[str], probe: bool = True) -> tuple:
