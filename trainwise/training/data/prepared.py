@@ -30,6 +30,7 @@ from trainwise.training.data.tasks import (
     shifted_loss_sum,
     trl_cut,
     trl_examples,
+    trl_kept,
 )
 from trainwise.training.models import ModelSource, load_tokenizer
 from trainwise.training.vision import IMAGE_TASK, ImageDataset, Images, collate_images, read_images
@@ -116,10 +117,13 @@ def _text_data(spec: TrialSpec) -> TrialData:
     else:
         train = whole = encode(train_rows, tokenizer, s.task, *lengths, label2id, s.data_format)
     eval_rows = eval_rows[: s.eval_samples]
-    evals = encode(eval_rows, tokenizer, s.task, *lengths, label2id, s.data_format, trl)
-    if trl and s.data_format == "prompt_response":  # the references of the pairs the cut kept
-        kept = trl_examples(eval_rows, tokenizer, s.data_format)
-        eval_rows = [r for r, (_ids, y) in zip(eval_rows, kept, strict=True) if _scored(y, s.max_length, trl)]
+    if trl:  # the held-out examples tokenized once: the references are those of the pairs the cut kept
+        held = trl_examples(eval_rows, tokenizer, s.data_format)
+        evals = trl_cut(held, s.max_length, trl)
+        if s.data_format == "prompt_response":
+            eval_rows = [eval_rows[i] for i in trl_kept(held, s.max_length, trl)]
+    else:
+        evals = encode(eval_rows, tokenizer, s.task, *lengths, label2id, s.data_format)
     gold = [r["target"] for r in eval_rows] if s.data_format != "chat" else chat_references(evals, tokenizer)
     pad = lm_ids(tokenizer)[0] if s.task == "causal-lm" else tokenizer.pad_token_id
     evaluate = evaluate_lm if s.task == "causal-lm" else evaluate_text
@@ -135,12 +139,6 @@ def _text_data(spec: TrialSpec) -> TrialData:
         loss_token_share=loss_token_share(train) if s.task == "causal-lm" else None,
         examples=len(train) if trl else None,
     )
-
-
-def _scored(labels: list[int], max_length: int, truncation: str) -> bool:
-    """Whether an example keeps a loss token once cut as TRL cuts it (trl_cut's drop, for one example)."""
-    cut = labels[:max_length] if truncation == "keep_start" else labels[-max_length:]
-    return any(y != IGNORE_INDEX for y in cut)
 
 
 def loss_token_share(enc: Encoded) -> float:

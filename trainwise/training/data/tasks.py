@@ -94,8 +94,14 @@ def trl_cut(
     cut = slice(None, max_length) if packed or truncation == "keep_start" else slice(-max_length, None)
     kept = [(ids[cut], labels[cut]) for ids, labels in examples]
     if not packed:
-        kept = [(ids, labels) for ids, labels in kept if any(y != IGNORE_INDEX for y in labels)]
+        kept = [kept[i] for i in trl_kept(examples, max_length, truncation)]
     return Encoded([ids for ids, _ in kept], [labels for _, labels in kept])
+
+
+def trl_kept(examples: list[tuple[list[int], list[int]]], max_length: int, truncation: str) -> list[int]:
+    """The indices of the examples an unpacked TRL cut keeps: those with a loss token left once cut."""
+    cut = slice(None, max_length) if truncation == "keep_start" else slice(-max_length, None)
+    return [i for i, (_ids, labels) in enumerate(examples) if any(y != IGNORE_INDEX for y in labels[cut])]
 
 
 def pair_notes(rows, tokenizer, max_length: int, which: str = "training", truncation: str = "") -> list[str]:
