@@ -60,6 +60,7 @@ def test_an_sfttrainer_in_memory_is_planned_and_its_class_trains_the_answer(tmp_
         ecosystem_default=False,
         max_trials=1,
         retries=0,
+        trainer_rounds=0,  # (SFTTrainer's own timing of both files: tests/exporting/test_user_config.py)
         render=None,
     )
     assert (out / "yours" / "model" / "config.json").is_file() and (out / "yours" / "train.jsonl").is_file()

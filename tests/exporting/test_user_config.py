@@ -223,7 +223,7 @@ def test_plan_from_config_measures_yours_and_writes_the_file_back(tmp_path):
     out = tmp_path / "plan"
     argv = ["plan", "--from-config", str(cfg), "--model-preset", "llama-tiny", "--out", str(out), "--max-steps", "3"]
     argv += ["--warmup-steps", "1", "--eval-samples", "0", "--no-quality-check", "--no-ecosystem-default"]
-    argv += ["--strategies", "baseline", "--max-trials", "1", "--retries", "0"]
+    argv += ["--strategies", "baseline", "--max-trials", "1", "--retries", "0", "--trainer-rounds", "1"]
     done = here.trainwise(*argv)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((out / "plan.json").read_text())
@@ -246,6 +246,14 @@ def test_plan_from_config_measures_yours_and_writes_the_file_back(tmp_path):
     base = next(r for r in read_results(out) if r.baseline and r.status == "ok")
     assert base.epoch_time_s * base.samples_per_s == pytest.approx(kept)
     assert f"{len(examples) - kept} of them keep no response token and are dropped" in done.stderr
+    # then both files trained by TRL's own SFTTrainer (one round: yours, then the plan's), the speed-up said from them
+    trainer = yours["trainer"]
+    assert yours["changes"] and trainer["rounds"] == 1 and "error" not in trainer, trainer
+    for run in (trainer["yours"][0], trainer["plan"][0]):
+        assert run["status"] == "ok" and run["epoch_s"] > 0 and run["final_loss"] > 0, run
+    assert trainer["ratio"] == pytest.approx(trainer["yours"][0]["epoch_s"] / trainer["plan"][0]["epoch_s"])
+    assert any("SFTTrainer (your file and the plan's" in h for h in result["headline"]), result["headline"]
+    assert "### In TRL" in (out / "plan.md").read_text() and "TRL's SFTTrainer, round 1 of 1: plan" in done.stderr
     bad = here.trainwise("plan", "--from-config", str(tmp_path / "nosuch.yaml"), "--out", str(tmp_path / "x"))
     assert bad.returncode == 2 and "--from-config" in bad.stderr and "no such file" in bad.stderr
     assert len([ln for ln in bad.stderr.splitlines() if "error" in ln]) == 1, bad.stderr
@@ -266,6 +274,8 @@ def test_a_flag_named_on_the_line_wins_over_the_file_even_at_its_default(tmp_pat
 def test_a_precision_the_device_only_emulates_is_said_before_yours_is_measured(tmp_path, monkeypatch):
     """TRL's SFTConfig trains bf16 by default, on a CPU without bf16 too (a notebook's "yours" ran emulated bf16 for
     over 12 minutes, unsaid): the plan says which precision, whose choice it was, and the field that turns it off."""
+    import dataclasses
+
     import trainwise.study.prepare
     from trainwise.api import from_config
     from trainwise.api.options import PlanOptions
@@ -283,9 +293,49 @@ def test_a_precision_the_device_only_emulates_is_said_before_yours_is_measured(t
         "yours trains bf16 (the SFTConfig default), which this cpu only emulates (emulated here): it is measured as "
         "it would train here, and `bf16: false` trains fp32; the plan writes that where fp32 is faster"
     )
-    # and, for any SFTConfig, what the trials do not time: TRL's own step (BENCHMARKS §U1)
+    # and, for an SFTConfig whose two files are not timed in TRL's own trainer (--trainer-rounds 0), what the trials
+    # do not time: TRL's own step (BENCHMARKS §U1); by default both files are timed there, so nothing more is said
+    assert len(notes) == 1, notes
+    untimed = dataclasses.replace(options, trainer_rounds=0)
     trl = "not with SFTTrainer's own step"
+    notes = from_config.prepare(untimed, {"from_config", "out", "device", "trainer_rounds"})[1].notes
     assert len(notes) == 2 and trl in notes[1], notes
     cfg.write_text(yaml.safe_dump({**del_bf16, "bf16": False}, sort_keys=False))
-    fp32 = from_config.prepare(options, {"from_config", "out", "device"})[1].notes
+    fp32 = from_config.prepare(untimed, {"from_config", "out", "device", "trainer_rounds"})[1].notes
     assert len(fp32) == 1 and trl in fp32[0], "fp32: no precision to say"
+
+
+def test_the_users_own_trainer_is_timed_as_trl_sft_builds_it(tmp_path):
+    """`trainwise.training.own_trainer`: an SFTConfig file trained by TRL's SFTTrainer in a process of its own, its
+    steps timed after the warm-up; its epoch is the examples TRL kept (cut at a max_length that leaves about half the
+    pairs no completion token, so TRL drops them) over the file's batch (2 x accumulation 2); the study's data renamed
+    to TRL's columns; a file TRL refuses is a row that names the field."""
+    import dataclasses
+    import math
+
+    from trainwise.training.data.tasks import trl_cut, trl_examples
+    from trainwise.training.models import ModelSource, load_tokenizer, train_tokenizer
+    from trainwise.training.own_trainer import Data, TrainerRun, time_file
+
+    pairs = [(f"Summarise item {i}: " + "word " * (1 + i % 12), f"item {i} in short") for i in range(24)]
+    data = tmp_path / "pairs.csv"
+    with data.open("w", newline="") as f:
+        csv.writer(f).writerows([("question", "answer"), *pairs])
+    train_tokenizer([p + c for p, c in pairs], "llama-tiny", tmp_path / "tok")
+    tok = load_tokenizer(ModelSource("preset", "llama-tiny"), str(tmp_path / "tok"))
+    examples = trl_examples([{"text": p, "target": c} for p, c in pairs], tok, "prompt_response")
+    max_length = sorted(labels.count(-100) for _ids, labels in examples)[12]
+    kept = len(trl_cut(examples, max_length, "keep_start"))
+    assert 0 < kept < 24, kept
+    cfg = tmp_path / "sft.yaml"
+    two_by_two = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "max_length": max_length}
+    cfg.write_text(yaml.safe_dump({**SLOW_SFT, **two_by_two}))
+    data_ = Data(str(data), columns={"question": "prompt", "answer": "completion"})
+    job = TrainerRun(str(cfg), "yours", str(tmp_path / "run"), 3, 1, data=data_, preset="llama-tiny")
+    got = time_file(dataclasses.replace(job, tokenizer_dir=str(tmp_path / "tok")))
+    assert got.status == "ok", got.message
+    assert got.timed_steps == 2 and len(got.losses) == 3 and got.final_loss > 0, got
+    assert got.epoch_time_s == pytest.approx(math.ceil(math.ceil(kept / 2) / 2) * got.step_time_median_s)
+    cfg.write_text(yaml.safe_dump({**SLOW_SFT, "per_device_train_batch_size": "two"}))
+    bad = time_file(dataclasses.replace(job, out=str(tmp_path / "bad")))
+    assert bad.status == "error" and "per_device_train_batch_size" in bad.message, bad

@@ -7,11 +7,16 @@ plan's options and a row of the study ("yours"), and the plan back into the same
   plan is tested against it as against the default.
 - The search keeps the effective batch (per device x accumulation x processes: 2 x 8 may become 16 x 1) and keeps to
   the strategies the file can switch by its own fields, so the file trains the plan as it stands.
+- An SFTConfig's two files, yours and the plan's, are then trained by TRL's own SFTTrainer, interleaved
+  (`trainwise.training.own_trainer`, `--trainer-rounds`): the speed-up `trl sft` gets is measured, not inferred from
+  trainwise's loop (BENCHMARKS §U1: 1.17x there where the trials said 1.85x).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -79,7 +84,8 @@ def prepare(options: PlanOptions, given: set[str] | None = None) -> tuple[PlanOp
         new = dataclasses.replace(options, **updates)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"--from-config {options.from_config}: {e}") from None
-    return new, Yours(cfg, reading, task, (*_emulated(cfg, reading, device, caps), *_trl_step(cfg)))
+    untimed = _trl_step(cfg) if options.trainer_rounds == 0 else ()
+    return new, Yours(cfg, reading, task, (*_emulated(cfg, reading, device, caps), *untimed))
 
 
 def _emulated(
@@ -100,14 +106,15 @@ def _emulated(
 
 
 def _trl_step(cfg: user_config.UserConfig) -> tuple[str, ...]:
-    """What the trials do not time for an SFTConfig: TRL's own step (BENCHMARKS §U1: its data is now TRL's, its step
-    is still trainwise's loop)."""
+    """What the trials do not time for an SFTConfig when --trainer-rounds 0 skips the check in TRL's own trainer: TRL's
+    step (BENCHMARKS §U1: its data is TRL's, its step trainwise's loop)."""
     if cfg.kind != user_config.SFT:
         return ()
     return (
         "the rows are timed with trainwise's training loop on the examples TRL's SFTTrainer builds (its cut and drop), "
         "not with SFTTrainer's own step, which also computes each token's entropy and top-1 accuracy through its LM "
-        "head for its logs: `trl sft` may run the file at a smaller speed-up than the plan states",
+        "head for its logs: `trl sft` may run the file at a smaller speed-up than the plan states (--trainer-rounds 0; "
+        "the default times both files in SFTTrainer)",
     )
 
 
@@ -155,9 +162,12 @@ def _given(options: PlanOptions, given: set[str] | None) -> set[str]:
     return {f.name for f in fields(options) if f.init and getattr(options, f.name) != f.default}
 
 
-def finish(yours: Yours, result: PlanResult, versus: dict[str, dict], batch: int, max_length: int, nproc: int) -> None:
+def finish(
+    yours: Yours, result: PlanResult, versus: dict[str, dict], cfg: Any, device: str, rounds: int, say: Callable
+) -> None:
     """The plan written back into the user's file (OUT/plan.sft.yaml or plan.args.json), and what changed, against
-    what, into the result (`result.yours`)."""
+    what, into the result (`result.yours`); then, for an SFTConfig, both files timed in TRL's own trainer
+    (`in_own_trainer`). `cfg`: the study's StudyConfig; `say`: a line for the user."""
     out = {
         "label": yours.cfg.label,
         "file": str(yours.cfg.path),
@@ -171,13 +181,16 @@ def finish(yours: Yours, result: PlanResult, versus: dict[str, dict], batch: int
         names, own = split_row(result.plan)
         plan = plan_of(names, yours.reading.accum)
         if plan is not None:
-            device = "cpu" if yours.reading.options.get("device") == "cpu" else "cuda"
-            where = Path(result.study)
-            size = own or batch
-            written = user_config.write_back(yours.cfg, plan, size, yours.task, max_length, where, nproc, device)
+            where = "cpu" if yours.reading.options.get("device") == "cpu" else "cuda"
+            size = own or cfg.batch_size
+            written = user_config.write_back(
+                yours.cfg, plan, size, yours.task, cfg.max_length, Path(result.study), cfg.nproc, where
+            )
             out.update(written=str(written.path), changes=[list(c) for c in written.changes], line=written.line())
         out["versus"] = versus.get(result.plan)
     result.yours = _jsonable(out)
+    say(f"your file: {out.get('line') or 'no plan'} ({out.get('written', '-')})")
+    in_own_trainer(yours, result, cfg, device, rounds, say)
 
 
 def _jsonable(d: Any) -> Any:
@@ -188,3 +201,79 @@ def _jsonable(d: Any) -> Any:
     if d is None or isinstance(d, bool | int | float | str):
         return d
     return str(getattr(d, "value", d))
+
+
+def in_own_trainer(
+    yours: Yours, result: PlanResult, cfg: Any, device: str, rounds: int, say: Callable[[str], None]
+) -> None:
+    """Your file and the plan's (`result.yours["written"]`) trained by TRL's SFTTrainer as `trl sft` builds it,
+    `rounds` times each, interleaved (yours first, then the plan first, ...), each the study's steps with its warm-up
+    untimed: the speed-up measured there, by round, into `result.yours["trainer"]`. An SFTConfig only (a Trainer's
+    step is trainwise's loop's: §U2 measured 2.22x where 2.31x was stated); nothing when the plan is yours, or no file
+    was written. A run that fails is said and recorded; the plan stands."""
+    mine = result.yours or {}
+    if rounds < 1 or yours.cfg.kind != user_config.SFT or not mine.get("written") or not mine.get("changes"):
+        return
+    from trainwise.training.own_trainer import Data, TrainerRun, time_file  # the job (its child imports TRL)
+
+    eff = yours.cfg.effective()
+    names = {cfg.prompt_column: "prompt", cfg.response_column: "completion", cfg.messages_column: "messages"}
+    names[cfg.text_column] = str(eff.get("dataset_text_field") or "text")
+    data = Data(
+        cfg.train_file,
+        cfg.dataset if cfg.train_file is None else None,
+        str(eff.get("dataset_train_split") or "train"),
+        {k: v for k, v in names.items() if k},
+        cfg.max_train_samples,
+    )
+    files = {"yours": str(yours.cfg.path), "plan": mine["written"]}
+    preset = cfg.model_preset
+    model = None if preset or cfg.model == eff.get("model_name_or_path") else cfg.model
+    tokenizer = str(Path(result.study) / "tokenizer") if preset else None
+    runs: dict[str, list[dict]] = {"yours": [], "plan": []}
+    for i in range(rounds):
+        for label in ("yours", "plan") if i % 2 == 0 else ("plan", "yours"):
+            out = Path(result.study) / "trainer" / f"{label}-{i + 1}"
+            job = TrainerRun(
+                files[label], label, str(out), cfg.max_steps, cfg.warmup_steps, cfg.seed, device, data, model,
+                preset, tokenizer,
+            )  # fmt: skip
+            got = time_file(job, cfg.trial_timeout)
+            said = f"{got.step_time_median_s:.2f} s/step" if got.status == "ok" else f"{got.status}: {got.message}"
+            say(f"TRL's SFTTrainer, round {i + 1} of {rounds}: {label} {said}")
+            runs[label].append(_run_of(got))
+    check: dict[str, Any] = {"trainer": _trl_version(), "rounds": rounds, "steps": cfg.max_steps}
+    check |= {"warmup": cfg.warmup_steps, **runs}
+    failed = next((r for rs in runs.values() for r in rs if r["status"] != "ok"), None)
+    if failed is not None:
+        check["error"] = f"{failed['status']}: {failed['message']}"
+    else:
+        by_round = [a["epoch_s"] / b["epoch_s"] for a, b in zip(runs["yours"], runs["plan"], strict=True)]
+        mid = statistics.median(r["epoch_s"] for r in runs["yours"]) / statistics.median(
+            r["epoch_s"] for r in runs["plan"]
+        )
+        check |= {"ratio": mid, "by_round": by_round, "low": min(by_round), "high": max(by_round)}
+        check["faster"] = mid > 1.0
+        check["every_round"] = min(by_round) > 1.0 if mid > 1.0 else max(by_round) <= 1.0
+    mine["trainer"] = check
+
+
+def _run_of(r: Any) -> dict[str, Any]:
+    return {
+        "status": r.status,
+        "message": r.message,
+        "s_per_step": r.step_time_median_s,
+        "epoch_s": r.epoch_time_s,
+        "samples_per_s": r.samples_per_s,
+        "final_loss": r.final_loss,
+        "wall_s": r.wall_s,
+    }
+
+
+def _trl_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # start-up: read when a check has run
+
+    try:
+        return f"TRL {version('trl')} SFTTrainer"
+    except PackageNotFoundError:
+        return "TRL's SFTTrainer"

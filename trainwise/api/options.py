@@ -179,6 +179,11 @@ class PlanOptions(CompareOptions):
         "JSON/YAML. Its model, data, batch and settings make the study, it is measured as the row 'yours', and the "
         "plan is written back into the same file (OUT/plan.sft.yaml or OUT/plan.args.json), only its fields changed.",
     )
+    trainer_rounds: int = option(
+        2,
+        "--from-config with an SFTConfig: then train your file and the plan's in TRL's own SFTTrainer (as `trl sft` "
+        "builds it), interleaved, this many times each for the study's steps, and state that speed-up; 0: none.",
+    )
 
     def constraints(self) -> Constraints:
         """The plan's limits, its search budget checked with them."""
@@ -186,6 +191,8 @@ class PlanOptions(CompareOptions):
             raise ConfigError("--objective quality: plan searches for speed; bound quality with --max-quality-drop")
         if self.max_trials < 1:
             raise ConfigError(f"--max-trials must be >= 1, got {self.max_trials}")
+        if self.trainer_rounds < 0:
+            raise ConfigError(f"--trainer-rounds must be >= 0, got {self.trainer_rounds}")
         if self.run_epochs <= 0:
             raise ConfigError(f"--run-epochs must be > 0, got {self.run_epochs:g}")
         return Constraints.of({k: getattr(self, k) for k in CONSTRAINTS})

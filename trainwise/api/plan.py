@@ -214,9 +214,8 @@ def start(options: PlanOptions, render: Render | None = STDERR, given: set[str] 
     result.quality_s = time.monotonic() - checked
     result.versus_default = found.versus.get(eco_row or "", {}).get(result.plan or "")
     if yours is not None:
-        from_config.finish(yours, result, found.versus.get(yours.row, {}), batch, cfg0.max_length, cfg0.nproc)
-        mine = result.yours or {}
-        render.note(f"trainwise plan: your file: {mine.get('line') or 'no plan'} ({mine.get('written', '-')})")
+        say = lambda line: render.note(f"trainwise plan: {line}")  # noqa: E731 (a note of this verb's)
+        from_config.finish(yours, result, found.versus.get(yours.row, {}), cfg0, device, options.trainer_rounds, say)
     plan_line = next((ln for ln in result.lines if ln.label == "plan"), None)
     if plan_line and plan_line.epoch_time_s:
         result.search_share_of_epoch = found.wall_s / plan_line.epoch_time_s

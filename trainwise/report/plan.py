@@ -56,12 +56,27 @@ def headline(r: dict) -> list[str]:
                 f"(90% interval {versus['low']:.2f}x to {versus['high']:.2f}x), not a significant difference{mem}"
             )
     y = r.get("yours") or {}
-    if y.get("versus"):
+    t = y.get("trainer") or {}
+    if t.get("ratio") is not None:
+        said = "faster than" if t["faster"] else "no faster than"
+        trials = (y.get("versus") or {}).get("ratio")
+        out.append(
+            f"{said} {y['label']} in {t['trainer']} (your file and the plan's, {t['rounds']} interleaved round(s) of "
+            f"{t['steps'] - t['warmup']} timed steps each): {t['ratio']:.2f}x ({t['low']:.2f}x to {t['high']:.2f}x by "
+            f"round){'' if t['every_round'] else ', not in every round'}"
+            + (f"; the trials (trainwise's loop) said {trials:.2f}x" if trials else "")
+        )
+    elif y.get("versus"):
         v = y["versus"]
         said = "faster than" if v["faster"] else "no faster than"
         out.append(
             f"{said} {y['label']} (`{y['row']}`, measured in this study): {v['ratio']:.2f}x (90% interval "
             f"{v['low']:.2f}x to {v['high']:.2f}x){'' if v['faster'] else ', not a significant difference'}"
+        )
+    if t.get("error"):
+        out.append(
+            f"your file and the plan's in {t['trainer']}: not measured ({t['error']}); the speed-up above is the "
+            "trials', timed with trainwise's loop, which `trl sft` may not reach"
         )
     if y.get("written"):
         out.append(f"your file, changed: {y.get('line')} (written to {y['written']})")
@@ -151,6 +166,26 @@ def markdown(r: dict) -> str:
         elif y.get("written"):
             out += ["", f"The plan changes no field of your file (`{y['written']}` is a copy)."]
         out += [f"- {n}" for n in y.get("unhonoured") or []]
+        t = y.get("trainer") or {}
+        if t:
+            out += ["", f"### In {t['trainer']}", ""]
+            out.append(
+                f"Your file and the plan's trained as `trl sft --config FILE` builds the trainer, {t['rounds']} "
+                f"round(s) each, interleaved, {t['steps']} steps a run ({t['warmup']} untimed); a run's epoch is "
+                "the examples TRL built over its batch, at its median step."
+            )
+            out += ["", "| round | file | s/step | epoch (s) | samples/s | last loss |", "|---|---|---|---|---|---|"]
+            for i in range(t["rounds"]):
+                for label in ("yours", "plan"):
+                    run = (t.get(label) or [])[i] if i < len(t.get(label) or []) else {}
+                    if run.get("status") != "ok":
+                        out.append(f"| {i + 1} | {label} | {run.get('status', '-')}: {run.get('message', '')} | | | |")
+                        continue
+                    loss = f"{run['final_loss']:.3f}" if run.get("final_loss") is not None else "-"
+                    out.append(
+                        f"| {i + 1} | {label} | {run['s_per_step']:.2f} | {run['epoch_s']:.1f} | "
+                        f"{run['samples_per_s']:.2f} | {loss} |"
+                    )
     if r.get("checked"):
         out += ["", "## Quality", ""]
         for c in r["checked"]:
