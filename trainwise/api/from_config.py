@@ -15,6 +15,7 @@ plan's options and a row of the study ("yours"), and the plan back into the same
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -85,7 +86,26 @@ def prepare(options: PlanOptions, given: set[str] | None = None) -> tuple[PlanOp
     except (TypeError, ValueError) as e:
         raise ConfigError(f"--from-config {options.from_config}: {e}") from None
     untimed = _trl_step(cfg) if options.trainer_rounds == 0 else ()
-    return new, Yours(cfg, reading, task, (*_emulated(cfg, reading, device, caps), *untimed))
+    notes = (*_emulated(cfg, reading, device, caps), *untimed, *_one_thread(cfg, device))
+    return new, Yours(cfg, reading, task, notes)
+
+
+def _one_thread(cfg: user_config.UserConfig, device: str) -> tuple[str, ...]:
+    """`trl sft` starts its training through `accelerate launch`, which on a CPU sets OMP_NUM_THREADS to 1 where it is
+    not set (BENCHMARKS §U1: 9.3 s a step where the same file took 5.4 s on this machine's two threads): the trials
+    and the check in TRL's trainer run on torch's threads, so the file trains as measured with OMP_NUM_THREADS set."""
+    if cfg.kind != user_config.SFT or device != "cpu" or os.environ.get("OMP_NUM_THREADS"):
+        return ()
+    import torch  # heavy: torch (loaded by the study's preparation already)
+
+    n = torch.get_num_threads()
+    if n < 2:
+        return ()
+    return (
+        f"`trl sft` trains through `accelerate launch`, which on a CPU runs it on one thread unless OMP_NUM_THREADS is "
+        f"set: the rows are measured on this machine's {n}; run `OMP_NUM_THREADS={n} trl sft --config FILE` to train "
+        "your file or the plan's as measured",
+    )
 
 
 def _emulated(
