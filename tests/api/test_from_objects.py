@@ -64,6 +64,11 @@ def test_an_sfttrainer_in_memory_is_planned_and_its_class_trains_the_answer(tmp_
         render=None,
     )
     assert (out / "yours" / "model" / "config.json").is_file() and (out / "yours" / "train.jsonl").is_file()
+    # the arguments as TRL reads them back: not to_dict's masks of every *_token field ("<EOS_TOKEN>", which TRL then
+    # looks for in the vocabulary), and no hub credential
+    saved = json.loads((out / "yours" / "args.json").read_text())
+    assert not [k for k, v in saved.items() if v == f"<{k.upper()}>"], saved
+    assert saved["eos_token"] == args.eos_token and saved["hub_token"] is None
     assert result.yours is not None and result.yours["row"] != "baseline"
     assert result.plan is not None
     assert type(result.args) is SFTConfig and result.args is not args

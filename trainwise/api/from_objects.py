@@ -30,6 +30,9 @@ YOURS = "yours"  # OUT/yours/: the saved objects
 TEXT_COLUMNS = ({"messages"}, {"prompt", "completion"}, {"text"})  # what TRL reads, in its order
 
 
+SECRET_TOKENS = ("hub_token", "push_to_hub_token")  # an arguments object's credentials: never written
+
+
 @dataclass
 class Objects:
     """What the user handed over."""
@@ -124,6 +127,11 @@ class Objects:
         self.processing_class.save_pretrained(model_dir)
         self.train_dataset.to_json(str(data), lines=True, force_ascii=False)
         fields = {k: v for k, v in self.args.to_dict().items() if not k.startswith("_")}
+        # to_dict masks every field named *_token ("<EOS_TOKEN>"), which TRL then reads as the token itself: the real
+        # value, except the hub's secret, which no file of the study keeps
+        for k, v in list(fields.items()):
+            if k.endswith("_token") and v == f"<{k.upper()}>":
+                fields[k] = None if k in SECRET_TOKENS else getattr(self.args, k, None)
         fields.update(model_name_or_path=str(model_dir), dataset_name=str(data))
         path = where / "args.json"
         write_atomic(path, json.dumps(fields, indent=2, default=str) + "\n")
