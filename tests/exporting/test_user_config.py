@@ -356,6 +356,12 @@ def test_trl_sfts_one_thread_on_a_cpu_is_said(tmp_path, monkeypatch):
     options = PlanOptions.of({"from_config": str(_sft(tmp_path)), "out": str(tmp_path / "o"), "device": "cpu"})
     notes = from_config.prepare(options, {"from_config", "out", "device"})[1].notes
     assert any("OMP_NUM_THREADS=4 trl sft --config FILE" in n for n in notes), notes
+    saved = tmp_path / "o" / from_config.SAVED_OBJECTS  # a caller's objects (plan(trainer=...)): not run by trl sft
+    saved.mkdir(parents=True)
+    (saved / "args.yaml").write_text(yaml.safe_dump({**SLOW_SFT, "dataset_name": str(tmp_path / "pairs.csv")}))
+    objects = PlanOptions.of({"from_config": str(saved / "args.yaml"), "out": str(tmp_path / "o"), "device": "cpu"})
+    notes = from_config.prepare(objects, {"from_config", "out", "device"})[1].notes
+    assert not any("OMP_NUM_THREADS" in n for n in notes), notes
     monkeypatch.setenv("OMP_NUM_THREADS", "4")
     notes = from_config.prepare(options, {"from_config", "out", "device"})[1].notes
     assert not any("OMP_NUM_THREADS" in n for n in notes), notes

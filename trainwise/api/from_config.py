@@ -30,6 +30,8 @@ from trainwise.search import plan_inputs as inputs
 from trainwise.search.plan_inputs import plan_of, split_row
 from trainwise.search.plan_result import PlanResult
 
+SAVED_OBJECTS = "yours"  # OUT/yours/: where trainwise.api.from_objects saves a caller's objects and their arguments
+
 
 @dataclass
 class Yours:
@@ -86,7 +88,9 @@ def prepare(options: PlanOptions, given: set[str] | None = None) -> tuple[PlanOp
     except (TypeError, ValueError) as e:
         raise ConfigError(f"--from-config {options.from_config}: {e}") from None
     untimed = _trl_step(cfg) if options.trainer_rounds == 0 else ()
-    notes = (*_emulated(cfg, reading, device, caps), *untimed, *_one_thread(cfg, device))
+    # objects a caller passed (trainwise.plan(trainer=...)) train in the caller's process, not through `trl sft`
+    objects = Path(options.from_config).resolve().parent == Path(options.out).resolve() / SAVED_OBJECTS
+    notes = (*_emulated(cfg, reading, device, caps), *untimed, *(() if objects else _one_thread(cfg, device)))
     return new, Yours(cfg, reading, task, notes)
 
 

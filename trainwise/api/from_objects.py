@@ -26,7 +26,7 @@ from trainwise.core.errors import ConfigError
 from trainwise.core.files import write_atomic
 from trainwise.exporting.user_config import ALIASES
 
-YOURS = "yours"  # OUT/yours/: the saved objects
+YOURS = from_config.SAVED_OBJECTS  # OUT/yours/: the saved objects
 TEXT_COLUMNS = ({"messages"}, {"prompt", "completion"}, {"text"})  # what TRL reads, in its order
 
 
