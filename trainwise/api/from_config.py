@@ -24,6 +24,7 @@ from typing import Any
 
 from trainwise import strategies
 from trainwise.api.options import PlanOptions, words
+from trainwise.core.env import package_version
 from trainwise.core.errors import ConfigError
 from trainwise.exporting import user_config
 from trainwise.search import plan_inputs as inputs
@@ -266,7 +267,9 @@ def in_own_trainer(
             said = f"{got.step_time_median_s:.2f} s/step" if got.status == "ok" else f"{got.status}: {got.message}"
             say(f"TRL's SFTTrainer, round {i + 1} of {rounds}: {label} {said}")
             runs[label].append(_run_of(got))
-    check: dict[str, Any] = {"trainer": _trl_version(), "rounds": rounds, "steps": cfg.max_steps}
+    trl = package_version("trl")  # (the child imported it: installed)
+    check: dict[str, Any] = {"trainer": f"TRL {trl} SFTTrainer" if trl else "TRL's SFTTrainer", "rounds": rounds}
+    check["steps"] = cfg.max_steps
     check |= {"warmup": cfg.warmup_steps, **runs}
     failed = next((r for rs in runs.values() for r in rs if r["status"] != "ok"), None)
     if failed is not None:
@@ -292,12 +295,3 @@ def _run_of(r: Any) -> dict[str, Any]:
         "final_loss": r.final_loss,
         "wall_s": r.wall_s,
     }
-
-
-def _trl_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version  # start-up: read when a check has run
-
-    try:
-        return f"TRL {version('trl')} SFTTrainer"
-    except PackageNotFoundError:
-        return "TRL's SFTTrainer"
