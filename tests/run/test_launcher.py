@@ -125,19 +125,24 @@ def test_a_warm_zygote_imports_early_and_a_probe_waits(tmp_path, monkeypatch):
 
 def test_a_zygote_elsewhere_imports_from_the_callers_cwd(tmp_path, monkeypatch):
     """A zygote warmed early may start in another directory (a notebook's, a test's); its child runs
-    `python -m module` as if exec'd from the caller's directory: that directory first on its path."""
+    `python -m module` as if exec'd from the caller's directory: that directory first on its path. The modules a
+    command's trials import beyond every trial's (`also`: the text metrics' rouge-score) are imported in the zygote,
+    once: its child finds them loaded; one not installed is left to the trial that imports it."""
     from trainwise.run import zygote
 
     started, caller = tmp_path / "started", tmp_path / "caller"
     started.mkdir(), caller.mkdir()
-    (caller / "only_here.py").write_text("print('imported from', __file__)\n")
+    (caller / "only_here.py").write_text(
+        "import sys\nprint('imported from', __file__, 'rouge' if 'rouge_score.rouge_scorer' in sys.modules else '')\n"
+    )
     monkeypatch.chdir(started)
-    elsewhere = zygote.Zygote()
+    elsewhere = zygote.Zygote(also=("rouge_score.rouge_scorer", "no_such_module_here"))
     monkeypatch.chdir(caller)
     with open(tmp_path / "log", "w") as log:
         child = elsewhere.spawn("only_here", [], dict(os.environ), log)
         assert child.wait(timeout=120) == 0, (tmp_path / "log").read_text()
-    assert str(caller / "only_here.py") in child.stdout.read()
+    said = child.stdout.read()
+    assert str(caller / "only_here.py") in said and said.strip().endswith("rouge"), said
 
 
 def test_a_zygote_that_never_reads_is_unavailable_at_once(tmp_path):

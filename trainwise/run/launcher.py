@@ -350,7 +350,8 @@ def run(job: Job[R], on_event: Listener = ignore, *, backend: str = "fork", time
     return job.ended([results.get(where.first_rank() + r) for r in range(where.ranks or 1)], end)
 
 
-def warm() -> None:
+def warm(also: tuple[str, ...] = ()) -> None:
     """Trials will run in this command: start the process they fork from now (its imports overlap the
-    command's preparation; a no-op where children are exec'd)."""
-    zygote.warm()
+    command's preparation; a no-op where children are exec'd). `also`: modules this command's trials import beyond
+    every trial's (a text metric's), imported there once rather than in each trial."""
+    zygote.warm(also)

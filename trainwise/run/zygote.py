@@ -115,11 +115,12 @@ class Forked:
 class Zygote:
     """The caller's handle on the zygote process: started on first use, one per command."""
 
-    def __init__(self, command: list[str] | None = None) -> None:
-        """`command` (tests): what runs in place of the zygote, given the socket's descriptor as its last word."""
+    def __init__(self, command: list[str] | None = None, also: tuple[str, ...] = ()) -> None:
+        """`command` (tests): what runs in place of the zygote, given the socket's descriptor as its last word;
+        `also`: modules the zygote imports beyond PRELOAD, where installed."""
         ours, theirs = socket.socketpair()
         self.proc = subprocess.Popen(
-            [*(command or [sys.executable, "-m", "trainwise.run.zygote"]), str(theirs.fileno())],
+            [*(command or [sys.executable, "-m", "trainwise.run.zygote", *also]), str(theirs.fileno())],
             pass_fds=[theirs.fileno()],
             stdin=subprocess.DEVNULL,
             preexec_fn=bound_to_me(),
@@ -183,11 +184,12 @@ _zygote: Zygote | None = None
 _start_lock = threading.Lock()
 
 
-def warm() -> None:
+def warm(also: tuple[str, ...] = ()) -> None:
     """Start this command's zygote now, without waiting for it: its imports (~8 s on 2 CPU cores) overlap the
-    command's own preparation instead of delaying its first trial."""
+    command's own preparation instead of delaying its first trial. `also`: modules it imports beyond PRELOAD, where
+    installed (the text metrics' rouge-score and its nltk: ~2.4 s that every evaluating trial would pay)."""
     if enabled():
-        _started()
+        _started(also)
 
 
 def settle(timeout: float = 120.0) -> None:
@@ -197,11 +199,11 @@ def settle(timeout: float = 120.0) -> None:
         _zygote.ready.wait(timeout)
 
 
-def _started() -> Zygote:
+def _started(also: tuple[str, ...] = ()) -> Zygote:
     global _zygote
     with _start_lock:
         if _zygote is None or _zygote.proc.poll() is not None:
-            _zygote = Zygote()
+            _zygote = Zygote(also=also)
         return _zygote
 
 
@@ -449,7 +451,7 @@ def _told(sock: socket.socket, message: dict) -> bool:
 def main(argv: list[str]) -> int:
 
     die_with_parent()
-    sock = socket.socket(fileno=int(argv[0]))
+    sock = socket.socket(fileno=int(argv[-1]))  # (the words before it: modules to import beyond PRELOAD)
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # a CUDA check by an import must not init CUDA
     for name in PRELOAD:
         importlib.import_module(name)
@@ -468,6 +470,9 @@ def main(argv: list[str]) -> int:
         for name in OPTIONAL_PRELOAD:
             with contextlib.suppress(ImportError):  # an optional extra (trainwise[lora]) not installed
                 importlib.import_module(name)
+    for name in argv[:-1]:  # this command's trials' own (warm(also)): a module not installed is their error to say
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
 
     if torch.cuda.is_initialized():  # a forked child cannot use a CUDA context made before the fork
         return 3  # the socket closes: the caller execs its children instead
