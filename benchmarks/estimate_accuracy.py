@@ -34,9 +34,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 from trainwise.api.estimate import run_estimate  # noqa: E402
-from trainwise.core.config import StudyConfig  # noqa: E402
 from trainwise.estimating.data import EstimateConfig  # noqa: E402
 from trainwise.estimating.peak import estimate
+from trainwise.spec.config import StudyConfig  # noqa: E402
 from trainwise.study.prepare import prepare_study  # noqa: E402
 from trainwise.training.models import ModelSource  # noqa: E402
 from trainwise.training.trial import run_trial  # noqa: E402

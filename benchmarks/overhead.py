@@ -61,7 +61,7 @@ def plain_loop(spec, steps: int, warmup: int) -> float:
 def child(kind: str, spec_path: str) -> None:
     import json
 
-    from trainwise.core.config import TrialSpec
+    from trainwise.spec.config import TrialSpec
     from trainwise.training.trial import run_trial
 
     with open(spec_path) as f:
@@ -99,8 +99,8 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=128)
     args = ap.parse_args()
 
-    from trainwise.core.config import StudyConfig
     from trainwise.core.env import environment
+    from trainwise.spec.config import StudyConfig
     from trainwise.study.prepare import prepare_study
 
     out = tempfile.mkdtemp(prefix="trainwise-overhead-")

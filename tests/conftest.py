@@ -123,7 +123,7 @@ def s2s_csv(tmp_path_factory) -> Path:
 
 
 def tiny_study(out: Path, data: Path, task: str, strategies: list[str], **kw):
-    from trainwise.core.config import StudyConfig
+    from trainwise.spec.config import StudyConfig
     from trainwise.study.prepare import prepare_study
 
     preset = "bert-tiny" if task == "classification" else "t5-tiny"

@@ -12,8 +12,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from trainwise.core.config import TrialSpec
 from trainwise.run.events import Step
+from trainwise.spec.config import TrialSpec
 from trainwise.training.fit import TrainConfig, TrainJob, run_train
 from trainwise.training.trial import run_trial
 

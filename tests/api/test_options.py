@@ -12,12 +12,13 @@ import typer
 
 from trainwise.api import options as api
 from trainwise.cli import app
-from trainwise.core.config import StudyConfig, TrainConfig
+from trainwise.core.config import TrainConfig
 from trainwise.core.option import declared, option, take
 from trainwise.estimating.data import EstimateConfig
 from trainwise.exporting.scripts import ExportConfig
 from trainwise.search.batch_size import FindBatchConfig
 from trainwise.search.hyperparams import TuneConfig
+from trainwise.spec.config import StudyConfig
 
 CONFIGS = (StudyConfig, TrainConfig, EstimateConfig, ExportConfig, TuneConfig, FindBatchConfig)
 VERBS = {

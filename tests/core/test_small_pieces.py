@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from trainwise.core.config import StudyConfig
 from trainwise.core.errors import ConfigError
 from trainwise.core.results import StudyRow, TrialResult
 from trainwise.report.format import cells, headers, human_bytes
+from trainwise.spec.config import StudyConfig
 from trainwise.study.aggregate import aggregate
 from trainwise.training.data.metrics import accuracy, caption_metrics, text_metrics
 from trainwise.training.measure.timing import StepTimes, percentile, summarize_steps
@@ -21,7 +21,8 @@ from trainwise.training.models import PRESETS, bundled_minilm_dir, resolve_model
 def aggregate_of(texts: list[str], results: list[TrialResult]) -> list[StudyRow]:
     """aggregate() over results of these rows, each one cell at batch 16 (as a study of them would give)."""
     from trainwise import strategies
-    from trainwise.core.config import Cell, TrialSettings, TrialSpec
+    from trainwise.core.config import TrialSettings
+    from trainwise.spec.config import Cell, TrialSpec
 
     settings = TrialSettings(
         "classification", "preset", "bert-tiny", "bert-tiny", None, "", 2, 16, 4, 8, 8, 1, 1e-3, 0, "cpu", 0, 100
@@ -217,7 +218,7 @@ def test_a_study_config_writes_the_command_that_builds_it_again(given):
     again = CompareOptions.of({k: v for k, v in params.items() if k not in ("config", "recipe")}).resolve()[0]
     from dataclasses import fields
 
-    from trainwise.core.config import _NOT_OPTIONS
+    from trainwise.spec.config import _NOT_OPTIONS
 
     paths = ("out", "train_file", "eval_file")  # made absolute: the command runs from any directory
     for f in fields(StudyConfig):

@@ -40,7 +40,7 @@ def plan_of(text: str):
 def _lm_study(root: Path, data: Path, rows: list[str], model_preset: str | None = "llama-tiny", **kw):
     """A causal-lm study (of llama-tiny unless `model` is given) on `data` (also its held-out file), every step the
     same seed and lr."""
-    from trainwise.core.config import StudyConfig
+    from trainwise.spec.config import StudyConfig
     from trainwise.study.prepare import prepare_study
 
     common = dict(task="causal-lm", model_preset=model_preset, max_steps=STEPS, warmup_steps=1, lr=3e-3)

@@ -140,7 +140,7 @@ def csv_study(tmp_path_factory):
     from transformers import AutoModelForSequenceClassification
 
     from tests.conftest import make_rows, write_csv
-    from trainwise.core.config import StudyConfig
+    from trainwise.spec.config import StudyConfig
     from trainwise.study.prepare import prepare_study
     from trainwise.training.models import _preset_config, train_tokenizer
 
@@ -229,8 +229,8 @@ def test_the_seq2seq_snippet_as_written_reproduces_the_losses(tmp_path, monkeypa
 
     from tests.conftest import make_rows, write_csv
     from trainwise.api.export import export_plan
-    from trainwise.core.config import StudyConfig
     from trainwise.exporting.scripts import ExportConfig
+    from trainwise.spec.config import StudyConfig
     from trainwise.study.prepare import prepare_study
     from trainwise.training.models import _preset_config, train_tokenizer
 
@@ -262,8 +262,9 @@ def test_the_seq2seq_snippet_as_written_reproduces_the_losses(tmp_path, monkeypa
 def test_export_study_takes_its_settings_and_advised_plan(tmp_path, capsys):
     """--study: model and settings from the study's store, the plan from advise (objective time)."""
     from trainwise.cli import main
-    from trainwise.core.config import TrialSettings, TrialSpec
+    from trainwise.core.config import TrialSettings
     from trainwise.core.results import TrialResult
+    from trainwise.spec.config import TrialSpec
     from trainwise.study.store import Store
 
     study = tmp_path / "study"
@@ -430,10 +431,10 @@ def test_the_exported_train_command_names_where_its_run_goes(tmp_path):
 def test_an_image_study_is_refused_in_one_line(tmp_path):
     """An image-classification study trained trainwise's own ResNeXt: no transformers script can reproduce it."""
     from trainwise.api.export import export_plan
-    from trainwise.core.config import StudyConfig
     from trainwise.core.errors import ConfigError
     from trainwise.core.results import TrialResult
     from trainwise.exporting.scripts import ExportConfig
+    from trainwise.spec.config import StudyConfig
     from trainwise.study.prepare import prepare_study
     from trainwise.study.store import Store
 

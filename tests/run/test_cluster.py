@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from tests import here
-from trainwise.core.config import TrialSpec
 from trainwise.core.env import KIND_LABEL
 from trainwise.core.results import TrialResult
 from trainwise.run import cluster
+from trainwise.spec.config import TrialSpec
 from trainwise.study.aggregate import aggregate
 from trainwise.study.run import per_kind
 

@@ -133,7 +133,7 @@ def test_the_commit_is_trainwises_never_an_enclosing_repos(tmp_path):
 
 
 def test_a_compiling_row_gets_its_compile_past_the_timeout():
-    from trainwise.core.config import TrialSpec
+    from trainwise.spec.config import TrialSpec
     from trainwise.study.run import COMPILE_ALLOWANCE_S, timeout_for
 
     plain = strategies.parse_row("bf16", 4).plan

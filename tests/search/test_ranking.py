@@ -138,8 +138,9 @@ def test_a_pick_that_lost_short_trial_quality_is_cautioned(tmp_path, capsys):
     speed trial, without a word. Beyond the held-out noise it says so and points to compare --quality-steps;
     within the noise, for the baseline itself, or with a quality-phase verdict, it does not."""
     from trainwise.api.stored import advise_study
-    from trainwise.core.config import TrialSettings, TrialSpec
+    from trainwise.core.config import TrialSettings
     from trainwise.core.results import TrialResult
+    from trainwise.spec.config import TrialSpec
     from trainwise.strategies.knobs import TrialPlan
     from trainwise.study.store import Store
 

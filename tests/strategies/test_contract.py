@@ -86,7 +86,7 @@ def test_inductor_compile_takes_the_same_steps(cls_study, tmp_path):
 @pytest.mark.parametrize("row", [pytest.param(r, marks=pytest.mark.bench) if r in SLOW else r for r in IMAGE])
 def test_image_strategies_take_the_same_steps(tmp_path, row):
     """Image strategies take the same steps in compare and train."""
-    from trainwise.core.config import StudyConfig
+    from trainwise.spec.config import StudyConfig
     from trainwise.study.prepare import prepare_study
 
     kw = {"batch_size": 32, "max_steps": 2, "warmup_steps": 1, "eval_samples": 32, "device": "cpu"}
@@ -111,7 +111,7 @@ LM = [
 @pytest.fixture(scope="module")
 def lm_study(tmp_path_factory):
     from tests.conftest import make_rows, write_csv
-    from trainwise.core.config import StudyConfig
+    from trainwise.spec.config import StudyConfig
     from trainwise.study.prepare import prepare_study
 
     where = tmp_path_factory.mktemp("lm-contract")

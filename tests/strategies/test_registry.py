@@ -123,7 +123,7 @@ def test_a_row_at_its_own_batch_size_is_one_cell_at_that_size(tmp_path):
     """`trainwise plan` tries the leader at a larger batch as a row of the same study: `bf16+smart_batch@bs32`
     has the plan of `bf16+smart_batch`, runs once at 32 whatever the study's size or sweep, and is named as
     written (no sweep label added)."""
-    from trainwise.core.config import StudyConfig
+    from trainwise.spec.config import StudyConfig
 
     row = strategies.parse_row("bf16+smart_batch@bs32", 4)
     assert row.batch_size == 32 and row.plan == strategies.parse_row("bf16+smart_batch", 4).plan

@@ -2,7 +2,8 @@
 
 import dataclasses
 
-from trainwise.core.config import StudyConfig, TrialSettings
+from trainwise.core.config import TrialSettings
+from trainwise.spec.config import StudyConfig
 from trainwise.study.prepare import STUDY_ONLY, shared_settings
 
 

@@ -19,10 +19,10 @@ import pytest
 import trainwise
 from trainwise.api.options import CompareOptions
 from trainwise.api.stored import advise_study
-from trainwise.core.config import TrialSpec
 from trainwise.core.errors import ConfigError
 from trainwise.core.quality import QualityVerdicts
 from trainwise.search.ranking import Constraints
+from trainwise.spec.config import TrialSpec
 from trainwise.study import store
 
 OLD = Path(__file__).resolve().parents[1] / "data" / "study_e874211"

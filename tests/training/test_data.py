@@ -117,7 +117,7 @@ def test_over_five_percent_unusable_is_one_error(tmp_path, suffix):
 
 def test_the_origin_names_the_corpus_and_round_trips_skips(tmp_path):
     """The data origin names the builtin corpus and round-trips what was skipped."""
-    from trainwise.core.config import StudyConfig
+    from trainwise.spec.config import StudyConfig
     from trainwise.study.origin import DataOrigin
     from trainwise.training.data.sources import read_task_data
 

@@ -259,7 +259,7 @@ def _row(name: str, steps: list[float], batch: int, n_train: int = 1000) -> Tria
 def test_a_slow_step_moves_no_column_from_the_others():
     """A step 10x slower among quiet ones: step (s), samples/s, epoch and time % still agree exactly
     (all from the totals: a median step beside a total-over-total rate read 2.689 s/step, 6.4 samples/s)."""
-    from trainwise.core.config import Cell
+    from trainwise.spec.config import Cell
     from trainwise.strategies import parse_row
     from trainwise.study.aggregate import aggregate
 
@@ -299,7 +299,7 @@ def _busy(n: int = 2) -> list[subprocess.Popen]:
 
 
 def test_the_noise_floor_and_verdicts_use_clean_runs_only():
-    from trainwise.core.config import Cell
+    from trainwise.spec.config import Cell
     from trainwise.study.aggregate import aggregate
 
     class Spec:

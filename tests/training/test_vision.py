@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from trainwise.cli import main
-from trainwise.core.config import StudyConfig
 from trainwise.core.errors import ConfigError
+from trainwise.spec.config import StudyConfig
 from trainwise.study.prepare import prepare_study
 from trainwise.study.store import read_rows
 from trainwise.training.trial import run_trial

@@ -16,11 +16,11 @@ from typing import Any, ClassVar
 
 import yaml
 
-from trainwise.core.config import StudyConfig
 from trainwise.core.errors import ConfigError, check_names
 from trainwise.core.files import write_atomic
 from trainwise.core.option import PRICE, flag, option, take, words
 from trainwise.search.cost import resolve_price
+from trainwise.spec.config import StudyConfig
 
 _STUDY: dict[str, Any] = {f.name: f.default for f in fields(StudyConfig) if f.init}  # the shared defaults
 CONSTRAINTS = ("objective", "memory_budget", "max_quality_drop", "max_epoch_time", "max_epoch_cost")  # advise's

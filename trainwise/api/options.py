@@ -28,7 +28,7 @@ from trainwise.api.groups import (
     Shape,
     Training,
 )
-from trainwise.core.config import StudyConfig, TrainConfig
+from trainwise.core.config import TrainConfig
 from trainwise.core.errors import ConfigError
 from trainwise.core.option import PRICE, QUALITY, RUN, flag, ints, option, take, words
 from trainwise.core.units import parse_bytes
@@ -40,6 +40,7 @@ from trainwise.search import verdicts as quality
 from trainwise.search.batch_size import FindBatchConfig
 from trainwise.search.hyperparams import TuneConfig
 from trainwise.search.ranking import Constraints
+from trainwise.spec.config import StudyConfig
 from trainwise.study import resume
 from trainwise.training.tracking import compare_report_to
 
@@ -182,7 +183,12 @@ class PlanOptions(CompareOptions):
     trainer_rounds: int = option(
         2,
         "--from-config with an SFTConfig: then train your file and the plan's in TRL's own SFTTrainer (as `trl sft` "
-        "builds it), interleaved, this many times each for the study's steps, and state that speed-up; 0: none.",
+        "builds it), interleaved, this many times each, and state that speed-up; 0: none.",
+    )
+    trainer_steps: int = option(
+        8,
+        "--from-config with an SFTConfig: the steps a run in TRL's trainer times, after the study's warm-up steps "
+        "(every batch's length differs with dynamic padding: more steps, a narrower interval).",
     )
 
     def constraints(self) -> Constraints:
@@ -193,6 +199,8 @@ class PlanOptions(CompareOptions):
             raise ConfigError(f"--max-trials must be >= 1, got {self.max_trials}")
         if self.trainer_rounds < 0:
             raise ConfigError(f"--trainer-rounds must be >= 0, got {self.trainer_rounds}")
+        if self.trainer_steps < 2:
+            raise ConfigError(f"--trainer-steps must be >= 2, got {self.trainer_steps}")
         if self.run_epochs <= 0:
             raise ConfigError(f"--run-epochs must be > 0, got {self.run_epochs:g}")
         return Constraints.of({k: getattr(self, k) for k in CONSTRAINTS})

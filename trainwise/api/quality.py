@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from trainwise.core.config import StudyConfig
 from trainwise.core.quality import QualityVerdicts
 from trainwise.core.results import StudyRow
 from trainwise.search import verdicts as quality
 from trainwise.search.ranking import Constraints, advise
+from trainwise.spec.config import StudyConfig
 from trainwise.study.prepare import prepare_study
 from trainwise.study.run import run_study
 from trainwise.study.store import write_quality

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainwise import strategies
-from trainwise.core.config import TrialSpec
 from trainwise.core.errors import ConfigError
 from trainwise.core.results import StudyRow
 from trainwise.estimating.basis import estimate_basis, price
@@ -18,6 +17,7 @@ from trainwise.estimating.probe import calibrate
 from trainwise.estimating.shapes import shape_of
 from trainwise.search.ranking import Advice, Constraints, needs, pick, with_quality
 from trainwise.search.ranking import advise as rank
+from trainwise.spec.config import TrialSpec
 from trainwise.strategies.knobs import TrialPlan
 from trainwise.study.store import Store, check_ours, partial_note, read_quality, read_results
 

@@ -8,18 +8,11 @@ from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 
 from trainwise import strategies
-from trainwise.core.config import (
-    CAUSAL_LM,
-    DEVICES,
-    TEXT_TASKS,
-    StudyConfig,
-    check_accum,
-    check_lm_columns,
-    check_nproc,
-)
+from trainwise.core.config import CAUSAL_LM, DEVICES, TEXT_TASKS, check_lm_columns, check_nproc
 from trainwise.core.errors import ConfigError
 from trainwise.core.option import option, take
 from trainwise.estimating.shapes import terms_of
+from trainwise.spec.config import StudyConfig, check_accum
 from trainwise.strategies import Row
 from trainwise.strategies.knobs import TrialPlan
 from trainwise.strategies.lm import PACKING

@@ -7,7 +7,8 @@ import math
 from dataclasses import dataclass
 
 from trainwise import strategies
-from trainwise.core.config import TrialSettings, TrialSpec
+from trainwise.core.config import TrialSettings
+from trainwise.spec.config import TrialSpec
 from trainwise.strategies.base import ExportDoc
 from trainwise.strategies.knobs import TrialPlan
 from trainwise.study.origin import DataOrigin

@@ -7,10 +7,11 @@ import shlex
 from pathlib import Path
 
 from trainwise import strategies
-from trainwise.core.config import TrialSettings, TrialSpec
+from trainwise.core.config import TrialSettings
 from trainwise.exporting.arguments import RunSettings, epochs_for, named_model
 from trainwise.search.hyperparams import TuneConfig, shown
 from trainwise.search.space import TuneResult, apply
+from trainwise.spec.config import TrialSpec
 from trainwise.study.origin import DataOrigin
 
 

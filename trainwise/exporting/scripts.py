@@ -29,13 +29,14 @@ from pathlib import Path
 
 import yaml
 
-from trainwise.core.config import DEFAULT_LR, StudyConfig, TrialSettings, check_nproc
+from trainwise.core.config import DEFAULT_LR, TrialSettings, check_nproc
 from trainwise.core.errors import ConfigError, check_number
 from trainwise.core.files import write_atomic
 from trainwise.core.option import option, take
 from trainwise.estimating.data import EstimateConfig
 from trainwise.exporting.arguments import RunSettings, export_doc, sft_arguments
 from trainwise.exporting.commands import train_command, train_out
+from trainwise.spec.config import StudyConfig
 from trainwise.strategies.base import ExportDoc
 from trainwise.strategies.knobs import TrialPlan
 from trainwise.study.store import MARK, check_ours, mark

@@ -18,7 +18,7 @@ from trainwise import strategies
 from trainwise.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from trainwise.core.config import TrialSpec
+    from trainwise.spec.config import TrialSpec
 
 
 def unwrap(model: Any) -> Any:

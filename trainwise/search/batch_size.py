@@ -24,7 +24,6 @@ from typing import Any
 import psutil
 
 from trainwise import strategies
-from trainwise.core.config import StudyConfig
 from trainwise.core.errors import ConfigError
 from trainwise.core.files import hold, write_atomic, writing
 from trainwise.core.option import option
@@ -34,6 +33,7 @@ from trainwise.estimating.probe import calibrate
 from trainwise.estimating.shapes import shape_of
 from trainwise.report.format import human_bytes
 from trainwise.run.events import Event, Note, Step
+from trainwise.spec.config import StudyConfig
 from trainwise.study.store import FIND_BATCH, PAGE, RESULTS, page_of, read_results, read_settings
 from trainwise.training.measure.memory import CUDA_CONTEXT_BYTES
 from trainwise.training.models import ModelSource, model_config

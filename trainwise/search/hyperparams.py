@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainwise.core.config import StudyConfig, TrainConfig, TrialSpec, check_monitor, maximize, monitored
+from trainwise.core.config import TrainConfig, check_monitor, maximize, monitored
 from trainwise.core.errors import ConfigError, RunFailed, check_number
 from trainwise.core.files import failed, hold, refused_by, write_atomic
 from trainwise.core.option import option, take
@@ -45,6 +45,7 @@ from trainwise.search.space import (
     load_space,
     sample,
 )
+from trainwise.spec.config import StudyConfig, TrialSpec
 from trainwise.study.origin import DataOrigin
 
 

@@ -27,11 +27,12 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from trainwise.core.config import TrialSpec, maximize, monitored
+from trainwise.core.config import maximize, monitored
 from trainwise.core.errors import ConfigError
 from trainwise.run import cluster
 from trainwise.run.events import Checkpoint, Eval, Event, Step
 from trainwise.search.space import PARAMS, Param, TuneResult, apply
+from trainwise.spec.config import TrialSpec
 
 # continued from a checkpoint with a new value (decoding only changes how evaluation generates)
 MUTABLE = ("lr", "weight_decay", "label_smoothing", "num_beams", "length_penalty")

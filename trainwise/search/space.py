@@ -15,8 +15,8 @@ from pathlib import Path
 import yaml
 
 from trainwise import strategies
-from trainwise.core.config import TrialSpec
 from trainwise.core.errors import ConfigError
+from trainwise.spec.config import TrialSpec
 
 
 @dataclass(frozen=True)

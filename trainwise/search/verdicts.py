@@ -23,7 +23,6 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from trainwise.core.config import StudyConfig
 from trainwise.core.errors import ConfigError
 from trainwise.core.quality import (  # the records, below the rooms that read them; here with the verdicts
     INCONCLUSIVE,
@@ -31,6 +30,7 @@ from trainwise.core.quality import (  # the records, below the rooms that read t
     QUALITY_DIR,
     QualityRow,
 )
+from trainwise.spec.config import StudyConfig
 from trainwise.strategies.knobs import TrialPlan
 
 # Student's t, two-sided 95% (the 0.975 quantile), for 1..30 degrees of freedom; the normal's beyond

@@ -10,12 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainwise.core.config import TEXT_TASKS, Cell
+from trainwise.core.config import TEXT_TASKS
 from trainwise.core.env import environment
 from trainwise.core.errors import RunFailed
 from trainwise.core.results import StudyRow, TrialResult
 from trainwise.report.format import add_cost
 from trainwise.run import cluster
+from trainwise.spec.config import Cell
 from trainwise.strategies.memory import ACCUM
 from trainwise.study.origin import DataOrigin
 from trainwise.study.prepare import PreparedStudy

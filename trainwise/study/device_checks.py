@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainwise import strategies
-from trainwise.core.config import IMAGE_TASK, StudyConfig
+from trainwise.core.config import IMAGE_TASK
 from trainwise.core.errors import RunFailed
 from trainwise.core.results import TrialResult
+from trainwise.spec.config import StudyConfig
 from trainwise.training.measure import device as dev
 from trainwise.training.measure import flops
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainwise.core.config import DEFAULT_DATASET, IMAGE_TASK, StudyConfig
+from trainwise.core.config import DEFAULT_DATASET, IMAGE_TASK
+from trainwise.spec.config import StudyConfig
 from trainwise.training.data.sources import Skipped, TaskData, data_source, skip_notes
 
 

@@ -15,10 +15,11 @@ from pathlib import Path
 import numpy as np
 
 from trainwise import strategies
-from trainwise.core.config import CAUSAL_LM, DEFAULT_DATASET, IMAGE_TASK, Cell, StudyConfig, TrialSettings, TrialSpec
+from trainwise.core.config import CAUSAL_LM, DEFAULT_DATASET, IMAGE_TASK, TrialSettings
 from trainwise.core.device import DeviceFacts
 from trainwise.core.errors import ConfigError
 from trainwise.core.files import write_atomic, writing
+from trainwise.spec.config import Cell, StudyConfig, TrialSpec
 from trainwise.strategies import Row, Support
 from trainwise.study.origin import DataOrigin
 from trainwise.study.store import STORE, Store, check_ours, mark, write_data

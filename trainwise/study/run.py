@@ -10,13 +10,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainwise.core.config import StudyConfig, TrialSpec
 from trainwise.core.errors import ConfigError, RunFailed
 from trainwise.core.files import failed, hold, refused_by
 from trainwise.core.results import TrialResult, combine_ranks
 from trainwise.run import cluster
 from trainwise.run.events import Event, Note
 from trainwise.run.ranks import Rendezvous, is_multiprocess
+from trainwise.spec.config import StudyConfig, TrialSpec
 from trainwise.strategies import Support
 from trainwise.strategies.precision import COMPILE
 from trainwise.study import projection

@@ -14,13 +14,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainwise.core.config import TrialSpec
 from trainwise.core.errors import ConfigError, read_json
 from trainwise.core.files import MARK, failed, hold, write_atomic, writing
 from trainwise.core.quality import QualityVerdicts
 from trainwise.core.results import StudyRow, TrialResult
 from trainwise.report.html import report_html
 from trainwise.report.write import caption, chart, csv_text, markdown
+from trainwise.spec.config import TrialSpec
 from trainwise.study.origin import DataOrigin
 
 STORE = "study.sqlite"  # the finished trials (Store)

@@ -24,7 +24,7 @@ from pathlib import Path
 from safetensors.torch import save_file, save_model
 
 from trainwise import strategies
-from trainwise.core.config import StudyConfig, TrainConfig, TrialSpec, maximize, monitored
+from trainwise.core.config import TrainConfig, maximize, monitored
 from trainwise.core.errors import ConfigError, RunFailed
 from trainwise.core.files import (
     failed,
@@ -42,6 +42,7 @@ from trainwise.run.events import Checkpoint, Emit, Eval, Event, Note, Step, Warn
 from trainwise.run.faults import seamed
 from trainwise.run.launcher import Exit, Listener, Place, run
 from trainwise.run.ranks import Ranks, Rendezvous, is_multiprocess, several_nodes
+from trainwise.spec.config import StudyConfig, TrialSpec
 from trainwise.training import loop
 from trainwise.training.checkpoint import (
     RESUME_HINT,

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainwise.core.config import TrialSpec
 from trainwise.core.results import TrialResult, combine_ranks
 from trainwise.run.events import Emit
 from trainwise.run.faults import is_oom, seamed
 from trainwise.run.launcher import Exit, Listener, Place, run
 from trainwise.run.ranks import Ranks, Rendezvous, is_multiprocess
+from trainwise.spec.config import TrialSpec
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,8 @@ from accelerate.state import AcceleratorState
 from accelerate.utils import DeepSpeedPlugin
 
 from trainwise import strategies
-from trainwise.core.config import TrialSpec
 from trainwise.run.ranks import Ranks, all_sum, group_size, unwrap
+from trainwise.spec.config import TrialSpec
 from trainwise.strategies.base import Runtime
 from trainwise.strategies.batching.samplers import RandomBatches, RankShard, make_batches
 from trainwise.training.data.prepared import TrialData

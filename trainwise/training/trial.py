@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from trainwise.core.config import TrialSpec
 from trainwise.core.env import environment
 from trainwise.core.results import TrialResult, utilisation
 from trainwise.run.events import Emit, Phase, Step, ignore
+from trainwise.spec.config import TrialSpec
 from trainwise.training import loop
 from trainwise.training.data.prepared import load_data
 from trainwise.training.measure import contention, flops, memory

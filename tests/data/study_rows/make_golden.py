@@ -24,12 +24,13 @@ from rich.console import Console
 from trainwise import strategies
 from trainwise.api.advise import advise_study
 from trainwise.api.quality import candidates
-from trainwise.core.config import Cell, Sweep, TrialSettings, TrialSpec
+from trainwise.core.config import Sweep, TrialSettings
 from trainwise.core.results import TrialResult
 from trainwise.report import terminal
 from trainwise.report.format import add_cost
 from trainwise.search.cost import Price
 from trainwise.search.ranking import Constraints
+from trainwise.spec.config import Cell, TrialSpec
 from trainwise.study.aggregate import Report, aggregate
 from trainwise.study.store import read_rows, write_reports
 

@@ -14,8 +14,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from trainwise.core.config import METRICS, TrialSpec
+from trainwise.core.config import METRICS
 from trainwise.run.ranks import unwrap
+from trainwise.spec.config import TrialSpec
 from trainwise.strategies.lm.packing import PackedCollator, PackedDataset
 from trainwise.training.data.chat import last_turn
 from trainwise.training.data.metrics import accuracy, text_metrics

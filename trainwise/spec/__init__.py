@@ -1,0 +1,1 @@
+"""What a study and its trials are: their rows parsed with the strategy registry (config.py)."""
