@@ -224,6 +224,7 @@ def test_plan_from_config_measures_yours_and_writes_the_file_back(tmp_path):
     argv = ["plan", "--from-config", str(cfg), "--model-preset", "llama-tiny", "--out", str(out), "--max-steps", "3"]
     argv += ["--warmup-steps", "1", "--eval-samples", "0", "--no-quality-check", "--no-ecosystem-default"]
     argv += ["--strategies", "baseline", "--max-trials", "1", "--retries", "0", "--trainer-rounds", "1"]
+    argv += ["--trainer-steps", "3"]
     done = here.trainwise(*argv)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((out / "plan.json").read_text())
@@ -252,6 +253,9 @@ def test_plan_from_config_measures_yours_and_writes_the_file_back(tmp_path):
     for run in (trainer["yours"][0], trainer["plan"][0]):
         assert run["status"] == "ok" and run["epoch_s"] > 0 and run["final_loss"] > 0, run
     assert trainer["ratio"] == pytest.approx(trainer["yours"][0]["epoch_s"] / trainer["plan"][0]["epoch_s"])
+    assert trainer["steps"] == 1 + 3 and len(trainer["yours"][0]["step_times_s"]) == 3  # the warm-up, then 3 timed
+    low, high = trainer["interval"]
+    assert low <= trainer["ratio"] <= high and trainer["faster"] == (low > 1.0), trainer
     assert any("SFTTrainer (your file and the plan's" in h for h in result["headline"]), result["headline"]
     assert "### In TRL" in (out / "plan.md").read_text() and "TRL's SFTTrainer, round 1 of 1: plan" in done.stderr
     bad = here.trainwise("plan", "--from-config", str(tmp_path / "nosuch.yaml"), "--out", str(tmp_path / "x"))
@@ -356,12 +360,35 @@ def test_trl_sfts_one_thread_on_a_cpu_is_said(tmp_path, monkeypatch):
     options = PlanOptions.of({"from_config": str(_sft(tmp_path)), "out": str(tmp_path / "o"), "device": "cpu"})
     notes = from_config.prepare(options, {"from_config", "out", "device"})[1].notes
     assert any("OMP_NUM_THREADS=4 trl sft --config FILE" in n for n in notes), notes
-    saved = tmp_path / "o" / from_config.SAVED_OBJECTS  # a caller's objects (plan(trainer=...)): not run by trl sft
-    saved.mkdir(parents=True)
-    (saved / "args.yaml").write_text(yaml.safe_dump({**SLOW_SFT, "dataset_name": str(tmp_path / "pairs.csv")}))
-    objects = PlanOptions.of({"from_config": str(saved / "args.yaml"), "out": str(tmp_path / "o"), "device": "cpu"})
-    notes = from_config.prepare(objects, {"from_config", "out", "device"})[1].notes
+    # a caller's objects (plan(trainer=...)) train in the caller's process, not through `trl sft`
+    notes = from_config.prepare(options, {"from_config", "out", "device"}, objects=True)[1].notes
     assert not any("OMP_NUM_THREADS" in n for n in notes), notes
     monkeypatch.setenv("OMP_NUM_THREADS", "4")
     notes = from_config.prepare(options, {"from_config", "out", "device"})[1].notes
     assert not any("OMP_NUM_THREADS" in n for n in notes), notes
+
+
+def test_the_trainers_speed_up_has_an_interval_from_its_steps():
+    """`step_interval`: each file's timed steps drawn again; the ratio is of epochs (steps an epoch times the median
+    step), so a plan with half the steps an epoch at the same step time reads 2x, and steps that overlap read an
+    interval over 1x; the same runs give the same interval."""
+    from trainwise.api.from_config import step_interval
+
+    def run(times: list[float], steps_an_epoch: int) -> dict:
+        med = sorted(times)[len(times) // 2]
+        return {"step_times_s": times, "s_per_step": med, "epoch_s": med * steps_an_epoch}
+
+    even = [1.0, 1.1, 0.9, 1.05, 0.95, 1.0, 1.02, 0.98]
+    low, high = step_interval([run(even, 10)], [run(even, 5)])
+    assert low < 2.0 < high and high / low < 1.3, (low, high)
+    wide = [0.5, 1.5, 0.7, 1.3, 1.0, 0.6, 1.4, 0.9]
+    low, high = step_interval([run(even, 10), run(even, 10)], [run(wide, 10)])
+    assert low < 1.0 < high, (low, high)
+    assert step_interval([run(even, 10)], [run(wide, 10)]) == step_interval([run(even, 10)], [run(wide, 10)])
+
+
+def test_the_trainers_steps_are_checked_at_the_edge():
+    from trainwise.api.options import PlanOptions
+
+    with pytest.raises(ConfigError, match="--trainer-steps must be >= 2, got 1"):
+        PlanOptions.of({"trainer_steps": 1}).constraints()

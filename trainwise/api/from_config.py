@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import random
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -55,9 +56,10 @@ class Yours:
         return frozenset(n for n in split_row(self.row)[0] if n in fields_ and not fields_[n])
 
 
-def prepare(options: PlanOptions, given: set[str] | None = None) -> tuple[PlanOptions, Yours]:
+def prepare(options: PlanOptions, given: set[str] | None = None, objects: bool = False) -> tuple[PlanOptions, Yours]:
     """The plan's options with the file's values where no flag was given (`given`: the options named on the command
-    line or in the call; None: those that differ from their defaults), and the user's row."""
+    line or in the call; None: those that differ from their defaults), and the user's row. `objects`: the file holds
+    a caller's objects (`trainwise.plan(trainer=...)`), which train in the caller's process, not through `trl sft`."""
     assert options.from_config is not None
     chosen = _given(options, given)
     cfg, reading, task, device, caps, updates = _read(options, options.from_config, chosen)
@@ -89,8 +91,6 @@ def prepare(options: PlanOptions, given: set[str] | None = None) -> tuple[PlanOp
     except (TypeError, ValueError) as e:
         raise ConfigError(f"--from-config {options.from_config}: {e}") from None
     untimed = _trl_step(cfg) if options.trainer_rounds == 0 else ()
-    # objects a caller passed (trainwise.plan(trainer=...)) train in the caller's process, not through `trl sft`
-    objects = Path(options.from_config).resolve().parent == Path(options.out).resolve() / SAVED_OBJECTS
     notes = (*_emulated(cfg, reading, device, caps), *untimed, *(() if objects else _one_thread(cfg, device)))
     return new, Yours(cfg, reading, task, notes)
 
@@ -188,11 +188,18 @@ def _given(options: PlanOptions, given: set[str] | None) -> set[str]:
 
 
 def finish(
-    yours: Yours, result: PlanResult, versus: dict[str, dict], cfg: Any, device: str, rounds: int, say: Callable
+    yours: Yours,
+    result: PlanResult,
+    versus: dict[str, dict],
+    cfg: Any,
+    device: str,
+    options: PlanOptions,
+    say: Callable,
 ) -> None:
     """The plan written back into the user's file (OUT/plan.sft.yaml or plan.args.json), and what changed, against
     what, into the result (`result.yours`); then, for an SFTConfig, both files timed in TRL's own trainer
-    (`in_own_trainer`). `cfg`: the study's StudyConfig; `say`: a line for the user."""
+    (`in_own_trainer`: --trainer-rounds of --trainer-steps timed steps). `cfg`: the study's StudyConfig; `say`: a line
+    for the user."""
     out = {
         "label": yours.cfg.label,
         "file": str(yours.cfg.path),
@@ -215,7 +222,7 @@ def finish(
         out["versus"] = versus.get(result.plan)
     result.yours = _jsonable(out)
     say(f"your file: {out.get('line') or 'no plan'} ({out.get('written', '-')})")
-    in_own_trainer(yours, result, cfg, device, rounds, say)
+    in_own_trainer(yours, result, cfg, device, options.trainer_rounds, say, options.trainer_steps)
 
 
 def _jsonable(d: Any) -> Any:
@@ -229,11 +236,12 @@ def _jsonable(d: Any) -> Any:
 
 
 def in_own_trainer(
-    yours: Yours, result: PlanResult, cfg: Any, device: str, rounds: int, say: Callable[[str], None]
+    yours: Yours, result: PlanResult, cfg: Any, device: str, rounds: int, say: Callable[[str], None], steps: int = 8
 ) -> None:
     """Your file and the plan's (`result.yours["written"]`) trained by TRL's SFTTrainer as `trl sft` builds it,
-    `rounds` times each, interleaved (yours first, then the plan first, ...), each the study's steps with its warm-up
-    untimed: the speed-up measured there, by round, into `result.yours["trainer"]`. An SFTConfig only (a Trainer's
+    `rounds` times each, interleaved (yours first, then the plan first, ...), each the study's warm-up steps untimed
+    and `steps` timed: the speed-up measured there into `result.yours["trainer"]`, by round and with a 90% interval
+    from the timed steps (`step_interval`). An SFTConfig only (a Trainer's
     step is trainwise's loop's: §U2 measured 2.22x where 2.31x was stated); nothing when the plan is yours, or no file
     was written. A run that fails is said and recorded; the plan stands."""
     mine = result.yours or {}
@@ -260,8 +268,8 @@ def in_own_trainer(
         for label in ("yours", "plan") if i % 2 == 0 else ("plan", "yours"):
             out = Path(result.study) / "trainer" / f"{label}-{i + 1}"
             job = TrainerRun(
-                files[label], label, str(out), cfg.max_steps, cfg.warmup_steps, cfg.seed, device, data, model,
-                preset, tokenizer,
+                files[label], label, str(out), cfg.warmup_steps + steps, cfg.warmup_steps, cfg.seed, device, data,
+                model, preset, tokenizer,
             )  # fmt: skip
             got = time_file(job, cfg.trial_timeout)
             said = f"{got.step_time_median_s:.2f} s/step" if got.status == "ok" else f"{got.status}: {got.message}"
@@ -269,7 +277,7 @@ def in_own_trainer(
             runs[label].append(_run_of(got))
     trl = package_version("trl")  # (the child imported it: installed)
     check: dict[str, Any] = {"trainer": f"TRL {trl} SFTTrainer" if trl else "TRL's SFTTrainer", "rounds": rounds}
-    check["steps"] = cfg.max_steps
+    check["steps"] = cfg.warmup_steps + steps
     check |= {"warmup": cfg.warmup_steps, **runs}
     failed = next((r for rs in runs.values() for r in rs if r["status"] != "ok"), None)
     if failed is not None:
@@ -280,18 +288,35 @@ def in_own_trainer(
             r["epoch_s"] for r in runs["plan"]
         )
         check |= {"ratio": mid, "by_round": by_round, "low": min(by_round), "high": max(by_round)}
-        check["faster"] = mid > 1.0
+        check["interval"] = step_interval(runs["yours"], runs["plan"])
+        check["faster"] = check["interval"][0] > 1.0
         check["every_round"] = min(by_round) > 1.0 if mid > 1.0 else max(by_round) <= 1.0
     mine["trainer"] = check
 
 
+def step_interval(yours: list[dict], plan: list[dict], draws: int = 2000) -> list[float]:
+    """The 90% interval of yours' epoch over the plan's, from their timed steps (every round's, pooled): each side's
+    steps drawn again with replacement, its median step times its steps an epoch (fixed: TRL's batches), 5th and 95th
+    percentiles of the ratio (a fixed seed: the same runs give the same interval). The rounds' spread (`by_round`)
+    is the drift between runs, which this does not see."""
+
+    rng = random.Random(0)
+
+    def sample(runs: list[dict]) -> tuple[list[float], float]:
+        times = [t for r in runs for t in r["step_times_s"]]
+        return times, runs[0]["epoch_s"] / runs[0]["s_per_step"]  # steps an epoch: epoch_s is that times the median
+
+    (ty, ny), (tp, np_) = sample(yours), sample(plan)
+    ratios = sorted(
+        ny * statistics.median(rng.choices(ty, k=len(ty))) / (np_ * statistics.median(rng.choices(tp, k=len(tp))))
+        for _ in range(draws)
+    )
+    return [ratios[int(0.05 * draws)], ratios[int(0.95 * draws) - 1]]
+
+
 def _run_of(r: Any) -> dict[str, Any]:
-    return {
-        "status": r.status,
-        "message": r.message,
-        "s_per_step": r.step_time_median_s,
-        "epoch_s": r.epoch_time_s,
-        "samples_per_s": r.samples_per_s,
-        "final_loss": r.final_loss,
-        "wall_s": r.wall_s,
-    }
+    """A trainer run's record in plan.json (`yours.trainer`): TrialResult's fields under the names plan.md reads."""
+    names = {"step_time_median_s": "s_per_step", "epoch_time_s": "epoch_s", "step_times_s": "step_times_s"}
+    names |= {k: k for k in ("status", "message", "samples_per_s", "final_loss", "wall_s")}
+    got = r.to_dict()
+    return {mine: got[theirs] for theirs, mine in names.items()}

@@ -176,7 +176,7 @@ def plan(found: Objects, options: dict[str, Any], config: str | Path | None, ren
     objects (`result.args`, `result.data_collator`). `start`: the verb's (`trainwise.api.plan.start`)."""
     chosen = PlanOptions.of(options, config)
     path = _saved(found, Path(chosen.out), chosen.force)
-    result = start(dataclasses.replace(chosen, from_config=str(path)), render, given=set(options))
+    result = start(dataclasses.replace(chosen, from_config=str(path)), render, given=set(options), objects=True)
     result.args, result.data_collator = found.answer((result.yours or {}).get("changes", []), result.plan)
     return result
 

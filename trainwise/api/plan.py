@@ -54,13 +54,16 @@ def plan(config: str | Path | None = None, render: Render | None = STDERR, **opt
     return start(PlanOptions.of(options, config), render, given=set(options))
 
 
-def start(options: PlanOptions, render: Render | None = STDERR, given: set[str] | None = None) -> PlanResult:
-    """`given`: the options the caller named (a flag or a keyword wins over --from-config's file)."""
+def start(
+    options: PlanOptions, render: Render | None = STDERR, given: set[str] | None = None, objects: bool = False
+) -> PlanResult:
+    """`given`: the options the caller named (a flag or a keyword wins over --from-config's file); `objects`: the
+    file is a caller's objects saved by `trainwise.api.from_objects` (they train in the caller's process)."""
     render = Render.of(render)
     began = time.monotonic()
     yours = None
     if options.from_config:  # the user's own config: the study's settings, and a row of it
-        options, yours = from_config.prepare(options, given)
+        options, yours = from_config.prepare(options, given, objects)
         for line in yours.notes:
             render.note(f"trainwise plan: {line}")
     constraints = options.constraints()
@@ -215,7 +218,7 @@ def start(options: PlanOptions, render: Render | None = STDERR, given: set[str] 
     result.versus_default = found.versus.get(eco_row or "", {}).get(result.plan or "")
     if yours is not None:
         say = lambda line: render.note(f"trainwise plan: {line}")  # noqa: E731 (a note of this verb's)
-        from_config.finish(yours, result, found.versus.get(yours.row, {}), cfg0, device, options.trainer_rounds, say)
+        from_config.finish(yours, result, found.versus.get(yours.row, {}), cfg0, device, options, say)
     plan_line = next((ln for ln in result.lines if ln.label == "plan"), None)
     if plan_line and plan_line.epoch_time_s:
         result.search_share_of_epoch = found.wall_s / plan_line.epoch_time_s

@@ -23,6 +23,7 @@ class TrialResult:
     step_time_median_s: float | None = None
     step_time_p90_s: float | None = None
     step_time_iqr_s: float | None = None  # interquartile range of the timed steps: their noise
+    step_times_s: list | None = None  # each timed step's seconds, where the job keeps them (your own trainer's run)
     data_wait_s: float | None = None  # median per step
     compute_s: float | None = None  # median forward+backward per step
     optimizer_s: float | None = None  # median clip+step+zero_grad per step

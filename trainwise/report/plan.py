@@ -60,10 +60,12 @@ def headline(r: dict) -> list[str]:
     if t.get("ratio") is not None:
         said = "faster than" if t["faster"] else "no faster than"
         trials = (y.get("versus") or {}).get("ratio")
+        lo_hi = t.get("interval")
+        steps = f"90% interval {lo_hi[0]:.2f}x to {lo_hi[1]:.2f}x from the steps, " if lo_hi else ""
         out.append(
             f"{said} {y['label']} in {t['trainer']} (your file and the plan's, {t['rounds']} interleaved round(s) of "
-            f"{t['steps'] - t['warmup']} timed steps each): {t['ratio']:.2f}x ({t['low']:.2f}x to {t['high']:.2f}x by "
-            f"round){'' if t['every_round'] else ', not in every round'}"
+            f"{t['steps'] - t['warmup']} timed steps each): {t['ratio']:.2f}x ({steps}{t['low']:.2f}x to "
+            f"{t['high']:.2f}x by round){'' if t['every_round'] else ', not in every round'}"
             + (f"; the trials (trainwise's loop) said {trials:.2f}x" if trials else "")
         )
     elif y.get("versus"):
@@ -172,7 +174,13 @@ def markdown(r: dict) -> str:
             out.append(
                 f"Your file and the plan's trained as `trl sft --config FILE` builds the trainer, {t['rounds']} "
                 f"round(s) each, interleaved, {t['steps']} steps a run ({t['warmup']} untimed); a run's epoch is "
-                "the examples TRL built over its batch, at its median step."
+                "the examples TRL built over its batch, at its median step"
+                + (
+                    f"; the 90% interval of the speed-up, {t['interval'][0]:.2f}x to {t['interval'][1]:.2f}x, is "
+                    "each file's timed steps drawn again (every round's), the rounds' spread the drift between runs."
+                    if t.get("interval")
+                    else "."
+                )
             )
             out += ["", "| round | file | s/step | epoch (s) | samples/s | last loss |", "|---|---|---|---|---|---|"]
             for i in range(t["rounds"]):

@@ -12,10 +12,10 @@ to, so plan.md can say where the row came from.
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from trainwise.core.env import package_version
 from trainwise.strategies.base import LibraryDefaults
 
 
@@ -53,10 +53,7 @@ def defaults_of(cls: type) -> dict[str, object]:
 
 
 def _version(package: str) -> str:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return "?"
+    return package_version(package) or "?"
 
 
 def default_for(task: str, device: str, valid: Callable[[str], str | None] = lambda _row: None) -> Default:

@@ -189,6 +189,7 @@ def _train(job: TrainerRun, emit: Emit) -> TrialResult:
         step_time_s=sum(timed) / len(timed),
         step_time_median_s=step_s,
         step_time_iqr_s=q3 - q1,
+        step_times_s=timed,
         warmup_s=sum(steps[: job.warmup]),
         timed_steps=len(timed),
         samples_per_s=len(dataset) / epoch_s,  # the data's examples (before TRL packs or drops them) per second
