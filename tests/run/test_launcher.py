@@ -145,6 +145,18 @@ def test_a_zygote_elsewhere_imports_from_the_callers_cwd(tmp_path, monkeypatch):
     assert str(caller / "only_here.py") in said and said.strip().endswith("rouge"), said
 
 
+def test_the_text_metrics_are_preloaded_only_where_asked_and_scored(monkeypatch):
+    """A study's zygote imports the text metrics only where TRAINWISE_PRELOAD_METRICS=1 (the suite's) and its trials
+    score generated text: by default a forked trial's RSS holds only what it imports itself (BENCHMARKS §S4)."""
+    from trainwise.training.data.metrics import PRELOAD_ENV, TEXT_METRIC_MODULES, preloaded
+
+    monkeypatch.delenv(PRELOAD_ENV, raising=False)
+    assert preloaded("seq2seq", 16) == ()
+    monkeypatch.setenv(PRELOAD_ENV, "1")
+    assert preloaded("seq2seq", 16) == preloaded("causal-lm", 4) == TEXT_METRIC_MODULES
+    assert preloaded("classification", 16) == preloaded("seq2seq", 0) == preloaded("image-classification", 8) == ()
+
+
 def test_a_zygote_that_never_reads_is_unavailable_at_once(tmp_path):
     """A zygote that refuses to serve (CUDA initialised by an import: it returns before its first read) resets
     the connection under the caller's request; the caller must see it gone, not wait for a fork (on an H200

@@ -18,14 +18,14 @@ from trainwise.api import from_objects
 from trainwise.api.options import CompareOptions
 from trainwise.api.render import STDERR, Render
 from trainwise.api.study import Study
-from trainwise.core.config import CAUSAL_LM, IMAGE_TASK
+from trainwise.core.config import IMAGE_TASK
 from trainwise.core.errors import ConfigError
 from trainwise.report.format import headers, table_cells
 from trainwise.run import launcher
 from trainwise.spec.config import StudyConfig
 from trainwise.study.store import PAGE, RESULTS, STUDY_FILE, Store, keep_reports, read_results, write_report
 from trainwise.training import tracking
-from trainwise.training.data.metrics import TEXT_METRIC_MODULES
+from trainwise.training.data.metrics import preloaded
 from trainwise.training.job import launch
 from trainwise.training.tracking import compare_report_to
 
@@ -46,10 +46,8 @@ def run(
 
     render = Render.of(render)
     if cfg.ray_address is None:  # (a cluster's trials start in its own workers: a local zygote would idle)
-        # the trials' process starts its imports while the data is prepared; trials that score generated text
-        # (seq2seq, an LM's answers) import the metrics' libraries there once
-        scored = cfg.task in ("seq2seq", CAUSAL_LM) and cfg.eval_samples > 0
-        launcher.warm(TEXT_METRIC_MODULES if scored else ())
+        # the trials' process starts its imports while the data is prepared (the text metrics' where asked)
+        launcher.warm(preloaded(cfg.task, cfg.eval_samples))
     with render.status(f"trainwise compare: validating input, preparing data and model ({cfg.task})..."):
         prepared = prepare_study(cfg, render.note)
     if options is not None:

@@ -25,9 +25,19 @@ def accuracy(pred: list[int], gold: list[int]) -> float:
 
 # what text_metrics imports (rouge-score stems with nltk's Porter stemmer), by import name and pip name
 TEXT_METRIC_PACKAGES = {"rouge_score": "rouge-score", "nltk": "nltk", "sacrebleu": "sacrebleu"}
-# the modules themselves: a study whose trials score generated text imports them once, in the process its trials
-# fork from (trainwise.run.launcher.warm), not in each trial (rouge_scorer's import alone: 2.4 s on a 2-core EPYC)
+# the modules themselves, and the switch that has a study whose trials score generated text import them once, in the
+# process its trials fork from (trainwise.run.launcher.warm), not in each trial: rouge_scorer's import alone takes
+# 2.4 s on a 2-core EPYC. The test suite sets it (tests/conftest.py: hundreds of evaluating trials); off by default, as
+# a forked trial's RSS would then hold nltk, SciPy and scikit-learn (+85 MiB, BENCHMARKS §S4)
 TEXT_METRIC_MODULES = ("rouge_score.rouge_scorer", "sacrebleu", "sacrebleu.metrics")
+PRELOAD_ENV = "TRAINWISE_PRELOAD_METRICS"
+
+
+def preloaded(task: str, eval_samples: int) -> tuple[str, ...]:
+    """What the trials' zygote imports for a study of `task` beyond every trial's: the text metrics where PRELOAD_ENV
+    is 1 and the trials score generated text (seq2seq; a causal LM's answers), else nothing."""
+    scored = task in ("seq2seq", "causal-lm") and eval_samples > 0
+    return TEXT_METRIC_MODULES if scored and os.environ.get(PRELOAD_ENV) == "1" else ()
 
 
 def missing_text_metric_packages() -> list[str]:
