@@ -135,3 +135,46 @@ def test_compare_and_estimate_take_the_same_objects(tmp_path):
     assert any(n.startswith("your arguments: lr_scheduler_type='cosine'") for n in gpu.notes), gpu.notes
     with pytest.raises(ConfigError, match="args= is required"):
         trainwise.compare(model=model, train_dataset=data, processing_class=tok, out=str(tmp_path / "x"))
+
+
+def test_a_notebooks_arguments_come_back_from_their_file_field_for_field(tmp_path):
+    """The arguments saved for the plan (`arguments_file`) read back through `trl sft`'s own parser to the same values,
+    field for field: nested dicts, a dtype, lists, a string of optimizer arguments, the tokens to_dict masks; the
+    hub's secret is never written."""
+    import dataclasses
+
+    import torch
+    from trl import SFTConfig
+    from trl.scripts.sft import make_parser
+
+    from trainwise.api.from_objects import arguments_file
+
+    args = SFTConfig(
+        output_dir=str(tmp_path / "run"),
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=4,
+        eos_token="<|im_end|>",
+        pad_token="<|pad|>",
+        hub_token="secret",
+        lr_scheduler_kwargs={"num_cycles": 2},
+        model_init_kwargs={"dtype": torch.bfloat16},
+        gradient_checkpointing_kwargs={"use_reentrant": False},
+        accelerator_config={"split_batches": True},
+        label_names=["labels"],
+        optim_args="betas=(0.9,0.99)",
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+    )
+    saved = {**arguments_file(args), "model_name_or_path": "m", "dataset_name": "d"}
+    assert saved["hub_token"] is None and "secret" not in json.dumps(saved, default=str)
+    (tmp_path / "args.json").write_text(json.dumps(saved, default=str))
+    _script, back, _model, _mix = make_parser().parse_args_and_config(
+        ["--config", str(tmp_path / "args.json")], fail_with_unknown_args=False
+    )
+    differ = [
+        f.name
+        for f in dataclasses.fields(args)
+        if f.init and f.name != "hub_token" and getattr(args, f.name) != getattr(back, f.name)
+    ]
+    assert differ == [], [(n, getattr(args, n), getattr(back, n)) for n in differ]

@@ -126,13 +126,7 @@ class Objects:
             self.model.config.save_pretrained(model_dir)
         self.processing_class.save_pretrained(model_dir)
         self.train_dataset.to_json(str(data), lines=True, force_ascii=False)
-        fields = {k: v for k, v in self.args.to_dict().items() if not k.startswith("_")}
-        # to_dict masks every field named *_token ("<EOS_TOKEN>"), which TRL then reads as the token itself: the real
-        # value, except the hub's secret, which no file of the study keeps
-        for k, v in list(fields.items()):
-            if k.endswith("_token") and v == f"<{k.upper()}>":
-                fields[k] = None if k in SECRET_TOKENS else getattr(self.args, k, None)
-        fields.update(model_name_or_path=str(model_dir), dataset_name=str(data))
+        fields = {**arguments_file(self.args), "model_name_or_path": str(model_dir), "dataset_name": str(data)}
         path = where / "args.json"
         write_atomic(path, json.dumps(fields, indent=2, default=str) + "\n")
         return path
@@ -152,6 +146,18 @@ class Objects:
         # (TRL builds its collator from the arguments: the trainer's own was built for the old ones; a Trainer's
         # collator pads as the plan's rows do: no strategy a TrainingArguments file switches needs another)
         return args, None if self.sft else self.data_collator
+
+
+def arguments_file(args: Any) -> dict[str, Any]:
+    """An arguments object (TrainingArguments, SFTConfig) as the file its parser reads back to the same values (tests:
+    an SFTConfig of nested dicts, a dtype, tokens and lists, field for field through `trl sft`'s parser). to_dict masks
+    every field named *_token ("<EOS_TOKEN>"), which TRL would read as the token itself: the real value, except the
+    hub's secrets, which no file of a study keeps."""
+    fields = {k: v for k, v in args.to_dict().items() if not k.startswith("_")}
+    for k, v in list(fields.items()):
+        if k.endswith("_token") and v == f"<{k.upper()}>":
+            fields[k] = None if k in SECRET_TOKENS else getattr(args, k, None)
+    return fields
 
 
 OBJECT_KEYS = ("trainer", "train_dataset", "processing_class", "tokenizer", "args")
