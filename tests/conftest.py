@@ -106,17 +106,6 @@ def _no_autorange():
 
 @pytest.fixture(scope="session", autouse=True)
 def _preloaded_metrics():
-    """The trials' zygote imports the text metrics once (TRAINWISE_PRELOAD): each seq2seq or answer-scoring trial
-    of the suite paid 2.4 s for rouge-score's import (eval 2.4 s -> 0.05 s); no test reads a trial's RSS for them."""
-    from trainwise.run.zygote import PRELOAD_ENV
-    from trainwise.training.data.metrics import TEXT_METRIC_MODULES
-
-    if PRELOAD_ENV not in os.environ:
-        os.environ[PRELOAD_ENV] = ",".join(TEXT_METRIC_MODULES)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _preloaded_metrics():
     """A study whose trials score generated text has their zygote import the text metrics once
     (trainwise.training.data.metrics.preloaded): each seq2seq or answer-scoring trial paid 2.4 s for rouge-score's
     import (eval 2.4 s -> 0.05 s a trial); no test reads such a trial's RSS."""

@@ -126,23 +126,26 @@ def test_a_warm_zygote_imports_early_and_a_probe_waits(tmp_path, monkeypatch):
 def test_a_zygote_elsewhere_imports_from_the_callers_cwd(tmp_path, monkeypatch):
     """A zygote warmed early may start in another directory (a notebook's, a test's); its child runs
     `python -m module` as if exec'd from the caller's directory: that directory first on its path. The modules a
-    command's trials import beyond every trial's (`also`: the text metrics' rouge-score) are imported in the zygote,
-    once: its child finds them loaded; one not installed is left to the trial that imports it."""
+    command's trials import beyond every trial's (`also`: the text metrics'), asked at its start or of it running
+    (`load`: a later command's), are imported in the zygote, once: its child finds them loaded; one not installed is
+    left to the trial that imports it."""
     from trainwise.run import zygote
 
     started, caller = tmp_path / "started", tmp_path / "caller"
     started.mkdir(), caller.mkdir()
     (caller / "only_here.py").write_text(
-        "import sys\nprint('imported from', __file__, 'rouge' if 'rouge_score.rouge_scorer' in sys.modules else '')\n"
+        "import sys\nprint('imported from', __file__, *(m for m in ('sacrebleu', 'rouge_score.rouge_scorer') "
+        "if m in sys.modules))\n"
     )
     monkeypatch.chdir(started)
-    elsewhere = zygote.Zygote(also=("rouge_score.rouge_scorer", "no_such_module_here"))
+    elsewhere = zygote.Zygote(also=("sacrebleu", "no_such_module_here"))
+    elsewhere.load(("sacrebleu", "rouge_score.rouge_scorer"))  # a later command's: what it lacks, once running
     monkeypatch.chdir(caller)
     with open(tmp_path / "log", "w") as log:
         child = elsewhere.spawn("only_here", [], dict(os.environ), log)
         assert child.wait(timeout=120) == 0, (tmp_path / "log").read_text()
     said = child.stdout.read()
-    assert str(caller / "only_here.py") in said and said.strip().endswith("rouge"), said
+    assert str(caller / "only_here.py") in said and said.split()[-2:] == ["sacrebleu", "rouge_score.rouge_scorer"]
 
 
 def test_the_text_metrics_are_preloaded_only_where_asked_and_scored(monkeypatch):

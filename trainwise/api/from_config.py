@@ -289,28 +289,28 @@ def in_own_trainer(
         )
         check |= {"ratio": mid, "by_round": by_round, "low": min(by_round), "high": max(by_round)}
         check["interval"] = step_interval(runs["yours"], runs["plan"])
-        check["faster"] = check["interval"][0] > 1.0
+        check["faster"] = check["interval"][0] > 1.0 if check["interval"] else mid > 1.0
         check["every_round"] = min(by_round) > 1.0 if mid > 1.0 else max(by_round) <= 1.0
     mine["trainer"] = check
 
 
-def step_interval(yours: list[dict], plan: list[dict], draws: int = 2000) -> list[float]:
-    """The 90% interval of yours' epoch over the plan's, from their timed steps (every round's, pooled): each side's
-    steps drawn again with replacement, its median step times its steps an epoch (fixed: TRL's batches), 5th and 95th
-    percentiles of the ratio (a fixed seed: the same runs give the same interval). The rounds' spread (`by_round`)
-    is the drift between runs, which this does not see."""
-
+def step_interval(yours: list[dict], plan: list[dict], draws: int = 2000) -> list[float] | None:
+    """The 90% interval of yours' epoch over the plan's, the statistic `in_own_trainer` states (each run's epoch is its
+    median step times its steps an epoch; each file's, the median over its runs), from the runs' timed steps: each
+    run's steps drawn again with replacement, 5th and 95th percentiles of the ratio (a fixed seed: the same runs give
+    the same interval). The rounds' spread (`by_round`) is the drift between runs, which this does not see. None where
+    a run kept no steps."""
+    if any(not r.get("step_times_s") or not r.get("s_per_step") for r in (*yours, *plan)):
+        return None
     rng = random.Random(0)
 
-    def sample(runs: list[dict]) -> tuple[list[float], float]:
-        times = [t for r in runs for t in r["step_times_s"]]
-        return times, runs[0]["epoch_s"] / runs[0]["s_per_step"]  # steps an epoch: epoch_s is that times the median
+    def epoch(runs: list[dict]) -> float:  # (steps an epoch: epoch_s is that times the run's median step)
+        return statistics.median(
+            r["epoch_s"] / r["s_per_step"] * statistics.median(rng.choices(r["step_times_s"], k=len(r["step_times_s"])))
+            for r in runs
+        )
 
-    (ty, ny), (tp, np_) = sample(yours), sample(plan)
-    ratios = sorted(
-        ny * statistics.median(rng.choices(ty, k=len(ty))) / (np_ * statistics.median(rng.choices(tp, k=len(tp))))
-        for _ in range(draws)
-    )
+    ratios = sorted(epoch(yours) / epoch(plan) for _ in range(draws))
     return [ratios[int(0.05 * draws)], ratios[int(0.95 * draws) - 1]]
 
 

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import tempfile
@@ -152,8 +153,8 @@ def arguments_file(args: Any) -> dict[str, Any]:
     """An arguments object (TrainingArguments, SFTConfig) as the file its parser reads back to the same values (tests:
     an SFTConfig of nested dicts, a dtype, tokens and lists, field for field through `trl sft`'s parser). to_dict masks
     every field named *_token ("<EOS_TOKEN>"), which TRL would read as the token itself: the real value, except the
-    hub's secrets, which no file of a study keeps."""
-    fields = {k: v for k, v in args.to_dict().items() if not k.startswith("_")}
+    hub's secrets, which no file of a study keeps. (On a copy: to_dict turns a nested dtype into its name in place.)"""
+    fields = {k: v for k, v in copy.deepcopy(args).to_dict().items() if not k.startswith("_")}
     for k, v in list(fields.items()):
         if k.endswith("_token") and v == f"<{k.upper()}>":
             fields[k] = None if k in SECRET_TOKENS else getattr(args, k, None)

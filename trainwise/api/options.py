@@ -187,8 +187,8 @@ class PlanOptions(CompareOptions):
     )
     trainer_steps: int = option(
         8,
-        "--from-config with an SFTConfig: the steps a run in TRL's trainer times, after the study's warm-up steps "
-        "(every batch's length differs with dynamic padding: more steps, a narrower interval).",
+        "--from-config with an SFTConfig: the steps a run in TRL's trainer times (2 or more), after the study's "
+        "warm-up steps (every batch's length differs with dynamic padding: more steps, a narrower interval).",
     )
 
     def constraints(self) -> Constraints:

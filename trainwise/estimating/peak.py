@@ -28,9 +28,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from trainwise import strategies
-from trainwise.core.config import (
-    CAUSAL_LM,
-)
+from trainwise.core.config import CAUSAL_LM
 from trainwise.estimating.data import EstimateConfig
 from trainwise.estimating.probe import NO_ACTIVATIONS, Calibration, calibrate
 from trainwise.estimating.shapes import FEATURES, Shape, cast_bytes, features, shape_of, terms_of

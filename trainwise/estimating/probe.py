@@ -16,9 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwise import strategies
-from trainwise.core.config import (
-    CAUSAL_LM,
-)
+from trainwise.core.config import CAUSAL_LM
 from trainwise.core.files import write_atomic
 from trainwise.estimating.shapes import FAMILY_KEYS, FEATURES, cast_bytes, features, shape_of, terms_of
 from trainwise.run.ranks import unwrap

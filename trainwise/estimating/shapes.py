@@ -7,9 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainwise import strategies
-from trainwise.core.config import (
-    CAUSAL_LM,
-)
+from trainwise.core.config import CAUSAL_LM
 from trainwise.core.errors import ConfigError
 from trainwise.strategies.base import MemoryTerms
 from trainwise.strategies.knobs import TrialPlan

@@ -58,7 +58,7 @@ def headline(r: dict) -> list[str]:
     y = r.get("yours") or {}
     t = y.get("trainer") or {}
     if t.get("ratio") is not None:
-        said = "faster than" if t["faster"] else "no faster than"
+        said = "faster than" if t["faster"] else "not significantly faster than" if t["ratio"] > 1 else "no faster than"
         trials = (y.get("versus") or {}).get("ratio")
         lo_hi = t.get("interval")
         steps = f"90% interval {lo_hi[0]:.2f}x to {lo_hi[1]:.2f}x from the steps, " if lo_hi else ""

@@ -133,6 +133,7 @@ class Zygote:
         self.started: list[int] = []
         self.alive = True
         self.ready = threading.Event()  # its imports done (or it is gone): it only forks from now on
+        self.also = set(also)  # the modules beyond PRELOAD it was asked to import (at its start, or since)
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -154,6 +155,15 @@ class Zygote:
             self.alive = False
             self.changed.notify_all()
         self.ready.set()
+
+    def load(self, modules: tuple[str, ...]) -> None:
+        """Have the running zygote import `modules` too (those it has not been asked for yet), before its next fork:
+        the requests are read in order, and it forks nothing while it imports."""
+        more = [m for m in modules if m not in self.also]
+        if more:
+            with self.lock:
+                _send(self.sock, {"import": more})
+            self.also.update(more)
 
     def spawn(self, module: str, args: list[str], env: dict[str, str], stderr: IO, ranks: int | None = None) -> Forked:
         read, write = os.pipe()
@@ -189,7 +199,8 @@ def warm(also: tuple[str, ...] = ()) -> None:
     command's own preparation instead of delaying its first trial. `also`: modules it imports beyond PRELOAD, where
     installed (the text metrics' rouge-score and its nltk, where asked: trainwise.training.data.metrics.preloaded)."""
     if enabled():
-        _started(also)
+        with contextlib.suppress(OSError):  # (a zygote gone: the next spawn starts one with them, or execs)
+            _started(also).load(also)
 
 
 def settle(timeout: float = 120.0) -> None:
@@ -200,10 +211,12 @@ def settle(timeout: float = 120.0) -> None:
 
 
 def _started(also: tuple[str, ...] = ()) -> Zygote:
+    """This command's zygote; one started again (the last one died) imports every module asked of the last."""
     global _zygote
     with _start_lock:
         if _zygote is None or _zygote.proc.poll() is not None:
-            _zygote = Zygote(also=also)
+            asked = tuple(dict.fromkeys([*(sorted(_zygote.also) if _zygote is not None else []), *also]))
+            _zygote = Zygote(also=asked)
         return _zygote
 
 
@@ -422,6 +435,9 @@ def _serve(sock: socket.socket) -> None:
             if got is None:  # the command is gone: so are we (and, by their lifeline, the children)
                 return
             request, fds = got
+            if "import" in request:  # Zygote.load: more modules for the children to come (no fork, no reply)
+                _imported(request["import"])
+                continue
             pid = os.fork()
             if pid == 0:
                 (_group if request.get("ranks") else _child)(request, fds[0], fds[1], sock)
@@ -436,6 +452,13 @@ def _serve(sock: socket.socket) -> None:
                 children.discard(pid)
                 if not _told(sock, {"pid": pid, "status": os.waitstatus_to_exitcode(status)}):
                     return
+
+
+def _imported(modules: list[str]) -> None:
+    """`modules` imported here, where installed (one that is not is the error of the trial that imports it)."""
+    for name in modules:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
 
 
 def _told(sock: socket.socket, message: dict) -> bool:
@@ -470,9 +493,7 @@ def main(argv: list[str]) -> int:
         for name in OPTIONAL_PRELOAD:
             with contextlib.suppress(ImportError):  # an optional extra (trainwise[lora]) not installed
                 importlib.import_module(name)
-    for name in argv[:-1]:  # this command's trials' own (warm(also)): a module not installed is their error to say
-        with contextlib.suppress(ImportError):
-            importlib.import_module(name)
+    _imported(argv[:-1])  # this command's trials' own (warm(also))
 
     if torch.cuda.is_initialized():  # a forked child cannot use a CUDA context made before the fork
         return 3  # the socket closes: the caller execs its children instead

@@ -15,6 +15,8 @@ import shutil
 import sys
 from typing import Any
 
+from trainwise.core.config import CAUSAL_LM
+
 _meteor: list[Any] = []  # the process's METEOR scorer (a JVM), started on first use
 
 
@@ -36,7 +38,7 @@ PRELOAD_ENV = "TRAINWISE_PRELOAD_METRICS"
 def preloaded(task: str, eval_samples: int) -> tuple[str, ...]:
     """What the trials' zygote imports for a study of `task` beyond every trial's: the text metrics where PRELOAD_ENV
     is 1 and the trials score generated text (seq2seq; a causal LM's answers), else nothing."""
-    scored = task in ("seq2seq", "causal-lm") and eval_samples > 0
+    scored = task in ("seq2seq", CAUSAL_LM) and eval_samples > 0
     return TEXT_METRIC_MODULES if scored and os.environ.get(PRELOAD_ENV) == "1" else ()
 
 
