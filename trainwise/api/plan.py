@@ -62,7 +62,8 @@ def start(
     render = Render.of(render)
     began = time.monotonic()
     yours = None
-    if options.from_config:  # the user's own config: the study's settings, and a row of it
+    if options.from_config:  # the user's own config: the study's settings, and a row of it (the flags checked first)
+        options.constraints()
         options, yours = from_config.prepare(options, given, objects)
         for line in yours.notes:
             render.note(f"trainwise plan: {line}")
