@@ -236,7 +236,7 @@ def _jsonable(d: Any) -> Any:
 
 
 def in_own_trainer(
-    yours: Yours, result: PlanResult, cfg: Any, device: str, rounds: int, say: Callable[[str], None], steps: int = 8
+    yours: Yours, result: PlanResult, cfg: Any, device: str, rounds: int, say: Callable[[str], None], steps: int
 ) -> None:
     """Your file and the plan's (`result.yours["written"]`) trained by TRL's SFTTrainer as `trl sft` builds it,
     `rounds` times each, interleaved (yours first, then the plan first, ...), each the study's warm-up steps untimed
