@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import importlib
 import json
 
@@ -221,6 +222,7 @@ def test_calibration_is_cached_and_says_which_it_was(tmp_path, monkeypatch, caps
     config = model_config(ModelSource("preset", "bert-tiny"), "classification", 2)
     first = calibrate(config, "classification", TrialPlan(), "cpu")
     assert not first.cached and first.provenance().startswith("calibrated now in ")
+    assert gc.get_freeze_count() == 0, "the objects the probe froze for its collections are given back"
     monkeypatch.setattr(est, "probe_point", lambda *a, **k: pytest.fail("probed again"))
     again = calibrate(config, "classification", TrialPlan(), "cpu")
     assert again == first and again.cached and again.provenance() == "cached"

@@ -270,3 +270,20 @@ def test_a_study_says_and_records_what_it_skipped(tmp_path, capsys, monkeypatch)
         (300, 299, {"empty 'text'": {"rows": 1, "first": 17}}),
         (40, 39, {"no 'target' key": {"rows": 1, "first": 9}}),
     ]
+
+
+def test_the_first_builtin_dataset_used_writes_all_three(tmp_path, monkeypatch):
+    """Parsing the stdlib is most of a build: one reading makes every built-in dataset, and a later one is read from
+    the cache, not built again."""
+    from trainwise.training.data import builtin
+
+    calls = []
+    rows = {name: [{"text": f"{name} row {i}", "target": "t"} for i in range(20)] for name in builtin.BUILTIN_DATASETS}
+    monkeypatch.setattr(builtin, "_all_pairs", lambda: calls.append(1) or rows)
+    monkeypatch.setenv("TRAINWISE_CACHE", str(tmp_path))
+    train, evals = load_builtin("stdlib-topic")
+    assert len(train) + len(evals) == 20 and calls == [1]
+    for name in builtin.BUILTIN_DATASETS:
+        train, evals = load_builtin(name)
+        assert {r["text"] for r in train + evals} == {r["text"] for r in rows[name]}
+    assert calls == [1], "built once, for all three"
