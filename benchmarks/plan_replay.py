@@ -1,17 +1,19 @@
 """The plan search replayed with its noise on a space measured whole (issue 58).
 
     .venv/bin/python benchmarks/plan_replay.py STUDY [--draws 100] [--max-trials 8] [--old 3a936b5] [--show N]
+    .venv/bin/python benchmarks/plan_replay.py STUDY --save benchmarks/spaces/NAME.json   (then replay the file)
 
-STUDY is a study that `benchmarks/plan_space.py` filled: every candidate of a space (each valid combination of its
-strategies at each of its batch sizes), each with several trials (`--repeat 3`). A draw is one imagined study on
-that space: its single rows and its baseline pair drawn from their measured trials, and every trial a search asks
-for drawn from that row's trials (without replacement while they last). The search as it is now
-(`trainwise.search.acquisition`) runs on each draw, and the search of commit `--old` (its `search/policy.py`, read
-from git) on the same draws: the k-th trial either search asks of a row is that row's k-th draw. A row's true time is
-the mean of its trials' time per sample over the mean of the baseline's. For each search it prints the median and
-the 90th percentile of its pick's true time over the true best, and the trials it used (the new search's repeats and
-their baseline runs included); the last line is the new search's: `median R p90 R trials T of S` (T: the median
-trials, S: the space's candidates beyond the baseline and the single rows at the study's batch).
+STUDY is a study that `benchmarks/plan_space.py` filled (or a space saved from one with `--save`): every candidate
+of a space (each valid combination of its strategies at each of its batch sizes), each with several trials
+(`--repeat 3`). A draw is one imagined study on that space: its single rows and its baseline pair drawn from their
+measured trials, and every trial a search asks for drawn from that row's trials (without replacement while they
+last). The search as it is now (`trainwise.search.acquisition`) runs on each draw, and the search of commit `--old`
+(its `search/policy.py`, read from git) on the same draws: the k-th trial either search asks of a row is that row's
+k-th draw. A row's true time is the mean of its trials' time per sample over the mean of the baseline's. For each
+search it prints the median and the 90th percentile of its pick's true time over the true best, and the trials it
+used (the new search's repeats and their baseline runs included); the last line is the new search's: `median R p90 R
+trials T of S` (T: the median trials, S: the space's candidates beyond the baseline and the single rows at the
+study's batch).
 
 The replay applies no memory budget, and the old search's confirmation of a floor past ±10% (a study three times
 longer) is not replayed: its pick is `policy.search`'s.
@@ -77,6 +79,10 @@ class Measured:
 
     @classmethod
     def load(cls, study: Path) -> Measured:
+        """From a study `plan_space.py` filled, or from a space saved by `--save` (a JSON file, a few KB: a study
+        takes an hour or more of CPU to measure and its folder is not kept with the code)."""
+        if study.is_file():
+            return cls.read(study)
         keys = json.loads((study / "progress.json").read_text()).get("keys")
         db = sqlite3.connect(study / "study.sqlite")
         table: dict[Key, list[Trial]] = defaultdict(list)
@@ -99,6 +105,33 @@ class Measured:
                 base = k
         assert base is not None, f"{study}: no baseline"
         return cls(dict(table), base, int(settings.get("accum_steps") or 1), str(settings.get("task")))
+
+    def save(self, path: Path, source: str) -> None:
+        """Every trial, its row's settings and the study's task and accumulation: what a replay reads."""
+        trials = [
+            {"plan": t.key.plan.to_dict(), "batch": t.key.batch, "names": sorted(t.names),
+             **{f.name: getattr(t, f.name) for f in dataclasses.fields(Trial) if f.name not in ("key", "names")}}
+            for trials in self.table.values() for t in trials
+        ]  # fmt: skip
+        head = json.dumps({"source": source, "task": self.task, "accum": self.accum})[:-1]
+        lines = ",\n".join(json.dumps(t, separators=(",", ":")) for t in trials)  # a trial a line
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f'{head}, "trials": [\n{lines}\n]}}\n')
+
+    @classmethod
+    def read(cls, path: Path) -> Measured:
+        doc = json.loads(path.read_text())
+        table: dict[Key, list[Trial]] = defaultdict(list)
+        base = None
+        for t in doc["trials"]:
+            key = Key(TrialPlan.from_dict(t["plan"]), int(t["batch"]))
+            phases = tuple(t["phases"]) if t["phases"] is not None else None
+            own = {k: v for k, v in t.items() if k not in ("plan", "batch", "names", "phases")}
+            table[key].append(Trial(key=key, names=frozenset(t["names"]), phases=phases, **own))
+            if not t["names"]:
+                base = key
+        assert base is not None, f"{path}: no baseline"
+        return cls(dict(table), base, int(doc["accum"]), str(doc["task"]))
 
     def truth(self) -> dict[Key, float]:
         """Each candidate's time per sample (the mean of its trials') over the baseline's."""
@@ -281,10 +314,16 @@ def main() -> None:
                     help="price the new search's trials as a live plan does: the planned run is this many epochs of "
                     "the study's data at the baseline's pace, a trial's seconds fitted to the rows' wall times "
                     "(default: unpriced)")  # fmt: skip
+    ap.add_argument("--save", type=Path, default=None,
+                    help="write the space's trials to this JSON file (benchmarks/spaces/NAME.json: a replay reads it "
+                    "as STUDY), then replay")  # fmt: skip
     ap.add_argument("--show", type=int, default=0, help="print the new search's trials on the first N draws")
     ap.add_argument("--show-worse", type=float, default=math.inf, help="and on each draw whose pick is this far off")
     args = ap.parse_args()
     measured = Measured.load(args.study)
+    if args.save:
+        measured.save(args.save, str(args.study))
+        print(f"saved {sum(map(len, measured.table.values()))} trials of {len(measured.table)} rows to {args.save}")
     study_batch = measured.base.batch
     pool = sorted({n for v in measured.table.values() for n in v[0].names}, key=list(strategies.REGISTRY).index)
     valid = validity(measured.task, measured.accum, {"bf16"}, frozenset(pool))
