@@ -79,8 +79,8 @@ class Measured:
 
     @classmethod
     def load(cls, study: Path) -> Measured:
-        """From a study `plan_space.py` filled, or from a space saved by `--save` (a JSON file, a few KB: a study
-        takes an hour or more of CPU to measure and its folder is not kept with the code)."""
+        """From a study `plan_space.py` filled, or from a space saved by `--save` (a JSON file, tens of KB: a study
+        takes minutes to hours of CPU to measure, and its folder is not kept with the code)."""
         if study.is_file():
             return cls.read(study)
         keys = json.loads((study / "progress.json").read_text()).get("keys")

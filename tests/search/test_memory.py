@@ -197,7 +197,13 @@ def test_unknown_family_falls_back_to_probing_its_own_config(tmp_path, capsys, m
         vocab_size=256, embedding_size=32, hidden_size=32, num_hidden_layers=4, num_attention_heads=2,
         intermediate_size=64, num_labels=2,
     )  # fmt: skip
-    cal = calibrate(config, "classification", TrialPlan(), "cpu")
+    gc.freeze()  # a process that froze its own objects (a zygote's child) keeps them frozen through a calibration
+    try:
+        frozen = gc.get_freeze_count()
+        cal = calibrate(config, "classification", TrialPlan(), "cpu")
+        assert gc.get_freeze_count() > frozen // 2 > 0  # (not given back: refcounts still free a few)
+    finally:
+        gc.unfreeze()
     assert cal.how == "own-config probe" and cal.family == "electra"
     assert cal.coefficients["tok_hidden"] + cal.coefficients["tok_ffn"] > 0
     model_dir = tmp_path / "electra"

@@ -223,10 +223,13 @@ def calibrate(
         return Calibration(**{**json.loads(path.read_text()), "cached": True})
     t0 = time.perf_counter()
     rows = []
-    # Each probe point collects the last one's cyclic garbage; with torch and transformers loaded a full collection
-    # walks millions of objects (0.35 s a point, half the probe). Frozen, the objects alive now are not walked again.
-    gc.collect()
-    gc.freeze()
+    # Each of the 16 probe points collects the last one's cyclic garbage; with torch and transformers loaded a full
+    # collection walked millions of objects (0.35 s a point, about half a calibration's 10 s). Frozen, the objects
+    # alive now are not walked again. A process that froze its own (a zygote's child) keeps its freeze as it was.
+    ours = gc.get_freeze_count() == 0
+    if ours:
+        gc.collect()
+        gc.freeze()
     try:
         for i, (h, f, H, n, vocab, b, Ls, Lt) in enumerate(PROBE_DESIGN):
             if on_probe:
@@ -238,7 +241,8 @@ def calibrate(
                 b, Ls, Lt = max(1, b // 4), Ls, Lt
             rows.append(probe_point(probe_config, task, probe_plan, b, Ls, Lt, device))
     finally:
-        gc.unfreeze()
+        if ours:
+            gc.unfreeze()
     coefficients, residual = _fit(rows)
     cal = Calibration(family, device, probe, coefficients, len(rows), time.perf_counter() - t0, how, residual)
     path.parent.mkdir(parents=True, exist_ok=True)
