@@ -42,6 +42,7 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Iterator
 from typing import IO
 
 import psutil
@@ -437,12 +438,8 @@ def _serve(sock: socket.socket) -> None:
                 return
             request, fds = got
             if "import" in request:  # Zygote.load: more modules for the children to come (no fork, no reply)
-                gc.disable()  # (as the preload: no collections while importing; the modules frozen with the rest)
-                try:
+                with _loading():
                     _imported(request["import"])
-                finally:
-                    gc.enable()
-                gc.freeze()
                 continue
             pid = os.fork()
             if pid == 0:
@@ -477,6 +474,20 @@ def _told(sock: socket.socket, message: dict) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _loading() -> Iterator[None]:
+    """The zygote's imports (at its start, or a later command's): with the collector off, then frozen. Imports make
+    next to no cyclic garbage, but each full collection walks the growing heap (with it on, the preload took 8.6-10.5 s
+    against 6.0-8.5 s, three runs each, 2-core EPYC); what is loaded is never garbage, and frozen a child's full
+    collections neither walk it (0.35 s each with torch and transformers loaded) nor write to its shared pages."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+    gc.freeze()
+
+
 def _preload(also: list[str]) -> None:
     """The zygote's imports: PRELOAD, the optional ones where they are safe, and this command's own (`also`)."""
     for name in PRELOAD:
@@ -504,20 +515,12 @@ def main(argv: list[str]) -> int:
     die_with_parent()
     sock = socket.socket(fileno=int(argv[-1]))  # (the words before it: modules to import beyond PRELOAD)
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # a CUDA check by an import must not init CUDA
-    # imports make next to no cyclic garbage, but each full collection walks the growing heap: with the collector on,
-    # the imports took 8.6-10.5 s against 6.0-8.5 s with it off (three runs each, 2-core EPYC)
-    gc.disable()
-    try:
+    with _loading():
         _preload(argv[:-1])
-    finally:
-        gc.enable()
     import torch  # heavy: torch (imported by the preload already)
 
     if torch.cuda.is_initialized():  # a forked child cannot use a CUDA context made before the fork
         return 3  # the socket closes: the caller execs its children instead
-    # what is loaded now is never garbage: frozen, a child's full collections do not walk it (0.35 s each with
-    # torch and transformers loaded) nor write to its pages, which the children share with this process
-    gc.freeze()
     _send(sock, {"ready": True})
     _serve(sock)
     return 0

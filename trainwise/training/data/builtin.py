@@ -112,8 +112,8 @@ def _instruct_row(lines: list[str], node: Any, doc: str) -> dict[str, str] | Non
 
 
 def _all_pairs() -> dict[str, list[dict[str, str]]]:
-    """Every built-in dataset's rows from one reading of the stdlib: parsing its ~700 files is most of a build
-    (about 9 s of 11 on a 2-core EPYC), so the three are built together and the first use pays for all three."""
+    """Every built-in dataset's rows from one reading of the stdlib: parsing its ~730 files is most of a build, so the
+    three are built together (6.2 s for all three on a 2-core EPYC, where the other two took 11-14 s more apart)."""
     built: dict[str, list[dict[str, str]]] = {name: [] for name in BUILTIN_DATASETS}
     for module, lines, node, doc in _documented():
         rows = {"stdlib-topic": _topic_row(module, doc)}
