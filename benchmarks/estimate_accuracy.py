@@ -131,7 +131,7 @@ def measure(case, device: str, work: str) -> dict:
     t0 = time.perf_counter()
     if task == "causal-lm":  # as `trainwise estimate --dataset stdlib-instruct` reads it: the responses' lengths
         ecfg = EstimateConfig(
-            (row,), task=task, batch_size=batch, max_length=length, dataset="stdlib-instruct", device="cpu"
+            strategies=(row,), task=task, batch_size=batch, max_length=length, dataset="stdlib-instruct", device="cpu"
         )
         est = run_estimate(None if preset else model, preset, ecfg, lambda _: None).estimates[0][1]
     else:

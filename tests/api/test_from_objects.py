@@ -111,7 +111,7 @@ def test_compare_and_estimate_take_the_same_objects(tmp_path):
     assert "--batch-size 8 --max-length 32" in said["command"] and said["batch"].startswith("8 samples"), said
     from trainwise.api import from_objects
 
-    found = from_objects.take({"model": model, "train_dataset": data, "processing_class": tok, "args": args})
+    found = from_objects.pop_objects({"model": model, "train_dataset": data, "processing_class": tok, "args": args})
     chosen = from_objects.compare(found, {"out": str(tmp_path / "rows")}, None, None, lambda o, _r: o)
     rows = chosen.strategies.split(",")
     assert rows[0] == "baseline" and "grad_accum=4" in rows[-1] and len(rows) > 2, rows  # the defaults, then yours

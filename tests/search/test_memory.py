@@ -160,7 +160,7 @@ def test_estimate_predicts_the_memory_compare_shows(tmp_path, cls_csv):
     kw = dict(batch_size=32, max_length=64, max_steps=3, warmup_steps=1, eval_samples=0)
     study = tiny_study(tmp_path, cls_csv, "classification", rows, **kw)
     measured = {spec.row: run_trial(spec) for spec in study.specs}
-    cfg = EstimateConfig(tuple(rows), batch_size=32, max_length=64, train_file=str(cls_csv))
+    cfg = EstimateConfig(strategies=tuple(rows), batch_size=32, max_length=64, train_file=str(cls_csv))
     predicted = {row: e.peak_bytes for row, e in run_estimate(None, "bert-tiny", cfg, lambda _: None).estimates}
     for row in rows:
         r = measured[row]
@@ -367,6 +367,6 @@ def test_estimate_says_which_rows_of_the_data_it_skipped(tmp_path, cls_csv):
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    cfg = EstimateConfig(("baseline",), train_file=str(path))
+    cfg = EstimateConfig(strategies=("baseline",), train_file=str(path))
     facts = DataFacts.read(cfg, resolve_model(None, "bert-tiny", "classification", (128, 48)))
     assert len(facts.skipped) == 1 and "skipped 1 of" in facts.skipped[0] and "line 6" in facts.skipped[0]

@@ -96,7 +96,7 @@ def _predicted_and_measured(tmp_path, rows: list[str]) -> tuple[dict[str, int], 
     study = tiny_study(tmp_path / "study", pr_csv, LM, rows, **kw, **lm)
     measured = {spec.row: run_trial(spec) for spec in study.specs}
     cfg = EstimateConfig(
-        tuple(rows),
+        strategies=tuple(rows),
         task=LM,
         batch_size=16,
         accum_steps=1,

@@ -4,6 +4,7 @@ per row; trials timed under load measured again."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import time
@@ -394,7 +395,8 @@ def test_a_trial_contended_by_a_busy_process_is_measured_again(tmp_path, cls_csv
     # 4 steps: the loaded run's window (~1 s a step with two spinning processes on 2 cores) is long enough to
     # judge, and the clean run's is lengthened to one by the trial's autorange
     study = tiny_study(tmp_path, cls_csv, "classification", ["baseline"], eval_samples=0, max_steps=4, retries=2)
-    study.config.quiet_wait_s = 10.0  # a machine busy for reasons of its own: the 3-run branch below, sooner
+    # a machine busy for reasons of its own: the 3-run branch below, sooner
+    study.config = dataclasses.replace(study.config, quiet_wait_s=10.0)
     runs, events = [], []
     zygote.warm()  # the trials fork from a zygote that imported before the load starts, not under it
     zygote.settle()

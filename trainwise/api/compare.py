@@ -110,7 +110,7 @@ def compare(config: str | Path | None = None, render: Render | None = STDERR, **
     `model=` (the model object) with `train_dataset=`, `processing_class=` and `args=`: saved once into the study,
     its settings your arguments' (a keyword given wins), its rows the defaults and yours
     (`trainwise.api.from_objects`)."""
-    objects = from_objects.take(options)
+    objects = from_objects.pop_objects(options)
     if objects is not None:
         return from_objects.compare(objects, options, config, render, start)
     return start(CompareOptions.of(options, config), render)

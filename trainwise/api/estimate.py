@@ -34,7 +34,7 @@ def estimate(config: str | Path | None = None, render: Render | None = STDERR, *
     Returns the report (`.estimates`, `.to_json()`). `trainer=`, or `model=` (the object) with `train_dataset=`,
     `processing_class=` and `args=`: the estimate of your own training, the baseline and yours (your arguments'
     strategies), at your arguments' settings (`trainwise.api.from_objects`)."""
-    objects = from_objects.take(options)
+    objects = from_objects.pop_objects(options)
     if objects is not None:
         return from_objects.estimate(objects, options, config, render, start)
     return start(EstimateOptions.of(options, config), render)
@@ -111,7 +111,7 @@ def run_estimate(
         est = estimate_plan(shape, cal_for(row.plan), row.plan, batch, *lengths, target, cfg.nproc, overhead)
         estimates.append((row.text, est))
     base_shape = shape_for(TrialPlan())
-    budget = cfg.device_memory
+    budget = cfg.budget
     fits_none = budget is not None and not any(e.fits(budget) for _, e in estimates)
     rescue = what_fits(shape_for, cal_for, cfg, target, budget, overhead) if fits_none and budget else []
     runtime_what = (

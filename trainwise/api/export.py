@@ -93,14 +93,14 @@ def export_plan(cfg: ExportConfig, out: Path) -> tuple[str, list[Path], list[str
     if own:
         text, batch = text.partition("@")[0].strip(), own
     parsed = EstimateConfig(
-        rows=(text,),
+        strategies=(text,),
         task=task,
         batch_size=batch,
         accum_steps=accum,
         max_length=lengths[0],
         max_target_length=lengths[1],
         nproc=nproc,
-        zero_stage=cfg.zero,
+        zero=cfg.zero,
         offload=cfg.offload,
     )
     row = parsed.parsed[0]

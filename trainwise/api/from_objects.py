@@ -164,7 +164,7 @@ def arguments_file(args: Any) -> dict[str, Any]:
 OBJECT_KEYS = ("trainer", "train_dataset", "processing_class", "tokenizer", "args")
 
 
-def take(options: dict[str, Any]) -> Objects | None:
+def pop_objects(options: dict[str, Any]) -> Objects | None:
     """The objects among a call's keyword arguments (taken out of them; `tokenizer` is `processing_class`'s older
     name), or None where there are none."""
     given = {k: options.pop(k) for k in OBJECT_KEYS if k in options}

@@ -19,11 +19,12 @@ import yaml
 from trainwise.core.errors import ConfigError, check_names
 from trainwise.core.files import write_atomic
 from trainwise.core.option import PRICE, flag, option, take, words
+from trainwise.search import ranking
 from trainwise.search.cost import resolve_price
+from trainwise.spec import groups as spec
 from trainwise.spec.config import StudyConfig
 
 _STUDY: dict[str, Any] = {f.name: f.default for f in fields(StudyConfig) if f.init}  # the shared defaults
-CONSTRAINTS = ("objective", "memory_budget", "max_quality_drop", "max_epoch_time", "max_epoch_cost")  # advise's
 PATHS = ("out", "train_file", "eval_file", "price_file", "space", "study", "plan_study")  # absolute in a study file
 REPLACE = (
     "Run into an --out whose study was measured with other settings (refused otherwise): this run becomes its "
@@ -43,17 +44,24 @@ class Options:
         An unknown name, a value of the wrong type or an unreadable file is one ConfigError."""
         values = read_config(config, cls) if config is not None else {}
         given = dict(options or {})
-        check_names(cls.VERB, given, {f.name for f in fields(cls)})
+        check_names(cls.VERB, given, {f.name for f in given_fields(cls)})
         values.update(given)
         hints = typing.get_type_hints(cls)
         for name, value in values.items():
             check_type(name, value, hints[name], f" (in {config})" if name not in given else "")
-        missing = [f.name for f in fields(cls) if f.name not in values and f.default is dataclasses.MISSING]
+        missing = [f.name for f in given_fields(cls) if f.name not in values and f.default is dataclasses.MISSING]
         if missing:
             raise ConfigError(
                 f"{cls.VERB}: --{missing[0].replace('_', '-')} is required (a flag, or a key of --config)"
             )
         return cls(**values)
+
+    @classmethod
+    def ordered(cls) -> list[dataclasses.Field]:
+        """The options in --help's order (a study file's too): the model and the data first, then the verb's own,
+        then the groups it shares."""
+        own, first = set(cls.__annotations__), {f.name for f in fields(spec.ModelData)}
+        return sorted(given_fields(cls), key=lambda f: (f.name not in first, f.name not in own))
 
     def study_config(self, **fixed: Any) -> StudyConfig:
         """The StudyConfig of a verb: its options named like StudyConfig fields, then the verb's own values."""
@@ -66,9 +74,9 @@ class Options:
         """The options as a study file's keys: every one, with paths made absolute so the file reruns the
         same run from any directory."""
         once = {f.name for f in fields(self) if f.metadata.get("saved") is False}  # this run's alone (--replace)
-        values = {k: v for k, v in dataclasses.asdict(self).items() if k not in once}
-        own, first = set(type(self).__annotations__), set(ModelData.__annotations__)
-        values = {k: values[k] for k in sorted(values, key=lambda k: (k not in first, k not in own))}  # as --help
+        values = {f.name: getattr(self, f.name) for f in given_fields(self) if f.name not in once}
+        order = [f.name for f in self.ordered()]
+        values = {k: values[k] for k in sorted(values, key=order.index)}  # as --help
         for name in PATHS:
             if isinstance(values.get(name), str) and not values[name].lstrip().startswith("{"):  # an inline space
                 values[name] = str(Path(values[name]).resolve())
@@ -80,6 +88,12 @@ class Options:
     def save(self, path: Path) -> None:
         header = f"# trainwise {self.VERB} --config {path.name}: the options this run used (flags win over it)\n"
         write_atomic(path, header + yaml.safe_dump(self.to_file(), sort_keys=False))
+
+
+def given_fields(cls: Any) -> list[dataclasses.Field]:
+    """The options of a verb: its fields declared as options (not those of a library config it inherits that the
+    config works out, as FindBatchConfig's sizes, or that another caller sets, as TrainConfig's checkpoints)."""
+    return [f for f in fields(cls) if f.init and "help" in f.metadata]
 
 
 def read_config(path: str | Path, cls: type[Options]) -> dict[str, Any]:
@@ -95,7 +109,7 @@ def read_config(path: str | Path, cls: type[Options]) -> dict[str, Any]:
         return {}
     if not isinstance(raw, dict):
         raise ConfigError(f"--config {path}: expected option names and values (a mapping), got {type(raw).__name__}")
-    known = {f.name for f in fields(cls)}
+    known = {f.name for f in given_fields(cls)}
     values = {}
     for key, value in raw.items():
         name = str(key).replace("-", "_")
@@ -162,69 +176,53 @@ class Priced(Options):
         return resolve_price(*values, checkpoint_minutes)
 
 
+# ---- the groups of a study (trainwise/spec/groups.py, StudyConfig's) as verbs' options ------------------------------
 @dataclass(frozen=True, kw_only=True)
-class ModelData(Options):
-    """The model and the data a study or a run trains (compare, train, tune): shown first by --help. The other
-    verbs take those of them they read, from the same declarations (StudyConfig's)."""
-
-    model: str | None = take(StudyConfig, "model")
-    model_preset: str | None = take(StudyConfig, "model_preset")
-    task: str = take(StudyConfig, "task")
-    dataset: str | None = take(StudyConfig, "dataset")
-    train_file: str | None = take(StudyConfig, "train_file")
-    eval_file: str | None = take(StudyConfig, "eval_file")
-    text_column: str | None = take(StudyConfig, "text_column")
-    target_column: str | None = take(StudyConfig, "target_column")
-    prompt_column: str | None = take(StudyConfig, "prompt_column")
-    response_column: str | None = take(StudyConfig, "response_column")
-    messages_column: str | None = take(StudyConfig, "messages_column")
+class ModelData(spec.ModelData, Options):
+    """The model and the data a study or a run trains (compare, plan, train, tune, advise --run): shown first by
+    --help."""
 
 
-# ---- option groups: each option declared in one group, the verbs composed of the groups they read ----------------
 @dataclass(frozen=True, kw_only=True)
-class Shape(Options):
+class Shape(spec.Shape, Options):
     """What a step holds: the batch, its micro-batches and the lengths (compare, plan, train)."""
 
-    batch_size: int = take(StudyConfig, "batch_size")
-    accum_steps: int = take(StudyConfig, "accum_steps")
-    max_length: int = take(StudyConfig, "max_length")
-    max_target_length: int = take(StudyConfig, "max_target_length")
-    truncation: str = take(StudyConfig, "truncation")
-
 
 @dataclass(frozen=True, kw_only=True)
-class Training(Options):
+class Training(spec.Training, Options):
     """How a run trains and is evaluated, whatever the verb (compare, plan, train)."""
 
-    lr: float | None = take(StudyConfig, "lr")
-    seed: int = take(StudyConfig, "seed")
-    device: str = take(StudyConfig, "device")
-    eval_samples: int = take(StudyConfig, "eval_samples")
-    max_train_samples: int | None = take(StudyConfig, "max_train_samples")
-    nproc: int = take(StudyConfig, "nproc")
-    force: bool = take(StudyConfig, "force")
-
 
 @dataclass(frozen=True, kw_only=True)
-class Measurement(Options):
+class Measurement(spec.Measurement, Options):
     """How a study measures its rows: the trials' steps, repeats, timeouts and re-runs (compare, plan)."""
 
-    max_steps: int = take(StudyConfig, "max_steps")
-    warmup_steps: int = take(StudyConfig, "warmup_steps")
-    repeat: int = take(StudyConfig, "repeat")
-    remeasure: bool = take(StudyConfig, "remeasure")
-    trial_timeout: float = take(StudyConfig, "trial_timeout")
-    retry_failed: bool = take(StudyConfig, "retry_failed")
-    retries: int = take(StudyConfig, "retries")
-    profile: bool = take(StudyConfig, "profile")
-    image_size: int = take(StudyConfig, "image_size")
+    max_steps: int = take(spec.Measurement, "max_steps")  # a study's trials count their steps (train's may not)
 
 
 @dataclass(frozen=True, kw_only=True)
-class Scale(Options):
-    """Where a study's trials run: sweeps of batch and workers, nodes of a Ray cluster (compare, plan)."""
+class Scale(spec.Scale, Options):
+    """Where a study's trials run: sweeps of batch and workers, nodes of a Ray cluster (compare, plan). The sweeps
+    are given as comma text or lists (StudyConfig holds them parsed)."""
 
     batch_sizes: str | list[int] | None = take(StudyConfig, "batch_sizes")
     num_workers: str | int | list[int] = take(StudyConfig, "num_workers")
-    nodes_per_trial: int = take(StudyConfig, "nodes_per_trial")
-    ray_address: str | None = take(StudyConfig, "ray_address")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits(Options):
+    """What a pick must satisfy and what it optimises (advise, plan): trainwise.search.ranking.Constraints checks
+    them."""
+
+    objective: str = option("time", "What to optimise: time, cost or quality (plan: time or cost).")
+    memory_budget: str | None = option(None, "Largest acceptable peak memory, e.g. 11GB, 900MiB.")
+    max_quality_drop: float | None = option(None, "Largest acceptable quality drop, in its units.")
+    max_epoch_time: str | None = option(None, "Time budget: longest acceptable epoch, e.g. 30m, 2h.")
+    max_epoch_cost: float | None = option(None, "Cost budget: USD per epoch (a priced study).")
+
+    def constraints(self) -> ranking.Constraints:
+        """The limits as trainwise.search.ranking.Constraints, each value checked."""
+        return ranking.Constraints.of({f.name: getattr(self, f.name) for f in fields(Limits)})
+
+
+CONSTRAINTS = tuple(f.name for f in fields(Limits))  # advise's and plan's limits, by name

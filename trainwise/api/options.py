@@ -18,8 +18,8 @@ from typing import Any
 from trainwise import strategies
 from trainwise.api.groups import (
     _STUDY,
-    CONSTRAINTS,
     REPLACE,
+    Limits,
     Measurement,
     ModelData,
     Options,
@@ -31,15 +31,14 @@ from trainwise.api.groups import (
 from trainwise.core.config import TrainConfig
 from trainwise.core.errors import ConfigError
 from trainwise.core.option import PRICE, QUALITY, RUN, flag, ints, option, take, words
-from trainwise.core.units import parse_bytes
-from trainwise.estimating.data import EstimateConfig
+from trainwise.estimating.data import EstimateConfig, EstimateFields
 from trainwise.exporting.scripts import ExportConfig
 from trainwise.run import cluster
 from trainwise.run.ranks import Rendezvous
 from trainwise.search import verdicts as quality
 from trainwise.search.batch_size import FindBatchConfig
 from trainwise.search.hyperparams import TuneConfig
-from trainwise.search.ranking import Constraints
+from trainwise.spec import groups as spec
 from trainwise.spec.config import StudyConfig
 from trainwise.study import resume
 from trainwise.training.tracking import compare_report_to
@@ -103,32 +102,17 @@ def _needs_company(name: str) -> bool:
 
 
 @dataclass(frozen=True, kw_only=True)
-class AdviseOptions(Options):
+class AdviseOptions(Shape, ModelData, Limits):
     """`trainwise advise`: rank a study's rows under constraints (--run: run or resume the study first)."""
 
     VERB = "advise"
     study: list[str] = option(help="Study dirs: `trainwise compare` --out.", argument=True, metavar="STUDY")
-    objective: str = option("time", "What to optimise: time, cost or quality.")
-    memory_budget: str | None = option(None, "Largest acceptable peak memory, e.g. 11GB, 900MiB.")
-    max_quality_drop: float | None = option(None, "Largest acceptable quality drop, in its units.")
-    max_epoch_time: str | None = option(None, "Time budget: longest acceptable epoch, e.g. 30m, 2h.")
-    max_epoch_cost: float | None = option(None, "Cost budget: USD per epoch (a priced study).")
     run: bool = flag("run", "Run (or resume) the study into STUDY first, as compare.")
     replace: bool = flag("replace", "--run: " + REPLACE, saved=False)
-    # --run runs compare: its model, data and measurement options (the others at compare's defaults)
-    model: str | None = take(StudyConfig, "model")
-    model_preset: str | None = take(StudyConfig, "model_preset")
-    task: str = take(StudyConfig, "task")
-    dataset: str | None = take(StudyConfig, "dataset")
-    train_file: str | None = take(StudyConfig, "train_file")
+    # --run runs compare: its model, data, shape, rows, steps and device (the others at compare's defaults)
     strategies: str | list[str] = take(StudyConfig, "strategies")
-    batch_size: int = take(StudyConfig, "batch_size")
-    max_length: int = take(StudyConfig, "max_length")
     max_steps: int = take(StudyConfig, "max_steps", help="--run: optimizer steps per trial.")
     device: str = take(StudyConfig, "device")
-
-    def constraints(self):
-        return Constraints.of({k: getattr(self, k) for k in CONSTRAINTS})
 
     def paths(self) -> list[Path]:
         if self.run and len(self.study) > 1:
@@ -143,17 +127,12 @@ class AdviseOptions(Options):
 
 
 @dataclass(frozen=True, kw_only=True)
-class PlanOptions(CompareOptions):
+class PlanOptions(CompareOptions, Limits):
     """`trainwise plan`: search combinations of the rows that helped, measure the most promising as rows of the
     same study, and recommend the measured best (compare's options say the study and its single rows)."""
 
     VERB = "plan"
     study: str | None = option(None, "Start from this compare study (its --out and settings) \\[default: --out].")
-    objective: str = take(AdviseOptions, "objective", help="What to optimise: time or cost (one machine: as time).")
-    memory_budget: str | None = take(AdviseOptions, "memory_budget")
-    max_quality_drop: float | None = take(AdviseOptions, "max_quality_drop")
-    max_epoch_time: str | None = take(AdviseOptions, "max_epoch_time")
-    max_epoch_cost: float | None = take(AdviseOptions, "max_epoch_cost")
     max_trials: int = option(8, "Search budget: combination rows measured at most.")
     max_search_time: str | None = option(
         None, "Search budget: the plan's wall time, single rows included, e.g. 20m (the trial in flight ends)."
@@ -191,8 +170,10 @@ class PlanOptions(CompareOptions):
         "warm-up steps (every batch's length differs with dynamic padding: more steps, a narrower interval).",
     )
 
-    def constraints(self) -> Constraints:
-        """The plan's limits, its search budget checked with them."""
+    def __post_init__(self) -> None:
+        """The plan's own options checked as they are made (again on `dataclasses.replace`: --from-config's file
+        may set run_epochs)."""
+        super().__post_init__()
         if self.objective == "quality":
             raise ConfigError("--objective quality: plan searches for speed; bound quality with --max-quality-drop")
         if self.max_trials < 1:
@@ -203,7 +184,6 @@ class PlanOptions(CompareOptions):
             raise ConfigError(f"--trainer-steps must be >= 2, got {self.trainer_steps}")
         if self.run_epochs <= 0:
             raise ConfigError(f"--run-epochs must be > 0, got {self.run_epochs:g}")
-        return Constraints.of({k: getattr(self, k) for k in CONSTRAINTS})
 
     def combining(self) -> tuple[frozenset[str], frozenset[str]]:
         """--only and --never as strategy names, each checked against the registry."""
@@ -242,113 +222,45 @@ class PlanOptions(CompareOptions):
 
 
 @dataclass(frozen=True, kw_only=True)
-class EstimateOptions(Options):
-    """`trainwise estimate`: each plan's peak training memory without training."""
+class EstimateOptions(EstimateFields, spec.Model, Options):
+    """`trainwise estimate`: each plan's peak training memory without training (EstimateConfig's options, checked
+    when resolved, once the model and the data are known, and the model it resolves)."""
 
     VERB = "estimate"
-    model: str | None = take(StudyConfig, "model")  # the estimate's config has the model resolved
-    model_preset: str | None = take(StudyConfig, "model_preset")
-    task: str = take(EstimateConfig, "task")
-    dataset: str | None = take(EstimateConfig, "dataset")
-    train_file: str | None = take(EstimateConfig, "train_file")
-    text_column: str | None = take(EstimateConfig, "text_column")
-    target_column: str | None = take(EstimateConfig, "target_column")
-    prompt_column: str | None = take(EstimateConfig, "prompt_column")
-    response_column: str | None = take(EstimateConfig, "response_column")
-    messages_column: str | None = take(EstimateConfig, "messages_column")
-    num_labels: int | None = take(EstimateConfig, "num_labels")
-    strategies: str | list[str] = take(EstimateConfig, "rows")
-    batch_size: int = take(EstimateConfig, "batch_size")
-    accum_steps: int = take(EstimateConfig, "accum_steps")
-    max_length: int = take(EstimateConfig, "max_length")
-    max_target_length: int = take(EstimateConfig, "max_target_length")
-    nproc: int = take(EstimateConfig, "nproc")
-    zero: int = take(EstimateConfig, "zero_stage")
-    offload: str = take(EstimateConfig, "offload")
-    device: str = take(EstimateConfig, "device")
-    device_memory: str | None = take(EstimateConfig, "device_memory")
 
-    def resolve(self):
-        values = dataclasses.asdict(self)
-        memory = values.pop("device_memory")
-        for name in ("model", "model_preset", "strategies", "zero"):
-            values.pop(name)
-        return EstimateConfig(
-            rows=tuple(words(self.strategies)),
-            device_memory=parse_bytes(memory, "--device-memory") if memory is not None else None,
-            zero_stage=self.zero,
-            **values,
-        )
+    def resolve(self) -> EstimateConfig:
+        return EstimateConfig(**{f.name: getattr(self, f.name) for f in fields(EstimateFields)})
 
 
 @dataclass(frozen=True, kw_only=True)
-class ExportOptions(Options):
+class ExportOptions(ExportConfig, Options):
     """`trainwise export`: a plan as TrainingArguments (causal LMs: and TRL's SFTConfig), accelerate and DeepSpeed
-    configs and a train command."""
+    configs and a train command (ExportConfig's options, checked as it checks them, and where to write them)."""
 
     VERB = "export"
     out: str = option("runs/export", "Directory to write the files into.")
-    study: str | None = take(ExportConfig, "study")
-    strategies: str | None = take(ExportConfig, "strategies")
-    model: str | None = take(ExportConfig, "model")
-    model_preset: str | None = take(ExportConfig, "model_preset")
-    task: str = take(ExportConfig, "task")
-    batch_size: int = take(ExportConfig, "batch_size")
-    accum_steps: int = take(ExportConfig, "accum_steps")
-    max_length: int = take(ExportConfig, "max_length")
-    max_target_length: int = take(ExportConfig, "max_target_length")
-    lr: float = take(ExportConfig, "lr")
-    max_steps: int | None = take(ExportConfig, "max_steps")
-    nproc: int | None = take(ExportConfig, "nproc")
-    zero: int = take(ExportConfig, "zero")
-    offload: str = take(ExportConfig, "offload")
-    device: str = take(ExportConfig, "device")
-    force: bool = take(ExportConfig, "force")
 
-    def resolve(self):
-        values = dataclasses.asdict(self)
-        return ExportConfig(**{f.name: values[f.name] for f in fields(ExportConfig) if f.name in values})
+    def resolve(self) -> ExportConfig:
+        return ExportConfig(**{f.name: getattr(self, f.name) for f in fields(ExportConfig)})
 
 
 @dataclass(frozen=True, kw_only=True)
-class FindBatchOptions(Options):
-    """`trainwise find-batch`: the fastest batch size that fits."""
+class FindBatchOptions(FindBatchConfig, spec.Lengths, spec.Data, spec.Model, Options):
+    """`trainwise find-batch`: the fastest batch size that fits (the search's own options, FindBatchConfig's, checked
+    as it checks them; the model, the data and the lengths a study's)."""
 
     VERB = "find-batch"
     strategies: str = option("baseline", "The plan: one '+' combination, e.g. bf16+grad_ckpt.")
-    model: str | None = take(StudyConfig, "model")
-    model_preset: str | None = take(StudyConfig, "model_preset")
     task: str = take(EstimateConfig, "task")  # the search skips sizes by the estimate, which models text tasks
-    dataset: str | None = take(StudyConfig, "dataset")
-    train_file: str | None = take(StudyConfig, "train_file")
-    text_column: str | None = take(StudyConfig, "text_column")
-    target_column: str | None = take(StudyConfig, "target_column")
-    prompt_column: str | None = take(StudyConfig, "prompt_column")
-    response_column: str | None = take(StudyConfig, "response_column")
-    messages_column: str | None = take(StudyConfig, "messages_column")
-    candidates: str = take(FindBatchConfig, "candidates")
     accum_steps: int = take(StudyConfig, "accum_steps")
-    max_length: int = take(StudyConfig, "max_length")
-    max_target_length: int = take(StudyConfig, "max_target_length")
-    steps: int = take(FindBatchConfig, "steps")
-    memory_limit: str | None = take(FindBatchConfig, "memory_limit")
-    refine: int = take(FindBatchConfig, "refine")
-    use_estimate: bool = take(FindBatchConfig, "use_estimate")
     device: str = take(StudyConfig, "device")
     out: str = option("runs/find-batch", "Directory for find_batch.json / .png and the trials.")
     trial_timeout: float = take(StudyConfig, "trial_timeout")
     ray_address: str | None = take(StudyConfig, "ray_address")
 
-    def resolve(self):
+    def resolve(self) -> FindBatchConfig:
         cluster.check_address(self.ray_address)
-        limit = parse_bytes(self.memory_limit, "--memory-limit") if self.memory_limit is not None else None
-        return FindBatchConfig(
-            candidates=self.candidates,
-            steps=self.steps,
-            memory_limit=limit,
-            refine=self.refine,
-            use_estimate=self.use_estimate,
-        )
+        return FindBatchConfig(**{f.name: getattr(self, f.name) for f in fields(FindBatchConfig) if f.init})
 
     def config_at(self, batch: int) -> StudyConfig:
         """The study of the one row at a batch size (what each probe of the search runs)."""
@@ -356,22 +268,15 @@ class FindBatchOptions(Options):
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainOptions(Training, Shape, ModelData, Priced):
-    """`trainwise train`: train for real with one plan (the groups ModelData, Shape, Training, Priced, and its own
-    schedule, checkpoints, machines and trackers)."""
+class TrainOptions(Training, Shape, ModelData, Priced, TrainConfig):
+    """`trainwise train`: train for real with one plan (the groups ModelData, Shape, Training, Priced, TrainConfig's
+    schedule, evaluation, checkpoints and early stopping, checked as it checks them, and its own machines and
+    trackers)."""
 
     VERB = "train"
     strategies: str | None = option(None, "The plan (a+b) \\[default: baseline]; --plan: a row.")
     plan_study: str | None = option(None, "Train a study's row (advise's pick) as it ran.", "--plan")
     num_workers: int = option(0, "DataLoader worker processes.")  # one count (compare's sweeps several)
-    epochs: int = take(TrainConfig, "epochs")
-    max_steps: int | None = take(TrainConfig, "max_steps")
-    eval_every: int = take(TrainConfig, "eval_every")
-    save_every: int = take(TrainConfig, "save_every")
-    keep_checkpoints: int = take(TrainConfig, "keep")
-    patience: int | None = take(TrainConfig, "patience")
-    min_delta: float = take(TrainConfig, "min_delta")
-    monitor: str = take(TrainConfig, "monitor")
     nproc_per_node: int | None = option(None, "Several machines: ranks on each node (the same as --nproc).")
     nnodes: int | None = option(
         None, "Machines the run spans (each runs this command) \\[in srun: $SLURM_NNODES; else 1]."
@@ -388,16 +293,7 @@ class TrainOptions(Training, Shape, ModelData, Priced):
     )
 
     def train_config(self) -> TrainConfig:
-        return TrainConfig(
-            epochs=self.epochs,
-            max_steps=self.max_steps,
-            eval_every=self.eval_every,
-            save_every=self.save_every,
-            patience=self.patience,
-            min_delta=self.min_delta,
-            monitor=self.monitor,
-            keep=self.keep_checkpoints,
-        )
+        return TrainConfig(**{f.name: getattr(self, f.name) for f in fields(TrainConfig)})
 
     def plan_config(self) -> StudyConfig:
         """The one-row study whose trial spec the run trains (its steps: the run's own schedule, not a study's)."""
@@ -434,32 +330,21 @@ class TrainOptions(Training, Shape, ModelData, Priced):
 
 
 @dataclass(frozen=True, kw_only=True)
-class TuneOptions(ModelData, Priced):
-    """`trainwise tune`: search the hyper-parameters of one plan."""
+class TuneOptions(ModelData, Priced, TuneConfig, spec.Lengths):
+    """`trainwise tune`: search the hyper-parameters of one plan (the search's own options, TuneConfig's, checked as it
+    checks them; the model, the data and the lengths a study's)."""
 
     VERB = "tune"
-    space: str = take(TuneConfig, "space")
-    search: str = take(TuneConfig, "search")
-    trials: int = take(TuneConfig, "trials")
     strategies: str = option("baseline", "The plan every trial trains with.")
     batch_size: int = take(StudyConfig, "batch_size", help="Batch size when the space does not tune it.")
-    max_length: int = take(StudyConfig, "max_length")
-    max_steps: int = take(TuneConfig, "max_steps")
-    eval_every: int = take(TuneConfig, "eval_every")
-    monitor: str = take(TuneConfig, "monitor")
     eval_samples: int = take(StudyConfig, "eval_samples")
     max_train_samples: int | None = take(StudyConfig, "max_train_samples")
-    seed: int = take(TuneConfig, "seed")
     device: str = take(StudyConfig, "device")
     out: str = option("runs/tune", "Study directory: tune.sqlite or pbt/, trials/, tune_result.json.")
-    ray_address: str | None = take(TuneConfig, "ray_address")
-    cpus_per_trial: float | None = take(TuneConfig, "cpus_per_trial")
-    trial_timeout: float = take(TuneConfig, "trial_timeout")
 
     def resolve(self):
         """(the search's TuneConfig, the one-row StudyConfig every trial trains)."""
-        values = dataclasses.asdict(self)
-        tune = TuneConfig(**{f.name: values[f.name] for f in fields(TuneConfig) if f.init})
+        tune = TuneConfig(**{f.name: getattr(self, f.name) for f in fields(TuneConfig) if f.init})
         return tune, self.study_config(strategies=[self.strategies], max_steps=None, warmup_steps=0)
 
 

@@ -48,7 +48,7 @@ def plan(config: str | Path | None = None, render: Render | None = STDERR, **opt
     training as objects: `trainer=` (a Trainer / SFTTrainer), or `model=` (a model object) with `train_dataset=`,
     `processing_class=` and `args=`; the plan then also comes back as `.args` (your arguments' class) and
     `.data_collator` (`trainwise.api.from_objects`)."""
-    objects = from_objects.take(options)
+    objects = from_objects.pop_objects(options)
     if objects is not None:
         return from_objects.plan(objects, options, config, render, start)
     return start(PlanOptions.of(options, config), render, given=set(options))
@@ -62,12 +62,11 @@ def start(
     render = Render.of(render)
     began = time.monotonic()
     yours = None
-    if options.from_config:  # the user's own config: the study's settings, and a row of it (the flags checked first)
-        options.constraints()
+    constraints = options.constraints()  # the limits checked before a file is read (it sets none of them)
+    if options.from_config:  # the user's own config: the study's settings, and a row of it
         options, yours = from_config.prepare(options, given, objects)
         for line in yours.notes:
             render.note(f"trainwise plan: {line}")
-    constraints = options.constraints()
     budget_s = parse_seconds(options.max_search_time, "--max-search-time") if options.max_search_time else None
     base = options.compare_options()
     cfg0 = base.resolve()[0]

@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from trainwise.api.export import export
-from trainwise.api.options import CONSTRAINTS, AdviseOptions
+from trainwise.api.groups import CONSTRAINTS
+from trainwise.api.options import AdviseOptions
 from trainwise.core.errors import check_names
 from trainwise.core.results import StudyRow
 from trainwise.study.store import read_results, read_settings

@@ -82,10 +82,8 @@ def verb(options: type[api.Options], name: str | None = None, json_help: str | N
 
     def register(handler: Callable[[Any, bool], None]) -> Callable[[Any, bool], None]:
         hints = typing.get_type_hints(options)
-        own, first = set(options.__annotations__), set(api.ModelData.__annotations__)
-        ordered = sorted(dataclasses.fields(options), key=lambda f: (f.name not in first, f.name not in own))
         params = [inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)]
-        params += [_parameter(f, _cli_type(hints[f.name])) for f in ordered]
+        params += [_parameter(f, _cli_type(hints[f.name])) for f in options.ordered()]
         extra: list[tuple[str, Any, Any]] = [("config", None, Annotated[str | None, typer.Option(help=CONFIG)])]
         if with_recipe:
             extra.append(("recipe", None, Annotated[str | None, typer.Option(help=RECIPE)]))

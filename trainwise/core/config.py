@@ -118,8 +118,8 @@ class TrainConfig:
     min_delta: float = option(0.0, "Early stopping: the smallest change that counts.")
     # one of MONITORS: the metric (higher is better), or a loss (lower)
     monitor: str = option("metric", "metric (accuracy / ROUGE-L / -eval loss, maximised), eval_loss or train_loss.")
-    keep: int = option(2, "Checkpoints kept (the last N), besides best/ and final/.")  # besides the best
-    checkpoints: bool = True  # tune's trials run without them
+    keep_checkpoints: int = option(2, "Checkpoints kept (the last N), besides best/ and final/.")  # besides the best
+    checkpoints: bool = True  # tune's trials run without them (not an option: train always writes them)
 
     def __post_init__(self) -> None:
         if self.epochs <= 0:
@@ -128,8 +128,10 @@ class TrainConfig:
             raise ConfigError(f"--max-steps must be > 0, got {self.max_steps}")
         if self.eval_every <= 0 or self.save_every <= 0:
             raise ConfigError("--eval-every and --save-every must be > 0")
-        if self.keep < 1:
-            raise ConfigError(f"--keep-checkpoints must be >= 1 (--resume continues from the last), got {self.keep}")
+        if self.keep_checkpoints < 1:
+            raise ConfigError(
+                f"--keep-checkpoints must be >= 1 (--resume continues from the last), got {self.keep_checkpoints}"
+            )
         if self.patience is not None and self.patience <= 0:
             raise ConfigError(f"--patience must be >= 1 evaluation, got {self.patience}")
         check_number("--min-delta", self.min_delta, inclusive=True)

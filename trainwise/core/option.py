@@ -1,14 +1,16 @@
-"""An option, declared once: the field of the library config that uses it carries its help, its CLI flags and
-its default (`option`), and every verb that offers it takes that field (`take`), so that the CLI's flag, the
-Python API's keyword argument and a study file's key are made from the one declaration.
+"""An option, declared once: a field carries its help, its CLI flags and its default (`option`), so that the
+CLI's flag, the Python API's keyword argument and a study file's key are made from the one declaration. Options
+are declared in the groups several verbs share (trainwise/spec/groups.py: ModelData, Shape, Training, ...) or in
+the library config that reads them (TuneConfig, FindBatchConfig, ...), and a verb's options inherit those classes:
 
-    max_steps: int = option(16, "Optimizer steps per trial, warm-up included.")   # StudyConfig, config.py
-    max_steps: int = take(StudyConfig, "max_steps")                               # Measurement, api/groups.py
+    max_steps: int | None = option(16, "Optimizer steps per trial, warm-up included.")   # spec/groups.py
+    class CompareOptions(Scale, Measurement, Training, Shape, ModelData, Priced): ...   # api/options.py
 
-A verb whose value differs from the declaration's says so through `take`'s `default=` or `help=` (a verb's own
-default, or its own words for what the option does there); `config_default=` is the library config's value where
-it is the option's default parsed (the CLI's text `"0"` is the config's `(0,)`) or where the config needs it
-given (MISSING). tests/api/test_options.py checks that the CLI, the API and the configs agree.
+A class that offers an option it does not inherit, or offers it with its own default (`default=`), its own words
+(`help=`) or another type (the CLI's text for a config's parsed value), re-states the field with `take`, which
+copies the declaration and names it in the metadata's `source`; `config_default=` is the library config's value
+where it is not the option's (the CLI's text `"0"` is the config's `(0,)`; MISSING where the config needs it
+given). tests/api/test_options.py checks that the CLI, the API and the configs agree.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def take(
     return field(default=value, metadata=meta)
 
 
-def words(value: str | list[str]) -> list[str]:
+def words(value: str | list[str] | tuple[str, ...]) -> list[str]:
     return value.split(",") if isinstance(value, str) else list(value)
 
 

@@ -4,15 +4,17 @@
 from __future__ import annotations
 
 import tempfile
-from dataclasses import MISSING, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainwise import strategies
 from trainwise.core.config import CAUSAL_LM, DEVICES, TEXT_TASKS, check_lm_columns, check_nproc
 from trainwise.core.errors import ConfigError
-from trainwise.core.option import option, take
+from trainwise.core.option import option, take, words
+from trainwise.core.units import parse_bytes
 from trainwise.estimating.shapes import terms_of
 from trainwise.spec.config import StudyConfig, check_accum
+from trainwise.spec.groups import Batch, Data, Lengths, Model, Training
 from trainwise.strategies import Row
 from trainwise.strategies.knobs import TrialPlan
 from trainwise.strategies.lm import PACKING
@@ -85,41 +87,43 @@ class DataFacts:
         return min(self.longest, cfg.max_length), min(self.longest_target, cfg.max_target_length)
 
 
-@dataclass(frozen=True)
-class EstimateConfig:
-    """One `trainwise estimate` invocation, validated once here; its rows parsed once."""
+@dataclass(frozen=True, kw_only=True)
+class EstimateFields(Lengths, Batch, Data):
+    """`trainwise estimate`'s options, declared once, as given (the rows and the memory as text): EstimateConfig
+    checks them, the verb's options (api/options.py) inherit them. The data, the batch and the lengths are a study's
+    groups (trainwise/spec/groups.py), said here for one device."""
 
-    # the plans to estimate (the option: compare's --strategies, here with the estimate's default rows)
-    rows: tuple[str, ...] = take(
+    # the plans to estimate (compare's --strategies, with the estimate's default rows): a comma text or a list
+    strategies: str | list[str] | tuple[str, ...] = take(
         StudyConfig,
         "strategies",
         default=strategies.ESTIMATE_STRATEGIES,
         show_default=strategies.shown(strategies.ESTIMATE_STRATEGIES),
-        config_default=MISSING,
     )
-    task: str = take(StudyConfig, "task", help=TEXT_TASK_HELP)  # the estimate models transformers
-    batch_size: int = take(StudyConfig, "batch_size", help="Effective batch size per device (per optimizer step).")
-    accum_steps: int = take(StudyConfig, "accum_steps")
-    max_length: int = take(StudyConfig, "max_length", help="Input tokens per sample (padding to it is assumed).")
-    max_target_length: int = take(StudyConfig, "max_target_length")
+    task: str = take(Model, "task", help=TEXT_TASK_HELP)  # the estimate models transformers
+    batch_size: int = take(Batch, "batch_size", help="Effective batch size per device (per optimizer step).")
+    max_length: int = take(Lengths, "max_length", help="Input tokens per sample (padding to it is assumed).")
     num_labels: int | None = option(None, "Classes of the head, without data \\[default: 2].")  # None: 2, or the data's
-    nproc: int = take(StudyConfig, "nproc", help="Data-parallel ranks (ZeRO partitions over them).")
-    # the user's data (like compare's): classes and lengths come from it
-    dataset: str | None = take(StudyConfig, "dataset")
-    train_file: str | None = take(StudyConfig, "train_file")
-    text_column: str | None = take(StudyConfig, "text_column")
-    target_column: str | None = take(StudyConfig, "target_column")
-    prompt_column: str | None = take(StudyConfig, "prompt_column")  # causal-lm prompt/response data (as compare's)
-    response_column: str | None = take(StudyConfig, "response_column")
-    messages_column: str | None = take(StudyConfig, "messages_column")  # causal-lm chat transcripts
-    zero_stage: int = option(0, "Add DeepSpeed ZeRO stage 1, 2 or 3 to the plan(s) (0: as written).")
+    nproc: int = take(Training, "nproc", help="Data-parallel ranks (ZeRO partitions over them).")
+    zero: int = option(0, "Add DeepSpeed ZeRO stage 1, 2 or 3 to the plan(s) (0: as written).")
     offload: str = option("none", "With --zero: none, optimizer (stage 2) or params (stage 3) to CPU.")
-    device: str = take(StudyConfig, "device", help="Device to estimate for: auto, cpu or cuda.")
-    # the option is text (24GB), parsed to bytes by api/options.py
-    device_memory: int | None = option(None, "Memory of one device, e.g. 24GB; adds a fits column.")
+    device: str = take(Training, "device", help="Device to estimate for: auto, cpu or cuda.")
+    # text (24GB), parsed to bytes into EstimateConfig's `budget`
+    device_memory: str | None = option(None, "Memory of one device, e.g. 24GB; adds a fits column.")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EstimateConfig(EstimateFields):
+    """One `trainwise estimate` invocation, validated once here; its rows parsed once."""
+
+    rows: tuple[str, ...] = field(init=False)  # `strategies`, one text a row
     parsed: tuple[Row, ...] = field(init=False)
+    budget: int | None = field(init=False)  # `device_memory` in bytes
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "rows", tuple(words(self.strategies)))
+        memory = self.device_memory
+        object.__setattr__(self, "budget", parse_bytes(memory, "--device-memory") if memory is not None else None)
         if self.task not in TEXT_TASKS:
             raise ConfigError(
                 f"--task must be one of {', '.join(TEXT_TASKS)}, not {self.task!r} (the estimate models transformers)"
@@ -143,16 +147,16 @@ class EstimateConfig:
             raise ConfigError("give either --dataset or --train-file, not both")
         if self.num_labels is not None and (self.dataset or self.train_file):
             raise ConfigError("--num-labels comes from the data when --dataset or --train-file is given")
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ConfigError(f"--zero must be 0, 1, 2 or 3, not {self.zero_stage}")
+        if self.zero not in (0, 1, 2, 3):
+            raise ConfigError(f"--zero must be 0, 1, 2 or 3, not {self.zero}")
         if self.offload not in ("none", "optimizer", "params"):
             raise ConfigError(f"--offload must be none, optimizer or params, not {self.offload!r}")
         zero = None
-        if self.zero_stage or self.offload != "none":
-            zero = FLAGS.get((self.zero_stage, self.offload))
+        if self.zero or self.offload != "none":
+            zero = FLAGS.get((self.zero, self.offload))
             if zero is None:
                 valid = ", ".join(f"--zero {z}" + (f" --offload {o}" if o != "none" else "") for z, o in FLAGS)
-                raise ConfigError(f"--zero {self.zero_stage} --offload {self.offload}: choose one of {valid}")
+                raise ConfigError(f"--zero {self.zero} --offload {self.offload}: choose one of {valid}")
         parsed = []
         for text in self.rows:
             row = strategies.parse_row(text, self.accum_steps)

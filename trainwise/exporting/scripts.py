@@ -36,7 +36,7 @@ from trainwise.core.option import option, take
 from trainwise.estimating.data import EstimateConfig
 from trainwise.exporting.arguments import RunSettings, export_doc, sft_arguments
 from trainwise.exporting.commands import train_command, train_out
-from trainwise.spec.config import StudyConfig
+from trainwise.spec.groups import Batch, Lengths, Model, Training
 from trainwise.strategies.base import ExportDoc
 from trainwise.strategies.knobs import TrialPlan
 from trainwise.study.store import MARK, check_ours, mark
@@ -474,27 +474,22 @@ def _yaml(d: dict) -> str:
 # ---- the verb ------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ExportConfig:
-    """One `trainwise export`: a plan and its settings, or a study to take them from."""
+@dataclass(frozen=True, kw_only=True)
+class ExportConfig(Lengths, Batch, Model):
+    """One `trainwise export`: a plan and its settings (the model, the batch and the lengths: a study's groups,
+    trainwise/spec/groups.py), or a study to take them from."""
 
+    task: str = take(EstimateConfig, "task")  # a text task: the scripts build a transformers model
     study: str | None = option(None, "Model and settings from this study; the plan: advise's pick.")
     strategies: str | None = option(None, "The plan to export, one '+' combination, e.g. bf16+grad_ckpt.")
-    model: str | None = take(StudyConfig, "model")
-    model_preset: str | None = take(StudyConfig, "model_preset")
-    task: str = take(EstimateConfig, "task")  # a text task: the scripts build a transformers model
-    batch_size: int = take(StudyConfig, "batch_size")
-    accum_steps: int = take(StudyConfig, "accum_steps")
-    max_length: int = take(StudyConfig, "max_length")
-    max_target_length: int = take(StudyConfig, "max_target_length")
     lr: float = option(DEFAULT_LR["classification"], "Peak learning rate (linear decay).")
     # None: the study's (with --study), else 1000
     max_steps: int | None = option(None, "Steps of the exported run \\[default: the study's, else 1000].")
     nproc: int | None = option(None, "Data-parallel ranks \\[default: the study's, else 1].")  # as max_steps
-    zero: int = take(EstimateConfig, "zero_stage")
+    zero: int = take(EstimateConfig, "zero")
     offload: str = take(EstimateConfig, "offload")
     device: str = option("cuda", "Where the exported run trains: cuda or cpu.")
-    force: bool = take(StudyConfig, "force")  # write into an --out that holds files trainwise did not write
+    force: bool = take(Training, "force")  # write into an --out that holds files trainwise did not write
 
     def __post_init__(self) -> None:
         if self.device not in ("cuda", "cpu"):

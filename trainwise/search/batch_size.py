@@ -28,6 +28,7 @@ from trainwise.core.errors import ConfigError
 from trainwise.core.files import hold, write_atomic, writing
 from trainwise.core.option import option
 from trainwise.core.results import TrialResult
+from trainwise.core.units import parse_bytes
 from trainwise.estimating.peak import estimate_plan, runtime_overhead, target_length
 from trainwise.estimating.probe import calibrate
 from trainwise.estimating.shapes import shape_of
@@ -236,13 +237,16 @@ class FindBatchConfig:
 
     candidates: str = option("4,8,16,32,64,128", "Batch sizes to try, ascending (comma list).")
     steps: int = option(4, "Optimizer steps per size, the first untimed.")
-    # the option is text (8GB), parsed to bytes by api/options.py
-    memory_limit: int | None = option(None, "Fit limit, e.g. 8GB (default: the device's, or RAM - 10%).")
+    # the option's text (8GB), parsed to bytes into `limit`
+    memory_limit: str | None = option(None, "Fit limit, e.g. 8GB (default: the device's, or RAM - 10%).")
     refine: int = option(2, "Bisection steps between the largest fit and the first failure.")
     use_estimate: bool = option(True, "Skip sizes the estimate rules out.", "--estimate/--no-estimate")
     sizes: tuple[int, ...] = field(init=False)
+    limit: int | None = field(init=False)  # memory_limit in bytes (None: the device's)
 
     def __post_init__(self) -> None:
+        memory = self.memory_limit
+        object.__setattr__(self, "limit", parse_bytes(memory, "--memory-limit") if memory is not None else None)
         try:
             sizes = sorted({int(x) for x in self.candidates.split(",") if x.strip()})
         except ValueError:
@@ -295,7 +299,7 @@ def find_batch(
     prepared = prepare_study(config(usable[0]), on_point)
     base = prepared.specs[0]
     s = base.settings
-    limit = fb.memory_limit if fb.memory_limit is not None else default_limit(s.device)
+    limit = fb.limit if fb.limit is not None else default_limit(s.device)
     too_big = [b for b in usable if b > s.n_train]
     usable = [b for b in usable if b <= s.n_train]
     if not usable:

@@ -348,7 +348,7 @@ class TuneConfig:
         steps, every, monitor = self.max_steps, self.eval_every, self.monitor
         if self.search == "pbt":  # a member checkpoints at every evaluation, where PBT exploits and explores
             return TrainConfig(
-                epochs=10**6, max_steps=steps, eval_every=every, save_every=every, monitor=monitor, keep=1
+                epochs=10**6, max_steps=steps, eval_every=every, save_every=every, monitor=monitor, keep_checkpoints=1
             )
         return TrainConfig(
             epochs=10**6, max_steps=steps, eval_every=every, save_every=steps, monitor=monitor, checkpoints=False

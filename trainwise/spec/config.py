@@ -14,20 +14,11 @@ from pathlib import Path
 from trainwise import strategies
 from trainwise.core.config import (
     CAUSAL_LM,
-    DATASET,
     DEFAULT_LR,
-    DEVICE,
     DEVICES,
-    FORCE,
-    LR,
-    MESSAGES_COLUMN,
-    MODEL,
-    NPROC,
-    PRESET,
     ROWS_HELP,
     SETTINGS_DEFAULTS,
     TASKS,
-    TRAIN_FILE,
     Sweep,
     TrialSettings,
     check_lm_columns,
@@ -35,7 +26,8 @@ from trainwise.core.config import (
     check_seed,
 )
 from trainwise.core.errors import ConfigError, check_number
-from trainwise.core.option import ROWS, RUN, flag, option
+from trainwise.core.option import ROWS, RUN, option
+from trainwise.spec.groups import Measurement, ModelData, Scale, Shape, Training
 from trainwise.strategies import Row
 from trainwise.strategies.knobs import TrialPlan
 from trainwise.strategies.memory import ACCUM
@@ -44,11 +36,12 @@ from trainwise.strategies.memory import ACCUM
 _NOT_OPTIONS = {"retry_failed", "force", "fit_to_device", "seed_per_repeat", "quiet_wait_s"}
 
 
-@dataclass
-class StudyConfig:
+@dataclass(frozen=True)
+class StudyConfig(Scale, Measurement, Training, Shape, ModelData):
     """One `trainwise compare` invocation (and the one-row study `train`, `tune` and `find-batch` run). Defaults
-    are the built-in offline demo study. Its fields with `option` metadata are the verbs' options (api/options.py
-    takes them): their help, flags and defaults are declared here, once."""
+    are the built-in offline demo study. Its options are declared once, in its groups (trainwise/spec/groups.py:
+    ModelData, Shape, Training, Measurement, Scale) and its own rows and --out below; the verbs' options
+    (api/options.py) inherit the same groups. Validated once, here; frozen: `dataclasses.replace` makes another."""
 
     out: str = option(
         "runs/compare",
@@ -63,80 +56,18 @@ class StudyConfig:
         role=ROWS,
         config_default=MISSING,
     )
-    task: str = option(
-        "classification",
-        "classification, seq2seq, causal-lm (decoder-only LMs) or image-classification (ResNeXt; seed 003).",
-    )
-    model: str | None = option(None, MODEL)
-    model_preset: str | None = option(None, PRESET)
-    dataset: str | None = option(None, DATASET)
-    train_file: str | None = option(None, TRAIN_FILE)
-    eval_file: str | None = option(None, "Evaluation data (default: a deterministic 10% of --train-file).")
-    text_column: str | None = option(None, "Input text column of the files \\[default: text].")
-    target_column: str | None = option(
-        None, "Label (classification) or target text (seq2seq) column \\[default: target]."
-    )
-    # causal-lm: prompt/response data (the prompt carries no loss)
-    prompt_column: str | None = option(
-        None, "causal-lm: the prompt column of prompt/response data (no loss on it) \\[default: prompt]."
-    )
-    response_column: str | None = option(
-        None, "causal-lm: the response column (its tokens carry the loss) \\[default: response]."
-    )
-    messages_column: str | None = option(None, MESSAGES_COLUMN)  # causal-lm: chat transcripts (assistant turns)
-    batch_size: int = option(16, "Effective batch size: samples per optimizer step over every rank.")
-    accum_steps: int = option(4, "grad_accum: micro-batches per step (each batch/N).")
-    max_length: int = option(128, "Max input tokens; the baseline pads to it.")
-    max_target_length: int = option(48, "Max target tokens (seq2seq).")
-    # causal-lm text and prompt/response rows: "" trainwise's own cut (a pair loses its prompt's beginning first and
-    # keeps its response), or TRL's SFTTrainer's (issue 59; --from-config sets it from the file's truncation_mode)
-    truncation: str = option(
-        "",
-        "causal-lm: cut long examples as TRL's SFTTrainer does, keep_start or keep_end (its truncation_mode; "
-        "unpacked rows drop an example left with no loss token) \\[default: a pair keeps its response, losing its "
-        "prompt's beginning first].",
-    )
-    # None: the run's own schedule says (train's --epochs/--max-steps, tune's --max-steps), not a trial's count
-    max_steps: int | None = option(16, "Optimizer steps per trial, warm-up included.")
-    warmup_steps: int = option(3, "First steps excluded from timing.")
-    repeat: int = option(1, "Trials per row; the table shows medians.")
-    # --repeat 1: run the baseline again as the last trial (noise floor, drift)
-    remeasure: bool = option(True, "With --repeat 1: the baseline again last (noise floor, drift).")
-    seed_per_repeat: bool = False  # the quality phase: repeat r trains with seed + r (a seed spread, not timing)
-    lr: float | None = option(None, LR)  # None: DEFAULT_LR of the task
-    seed: int = option(0, "Seed for weights, batches and data order.")
-    device: str = option("auto", DEVICE)
-    trial_timeout: float = option(900.0, "Seconds before a trial is killed and recorded 'timeout'.", role=RUN)
-    eval_samples: int = option(160, "Evaluation samples (0: no evaluation).")
-    max_train_samples: int | None = option(None, "Use only the first N training rows.")
-    retry_failed: bool = option(False, "On resume, run again the rows that did not end 'ok'.", role=RUN)
-    # a timing trial measured under load is run again up to this many times
-    retries: int = option(2, "Re-runs of a trial timed under load, once quiet.", role=RUN)
-    # the trials as Ray tasks on a cluster (trainwise.run.cluster); None: one at a time on this machine
-    ray_address: str | None = option(
-        None, "Run the trials on a Ray cluster (HOST:PORT, ray://HOST:PORT or auto), several at once.", role=RUN
-    )
-    # default rows: an emulated slow precision is recorded, not trained, and `all` takes the device's best
-    # precision; None: True when `strategies` hold every default row (a study of the default rows, or one with
-    # rows added to it); only the default rows are fitted (a row the user names is trained)
-    fit_to_device: bool | None = None
-    quiet_wait_s: float = 120.0  # how long to wait for the load to drop before each re-run
     # swept dimensions: every row runs at each batch size and each DataLoader worker count (the options' comma
     # text, parsed by api/options.py)
     batch_sizes: tuple[int, ...] = option(  # empty: just batch_size
         None, "Sweep: every row at each batch size, e.g. 8,16,32,64.", config_default=()
     )
     num_workers: tuple[int, ...] = option("0", "Sweep: DataLoader worker counts, e.g. 0,1,2,4,8.", config_default=(0,))
-    nproc: int = option(1, NPROC)  # data-parallel processes per trial (torchrun); ZeRO rows partition over them
-    # on a Ray cluster: the nodes a trial's ranks span (nodes x nproc ranks, torchrun's static rendezvous)
-    nodes_per_trial: int = option(
-        1, "With --ray-address: the nodes each trial spans, --nproc ranks on each (its ranks: nodes x --nproc)."
-    )
-    # torch.profiler Chrome trace of every trial's training steps
-    profile: bool = option(False, "A torch.profiler trace of each trial's steps (adds overhead).")
-    # image folders are resized to image_size x image_size
-    image_size: int = option(32, "image-classification: image folders are resized to this square size.")
-    force: bool = flag("force", FORCE, role=RUN)  # write into an --out that holds files trainwise did not write
+    seed_per_repeat: bool = False  # the quality phase: repeat r trains with seed + r (a seed spread, not timing)
+    # default rows: an emulated slow precision is recorded, not trained, and `all` takes the device's best
+    # precision; None: True when `strategies` hold every default row (a study of the default rows, or one with
+    # rows added to it); only the default rows are fitted (a row the user names is trained)
+    fit_to_device: bool | None = None
+    quiet_wait_s: float = 120.0  # how long to wait for the load to drop before each re-run
 
     rows: list[Row] = field(init=False)  # `strategies`, parsed once
 
@@ -203,9 +134,9 @@ class StudyConfig:
                 f"--warmup-steps must be >= 0 and < --max-steps ({self.max_steps}) so that some steps "
                 f"are timed, got {self.warmup_steps}"
             )
-        if self.lr is None:
-            self.lr = DEFAULT_LR[self.task]
-        check_number("--lr", self.lr)
+        lr = DEFAULT_LR[self.task] if self.lr is None else self.lr
+        object.__setattr__(self, "lr", lr)
+        check_number("--lr", lr)
         check_number("--trial-timeout", self.trial_timeout)
         check_seed(self.seed)
         if not self.strategies or not any(s.strip() for s in self.strategies):
@@ -234,10 +165,12 @@ class StudyConfig:
             strategies.DEFAULT_ROWS
         ):
             # the text tasks' default rows on a task with its own: that task's (rows added after them stay)
-            self.strategies = [*strategies.default_rows(self.task), *given[len(strategies.DEFAULT_ROWS) :]]
-        self.rows = strategies.parse_rows(self.strategies, self.accum_steps)
+            rows = [*strategies.default_rows(self.task), *given[len(strategies.DEFAULT_ROWS) :]]
+            object.__setattr__(self, "strategies", rows)
+        object.__setattr__(self, "rows", strategies.parse_rows(self.strategies, self.accum_steps))
         if self.fit_to_device is None:
-            self.fit_to_device = set(strategies.default_rows(self.task)) <= {s.strip() for s in self.strategies}
+            fits = set(strategies.default_rows(self.task)) <= {s.strip() for s in self.strategies}
+            object.__setattr__(self, "fit_to_device", fits)
         for size in self.batch_sizes or (self.batch_size,):
             for row in self.rows:
                 check_accum(row, row.batch_size or size)

@@ -310,7 +310,7 @@ def _fit(job: TrainJob, emit: Emit, adopt: Path | None) -> TrainResult:
             saved_at = save_checkpoint(root, raw, parts.optimizer, parts.scheduler, state, engine)
             emit(Checkpoint(state.step, str(saved_at)))
             if ranks.main:
-                prune(root, tc.keep, protect={saved_at.name})
+                prune(root, tc.keep_checkpoints, protect={saved_at.name})
         return stopped
 
     loop.run(parts, stream, planned, on_step)
@@ -439,7 +439,7 @@ def writes_line(out: Path, tc: TrainConfig) -> str:
         return f"writing to {out} (no checkpoints)"
     return (
         f"writing to {out.resolve()}: a checkpoint (model + optimizer state) every {tc.save_every} steps, the last "
-        f"{tc.keep} kept (--keep-checkpoints), and best/ and final/ model directories "
+        f"{tc.keep_checkpoints} kept (--keep-checkpoints), and best/ and final/ model directories "
         f"({human_bytes(free_space(out))} free there)"
     )
 
@@ -455,7 +455,7 @@ def disk_line(r: TrainResult, tc: TrainConfig) -> str:
     )
     return (
         f"disk: {human_bytes(d['total'])} in {r.out}: checkpoints/ {human_bytes(d.get('checkpoints'))} "
-        f"({n} kept, --keep-checkpoints {tc.keep}), best/ {human_bytes(d.get('best'))}, "
+        f"({n} kept, --keep-checkpoints {tc.keep_checkpoints}), best/ {human_bytes(d.get('best'))}, "
         f"final/ {human_bytes(d.get('final'))}{shared}"
     )
 
