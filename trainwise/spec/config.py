@@ -88,7 +88,8 @@ class StudyConfig(Scale, Measurement, Training, Shape, ModelData):
         `extra` (the options that are not the config's: price, quality phase)."""
 
         words = ["trainwise", verb]
-        for f in fields(self):
+        first = ("out", "strategies")  # then the groups' options, model and data first, as --help lists them
+        for f in sorted(fields(self), key=lambda f: f.name not in first):
             value = getattr(self, f.name)
             if not f.init or f.name in _NOT_OPTIONS:
                 continue
