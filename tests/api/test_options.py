@@ -180,3 +180,14 @@ def test_advise_runs_compare_with_the_data_it_is_given():
         {"space": "{lr: {low: 1.0e-5, high: 1.0e-3}}", "task": "seq2seq", "max_target_length": 20}
     )
     assert tune.resolve()[1].max_target_length == 20  # tune reads the lengths group too
+
+
+def test_help_lists_the_model_and_data_then_the_verbs_own_then_the_shared_groups():
+    """--help's (and a study file's) order: what a verb inherits from its library config counts as its own (train's
+    schedule before the shape it shares with compare; export's plan before the batch)."""
+    for cls, own, shared in ((api.TrainOptions, "epochs", "batch_size"), (api.ExportOptions, "study", "batch_size")):
+        names = [f.name for f in cls.ordered()]
+        assert names[:3] == ["model", "model_preset", "task"], cls.VERB
+        assert names.index(own) < names.index(shared), cls.VERB
+    names = [f.name for f in api.PlanOptions.ordered()]
+    assert max(names.index("max_trials"), names.index("objective")) < names.index("max_steps")

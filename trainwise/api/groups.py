@@ -1,7 +1,8 @@
 """What every verb's options share (trainwise.api.options holds one class per verb): `Options`, their one checked
 construction from keyword arguments, the CLI's given flags or a study file (names, types, a `config=` YAML file), and
-the groups of options several verbs share (Priced, ModelData, Shape, Training, Measurement, Scale), each option
-declared in one group."""
+the groups of options several verbs share: a study's (ModelData, Shape, Training, Measurement, Scale: declared in
+trainwise/spec/groups.py, given here the sweeps' text forms) and the price and the limits (Priced, Limits, declared
+here), each option declared once."""
 
 from __future__ import annotations
 
@@ -60,8 +61,14 @@ class Options:
     def ordered(cls) -> list[dataclasses.Field]:
         """The options in --help's order (a study file's too): the model and the data first, then the verb's own,
         then the groups it shares."""
-        own, first = set(cls.__annotations__), {f.name for f in fields(spec.ModelData)}
-        return sorted(given_fields(cls), key=lambda f: (f.name not in first, f.name not in own))
+        first = {f.name for f in fields(spec.ModelData)}
+        shared = (spec.Batch, spec.Lengths, spec.Shape, spec.Training, spec.Measurement, spec.Scale)
+        shared += (Shape, Training, Measurement, Scale, Priced, Limits)
+
+        def owner(name: str) -> type:  # the class that declares the field (re-stated: the last to)
+            return next(c for c in cls.__mro__ if name in c.__dict__.get("__annotations__", {}))
+
+        return sorted(given_fields(cls), key=lambda f: (f.name not in first, owner(f.name) in shared))
 
     def study_config(self, **fixed: Any) -> StudyConfig:
         """The StudyConfig of a verb: its options named like StudyConfig fields, then the verb's own values."""
@@ -214,7 +221,7 @@ class Limits(Options):
     """What a pick must satisfy and what it optimises (advise, plan): trainwise.search.ranking.Constraints checks
     them."""
 
-    objective: str = option("time", "What to optimise: time, cost or quality (plan: time or cost).")
+    objective: str = option("time", "What to optimise: time, cost or quality.")
     memory_budget: str | None = option(None, "Largest acceptable peak memory, e.g. 11GB, 900MiB.")
     max_quality_drop: float | None = option(None, "Largest acceptable quality drop, in its units.")
     max_epoch_time: str | None = option(None, "Time budget: longest acceptable epoch, e.g. 30m, 2h.")

@@ -1,8 +1,10 @@
 """Every verb's options: one frozen dataclass per verb whose fields are the CLI's flags (`max_steps` is
-`--max-steps`), the Python API's keyword arguments and a study file's keys. Each field is taken (`take`) from the
-library config that declares the option, with its help and default (`StudyConfig.max_steps` in config.py,
-`TuneConfig.trials` in tune.py, ...): an option is declared once, there. The options no library config reads
-(a run's --out, the price, the quality phase, advise's constraints, train's --resume) are declared here, once.
+`--max-steps`), the Python API's keyword arguments and a study file's keys. A verb inherits the groups it reads
+(api/groups.py: a study's groups from trainwise/spec/groups.py, the price, the limits) and the library config it is
+built on (`TuneConfig`, `TrainConfig`, `ExportConfig`, `FindBatchConfig`, estimate's `EstimateFields`): an option is
+declared once, there, and a verb re-states a field (`take`) only with its own default, words or type, or alone out of
+a group. The options no library config reads (a run's --out, the quality phase, the plan's search, train's --resume
+and machines) are declared here, once.
 
 `Options.of` is the one edge where they are checked: names (an unknown one names the closest), types, and a
 `config=` YAML file whose keys are the same names (given options win over it). The libraries' own configs
@@ -133,6 +135,7 @@ class PlanOptions(CompareOptions, Limits):
 
     VERB = "plan"
     study: str | None = option(None, "Start from this compare study (its --out and settings) \\[default: --out].")
+    objective: str = take(Limits, "objective", help="What to optimise: time or cost (one machine: as time).")
     max_trials: int = option(8, "Search budget: combination rows measured at most.")
     max_search_time: str | None = option(
         None, "Search budget: the plan's wall time, single rows included, e.g. 20m (the trial in flight ends)."

@@ -1,6 +1,6 @@
 """The command line: a shell over `trainwise.api`. Each verb's flags are made from its options dataclass
-(trainwise/api/options.py, whose fields take each option's one declaration, on the library config that reads
-it: trainwise/core/option.py), parsed into it over a `--config FILE.yaml`, handed to one library call, and what it
+(trainwise/api/options.py, which inherits each option's one declaration: trainwise/spec/groups.py, the library
+configs, trainwise/core/option.py), parsed into it over a `--config FILE.yaml`, handed to one library call, and what it
 returns is rendered here.
 
 Bad input (a ConfigError, or a usage error from the parser) prints one line and exits with 2.

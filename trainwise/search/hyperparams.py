@@ -311,11 +311,6 @@ class TuneConfig:
     )
     params: tuple[Param, ...] = field(init=False)
 
-    @classmethod
-    def of(cls, options: dict) -> TuneConfig:
-        """From the command's options (named like the fields)."""
-        return cls(**{f.name: options[f.name] for f in dataclasses.fields(cls) if f.init})
-
     def __post_init__(self) -> None:
         check_search(self.search)
         check_monitor(self.monitor)

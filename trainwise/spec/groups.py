@@ -4,8 +4,9 @@ run. `StudyConfig` (config.py) is these groups and its rows; a verb's options (t
 library configs (`EstimateConfig`, `ExportConfig`) inherit the groups they read, so a field is written once.
 
 The groups are frozen and keyword-only: a class made of several groups is built by name, in any order of bases.
-Field order is the order of `--help` and of a study file: a group's bases come first (`ModelData(Data, Model)`
-lists the model, then the data)."""
+A group's bases come first in its field order (`ModelData(Data, Model)` lists the model, then the data); `--help`
+and a study file list the model and the data, then a verb's own options, then the groups it shares
+(api/groups.py, `Options.ordered`)."""
 
 from __future__ import annotations
 
