@@ -62,7 +62,7 @@ class Options:
         """The options in --help's order (a study file's too): the model and the data first, then the verb's own,
         then the groups it shares."""
         first = {f.name for f in fields(spec.ModelData)}
-        shared = (spec.Batch, spec.Lengths, spec.Shape, spec.Training, spec.Measurement, spec.Scale)
+        shared: tuple[type, ...] = (spec.Batch, spec.Lengths, spec.Shape, spec.Training, spec.Measurement, spec.Scale)
         shared += (Shape, Training, Measurement, Scale, Priced, Limits)
 
         def owner(name: str) -> type:  # the class that declares the field (re-stated: the last to)
