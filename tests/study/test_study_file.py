@@ -14,6 +14,7 @@ import trainwise
 from trainwise.api import options as api
 from trainwise.cli import main
 from trainwise.core.errors import ConfigError
+from trainwise.study.resume import changed, over
 
 VERBS = {  # the verb, its options, and a key it does not have but something close
     "compare": (api.CompareOptions, "max_step", "max_steps"),
@@ -158,14 +159,14 @@ def test_the_measurement_is_compared_as_the_study_reads_it(tmp_path):
         "replace": True,
         "sku": "ND40rs_v2",
     }
-    assert o.changed(dataclasses.replace(o, **same)) == []
-    assert o.changed(dataclasses.replace(o, batch_sizes=None)) == ["batch_sizes 16 → 8,16"]
-    assert o.changed(dataclasses.replace(o, seed=1, device="cpu")) == ["seed 1 → 0", "device cpu → auto"]
+    assert changed(o, dataclasses.replace(o, **same)) == []
+    assert changed(o, dataclasses.replace(o, batch_sizes=None)) == ["batch_sizes 16 → 8,16"]
+    assert changed(o, dataclasses.replace(o, seed=1, device="cpu")) == ["seed 1 → 0", "device cpu → auto"]
     priced, requoted = dataclasses.replace(o, sku="ND40rs_v2"), dataclasses.replace(o, price_per_hour=3.0)
-    assert requoted.changed(priced) == ["price_per_hour none → 3.0", "sku ND40rs_v2 → none"]
+    assert changed(requoted, priced) == ["price_per_hour none → 3.0", "sku ND40rs_v2 → none"]
     quality = dataclasses.replace(o, quality_steps=40)
-    assert dataclasses.replace(o, quality_steps=80).changed(quality) == ["quality_steps 40 → 80"]
-    assert o.changed(quality) == [], "a run that asks for no quality phase keeps the study's"
+    assert changed(dataclasses.replace(o, quality_steps=80), quality) == ["quality_steps 40 → 80"]
+    assert changed(o, quality) == [], "a run that asks for no quality phase keeps the study's"
 
 
 def test_a_rerun_keeps_the_rows_price_and_quality_phase():
@@ -173,10 +174,10 @@ def test_a_rerun_keeps_the_rows_price_and_quality_phase():
     study's report has, which this run does not ask for, stay, each said in a note."""
     stored = api.CompareOptions.of({"out": "runs/x", "sku": "ND40rs_v2", "quality_steps": 40, "seeds": 3})
     more = api.CompareOptions.of({"out": "runs/x", "strategies": "baseline,dynamic_pad,bf16", "sku": "ND40rs_v2"})
-    joined, notes = more.over(dataclasses.replace(stored, quality_steps=None), ["baseline", "dynamic_pad"])
+    joined, notes = over(more, dataclasses.replace(stored, quality_steps=None), ["baseline", "dynamic_pad"])
     assert joined == more and notes == [], "adding a row: nothing to keep, nothing to say"
     fewer = api.CompareOptions.of({"out": "runs/x", "strategies": ["bf16"]})
-    joined, notes = fewer.over(stored, ["baseline", "dynamic_pad", "bf16", "dynamic_pad"])
+    joined, notes = over(fewer, stored, ["baseline", "dynamic_pad", "bf16", "dynamic_pad"])
     assert joined.strategies == ["baseline", "dynamic_pad", "bf16"], "in the report's order"
     assert (joined.sku, joined.quality_steps, joined.seeds) == ("ND40rs_v2", 40, 3)
     assert len(notes) == 3 and "rows this run does not name: baseline, dynamic_pad" in notes[0]

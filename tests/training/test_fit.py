@@ -506,16 +506,20 @@ def test_multi_node_options_default_to_slurm_and_torchrun_env(monkeypatch):
     monkeypatch.setenv("SLURM_NODEID", "3")
     monkeypatch.setenv("MASTER_ADDR", "localhost")
     monkeypatch.delenv("MASTER_PORT", raising=False)
-    meet = TrainOptions.of({"nproc_per_node": 2}).rendezvous()
+
+    def meeting(options: TrainOptions) -> Rendezvous | None:  # where trainwise.api.train's ranks meet
+        return Rendezvous.resolve(options.nnodes, options.node_rank, options.master_addr, options.master_port)
+
+    meet = meeting(TrainOptions.of({"nproc_per_node": 2}))
     assert meet == Rendezvous(4, 3, "localhost", 29500)
     assert meet.torchrun_args() == ["--nnodes=4", "--node_rank=3", "--master_addr=localhost", "--master_port=29500"]
     given = TrainOptions.of({"nnodes": 2, "node_rank": 0, "master_addr": "127.0.0.1", "master_port": 1234})
-    assert given.rendezvous() == Rendezvous(2, 0, "127.0.0.1", 1234), "the options win"
+    assert meeting(given) == Rendezvous(2, 0, "127.0.0.1", 1234), "the options win"
     monkeypatch.delenv("SLURM_STEP_ID")
-    assert TrainOptions.of({}).rendezvous() is None, "a batch script's own step, not srun's: one node"
+    assert meeting(TrainOptions.of({})) is None, "a batch script's own step, not srun's: one node"
     monkeypatch.setenv("SLURM_STEP_ID", "0")
     monkeypatch.setenv("SLURM_NNODES", "1")
-    assert TrainOptions.of({}).rendezvous() is None, "one node: torchrun --standalone, as before"
+    assert meeting(TrainOptions.of({})) is None, "one node: torchrun --standalone, as before"
     monkeypatch.setenv("SLURM_NNODES", "two")
     with pytest.raises(ConfigError, match="SLURM_NNODES='two': expected a whole number"):
-        TrainOptions.of({}).rendezvous()
+        meeting(TrainOptions.of({}))

@@ -23,6 +23,7 @@ from trainwise.core.errors import ConfigError
 from trainwise.report.format import headers, table_cells
 from trainwise.run import launcher
 from trainwise.spec.config import StudyConfig
+from trainwise.study import resume
 from trainwise.study.store import PAGE, RESULTS, STUDY_FILE, Store, keep_reports, read_results, write_report
 from trainwise.training import tracking
 from trainwise.training.data.metrics import preloaded
@@ -146,7 +147,7 @@ def over_study(options: CompareOptions, note=lambda _line: None) -> CompareOptio
     if stored is None:
         return options
     changed = _changed(options, stored)
-    joined, notes = options.over(stored, reported)
+    joined, notes = resume.over(options, stored, reported)
     if options.replace:
         return _replace(options, note) if changed or joined != options else options
     if changed:
@@ -198,7 +199,7 @@ def _stored_options(options: CompareOptions) -> CompareOptions | None:
 
 
 def _changed(options: CompareOptions, stored: CompareOptions) -> list[str]:
-    """`options.changed(stored)`, with device auto read as the device it resolves to here (a study run with
+    """`trainwise.study.resume.changed`, with device auto read as the device it resolves to here (a study run with
     auto on a CPU machine and one with --device cpu measure the same)."""
     if "auto" in (options.device, stored.device) and options.device != stored.device:
         from trainwise.study.prepare import resolve_device  # heavy: trainwise.study.prepare loads numpy (and torch)
@@ -207,4 +208,4 @@ def _changed(options: CompareOptions, stored: CompareOptions) -> list[str]:
         options, stored = (
             dataclasses.replace(o, device=here if o.device == "auto" else o.device) for o in (options, stored)
         )
-    return options.changed(stored)
+    return resume.changed(options, stored)

@@ -36,13 +36,11 @@ from trainwise.core.option import PRICE, QUALITY, RUN, flag, ints, option, take,
 from trainwise.estimating.data import EstimateConfig, EstimateFields
 from trainwise.exporting.scripts import ExportConfig
 from trainwise.run import cluster
-from trainwise.run.ranks import Rendezvous
 from trainwise.search import verdicts as quality
 from trainwise.search.batch_size import FindBatchConfig
 from trainwise.search.hyperparams import TuneConfig
 from trainwise.spec import groups as spec
 from trainwise.spec.config import StudyConfig
-from trainwise.study import resume
 from trainwise.training.tracking import compare_report_to
 
 
@@ -84,18 +82,6 @@ class CompareOptions(Scale, Measurement, Training, Shape, ModelData, Priced):
             self.price(self.checkpoint_minutes),
             (self.quality_steps, self.seeds) if self.quality_steps else None,
         )
-
-    def measured(self) -> dict[str, Any]:
-        """trainwise.study.resume.measured: what the study measures, each value written one way."""
-        return resume.measured(self)
-
-    def changed(self, stored: CompareOptions) -> list[str]:
-        """trainwise.study.resume.changed: what differs from the study `stored` describes."""
-        return resume.changed(self, stored)
-
-    def over(self, stored: CompareOptions, reported: list[str]) -> tuple[CompareOptions, list[str]]:
-        """trainwise.study.resume.over: this run over the study already in its --out."""
-        return resume.over(self, stored, reported)
 
 
 def _needs_company(name: str) -> bool:
@@ -312,24 +298,6 @@ class TrainOptions(Training, Shape, ModelData, Priced, TrainConfig):
         if self.nproc_per_node is not None and self.nproc not in (1, self.nproc_per_node):
             raise ConfigError("give --nproc or --nproc-per-node (the same thing: ranks on each machine), not both")
         return self.nproc_per_node or self.nproc
-
-    def rendezvous(self) -> Rendezvous | None:
-        """Where this run's ranks meet when it spans several machines (trainwise.run.ranks.Rendezvous.resolve: the
-        options, else Slurm's and torchrun's environment), the batch checked to split over every rank; None on one
-        machine."""
-        meet = Rendezvous.resolve(self.nnodes, self.node_rank, self.master_addr, self.master_port)
-        if meet is None:
-            return None
-        nnodes = meet.nnodes
-        world = nnodes * self.ranks_here()
-        rows = strategies.parse_rows(self.strategies or "baseline", self.accum_steps)
-        accum = strategies.runtime(rows[0].plan, self.task, "cpu").accum_steps if len(rows) == 1 else 1
-        if (self.batch_size // accum) % world or self.batch_size % accum:
-            raise ConfigError(
-                f"--batch-size {self.batch_size}: each micro-batch of {self.batch_size // accum} must split evenly "
-                f"over {world} ranks on {nnodes} nodes; use a multiple of {accum * world}"
-            )
-        return meet
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,6 +12,7 @@ from trainwise.api.render import STDERR, Render
 from trainwise.core.errors import ConfigError
 from trainwise.run import launcher
 from trainwise.run.events import Event, Warn
+from trainwise.run.ranks import Rendezvous
 from trainwise.training.tracking import parse_report_to
 
 
@@ -25,7 +26,11 @@ def start(options: TrainOptions, render: Render | None = STDERR):
             "trainwise train starts its ranks itself: run it once per machine, not under torchrun (several machines: "
             "--nnodes N --node-rank R --master-addr A; under Slurm, srun --ntasks-per-node=1 trainwise train ...)"
         )
-    meet = options.rendezvous()
+    # where the ranks meet over several machines (the options, else Slurm's and torchrun's environment), or None
+    meet = Rendezvous.resolve(options.nnodes, options.node_rank, options.master_addr, options.master_port)
+    if meet is not None:
+        plan = options.strategies or "baseline"
+        meet.check_batch(options.batch_size, options.ranks_here(), plan, options.accum_steps, options.task)
     if meet is not None and options.plan_study is not None:
         raise ConfigError("--plan trains a study's row on one machine; over several, give the plan with --strategies")
     options.price()  # a bad price is said now, not after the run (the summary prices it)

@@ -92,6 +92,19 @@ class Rendezvous:
     master_addr: str
     master_port: int
 
+    def check_batch(self, batch_size: int, ranks_here: int, plan: str, accum_steps: int, task: str) -> Rendezvous:
+        """This meeting, once the run's batch splits over every rank of every node: each micro-batch of `plan`
+        evenly (ConfigError: one line, before a node starts)."""
+        world = self.nnodes * ranks_here
+        rows = strategies.parse_rows(plan, accum_steps)
+        accum = strategies.runtime(rows[0].plan, task, "cpu").accum_steps if len(rows) == 1 else 1
+        if (batch_size // accum) % world or batch_size % accum:
+            raise ConfigError(
+                f"--batch-size {batch_size}: each micro-batch of {batch_size // accum} must split evenly "
+                f"over {world} ranks on {self.nnodes} nodes; use a multiple of {accum * world}"
+            )
+        return self
+
     def torchrun_args(self) -> list[str]:
         return [
             f"--nnodes={self.nnodes}",
