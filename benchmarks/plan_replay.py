@@ -1,6 +1,7 @@
 """The plan search replayed with its noise on a space measured whole (issue 58).
 
-    .venv/bin/python benchmarks/plan_replay.py STUDY [--draws 100] [--max-trials 8] [--old 3a936b5] [--show N]
+    .venv/bin/python benchmarks/plan_replay.py STUDY [--draws 100] [--max-trials 8] [--max-rounds 3] [--old 3a936b5]
+                                                     [--show N]
     .venv/bin/python benchmarks/plan_replay.py STUDY --save benchmarks/spaces/NAME.json   (then replay the file)
 
 STUDY is a study that `benchmarks/plan_space.py` filled (or a space saved from one with `--save`): every candidate
@@ -13,7 +14,7 @@ k-th draw. A row's true time is the mean of its trials' time per sample over the
 search it prints the median and the 90th percentile of its pick's true time over the true best, and the trials it
 used (the new search's repeats and their baseline runs included); the last line is the new search's: `median R p90 R
 trials T of S` (T: the median trials, S: the space's candidates beyond the baseline and the single rows at the
-study's batch).
+study's batch). A smaller budget (`--max-trials`, `--max-rounds`) says what the pick loses on fewer trials.
 
 The replay applies no memory budget, and the old search's confirmation of a floor past ±10% (a study three times
 longer) is not replayed: its pick is `policy.search`'s.
@@ -40,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from trainwise import strategies
-from trainwise.search.acquisition import Search, Searching, search
+from trainwise.search.acquisition import REPEAT_ROUNDS, Search, Searching, search
 from trainwise.search.plan_inputs import (
     Key,
     Observation,
@@ -205,10 +206,11 @@ def priced(draw: Draw, epochs: float | None) -> dict:
 
 
 def replay_new(
-    draw: Draw, space, valid, max_trials: int, repeats: bool, epochs: float | None = None
+    draw: Draw, space, valid, max_trials: int, max_rounds: int, epochs: float | None = None
 ) -> tuple[Search, float]:
-    """The search on one draw, priced where `epochs` is given: what it found and the wall seconds of the trials it
-    asked for (beyond the study's single rows and baseline pair, which every search starts from)."""
+    """The search on one draw with at most `max_rounds` repeat rounds, priced where `epochs` is given: what it found and
+    the wall seconds of the trials it asked for (beyond the study's single rows and baseline pair, which every search
+    starts from)."""
     measured = draw.space
     asked: dict[Key, int] = defaultdict(int, {k: 1 for k in draw.singles()})
     asked[measured.base] = 2
@@ -234,8 +236,10 @@ def replay_new(
         rounds[0] += 1
         return [observe(next_of(measured.key_of(r)), (b.sps, b.step_s), f"round {rounds[0]}") for r in rows]
 
-    how = Searching(space, valid, measured.accum, measure, repeat if repeats else None, None, max_trials,
-                    study_noise=draw.floor, **priced(draw, epochs))  # fmt: skip
+    # (at most `max_rounds` repeat rounds: as if the rest had been measured before)
+    how = Searching(space, valid, measured.accum, measure, repeat if max_rounds else None, None, max_trials,
+                    rounds_done=max(0, REPEAT_ROUNDS - max_rounds), study_noise=draw.floor,
+                    **priced(draw, epochs))  # fmt: skip
     return search(start, how, [math.log(b1.sps / b2.sps) ** 2 / 2]), spent[0]
 
 
@@ -310,6 +314,9 @@ def main() -> None:
     ap.add_argument("--old", default="3a936b5", help="the commit whose search/policy.py is the old search")
     ap.add_argument("--no-old", action="store_true")
     ap.add_argument("--no-repeats", action="store_true", help="the new search without its repeat rounds")
+    ap.add_argument("--max-rounds", type=int, default=REPEAT_ROUNDS,
+                    help=f"the new search's repeat rounds at most (its own: {REPEAT_ROUNDS}); with --max-trials, a "
+                    "smaller budget: what the pick loses on fewer trials")  # fmt: skip
     ap.add_argument("--run-epochs", type=float, default=None,
                     help="price the new search's trials as a live plan does: the planned run is this many epochs of "
                     "the study's data at the baseline's pace, a trial's seconds fitted to the rows' wall times "
@@ -340,7 +347,8 @@ def main() -> None:
     totals: dict[str, list[float]] = {"priced": [], "unpriced": []} if run_s else {}
     for d in range(args.draws):
         draw = Draw(measured, d)
-        found, spent = replay_new(draw, space, valid, args.max_trials, not args.no_repeats, args.run_epochs)
+        rounds = 0 if args.no_repeats else args.max_rounds
+        found, spent = replay_new(draw, space, valid, args.max_trials, rounds, args.run_epochs)
         pick = measured.key_of(found.incumbent) if found.incumbent else measured.base
         if d < args.show or truth[pick] / best > args.show_worse:
             show(d, found, measured, truth)
@@ -348,7 +356,7 @@ def main() -> None:
         new_trials.append(found.trials + found.repeats)
         if run_s:
             totals["priced"].append((spent + run_s * truth[pick]) / (run_s * best))
-            plain, plain_spent = replay_new(Draw(measured, d), space, valid, args.max_trials, not args.no_repeats)
+            plain, plain_spent = replay_new(Draw(measured, d), space, valid, args.max_trials, rounds)
             plain_pick = measured.key_of(plain.incumbent) if plain.incumbent else measured.base
             totals["unpriced"].append((plain_spent + run_s * truth[plain_pick]) / (run_s * best))
         if old is not None:
