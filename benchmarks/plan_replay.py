@@ -314,7 +314,7 @@ def main() -> None:
     ap.add_argument("--old", default="3a936b5", help="the commit whose search/policy.py is the old search")
     ap.add_argument("--no-old", action="store_true")
     ap.add_argument("--no-repeats", action="store_true", help="the new search without its repeat rounds")
-    ap.add_argument("--max-rounds", type=int, default=REPEAT_ROUNDS,
+    ap.add_argument("--max-rounds", type=int, default=REPEAT_ROUNDS, choices=range(REPEAT_ROUNDS + 1),
                     help=f"the new search's repeat rounds at most (its own: {REPEAT_ROUNDS}); with --max-trials, a "
                     "smaller budget: what the pick loses on fewer trials")  # fmt: skip
     ap.add_argument("--run-epochs", type=float, default=None,
