@@ -313,7 +313,8 @@ def main() -> None:
     ap.add_argument("--max-trials", type=int, default=8, help="the search's trials at most (plan's default)")
     ap.add_argument("--old", default="3a936b5", help="the commit whose search/policy.py is the old search")
     ap.add_argument("--no-old", action="store_true")
-    ap.add_argument("--no-repeats", action="store_true", help="the new search without its repeat rounds")
+    ap.add_argument("--no-repeats", action="store_const", const=0, dest="max_rounds", default=REPEAT_ROUNDS,
+                    help="the new search without its repeat rounds (--max-rounds 0)")  # fmt: skip
     ap.add_argument("--max-rounds", type=int, default=REPEAT_ROUNDS, choices=range(REPEAT_ROUNDS + 1),
                     help=f"the new search's repeat rounds at most (its own: {REPEAT_ROUNDS}); with --max-trials, a "
                     "smaller budget: what the pick loses on fewer trials")  # fmt: skip
@@ -347,8 +348,7 @@ def main() -> None:
     totals: dict[str, list[float]] = {"priced": [], "unpriced": []} if run_s else {}
     for d in range(args.draws):
         draw = Draw(measured, d)
-        rounds = 0 if args.no_repeats else args.max_rounds
-        found, spent = replay_new(draw, space, valid, args.max_trials, rounds, args.run_epochs)
+        found, spent = replay_new(draw, space, valid, args.max_trials, args.max_rounds, args.run_epochs)
         pick = measured.key_of(found.incumbent) if found.incumbent else measured.base
         if d < args.show or truth[pick] / best > args.show_worse:
             show(d, found, measured, truth)
@@ -356,7 +356,7 @@ def main() -> None:
         new_trials.append(found.trials + found.repeats)
         if run_s:
             totals["priced"].append((spent + run_s * truth[pick]) / (run_s * best))
-            plain, plain_spent = replay_new(Draw(measured, d), space, valid, args.max_trials, rounds)
+            plain, plain_spent = replay_new(Draw(measured, d), space, valid, args.max_trials, args.max_rounds)
             plain_pick = measured.key_of(plain.incumbent) if plain.incumbent else measured.base
             totals["unpriced"].append((plain_spent + run_s * truth[plain_pick]) / (run_s * best))
         if old is not None:

@@ -37,7 +37,9 @@ from trainwise.search.plan_inputs import Choice, Key, Observation, Space, base, 
 
 # A trial is worth running while its expected improvement is at least this share of the incumbent's time. Replayed
 # on the measured spaces (BENCHMARKS §D2), 1% reaches the best within 3% at the median and 10% at the 90th percentile
-# on all four; 2% or 3% saves the image space two or three trials and loses the seq2seq space's 90th percentile (1.16).
+# on the default-study, seq2seq and image spaces (the causal-LM file, measured on a host that sped up 1.6x between
+# rounds, misses both); 2% or 3% saves the image space two or three trials and loses the seq2seq space's 90th
+# percentile (1.16).
 MIN_GAIN = 0.01
 # "Significantly slower": one-sided at 95% (z 1.645) on the posterior contrast of two candidates' log times.
 Z_TIE = 1.645
@@ -49,8 +51,8 @@ ROUND = 3 * MIN_GAIN
 # enough to tell apart leaders 6% apart (the pick then loses at most that)
 REPEAT_ROUNDS = 3
 # the noise of one trial (log time) before a study says its own: the §D2 spaces' rows, three trials each, moved
-# 4.8-9.4% (median sd; the files in benchmarks/spaces/); SIGMA_WEIGHT trials' worth of it, pooled with the study's
-# repeated trials
+# 4.8-9.4% (median sd; the files in benchmarks/spaces/, but the causal-LM one's 24%, its rounds' drift);
+# SIGMA_WEIGHT trials' worth of it, pooled with the study's repeated trials
 SIGMA_PRIOR = 0.08
 SIGMA_WEIGHT = 4.0
 # what a prediction misses beyond the model's own uncertainty and the noise, before any miss is measured: none,
