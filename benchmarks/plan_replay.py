@@ -14,7 +14,8 @@ k-th draw. A row's true time is the mean of its trials' time per sample over the
 search it prints the median and the 90th percentile of its pick's true time over the true best, and the trials it
 used (the new search's repeats and their baseline runs included); the last line is the new search's: `median R p90 R
 trials T of S` (T: the median trials, S: the space's candidates beyond the baseline and the single rows at the
-study's batch). A smaller budget (`--max-trials`, `--max-rounds`) says what the pick loses on fewer trials.
+study's batch). A smaller budget (`--max-trials`, `--max-rounds`) says what the pick loses on fewer trials;
+`--by-round` takes each measurement round's common drift out first (a host that sped up between rounds).
 
 The replay applies no memory budget, and the old search's confirmation of a floor past ±10% (a study three times
 longer) is not replayed: its pick is `policy.search`'s.
@@ -133,6 +134,29 @@ class Measured:
                 base = key
         assert base is not None, f"{path}: no baseline"
         return cls(dict(table), base, int(doc["accum"]), str(doc["task"]))
+
+    def by_round(self) -> tuple[Measured, list[float]]:
+        """The space with each round's common drift taken out: a row's k-th trial ran in the study's k-th round (its
+        repeats interleaved, every row once a round), and a round's factor is the median over rows of its trial's
+        pace over the row's geometric mean. Each trial's pace is divided by its round's factor (its times
+        multiplied), so a host that sped up between rounds no longer reads as noise; what each row's trials spread
+        beyond their round's drift stays."""
+        rounds = min(len(v) for v in self.table.values())
+        logs = {k: [math.log(t.sps) for t in v[:rounds] if t.status == "ok" and t.sps] for k, v in self.table.items()}
+        full = [v for v in logs.values() if len(v) == rounds]
+        factors = [math.exp(statistics.median(v[r] - statistics.fmean(v) for v in full)) for r in range(rounds)]
+
+        def fix(t: Trial, f: float) -> Trial:
+            if t.status != "ok" or not t.sps:
+                return t
+            times = {
+                n: (getattr(t, n) * f if getattr(t, n) is not None else None) for n in ("step_s", "wall_s", "epoch_s")
+            }
+            phases = tuple(p * f if p is not None else None for p in t.phases) if t.phases else t.phases
+            return dataclasses.replace(t, sps=t.sps / f, phases=phases, **times)
+
+        table = {k: [fix(t, factors[i]) if i < rounds else t for i, t in enumerate(v)] for k, v in self.table.items()}
+        return Measured(table, self.base, self.accum, self.task), factors
 
     def truth(self) -> dict[Key, float]:
         """Each candidate's time per sample (the mean of its trials') over the baseline's."""
@@ -325,6 +349,9 @@ def main() -> None:
     ap.add_argument("--save", type=Path, default=None,
                     help="write the space's trials to this JSON file (benchmarks/spaces/NAME.json: a replay reads it "
                     "as STUDY), then replay")  # fmt: skip
+    ap.add_argument("--by-round", action="store_true",
+                    help="take each round's common drift out of the space first (a host that sped up between rounds "
+                    "reads as noise otherwise): every trial's pace over its round's median factor")  # fmt: skip
     ap.add_argument("--show", type=int, default=0, help="print the new search's trials on the first N draws")
     ap.add_argument("--show-worse", type=float, default=math.inf, help="and on each draw whose pick is this far off")
     args = ap.parse_args()
@@ -332,6 +359,9 @@ def main() -> None:
     if args.save:
         measured.save(args.save, str(args.study))
         print(f"saved {sum(map(len, measured.table.values()))} trials of {len(measured.table)} rows to {args.save}")
+    if args.by_round:
+        measured, factors = measured.by_round()
+        print(f"by round: each round's pace over the rows' mean {', '.join(f'{f:.3f}' for f in factors)}, taken out")
     study_batch = measured.base.batch
     pool = sorted({n for v in measured.table.values() for n in v[0].names}, key=list(strategies.REGISTRY).index)
     valid = validity(measured.task, measured.accum, {"bf16"}, frozenset(pool))
