@@ -197,19 +197,15 @@ def test_pbt_runs_its_members_on_the_cluster(ray_cluster, tmp_path, cls_csv):
     assert result["cost"]["usd"] == pytest.approx(result["machine_s"] / 3600 * 3.6)
     again = here.trainwise(*argv[3:])  # refused before Ray is reached: no process of its own needed
     assert again.returncode == 2 and "already holds a PBT study; PBT studies do not resume" in again.stderr
-    # without the token the cluster refuses the driver: one line that says where the token is looked for
-    alone = {k: v for k, v in c["env"].items() if k != "RAY_AUTH_TOKEN_PATH"}
-    refused = subprocess.run([*argv[:-1], str(tmp_path / "refused")], capture_output=True, text=True, env=alone)
-    assert refused.returncode == 2 and "RAY_AUTH_TOKEN" in refused.stderr, refused.stderr[-2000:]
-    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     assert not list(c["home"].glob(".ray/auth_token*")), "no test reads or writes ~/.ray"
+    # (a driver without the token: the next test's compare; PBT's driver joins through the same cluster.connect)
 
 
 def test_a_study_uses_both_nodes_and_a_killed_node_is_a_row(ray_cluster, tmp_path):
     """A study runs on both nodes, and a node killed mid-trial is a row."""
     c = ray_cluster
     out = tmp_path / "study"
-    argv = _compare(c, out, "baseline,dynamic_pad,smart_batch,sortish")
+    argv = _compare(c, out, "baseline,dynamic_pad,smart_batch,sortish", "--no-remeasure")
     study = subprocess.Popen(argv, env=c["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     worker = c["worker"]
     # the worker node's second trial, once its process is running there: the node is killed with it
@@ -235,12 +231,8 @@ def test_a_study_uses_both_nodes_and_a_killed_node_is_a_row(ray_cluster, tmp_pat
     assert all(r["status"] == "ok" for r in rows if r is not lost[0]), "the study went on on the node left"
     time.sleep(2)
     assert not any(p in _trials_running("trainwise.run.worker") for p in trial), "the killed node's trial is gone too"
-    # the same command with --retry-failed runs the lost trial again, on the node that is left; the rest are kept
-    again = subprocess.run([*argv, "--retry-failed"], env=c["env"], capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stderr[-3000:]
-    rows = _rows(out)
-    assert all(r["status"] == "ok" for r in rows), rows
-    assert again.stderr.count("on node") == 1, again.stderr[-3000:]
+    # (--retry-failed runs such a row again and keeps the rest: tests/study/test_study.py, on one machine, where a
+    # driver of its own and a fresh worker per trial do not cost it 20 s)
     assert not list((c["home"]).glob(".ray/auth_token*")), "no test reads or writes ~/.ray"
     # without the cluster's token the driver is refused: one line that says where Ray looks for one
     alone = {k: v for k, v in c["env"].items() if k != "RAY_AUTH_TOKEN_PATH"}

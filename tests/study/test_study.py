@@ -47,6 +47,34 @@ def test_a_failing_trial_is_a_row_and_the_study_goes_on(tmp_path, cls_csv, monke
     assert table[0].rel_time is None and table[1].rel_time == pytest.approx(1.0)
 
 
+def test_retry_failed_runs_the_failed_row_again_and_keeps_the_rest(tmp_path, cls_csv, capsys, monkeypatch):
+    """A row that failed stays failed when the same command resumes; with --retry-failed it runs again and every
+    other row comes from the store. (On a cluster the failed row is a killed node's: tests/run/test_cluster.py.)"""
+    out = tmp_path / "study"
+    argv = [
+        "compare",
+        "--model-preset",
+        "bert-tiny",
+        "--train-file",
+        str(cls_csv),
+        "--strategies",
+        "baseline,grad_ckpt",
+    ]
+    argv += ["--batch-size", "8", "--max-length", "32", "--max-steps", "2", "--warmup-steps", "1"]
+    argv += ["--eval-samples", "0", "--no-remeasure", "--out", str(out)]
+    monkeypatch.setenv("TRAINWISE_FAULT", "grad_ckpt:raise@1")
+    assert main(argv) == 0
+    assert [r["status"] for r in read_rows(out / "results.json")] == ["ok", "error"]
+    monkeypatch.delenv("TRAINWISE_FAULT")
+    assert main(argv) == 0, "resumed without --retry-failed: the failed row is kept as it is"
+    assert [r["status"] for r in read_rows(out / "results.json")] == ["ok", "error"]
+    capsys.readouterr()
+    assert main([*argv, "--retry-failed"]) == 0
+    err = capsys.readouterr().err
+    assert [r["status"] for r in read_rows(out / "results.json")] == ["ok", "ok"]
+    assert "(stored) baseline #1: ok" in err and "(stored) grad_ckpt" not in err, err[-2000:]
+
+
 def test_compare_writes_every_report_and_resumes(tmp_path, cls_csv, capsys, monkeypatch):
     out = tmp_path / "study"
     argv = [
