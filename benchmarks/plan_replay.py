@@ -12,7 +12,7 @@ last). The search as it is now (`trainwise.search.acquisition`) runs on each dra
 (its `search/policy.py`, read from git) on the same draws: the k-th trial either search asks of a row is that row's
 k-th draw. A row's true time is the mean of its trials' time per sample over the mean of the baseline's. For each
 search it prints the median and the 90th percentile of its pick's true time over the true best, and the trials it
-used (the new search's repeats and their baseline runs included); the last line is the new search's: `median R p90 R
+used (the new search's repeats included); the last line is the new search's: `median R p90 R
 trials T of S` (T: the median trials, S: the space's candidates beyond the baseline and the single rows at the
 study's batch). A smaller budget (`--max-trials`, `--max-rounds`) says what the pick loses on fewer trials;
 `--by-round` takes each measurement round's common drift out first (a host that sped up between rounds).
@@ -255,10 +255,9 @@ def replay_new(
 
     rounds = [0]
 
-    def repeat(rows: list[str]) -> list[Observation]:
-        b = next_of(measured.base)
+    def repeat(rows: list[str]) -> list[Observation]:  # (a round runs no baseline: timed against the study's)
         rounds[0] += 1
-        return [observe(next_of(measured.key_of(r)), (b.sps, b.step_s), f"round {rounds[0]}") for r in rows]
+        return [observe(next_of(measured.key_of(r)), draw.ref, f"round {rounds[0]}") for r in rows]
 
     # (at most `max_rounds` repeat rounds: as if the rest had been measured before)
     how = Searching(space, valid, measured.accum, measure, repeat if max_rounds else None, None, max_trials,

@@ -131,9 +131,10 @@ def test_the_leader_doubled_is_a_row_and_exports_at_that_size(tmp_path, cls_csv)
     assert again.plan is not None and "@bs" not in again.plan and read_trial_keys(out) == keys
 
 
-def test_leaders_within_reach_are_measured_again_beside_the_baseline(tmp_path, cls_csv, monkeypatch):
+def test_leaders_within_reach_are_measured_again_in_a_round_of_their_own(tmp_path, cls_csv, monkeypatch):
     """Where the leaders' intervals overlap (made so here: a significance no difference reaches), they are measured
-    again in OUT/repeats/N, a study of its own with the baseline, and those trials join the model's rows."""
+    again in OUT/repeats/N, a study of their own (no baseline run: timed against the study's), and those trials join
+    the model's rows; a resumed plan reads them back, timed the same way."""
     from trainwise.search import acquisition, plan_inputs
 
     monkeypatch.setattr(acquisition, "Z_TIE", 50.0)
@@ -145,9 +146,14 @@ def test_leaders_within_reach_are_measured_again_beside_the_baseline(tmp_path, c
     out = tmp_path / "study"
     result = trainwise.plan(render=None, **{**options(cls_csv, out), "max_trials": 1})
     again = {r.row_text: r for r in read_results(out / "repeats" / "1")}
-    assert "baseline" in again and len(again) >= 3, list(again)
+    assert "baseline" not in again and len(again) == 2 and all(r.status == "ok" for r in again.values()), list(again)
     assert result.search["repeats"] == len(again)
-    assert all(row in result.search["times"] for row in again if row != "baseline")
+    assert all(row in result.search["times"] for row in again)
+    from trainwise.api import plan as plan_api
+
+    read = plan_api._repeated(out, lambda rows, source: plan_inputs.observations(rows, 1, 8, {}, source, 100.0))
+    assert sorted(o.row for o in read) == sorted(again) and all(o.source == "repeats/1" for o in read)
+    assert all(o.time == pytest.approx(100.0 / again[o.row].samples_per_s) for o in read), "against the study's"
 
 
 def _rows(times: dict[str, float], sps: float = 100.0) -> list:

@@ -3,7 +3,7 @@
 1. the single rows (a study given with --study, or compare's rows run first), the ecosystem's default (at its own
    batch size where the data allows) and each of its strategies alone, as rows of one study;
 2. the search (`search.acquisition` over `search.model`, fed by `search.plan_inputs`): each trial a row of the same
-   study, each repeat round a study of its own in OUT/repeats/N beside the baseline;
+   study, each repeat round a study of its own in OUT/repeats/N (its two rows, no baseline run);
 3. the pick's quality against the baseline over paired seeds (`search.verdicts`), falling back in order;
 4. OUT/plan.json, OUT/plan.md (`report.plan`) and the study's report.html drawn again.
 """
@@ -128,11 +128,13 @@ def start(
         )
     valid = inputs.validity(task, accum, caps, only, never, yours.always if yours else frozenset())
     run_s = _run_seconds(rows, options.run_epochs)
+    base_sps = next(r.samples_per_s for r in rows if r.baseline and r.status == "ok")
 
     def observe(found: list[StudyRow], source: str = "") -> list[inputs.Observation]:
-        why = {v.strategy: v.reason for v in advise(found, constraints).verdicts if not v.feasible}
+        judged = study_rows(out) if source else found  # a round (no baseline run): the study's verdicts and baseline
+        why = {v.strategy: v.reason for v in advise(judged, constraints).verdicts if not v.feasible}
         return inputs.observations(
-            found, accum, batch, {r.row_text: why[r.strategy] for r in found if r.strategy in why}, source
+            found, accum, batch, {r.row_text: why[r.strategy] for r in found if r.strategy in why}, source, base_sps
         )
 
     start_obs = observe(rows) + _repeated(out, observe)
@@ -156,8 +158,8 @@ def start(
         nonlocal rounds
         rounds += 1
         where = out / REPEATS / str(rounds)
-        render.note(f"trainwise plan: measuring again beside the baseline ({where}): {', '.join(leaders)}")
-        again = dataclasses.replace(base, out=str(where), strategies=["baseline", *leaders], repeat=1, remeasure=False)
+        render.note(f"trainwise plan: measuring again ({where}): {', '.join(leaders)}")
+        again = dataclasses.replace(base, out=str(where), strategies=list(leaders), repeat=1, remeasure=False)
         compare_api.start(again, quiet)
         return [o for o in observe(study_rows(where), f"{REPEATS}/{rounds}") if o.row in leaders and o.names]
 
@@ -189,22 +191,12 @@ def start(
         write_atomic(out / PLAN, json.dumps({**progress.to_dict(), "in_progress": True}, indent=1))
 
     how = Searching(
-        space,
-        valid,
-        accum,
-        measure,
-        repeat,
-        MemoryModel(stored.pricer(out, accum), _capacity(device, constraints)),
-        options.max_trials,
-        None if budget_s is None else max(0.0, budget_s - (time.monotonic() - began)),
-        run_s=run_s,
-        trial_s=inputs.trial_seconds(rows),
-        earlier=_searched_before(out),
-        rounds_done=len(done),
+        space, valid, accum, measure, repeat, MemoryModel(stored.pricer(out, accum), _capacity(device, constraints)),
+        options.max_trials, None if budget_s is None else max(0.0, budget_s - (time.monotonic() - began)),
+        run_s=run_s, trial_s=inputs.trial_seconds(rows), earlier=_searched_before(out), rounds_done=len(done),
         study_noise=next((r.noise_floor for r in rows if r.baseline and r.noise_floor is not None), None),
-        references=tuple(r for r in (eco_row, yours.row if yours else None) if r),
-        on_trial=on_trial,
-    )
+        references=tuple(r for r in (eco_row, yours.row if yours else None) if r), on_trial=on_trial,
+    )  # fmt: skip
     found = search(start_obs, how, inputs.deviations(rows))
     if shown:
         render.table(shown[-1])  # the study's whole table, once
@@ -323,7 +315,7 @@ def _quality(options: PlanOptions, base: CompareOptions, ctx: Context, row: str,
 
 
 def _repeated(out: Path, observe: Callable[..., list[inputs.Observation]]) -> list[inputs.Observation]:
-    """What earlier repeat rounds of this search measured (OUT/repeats/N), each relative to its own baseline."""
+    """What earlier repeat rounds of this search measured (OUT/repeats/N), timed against the study's baseline."""
     found = []
     for where in _repeat_dirs(out):
         try:

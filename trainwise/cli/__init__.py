@@ -153,7 +153,7 @@ def plan(o: api.PlanOptions, as_json: bool) -> None:
     without trainwise (TRL's or the Trainer's defaults); then, as rows of the same study (it resumes), the greedy
     stack and each candidate (a combination the registry allows, at the study's batch or doubled) with the largest
     expected improvement under a model fitted to every row measured, while one is worth a trial; the leaders
-    measured again beside the baseline until they separate; the simplest not significantly slower than the
+    measured again, two trials a round, until they separate; the simplest not significantly slower than the
     fastest, its quality checked against the baseline over paired seeds. Writes OUT/plan.md, OUT/plan.json and
     the study's report.html with the search's path (docs/plan.md states the method).
     """

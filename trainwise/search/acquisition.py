@@ -10,8 +10,8 @@
    EI over the planned run exceeds its own trial's seconds by the most, and none is measured once none does. A
    candidate's batch is at most twice the largest batch measured so far (the model's batch terms are local).
 3. Repeats: while measured candidates are not significantly slower than the fastest (one-sided, Z_TIE, on their
-   contrast), the fastest and the row the pick would take are measured again beside the baseline (at
-   most REPEAT_ROUNDS rounds over the search's life), while what the round may save pays for its three trials.
+   contrast), the fastest and the row the pick would take are measured again, a round of two trials (at most
+   REPEAT_ROUNDS rounds over the search's life), while what the round may save pays for its trials.
 4. The pick is the simplest candidate (the fewest strategies, then the study's batch) not significantly slower than
    the fastest and expected to lose less than ROUND to it (a tie the repeats did not settle goes to the fastest); each
    reference row (the ecosystem's default, the user's own config) is tested against each measured candidate the same
@@ -43,9 +43,12 @@ from trainwise.search.plan_inputs import Choice, Key, Observation, Space, base, 
 MIN_GAIN = 0.01
 # "Significantly slower": one-sided at 95% (z 1.645) on the posterior contrast of two candidates' log times.
 Z_TIE = 1.645
-# What a repeat round must be expected to save to run: MIN_GAIN for each of its three trials (the fastest, the row
-# the pick would take instead, one baseline run). The pick takes a simpler row over the fastest only while what it may
-# lose is below it: a tie the rounds did not settle goes to the fastest.
+# What a repeat round must be expected to save to run, and what the pick may lose to the fastest at most: a simpler row
+# is taken over the fastest only while what it may lose is below it (a tie the rounds did not settle goes to the
+# fastest). 3 MIN_GAIN: a trial's worth for each trial of a round as it was, the fastest, the row the pick would take
+# and a baseline run. A round now runs no baseline (the model gives each round an offset, so a baseline run in it set
+# that offset and nothing the pick reads): replayed, dropping it left every pick as it was and saved 3 trials of 15 on
+# the seq2seq space; 2 MIN_GAIN saved no more trials and sent a 1% tie to the fastest (BENCHMARKS §D2).
 ROUND = 3 * MIN_GAIN
 # rounds of repeats over a search's life: on a CPU whose trials move ±5-10%, four runs of a row halve its interval,
 # enough to tell apart leaders 6% apart (the pick then loses at most that)
@@ -91,7 +94,7 @@ class Search:
     candidates: list[Candidate] = field(default_factory=list)
     stopped: str = ""
     trials: int = 0  # search trials (the repeats are counted apart)
-    repeats: int = 0  # trials of the repeat rounds, their baseline runs included
+    repeats: int = 0  # trials of the repeat rounds
     wall_s: float = 0.0
     fastest: str | None = None
     study_noise: float | None = None
@@ -230,9 +233,9 @@ class _State:
         return i, (mean - mean[i]) / np.sqrt(var + 1e-12), var
 
     def add_round(self, got: Sequence[Observation]) -> None:
-        """A round of repeats: its rows, each measured again beside one baseline run, also say how much one trial
-        moves: each row's deviation from the mean of its earlier trials, less the round's shared offset (its
-        baseline run's), with n - 1 degrees of freedom among n rows."""
+        """A round of repeats: its rows, each measured again (together, at the host's speed of the moment), also say
+        how much one trial moves: each row's deviation from the mean of its earlier trials, less the round's shared
+        offset, with n - 1 degrees of freedom among n rows."""
         found = []
         for o in got:
             before = [x for x in self.obs if x.key == o.key and x.ok and x.time and x.source == ""]
@@ -377,11 +380,11 @@ def _helpers(state: _State) -> list[str]:
 
 
 def _repeats(state: _State, how: Searching, result: Search, began: float) -> None:
-    """While the pick is not settled, measure it again beside the fastest and one baseline run: the round is worth its
-    three trials while what the pick may lose to the fastest (or, where it is the fastest, what the closest rival may
-    beat it by) is expected at MIN_GAIN of its time per trial or more, the rule a trial of the search is held to, and,
-    priced, while that much of the planned run pays for the round's trials. Stops there, or when the rounds or
-    --max-search-time are spent."""
+    """While the pick is not settled, measure it again beside the fastest (a round of its own, no baseline run): the
+    round is worth its two trials while what the pick may lose to the fastest (or, where it is the fastest, what the
+    closest rival may beat it by) is expected at MIN_GAIN of its time per trial or more, the rule a trial of the search
+    is held to, and, priced, while that much of the planned run pays for the round's trials. Stops there, or when the
+    rounds or --max-search-time are spent."""
     assert how.repeat is not None
     study_batch = how.space.study_batch
     for _ in range(max(0, REPEAT_ROUNDS - how.rounds_done)):
@@ -404,14 +407,14 @@ def _repeats(state: _State, how: Searching, result: Search, began: float) -> Non
             at_stake = 0.0 if rival is None else _excess(float(mean[i] - mean[rival]), float(var[rival]))
         if rival is None or at_stake < ROUND:
             return
-        # (priced: what the round may save over the planned run must pay for its trials, one baseline run included)
-        runs = [(float(np.exp(mean[k])), mine[k].key.batch) for k in (i, rival)] + [(1.0, study_batch)]
+        # (priced: what the round may save over the planned run must pay for its two trials)
+        runs = [(float(np.exp(mean[k])), mine[k].key.batch) for k in (i, rival)]
         cost = state.cost(runs)
         if cost is not None and how.run_s is not None and at_stake * runs[0][0] * how.run_s <= cost.sum():
             return
         rows = [mine[i].row, mine[rival].row]
         got = how.repeat(rows)
-        result.repeats += len(got) + 1  # (and the baseline, once: the rows of a round share it)
+        result.repeats += len(got)
         state.add_round(got)
         for c in result.candidates:
             if c.row in rows and c.state == "measured":

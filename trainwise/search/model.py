@@ -72,7 +72,7 @@ class _Design:
         pairs = sorted({(a, b) for fs in feats for a in fs for b in fs if a < b})
         self.columns = ["intercept", *names, *(f"{a}&{b}" for a, b in pairs), "slope", "curve"]
         self.columns += [f"{f}@slope" for f in names]
-        # each repeat round's rows share its baseline run: one offset a round (the study's own rows: none)
+        # each repeat round's rows share the host's speed of the moment: one offset a round (the study's rows: none)
         self.columns += [f"source:{s}" for s in sorted(set(sources) - {""})]
         self.index = {c: i for i, c in enumerate(self.columns)}
         self.names = names
@@ -105,7 +105,7 @@ class _Design:
 
     def prior(self, slope: float, sigma: float) -> tuple[np.ndarray, np.ndarray]:
         """Prior means and sds of the columns, for a part whose batch slope's prior mean is `slope`; a round's offset
-        is its baseline run's noise, `sigma`."""
+        (how far the host's speed moved since the study) has one trial's noise, `sigma`."""
         mean = np.zeros(len(self.columns))
         sd = np.full(len(self.columns), TAU_SETTING)
         for c, i in self.index.items():

@@ -64,7 +64,7 @@ class Observation:
     rel_mem: float | None = None
     compile_s: float | None = None  # a one-time cost, never part of `time`
     why_not: str | None = None  # a budget the row breaks (None: it meets them)
-    source: str = ""  # the repeat round it was measured in, beside its own baseline run ("": the study)
+    source: str = ""  # the repeat round it was measured in ("": the study)
 
     @property
     def ok(self) -> bool:
@@ -300,11 +300,17 @@ def validity(
 
 
 def observations(
-    rows: Sequence[StudyRow], accum: int, study_batch: int, why_not: dict[str, str], source: str = ""
+    rows: Sequence[StudyRow],
+    accum: int,
+    study_batch: int,
+    why_not: dict[str, str],
+    source: str = "",
+    reference: float | None = None,
 ) -> list[Observation]:
     """A study's rows as the model reads them: each relative to the study's baseline (its runs' mean), its phases
-    as the two parts per sample, weighed by its ok trials. `why_not`: the budget each row breaks (advise's)."""
-    ref = next((r for r in rows if r.baseline and r.status == "ok" and r.samples_per_s), None)
+    as the two parts per sample, weighed by its ok trials. `why_not`: the budget each row breaks (advise's);
+    `reference`: the baseline's samples/s where the rows hold no baseline (a repeat round's study)."""
+    ref = next((r.samples_per_s for r in rows if r.baseline and r.status == "ok" and r.samples_per_s), reference)
     found = []
     for r in rows:
         parsed = strategies.parse_row(r.row_text, accum, stored=True)
@@ -314,7 +320,7 @@ def observations(
             names_of(parsed, accum),
             status=r.status,
             samples_per_s=r.samples_per_s,
-            base_samples_per_s=ref.samples_per_s if ref else None,
+            base_samples_per_s=ref,
             phases=(r.data_wait_s, r.compute_s, r.optimizer_s, r.step_time_median_s or r.step_time_s),
             weight=float(max(1, r.repeats)),
             peak_bytes=r.peak_mem_bytes,
