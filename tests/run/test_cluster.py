@@ -21,6 +21,7 @@ import pytest
 
 from tests import here
 from trainwise.core.env import KIND_LABEL
+from trainwise.core.errors import ConfigError
 from trainwise.core.results import TrialResult
 from trainwise.run import cluster
 from trainwise.spec.config import TrialSpec
@@ -299,3 +300,16 @@ def test_an_address_is_checked_before_anything_runs(tmp_path):
         run = here.trainwise("compare", "--ray-address", bad, "--out", str(tmp_path / "x"))
         assert run.returncode == 2 and said in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
         assert not (tmp_path / "x").exists()
+
+
+def test_a_refusal_by_ray_is_one_line_naming_where_the_token_is_read(monkeypatch):
+    """Every verb joins a cluster through `cluster.connect` (compare's and tune's drivers, PBT's): a cluster that
+    refuses the driver for want of a token is a ConfigError naming where Ray reads one (a real refusal: the killed-node
+    test's driver without the token)."""
+    refusal = type("AuthenticationError", (Exception,), {})("no token")  # what ray.init raises, by its name
+    monkeypatch.setattr(cluster.ray_module(), "init", lambda **_k: (_ for _ in ()).throw(refusal))
+    with pytest.raises(ConfigError) as e:
+        cluster.connect("10.0.0.9:6379")
+    said = str(e.value)
+    assert said.startswith("--ray-address 10.0.0.9:6379: the cluster uses token authentication") and "\n" not in said
+    assert cluster.TOKEN_SOURCES in said

@@ -143,17 +143,24 @@ def test_leaders_within_reach_are_measured_again_in_a_round_of_their_own(tmp_pat
     # prices a round has its own test in test_acquisition)
     monkeypatch.setattr(acquisition, "ROUND", 0.0)
     monkeypatch.setattr(plan_inputs, "trial_seconds", lambda _rows: None)
+    rounds: list = []  # what each round hands the model
+    add_round = acquisition._State.add_round
+    monkeypatch.setattr(acquisition._State, "add_round", lambda self, got: (rounds.append(got), add_round(self, got)))
     out = tmp_path / "study"
     result = trainwise.plan(render=None, **{**options(cls_csv, out), "max_trials": 1})
     again = {r.row_text: r for r in read_results(out / "repeats" / "1")}
     assert "baseline" not in again and len(again) == 2 and all(r.status == "ok" for r in again.values()), list(again)
     assert result.search["repeats"] == len(again)
     assert all(row in result.search["times"] for row in again)
+    # each repeat timed against the study's baseline (the round runs none), as the model and a resumed plan read it
+    base = next(r.samples_per_s for r in read_results(out) if r.baseline)
+    (got,) = rounds
+    assert sorted(o.row for o in got) == sorted(again) and all(o.source == "repeats/1" for o in got)
+    assert all(o.time == pytest.approx(base / again[o.row].samples_per_s) for o in got), got
     from trainwise.api import plan as plan_api
 
-    read = plan_api._repeated(out, lambda rows, source: plan_inputs.observations(rows, 1, 8, {}, source, 100.0))
-    assert sorted(o.row for o in read) == sorted(again) and all(o.source == "repeats/1" for o in read)
-    assert all(o.time == pytest.approx(100.0 / again[o.row].samples_per_s) for o in read), "against the study's"
+    read = plan_api._repeated(out, lambda rows, source: plan_inputs.observations(rows, 1, 8, {}, source, base))
+    assert [(o.row, o.time) for o in read] == [(o.row, o.time) for o in got]
 
 
 def _rows(times: dict[str, float], sps: float = 100.0) -> list:

@@ -47,8 +47,9 @@ Z_TIE = 1.645
 # is taken over the fastest only while what it may lose is below it (a tie the rounds did not settle goes to the
 # fastest). 3 MIN_GAIN: a trial's worth for each trial of a round as it was, the fastest, the row the pick would take
 # and a baseline run. A round now runs no baseline (the model gives each round an offset, so a baseline run in it set
-# that offset and nothing the pick reads): replayed, dropping it left every pick as it was and saved 3 trials of 15 on
-# the seq2seq space; 2 MIN_GAIN saved no more trials and sent a 1% tie to the fastest (BENCHMARKS §D2).
+# that offset and nothing the pick reads): replayed, dropping it kept every space's 90th percentile and saved 3 trials
+# of 15 on the seq2seq space (its median pick as measured 1.013, from 1.000); 2 MIN_GAIN saved no more trials and sent
+# a 1% tie to the fastest (BENCHMARKS §D2).
 ROUND = 3 * MIN_GAIN
 # rounds of repeats over a search's life: on a CPU whose trials move ±5-10%, four runs of a row halve its interval,
 # enough to tell apart leaders 6% apart (the pick then loses at most that)

@@ -105,7 +105,8 @@ class _Design:
 
     def prior(self, slope: float, sigma: float) -> tuple[np.ndarray, np.ndarray]:
         """Prior means and sds of the columns, for a part whose batch slope's prior mean is `slope`; a round's offset
-        (how far the host's speed moved since the study) has one trial's noise, `sigma`."""
+        (how far the host's speed moved since the study) has one trial's noise, `sigma` (replayed, a wider prior, 0.3
+        or 2.0, mended the drifting causal-LM space's median and cost the seq2seq space's: BENCHMARKS §D2)."""
         mean = np.zeros(len(self.columns))
         sd = np.full(len(self.columns), TAU_SETTING)
         for c, i in self.index.items():
