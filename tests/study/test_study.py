@@ -51,16 +51,8 @@ def test_retry_failed_runs_the_failed_row_again_and_keeps_the_rest(tmp_path, cls
     """A row that failed stays failed when the same command resumes; with --retry-failed it runs again and every
     other row comes from the store. (On a cluster the failed row is a killed node's: tests/run/test_cluster.py.)"""
     out = tmp_path / "study"
-    argv = [
-        "compare",
-        "--model-preset",
-        "bert-tiny",
-        "--train-file",
-        str(cls_csv),
-        "--strategies",
-        "baseline,grad_ckpt",
-    ]
-    argv += ["--batch-size", "8", "--max-length", "32", "--max-steps", "2", "--warmup-steps", "1"]
+    argv = ["compare", "--model-preset", "bert-tiny", "--train-file", str(cls_csv), "--batch-size", "8"]
+    argv += ["--strategies", "baseline,grad_ckpt", "--max-length", "32", "--max-steps", "2", "--warmup-steps", "1"]
     argv += ["--eval-samples", "0", "--no-remeasure", "--out", str(out)]
     monkeypatch.setenv("TRAINWISE_FAULT", "grad_ckpt:raise@1")
     assert main(argv) == 0
