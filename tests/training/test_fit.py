@@ -6,6 +6,7 @@ import json
 import os
 import random
 import re
+from pathlib import Path
 
 import pytest
 
@@ -430,7 +431,7 @@ def zero2_whole(tmp_path_factory, cls_csv):
 def test_two_nodes_killed_and_resumed_end_at_one_machines_loss(tmp_path, cls_csv, zero2_whole):
     """torchrun --nnodes 2 on this host (two node agents, gloo, static rendezvous), ZeRO-2 (each rank writes its
     partition into the shared --out): every rank killed at a step, then both nodes --resume; the run ends with the
-    losses of the same two ranks on one machine. Nodes without a shared --out are refused on both, in one line."""
+    losses of the same two ranks on one machine."""
     kill_at = random.Random(5).randint(4, 11)
     killed = _two_nodes(tmp_path / "cut", cls_csv, env={"TRAINWISE_FAULT": f"train:kill@{kill_at}"})
     assert [k.returncode for k in killed] == [1, 1], [k.stderr[-2000:] for k in killed]
@@ -447,7 +448,53 @@ def test_two_nodes_killed_and_resumed_end_at_one_machines_loss(tmp_path, cls_csv
     assert r["steps"] == w["steps"] == 12
     assert r["final_loss"] == pytest.approx(w["final_loss"], abs=1e-4)
     assert [e["train_loss"] for e in r["evals"]] == pytest.approx([e["train_loss"] for e in w["evals"]], abs=1e-4)
-    # the check of --out comes before any training: plain DDP ranks (no DeepSpeed to import) say it as well
+
+
+def _check_shared_as(rank: int, port: int, outs: list[str], said) -> None:
+    """One rank of two (gloo on this host) running train's check of --out before any training."""
+    import torch
+
+    from trainwise.training.checkpoint import check_shared
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2")
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        check_shared(Path(outs[rank]))
+        said.put((rank, None))
+    except ConfigError as e:
+        said.put((rank, str(e)))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_every_rank_refuses_an_out_that_is_not_one_shared_folder(tmp_path, shared):
+    """Ranks of a run over several machines read back what rank 0 wrote in --out before any training: where the
+    folder is not one shared by every node (here each rank has its own), every rank says so in one line; a shared one
+    passes and is left as it was. (Two real node agents refusing it: the `bench` test below.)"""
+    import multiprocessing
+
+    outs = [str(tmp_path / "a"), str(tmp_path / ("a" if shared else "b"))]
+    for o in outs:
+        Path(o).mkdir(exist_ok=True)
+    ctx = multiprocessing.get_context("fork")  # (this process has torch imported: the ranks start at once)
+    said, port = ctx.Queue(), here.free_port()
+    ranks = [ctx.Process(target=_check_shared_as, args=(r, port, outs, said)) for r in (0, 1)]
+    for p in ranks:
+        p.start()
+    got = dict(said.get(timeout=120) for _ in ranks)
+    for p in ranks:
+        p.join(timeout=60)
+    if shared:
+        assert got == {0: None, 1: None} and not any(Path(outs[0]).iterdir()), got
+    else:
+        assert all(e and "is not one folder shared by every node" in e and "\n" not in e for e in got.values()), got
+
+
+@pytest.mark.bench
+def test_two_nodes_without_one_shared_out_are_refused_on_both(tmp_path, cls_csv):
+    """The check of --out comes before any training, on both node agents: plain DDP ranks (no DeepSpeed to import)
+    say it in one line each (`make bench`: two node agents cost the suite 16 s; the check itself is the test above)."""
     apart = _two_nodes(tmp_path / "a", cls_csv, "--strategies", "baseline", outs=[tmp_path / "a", tmp_path / "b"])
     for node in apart:
         error = [line for line in node.stderr.splitlines() if line.startswith("trainwise: error:")]
