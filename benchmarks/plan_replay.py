@@ -12,10 +12,10 @@ last). The search as it is now (`trainwise.search.acquisition`) runs on each dra
 (its `search/policy.py`, read from git) on the same draws: the k-th trial either search asks of a row is that row's
 k-th draw. A row's true time is the mean of its trials' time per sample over the mean of the baseline's. For each
 search it prints the median and the 90th percentile of its pick's true time over the true best, and the trials it
-used (the new search's repeats included); the last line is the new search's: `median R p90 R
-trials T of S` (T: the median trials, S: the space's candidates beyond the baseline and the single rows at the
-study's batch). A smaller budget (`--max-trials`, `--max-rounds`) says what the pick loses on fewer trials;
-`--by-round` takes each measurement round's common drift out first (a host that sped up between rounds).
+used (the new search's repeats included); the last line is the new search's: `median R p90 R trials T of S` (T: the
+median trials, S: the space's candidates beyond the baseline and the single rows at the study's batch). A smaller
+budget (`--max-trials`, `--max-rounds`) says what the pick loses on fewer trials; `--by-round` takes each
+measurement round's common drift out first (a host that sped up between rounds).
 
 The replay applies no memory budget, and the old search's confirmation of a floor past ±10% (a study three times
 longer) is not replayed: its pick is `policy.search`'s.

@@ -121,14 +121,14 @@ def start(
     singles_s = time.monotonic() - began
     quiet = dataclasses.replace(quiet, progress=_new_only(render.progress))
     rows = study_rows(out)
-    if not any(r.baseline and r.status == "ok" and r.samples_per_s for r in rows):
+    base_sps = next((r.samples_per_s for r in rows if r.baseline and r.status == "ok" and r.samples_per_s), None)
+    if base_sps is None:
         raise ConfigError(
             f"{out} has no baseline row that finished ok: the search measures every combination against it "
             "(add baseline to the study's rows)"
         )
     valid = inputs.validity(task, accum, caps, only, never, yours.always if yours else frozenset())
     run_s = _run_seconds(rows, options.run_epochs)
-    base_sps = next(r.samples_per_s for r in rows if r.baseline and r.status == "ok" and r.samples_per_s)
 
     def observe(found: list[StudyRow], source: str = "") -> list[inputs.Observation]:
         judged = study_rows(out) if source else found  # a round (no baseline run): the study's verdicts and baseline
