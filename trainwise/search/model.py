@@ -5,7 +5,8 @@ per-step part (the optimizer and the rest of a step, shared by the samples of th
 log space:
 
     log part = intercept + sum of the settings' effects + sum of the pairs' interactions
-               + slope * b + curve * b^2 + sum of each setting's own slope * b,     b = log2(batch / study batch)
+               + slope * b + curve * b^2 + sum of each setting's own slope * b + the batch size's own effect,
+                                                                                    b = log2(batch / study batch)
 
 Every term has a Gaussian prior (mean and sd below, each with its reason); the posterior is the Bayesian linear
 (ridge) fit over every measured row, each weighed by its trials, with one trial's noise `sigma` (log) on its whole
@@ -47,6 +48,13 @@ TAU_SLOPE = 0.15
 STEP_SLOPE = -math.log(2.0)
 TAU_CURVE = 0.05  # the slope's change a doubling (a GPU saturates: the gain of each doubling shrinks)
 TAU_SETTING_SLOPE = 0.10  # a setting's own batch slope (padding grows with the batch unless batches are sorted)
+# A batch size's own effect, beside the slope and curve, shared by every candidate at that size: the pace is not
+# smooth in the batch (a kernel's tiling, a cache the activations outgrow). On one CPU study (BENCHMARKS §D4) five
+# sizes, measured twice, sat 0.46 and 0.48 (sd) off a quadratic in b: batch 32 read 23-28% slower than 16 in all
+# three runs, 64 and 128 faster than both, 256 3x slower than 128. Without it one bumpy or noisy pair set the slope,
+# and the slope closed the larger sizes (run 3 never tried 64). The replay spaces' three sizes cannot show it (a slope
+# and a curve fit any three); there 0.4 cost the image space two trials at the median (§D2).
+TAU_LEVEL = 0.3
 TAU_INTERCEPT = 2.0  # the baseline's parts are measured; the prior says nothing
 
 
@@ -64,14 +72,18 @@ class Prediction:
 
 class _Design:
     """The columns: the intercept, each setting, each pair of settings that a candidate holds together, the batch's
-    slope and curve, and each setting's own slope."""
+    slope and curve, each setting's own slope, each batch size's own effect (but the study's), and each repeat
+    round's offset."""
 
-    def __init__(self, feats: Sequence[frozenset[str]], study_batch: int, sources: Sequence[str] = ()):
+    def __init__(
+        self, feats: Sequence[frozenset[str]], study_batch: int, sources: Sequence[str] = (), batches: Sequence[int] = ()
+    ):
         self.study_batch = study_batch
         names = sorted({f for fs in feats for f in fs})
         pairs = sorted({(a, b) for fs in feats for a in fs for b in fs if a < b})
         self.columns = ["intercept", *names, *(f"{a}&{b}" for a, b in pairs), "slope", "curve"]
         self.columns += [f"{f}@slope" for f in names]
+        self.columns += [f"level:{n}" for n in sorted(set(batches) - {study_batch})]  # (the study's: the intercept)
         # each repeat round's rows share the host's speed of the moment: one offset a round (the study's rows: none)
         self.columns += [f"source:{s}" for s in sorted(set(sources) - {""})]
         self.index = {c: i for i, c in enumerate(self.columns)}
@@ -98,6 +110,8 @@ class _Design:
                     x[j] = 1.0
         x[self.index["slope"]] = b
         x[self.index["curve"]] = b * b
+        if (j := self.index.get(f"level:{batch}")) is not None:
+            x[j] = 1.0
         return x
 
     def matrix(self, rows: Sequence[tuple[frozenset[str], int]]) -> np.ndarray:
@@ -120,6 +134,8 @@ class _Design:
                 sd[i] = TAU_CURVE
             elif c.endswith("@slope"):
                 sd[i] = TAU_SETTING_SLOPE
+            elif c.startswith("level:"):
+                sd[i] = TAU_LEVEL
             elif "&" in c and tuple(c.split("&")) in self.interacting:  # a pair the registry says interacts
                 sd[i] = TAU_INTERACTS
             elif "&" in c or "~" in c:  # a pair, or a setting beside one the registry says it overlaps
@@ -156,7 +172,8 @@ class TimeModel:
         self.sigma = sigma
         ok = [o for o in observations if o.ok]
         feats = [c.features for c in choices] + [features(o.key.plan) for o in ok]
-        self.design = _Design(feats, study_batch, [o.source for o in ok])
+        batches = [c.key.batch for c in choices] + [o.key.batch for o in ok]
+        self.design = _Design(feats, study_batch, [o.source for o in ok], batches)
         self.two_parts = any(o.parts is not None for o in ok)
         self.parts: list[_Part] = []
         if not ok:
