@@ -108,6 +108,9 @@ def test_nodes_of_two_device_kinds_each_measure_the_baseline(ray_cluster, tmp_pa
     assert "baseline [other-device] #1: ok" in run.stderr, "the progress says which kind a baseline ran on"
 
 
+# tune's trials side by side, one on each node: PBT's members below, at every commit; the random search's trials
+# (their evaluations streamed back through the pool, as compare's trials stream their steps) in `make bench`
+@pytest.mark.bench
 def test_random_search_runs_its_trials_side_by_side(ray_cluster, tmp_path, cls_csv):
     """tune --search random with --ray-address: two trials at once, one per node, their evaluations streamed back
     as they happen (what the pruner reads)."""
@@ -162,8 +165,8 @@ def test_a_trial_over_both_nodes_takes_one_machines_steps(ray_cluster, tmp_path)
 
 
 def test_pbt_runs_its_members_on_the_cluster(ray_cluster, tmp_path, cls_csv):
-    """PBT with two tiny members on the cluster (`--search pbt --ray-address`): they run there (no local Ray), every
-    member evaluates at every interval, the worse one continues from the better one's checkpoint with a mutated
+    """PBT with two tiny members on the cluster (`--search pbt --ray-address`): they run there (no local Ray), one
+    on each node, every member evaluates at every interval, the worse one continues from the better one's checkpoint with a mutated
     lr, the cost is priced, and a second run into the same --out is refused. (A local Ray differs only in the
     address given to ray.init and where members keep checkpoints: tests/search/test_tune.py.)"""
     c = ray_cluster
@@ -181,6 +184,7 @@ def test_pbt_runs_its_members_on_the_cluster(ray_cluster, tmp_path, cls_csv):
     result = json.loads((out / "tune_result.json").read_text())
     assert [t["state"] for t in result["trials"]] == ["complete", "complete"]
     assert [t["steps"] for t in result["trials"]] == [4, 4], "no step is run twice, none skipped"
+    assert {t["node"] for t in result["trials"]} == {HEAD, WORKER}, ("side by side, one on each node", result)
     assert result["curve"][-1][0] == 8
     reports = [json.loads(line) for line in (out / "pbt_reports.jsonl").read_text().splitlines()]
     for member in (0, 1):

@@ -78,6 +78,19 @@ def test_the_file_fills_the_options_and_flags_win(tmp_path):
     assert again == dataclasses.replace(o, out=str(here / "runs/x"), train_file=str(here / "data.csv"))
 
 
+def test_a_flag_naming_the_model_or_data_another_way_replaces_the_files(tmp_path):
+    """--model and --model-preset name one thing two ways (as --dataset and --train-file): one given over a file's
+    other is the run's, not "give either, not both" (seed 001's recipe names MiniLM; --model-preset bert-tiny wins)."""
+    path = tmp_path / "study.yaml"
+    path.write_text("model: all-MiniLM-L6-v2\ndataset: stdlib-topic\nmax_steps: 8\n")
+    o = api.CompareOptions.of({"model_preset": "bert-tiny", "train_file": "data.csv"}, path)
+    assert (o.model, o.model_preset, o.dataset, o.train_file, o.max_steps) == (None, "bert-tiny", None, "data.csv", 8)
+    o = api.CompareOptions.of({"max_steps": 4}, path)
+    assert (o.model, o.dataset) == ("all-MiniLM-L6-v2", "stdlib-topic"), "nothing given: the file's"
+    with pytest.raises(ConfigError, match="give either --model or --model-preset, not both"):
+        api.CompareOptions.of({"model": "x", "model_preset": "bert-tiny"}).resolve()
+
+
 def test_the_api_reads_the_same_files(tmp_path, monkeypatch):
     from trainwise.estimating.probe import NO_ACTIVATIONS
 

@@ -133,7 +133,7 @@ def _member(config: dict, spec_blob: dict, train_args: dict, scratch: str) -> No
             done = bool(planned) and event.step >= planned[0]
             tune.report(
                 {**metrics, "objective": float("nan") if value is None else value, "ran": ran, "at": time.time()}
-                | {"trained_with": dict(config), "done": done},
+                | {"trained_with": dict(config), "done": done, "node": ray.util.get_node_ip_address()},
                 checkpoint=tune.Checkpoint.from_directory(event.path),
             )
 
@@ -224,6 +224,8 @@ def run_pbt(
                     "objective": result["objective"],
                     "config": dict(sorted(result["trained_with"].items())),
                 }
+                if ray_address is not None:  # on a cluster, where the member trained this interval
+                    row["node"] = result["node"]
                 with open(reports_path, "a") as f:
                     f.write(json.dumps(row) + "\n")
                 for listener in _LISTENERS:
@@ -317,6 +319,8 @@ def summarise(
         m = members.setdefault(r["member"], {"value": None, "steps": 0})
         m["steps"] += int(r["ran"])
         m["params"] = r["config"]
+        if "node" in r:  # on a cluster: where it trained last
+            m["node"] = r["node"]
         v = r["objective"]
         if v is None or not math.isfinite(v):
             continue
@@ -337,6 +341,7 @@ def summarise(
             "value": m["value"],
             "params": m["params"],
             "steps": m["steps"],
+            **({"node": m["node"]} if "node" in m else {}),
         }
         for member, m in sorted(members.items())
     ]
