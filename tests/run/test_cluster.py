@@ -166,9 +166,9 @@ def test_a_trial_over_both_nodes_takes_one_machines_steps(ray_cluster, tmp_path)
 
 def test_pbt_runs_its_members_on_the_cluster(ray_cluster, tmp_path, cls_csv):
     """PBT with two tiny members on the cluster (`--search pbt --ray-address`): they run there (no local Ray), one
-    on each node, every member evaluates at every interval, the worse one continues from the better one's checkpoint with a mutated
-    lr, the cost is priced, and a second run into the same --out is refused. (A local Ray differs only in the
-    address given to ray.init and where members keep checkpoints: tests/search/test_tune.py.)"""
+    on each node, every member evaluates at every interval, the worse one continues from the better one's checkpoint
+    with a mutated lr, the cost is priced, and a second run into the same --out is refused. (A local Ray differs only
+    in the address given to ray.init and where members keep checkpoints: tests/search/test_tune.py.)"""
     c = ray_cluster
     space = tmp_path / "space.yaml"
     space.write_text("lr: {low: 1.0e-4, high: 1.0e-2, log: true}\nbatch_size: {choices: [8]}\n")

@@ -238,6 +238,11 @@ def test_pbt_summary_counts_all_steps_and_dates_each_mutation():
     assert rows[1]["state"] == "fail" and rows[1]["error"] == "boom" and rows[-1]["steps"] == 0
     loss = summarise_pbt(reports[:2], [], "train_loss")
     assert loss.best_value == 40.0 and loss.curve == [(10, 50.0), (20, 40.0)]
+    assert all("node" not in t for t in r.trials), "on one machine no trial names a node"
+    # on a cluster each report says where the member trained that interval: a member's row, where it trained last
+    placed = [{**x, "node": f"10.0.0.{i}"} for i, x in enumerate(reports)]
+    nodes = {t["number"]: t["node"] for t in summarise_pbt(placed, [], "metric").trials}
+    assert nodes == {0: "10.0.0.5", 1: "10.0.0.4"}
 
 
 @pytest.mark.slow

@@ -77,7 +77,11 @@ class _Design:
     round's offset."""
 
     def __init__(
-        self, feats: Sequence[frozenset[str]], study_batch: int, sources: Sequence[str] = (), batches: Sequence[int] = ()
+        self,
+        feats: Sequence[frozenset[str]],
+        study_batch: int,
+        sources: Sequence[str] = (),
+        batches: Sequence[int] = (),
     ):
         self.study_batch = study_batch
         names = sorted({f for fs in feats for f in fs})
