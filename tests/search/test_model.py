@@ -98,10 +98,13 @@ def test_a_doubling_halves_the_per_step_part_before_any_is_measured():
     """A step's fixed cost (the optimizer) is shared by twice the samples; a sample's own cost is unchanged."""
     m = model([obs("baseline", 1.0, 0.6), obs("bf16", 0.7, 0.6)])
     assert predicted(m, "bf16@bs32") == pytest.approx(0.7 * (0.6 + 0.4 / 2), rel=0.05)
-    # measured at 32: the measurement wins, and it carries to the other settings at 32
+    # measured at 32: the measurement wins, and it carries to the other settings at 32; one doubling's gain is read
+    # as that size's own more than as a trend (a size's own effect, TAU_LEVEL): the next doubling is not assumed to
+    # gain again, it is worth measuring
     m = model([obs("baseline", 1.0, 0.6), obs("bf16", 0.7, 0.6), obs("bf16@bs32", 0.35, 0.6)])
     assert predicted(m, "bf16@bs32") == pytest.approx(0.35, rel=0.05)
     assert predicted(m, "baseline@bs32") == pytest.approx(0.5, rel=0.05)
+    assert _ei_share(m, "bf16@bs64", 0.35) > 0.05
 
 
 def _ei_share(m: TimeModel, row: str, best: float) -> float:
@@ -111,15 +114,15 @@ def _ei_share(m: TimeModel, row: str, best: float) -> float:
 
 def test_one_pair_of_batch_sizes_does_not_close_the_next_doubling():
     """A size's pace is not smooth in the batch (a kernel's tiling, a cache the activations outgrow: on one CPU study
-    batch 32 read 23-28% slower than 16 in three runs, 64 and 128 faster than both). One measured doubling that read
-    slower still leaves the next one worth a trial (issue 58's run 3 never tried batch 64); two that read slower do
-    not, and the doubling's own size, measured, keeps its figure."""
+    batch 32 read 28-50% slower than the same settings at 16 in three runs of five, 64 and 128 faster than both). A
+    measured size keeps its figure, and one doubling that read slower leaves the next one well worth a trial (issue
+    58's run 3 never tried batch 64; the smooth model put it at 5%); a second that read slower lowers the one after."""
     rows = [obs("baseline", 1.0, 0.6), obs("bf16", 0.5, 0.6)]
     one = model([*rows, obs("bf16@bs32", 0.6, 0.6)], sigma=0.07)
-    assert predicted(one, "bf16@bs32") == pytest.approx(0.6, rel=0.1)
-    assert _ei_share(one, "bf16@bs64", 0.5) > 0.05
+    assert predicted(one, "bf16@bs32") == pytest.approx(0.6, rel=0.05)  # (the smooth model: 0.53)
+    assert _ei_share(one, "bf16@bs64", 0.5) > 0.1
     two = model([*rows, obs("bf16@bs32", 0.6, 0.6), obs("bf16@bs64", 0.75, 0.6)], sigma=0.07)
-    assert _ei_share(two, "bf16@bs64", 0.5) < 0.01
+    assert _ei_share(two, "bf16@bs128", 0.5) < _ei_share(one, "bf16@bs128", 0.5) / 2
 
 
 def test_a_row_without_phases_is_read_as_its_whole_time():

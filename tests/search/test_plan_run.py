@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -132,7 +131,7 @@ def test_the_leader_doubled_is_a_row_and_exports_at_that_size(tmp_path, cls_csv)
     assert again.plan is not None and "@bs" not in again.plan and read_trial_keys(out) == keys
 
 
-def test_leaders_within_reach_are_measured_again_in_a_round_of_their_own(tmp_path, cls_csv, monkeypatch, searched):
+def test_leaders_within_reach_are_measured_again_in_a_round_of_their_own(tmp_path, cls_csv, monkeypatch):
     """Where the leaders' intervals overlap (made so here: a significance no difference reaches), they are measured
     again in OUT/repeats/N, a study of their own (no baseline run: timed against the study's), and those trials join
     the model's rows; a resumed plan reads them back, timed the same way."""
@@ -147,8 +146,7 @@ def test_leaders_within_reach_are_measured_again_in_a_round_of_their_own(tmp_pat
     rounds: list = []  # what each round hands the model
     add_round = acquisition._State.add_round
     monkeypatch.setattr(acquisition._State, "add_round", lambda self, got: (rounds.append(got), add_round(self, got)))
-    out = tmp_path / "study"  # the killed search's study, its search and rounds left out: every row from the store
-    shutil.copytree(searched[0], out, ignore=shutil.ignore_patterns("plan.json", "plan.md", "repeats"))
+    out = tmp_path / "study"
     result = trainwise.plan(render=None, **{**options(cls_csv, out), "max_trials": 1})
     again = {r.row_text: r for r in read_results(out / "repeats" / "1")}
     assert "baseline" not in again and len(again) == 2 and all(r.status == "ok" for r in again.values()), list(again)

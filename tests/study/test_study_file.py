@@ -87,6 +87,10 @@ def test_a_flag_naming_the_model_or_data_another_way_replaces_the_files(tmp_path
     assert (o.model, o.model_preset, o.dataset, o.train_file, o.max_steps) == (None, "bert-tiny", None, "data.csv", 8)
     o = api.CompareOptions.of({"max_steps": 4}, path)
     assert (o.model, o.dataset) == ("all-MiniLM-L6-v2", "stdlib-topic"), "nothing given: the file's"
+    path.write_text("model_preset: bert-tiny\ntrain_file: a.csv\neval_file: b.csv\n")
+    o = api.CompareOptions.of({"dataset": "stdlib-topic"}, path)
+    assert (o.dataset, o.train_file, o.eval_file) == ("stdlib-topic", None, None), "the file's data, whole, replaced"
+    assert api.CompareOptions.of({"train_file": "c.csv"}, path).eval_file == "b.csv", "the same way: flags win"
     with pytest.raises(ConfigError, match="give either --model or --model-preset, not both"):
         api.CompareOptions.of({"model": "x", "model_preset": "bert-tiny"}).resolve()
 

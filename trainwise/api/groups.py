@@ -31,8 +31,9 @@ REPLACE = (
     "Run into an --out whose study was measured with other settings (refused otherwise): this run becomes its "
     "study; the report it had is kept in OUT/replaced/N/, its trials in the store."
 )
-# options that name the same thing two ways: one given (a flag, a keyword) replaces a study file's other
-EITHER = (("model", "model_preset"), ("dataset", "train_file"))
+# options that name the same thing two ways, each way's keys (its first names it): one given (a flag, a keyword)
+# replaces a study file's other way, whole (--dataset over a file's train_file drops its eval_file too)
+EITHER = ((("model",), ("model_preset",)), (("dataset",), ("train_file", "eval_file")))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,9 +49,9 @@ class Options:
         values = read_config(config, cls) if config is not None else {}
         given = dict(options or {})
         check_names(cls.VERB, given, {f.name for f in given_fields(cls)})
-        for pair in EITHER:  # (a recipe's model, a --model-preset given over it: the preset)
-            if any(given.get(name) is not None for name in pair):
-                values = {k: v for k, v in values.items() if k not in pair}
+        for one, other in (*EITHER, *((b, a) for a, b in EITHER)):  # (a recipe's model, --model-preset given: the preset)
+            if given.get(one[0]) is not None:
+                values = {k: v for k, v in values.items() if k not in other}
         values.update(given)
         hints = typing.get_type_hints(cls)
         for name, value in values.items():

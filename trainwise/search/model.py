@@ -55,6 +55,10 @@ TAU_SETTING_SLOPE = 0.10  # a setting's own batch slope (padding grows with the 
 # than 128. Without it one bumpy pair set the slope and the slope closed the larger sizes; at 0.3 the slope still
 # took enough of batch 32's bump that batch 64 did not pay for its trial (§D4). The replay spaces' three sizes cannot
 # show it (a slope and a curve fit any three); there it costs the image space three trials at the median (§D2).
+# Each part has its own, so on the whole time the prior comes to 0.32-0.45 by the parts' split: below what was
+# measured, which holds one trial's noise. One measured doubling's gain or loss is then read as that size's own more
+# than as the slope: the next doubling is predicted near the slope's prior, its interval wide, and measured if that
+# is worth a trial.
 TAU_LEVEL = 0.45
 TAU_INTERCEPT = 2.0  # the baseline's parts are measured; the prior says nothing
 

@@ -133,7 +133,7 @@ def _member(config: dict, spec_blob: dict, train_args: dict, scratch: str) -> No
             done = bool(planned) and event.step >= planned[0]
             tune.report(
                 {**metrics, "objective": float("nan") if value is None else value, "ran": ran, "at": time.time()}
-                | {"trained_with": dict(config), "done": done, "node": ray.util.get_node_ip_address()},
+                | {"trained_with": dict(config), "done": done},
                 checkpoint=tune.Checkpoint.from_directory(event.path),
             )
 
@@ -224,8 +224,8 @@ def run_pbt(
                     "objective": result["objective"],
                     "config": dict(sorted(result["trained_with"].items())),
                 }
-                if ray_address is not None:  # on a cluster, where the member trained this interval
-                    row["node"] = result["node"]
+                if ray_address is not None:  # on a cluster, where the member trained this interval (Tune's field)
+                    row["node"] = result.get("node_ip")
                 with open(reports_path, "a") as f:
                     f.write(json.dumps(row) + "\n")
                 for listener in _LISTENERS:
