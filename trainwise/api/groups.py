@@ -49,7 +49,7 @@ class Options:
         values = read_config(config, cls) if config is not None else {}
         given = dict(options or {})
         check_names(cls.VERB, given, {f.name for f in given_fields(cls)})
-        for one, other in (*EITHER, *((b, a) for a, b in EITHER)):  # (a recipe's model, --model-preset given: the preset)
+        for one, other in (*EITHER, *((b, a) for a, b in EITHER)):  # (a recipe's model under --model-preset: gone)
             if given.get(one[0]) is not None:
                 values = {k: v for k, v in values.items() if k not in other}
         values.update(given)
