@@ -94,6 +94,11 @@ def test_what_a_step_carries_and_what_it_costs_multiply():
     assert predicted(m, "bf16+packing") == pytest.approx(0.49 * 0.123, rel=0.15)
 
 
+def _ei_share(m: TimeModel, row: str, best: float) -> float:
+    p = m.predict_keys([key(row)])
+    return float(lognormal_ei(best, p.mean, p.var)[0]) / best
+
+
 def test_a_doubling_halves_the_per_step_part_before_any_is_measured():
     """A step's fixed cost (the optimizer) is shared by twice the samples; a sample's own cost is unchanged."""
     m = model([obs("baseline", 1.0, 0.6), obs("bf16", 0.7, 0.6)])
@@ -105,11 +110,6 @@ def test_a_doubling_halves_the_per_step_part_before_any_is_measured():
     assert predicted(m, "bf16@bs32") == pytest.approx(0.35, rel=0.05)
     assert predicted(m, "baseline@bs32") == pytest.approx(0.5, rel=0.05)
     assert _ei_share(m, "bf16@bs64", 0.35) > 0.05
-
-
-def _ei_share(m: TimeModel, row: str, best: float) -> float:
-    p = m.predict_keys([key(row)])
-    return float(lognormal_ei(best, p.mean, p.var)[0]) / best
 
 
 def test_one_pair_of_batch_sizes_does_not_close_the_next_doubling():

@@ -31,9 +31,14 @@ REPLACE = (
     "Run into an --out whose study was measured with other settings (refused otherwise): this run becomes its "
     "study; the report it had is kept in OUT/replaced/N/, its trials in the store."
 )
-# options that name the same thing two ways, each way's keys (its first names it): one given (a flag, a keyword)
-# replaces a study file's other way, whole (--dataset over a file's train_file drops its eval_file too)
-EITHER = ((("model",), ("model_preset",)), (("dataset",), ("train_file", "eval_file")))
+# options that name the same thing another way: one given (a flag, a keyword) drops the study file's other way, whole
+# (--model-preset over a recipe's model; --dataset over a file's train_file drops its eval_file too)
+REPLACES = {
+    "model": ("model_preset",),
+    "model_preset": ("model",),
+    "dataset": ("train_file", "eval_file"),
+    "train_file": ("dataset",),
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,9 +54,8 @@ class Options:
         values = read_config(config, cls) if config is not None else {}
         given = dict(options or {})
         check_names(cls.VERB, given, {f.name for f in given_fields(cls)})
-        for one, other in (*EITHER, *((b, a) for a, b in EITHER)):  # (a recipe's model under --model-preset: gone)
-            if given.get(one[0]) is not None:
-                values = {k: v for k, v in values.items() if k not in other}
+        dropped = {k for name, others in REPLACES.items() if given.get(name) is not None for k in others}
+        values = {k: v for k, v in values.items() if k not in dropped}
         values.update(given)
         hints = typing.get_type_hints(cls)
         for name, value in values.items():
